@@ -1,0 +1,98 @@
+"""The message object shared by topics, channels, storage and the wire encoder.
+
+A message is created once per publish; the topic's pump gives each channel its own copy (the
+per-channel fields differ) that shares the same ``id``, ``timestamp`` and ``body`` object, so a
+body is never copied in memory however many channels a topic has.
+"""
+
+from __future__ import annotations
+
+import time
+
+import attrs
+
+# nsqd/guid.go: 64-bit ids from a millisecond-ish clock (UnixNano >> 20), a node id and a sequence.
+_TWEPOCH = 1288834974288
+_NODE_ID_BITS = 10
+_SEQUENCE_BITS = 12
+_SEQUENCE_MASK = (1 << _SEQUENCE_BITS) - 1
+_TS_SHIFT = _NODE_ID_BITS + _SEQUENCE_BITS
+
+MSG_ID_LENGTH = 16
+
+
+@attrs.define(slots=True, eq=False, repr=False)
+class Message:
+    """One message as a topic or channel holds it.
+
+    ``deliver_at`` and ``deadline`` are on the trio clock (``trio.current_time()``); storage
+    converts them to wall-clock time when it writes them, so deferred messages keep their
+    deadline across restarts.
+    """
+
+    id: bytes
+    """16 bytes of lowercase ASCII hex, as on the wire."""
+    body: bytes
+    timestamp: int
+    """Publish time, nanoseconds since the Unix epoch; kept through requeues and restarts."""
+    attempts: int = 0
+    """Deliveries so far; incremented right before each delivery (first delivery sends 1)."""
+    deliver_at: float = 0.0
+    """Trio time before which the message must not be delivered (DPUB, REQ with a delay)."""
+    client_id: int = 0
+    """While in flight: the id of the client that holds it."""
+    deadline: float = 0.0
+    """While in flight: trio time at which it times out."""
+    delivered_at: float = 0.0
+    """While in flight: trio time of this delivery (TOUCH never extends past it + max timeout)."""
+
+    def copy(self) -> Message:
+        """A fresh per-channel copy: same id, timestamp, body object and deferral."""
+        return Message(self.id, self.body, self.timestamp, self.attempts, self.deliver_at)
+
+    def __repr__(self) -> str:
+        return (
+            f"<Message {self.id.decode('ascii', 'replace')} attempts={self.attempts} "
+            f"len={len(self.body)}>"
+        )
+
+
+class GuidFactory:
+    """Time-ordered unique 64-bit message ids, after nsqd's ``guid.go`` (one per topic).
+
+    nsqd refuses to make more than 4096 ids in one clock tick and makes the caller retry; this
+    factory instead borrows the next tick, so a burst never fails and ids stay unique and
+    increasing as long as the wall clock does not jump backwards by more than the burst borrowed.
+    """
+
+    __slots__ = ("_last_tick", "_node_bits", "_sequence")
+
+    def __init__(self, node_id: int) -> None:
+        if not 0 <= node_id < (1 << _NODE_ID_BITS):
+            raise ValueError("--node-id must be [0,1024)")
+        self._node_bits = node_id << _SEQUENCE_BITS
+        self._last_tick = 0
+        self._sequence = 0
+
+    def new_ids(self, count: int) -> list[bytes]:
+        """Return ``count`` new ids, each 16 bytes of lowercase hex."""
+        tick = (time.time_ns() >> 20) - _TWEPOCH
+        if tick <= self._last_tick:
+            tick = self._last_tick
+            seq = self._sequence
+        else:
+            seq = 0
+        ids = []
+        node_bits = self._node_bits
+        for _ in range(count):
+            if seq > _SEQUENCE_MASK:
+                tick += 1
+                seq = 0
+            ids.append(b"%016x" % ((tick << _TS_SHIFT) | node_bits | seq))
+            seq += 1
+        self._last_tick = tick
+        self._sequence = seq
+        return ids
+
+    def new_id(self) -> bytes:
+        return self.new_ids(1)[0]

@@ -1,0 +1,150 @@
+"""Every lmqd setting in one frozen class, with nsqd's defaults where nsqd has the option.
+
+Field names are nsqd's config-file keys (the flag name with ``_`` for ``-``), so ``--mem-queue-size``,
+``mem_queue_size = 10000`` in a TOML file and ``GET /config/mem_queue_size`` all name one field.
+Durations are stored as float **seconds** (nsqd's flags take Go durations such as ``1m0s``;
+``lmqd.cli`` parses those); sizes are bytes; counts are plain ints.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import zlib
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
+KiB = 1024
+MiB = 1024 * KiB
+
+
+def _default_node_id() -> int:
+    # nsqd: crc32(md5(hostname)) % 1024. The exact hash only matters for id uniqueness across
+    # nodes, so crc32 of the hostname serves the same purpose.
+    return zlib.crc32(socket.gethostname().encode()) % 1024
+
+
+def _positive(instance: Any, attribute: attrs.Attribute[Any], value: float) -> None:
+    if value <= 0:
+        raise ValueError(f"--{attribute.name.replace('_', '-')} must be > 0")
+
+
+def _non_negative(instance: Any, attribute: attrs.Attribute[Any], value: float) -> None:
+    if value < 0:
+        raise ValueError(f"--{attribute.name.replace('_', '-')} must be >= 0")
+
+
+@attrs.frozen(kw_only=True)
+class Options:
+    """The daemon's configuration; see docs/operations.md for every flag."""
+
+    # -- logging and identity
+    log_level: str = attrs.field(
+        default="info",
+        validator=attrs.validators.in_(["debug", "info", "warn", "error", "fatal"]),
+    )
+    log_prefix: str = "[lmqd] "
+    node_id: int = attrs.field(factory=_default_node_id)
+
+    # -- listeners
+    tcp_address: str = "0.0.0.0:4150"
+    http_address: str = "0.0.0.0:4151"
+    https_address: str = "0.0.0.0:4152"
+    broadcast_address: str = attrs.field(factory=socket.gethostname)
+    broadcast_tcp_port: int = 0
+    broadcast_http_port: int = 0
+
+    # -- storage
+    data_path: str = attrs.field(factory=os.getcwd)
+    mem_queue_size: int = attrs.field(default=10000, validator=_non_negative)
+    max_bytes_per_file: int = attrs.field(default=100 * MiB, validator=_positive)
+    sync_every: int = attrs.field(default=2500, validator=_positive)
+    sync_timeout: float = attrs.field(default=2.0, validator=_positive)
+    durable: bool = False
+    """lmq extension: answer PUB/MPUB/DPUB only after the records are fsynced."""
+
+    # -- messages
+    msg_timeout: float = attrs.field(default=60.0, validator=_positive)
+    max_msg_timeout: float = attrs.field(default=15 * 60.0, validator=_positive)
+    max_msg_size: int = attrs.field(default=1 * MiB, validator=_positive)
+    max_body_size: int = attrs.field(default=5 * MiB, validator=_positive)
+    max_req_timeout: float = attrs.field(default=60 * 60.0, validator=_non_negative)
+
+    # -- clients
+    max_rdy_count: int = attrs.field(default=2500, validator=_positive)
+    max_heartbeat_interval: float = attrs.field(default=60.0, validator=_positive)
+    max_output_buffer_size: int = attrs.field(default=64 * KiB, validator=_positive)
+    max_output_buffer_timeout: float = attrs.field(default=30.0, validator=_positive)
+    min_output_buffer_timeout: float = attrs.field(default=0.025, validator=_non_negative)
+    output_buffer_timeout: float = attrs.field(default=0.25, validator=_non_negative)
+    max_channel_consumers: int = attrs.field(default=0, validator=_non_negative)
+    client_timeout: float = 60.0
+    """nsqd's ClientTimeout (no flag there): the default heartbeat interval is half of it."""
+
+    # -- compression and TLS (negotiated as unavailable until implemented)
+    deflate: bool = True
+    max_deflate_level: int = attrs.field(default=6)
+    snappy: bool = True
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_client_auth_policy: str = ""
+    tls_root_ca_file: str = ""
+    tls_required: str = "false"
+    tls_min_version: str = "tls1.0"
+
+    # -- statistics
+    e2e_processing_latency_percentiles: tuple[float, ...] = ()
+    e2e_processing_latency_window_time: float = attrs.field(default=600.0, validator=_positive)
+    statsd_address: str = ""
+    statsd_prefix: str = "nsq.%s"
+    statsd_interval: float = 60.0
+    statsd_mem_stats: bool = True
+    statsd_udp_packet_size: int = 508
+    statsd_exclude_ephemeral: bool = False
+
+    # -- cluster and auth (accepted for nsqd command-line compatibility)
+    nsqlookupd_tcp_addresses: tuple[str, ...] = ()
+    auth_http_addresses: tuple[str, ...] = ()
+    auth_http_request_method: str = "get"
+    http_client_connect_timeout: float = 2.0
+    http_client_request_timeout: float = 5.0
+    queue_scan_worker_pool_max: int = 4
+    queue_scan_selection_count: int = 20
+
+    @max_deflate_level.validator
+    def _check_deflate_level(self, attribute: attrs.Attribute[int], value: int) -> None:
+        if not 1 <= value <= 9:
+            raise ValueError("--max-deflate-level must be [1,9]")
+
+    @node_id.validator
+    def _check_node_id(self, attribute: attrs.Attribute[int], value: int) -> None:
+        if not 0 <= value < 1024:
+            raise ValueError("--node-id must be [0,1024)")
+
+    @msg_timeout.validator
+    def _check_msg_timeout(self, attribute: attrs.Attribute[float], value: float) -> None:
+        if value > self.max_msg_timeout:
+            raise ValueError("--msg-timeout must be <= --max-msg-timeout")
+
+    @e2e_processing_latency_percentiles.validator
+    def _check_percentiles(
+        self, attribute: attrs.Attribute[tuple[float, ...]], value: tuple[float, ...]
+    ) -> None:
+        for p in value:
+            if not 0 < p <= 1:
+                raise ValueError(f"invalid E2E processing latency percentile: {p}")
+
+    @property
+    def default_heartbeat_interval(self) -> float:
+        return self.client_timeout / 2
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> Options:
+        """Build from config keys; an unknown key is an error, not silently ignored."""
+        known = {a.name for a in attrs.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown option(s): {', '.join(unknown)}")
+        return cls(**values)
