@@ -1,0 +1,391 @@
+"""One V2 TCP connection: a reader task and a writer task around the sans-IO protocol.
+
+Theory of operation
+-------------------
+The reader receives up to ``RECEIVE_SIZE`` bytes, hands them to the protocol's
+``ServerConnection`` and gets back *every* complete command in them. It applies those commands to
+the engine with plain function calls (consecutive publishes to one topic are coalesced into one
+``daemon.publish``), then asks the subscribed channel to deliver once. Responses and message frames
+are appended to ``_output`` and the writer is woken once; the writer sends everything pending in
+one ``send_all``. So a buffer of a thousand FINs costs one receive, one delivery round and one send,
+never an await per message.
+
+The writer also emits heartbeats on nsqd's ticker (every ``heartbeat_interval`` from connect, the
+ticker replaced at IDENTIFY) and bounds each send by the heartbeat interval, as nsqd's write
+deadline does: a client that stops reading is dropped. The reader drops a client that sends nothing
+for two heartbeat intervals, and stops reading while more than ``OUTPUT_HIGH_WATER`` bytes wait to
+be sent, so a client that publishes without reading its responses cannot grow our memory.
+
+A fatal protocol error queues its error frame after the responses already due; the writer flushes
+them and the connection closes. When the connection ends for any reason its in-flight messages are
+requeued at once (nsqd waits for their timeout).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import trio
+
+from lmqd.backend import BackendError
+from lmqd.channel import Channel, NotInFlight, NotOwner, TooManyConsumers
+from lmqd.message import Message
+from lmqd.protocol import (
+    CLOSE_WAIT_FRAME,
+    HEARTBEAT_FRAME,
+    OK_FRAME,
+    Auth,
+    ClientState,
+    Cls,
+    Dpub,
+    Fin,
+    Identify,
+    Limits,
+    Mpub,
+    Nop,
+    ProtocolError,
+    Pub,
+    Rdy,
+    Req,
+    ServerConnection,
+    Sub,
+    Touch,
+    encode_messages,
+    errors,
+    identify_response,
+)
+from lmqd.stats import ClientStats, PubCount
+from lmqd.topic import TopicExiting
+
+if TYPE_CHECKING:
+    from lmqd.daemon import LmqDaemon
+
+log = logging.getLogger("lmqd.server")
+
+# One receive takes up to this much: large enough that a burst of MPUBs or FINs is parsed and
+# applied as one batch, small enough that one connection can't hog the loop for long.
+RECEIVE_SIZE = 256 * 1024
+# Stop reading from a client while this much output waits for it (it publishes but doesn't read).
+OUTPUT_HIGH_WATER = 4 * 1024 * 1024
+# How long the writer may take to flush what's left once the connection is ending.
+CLOSE_FLUSH_TIMEOUT = 5.0
+
+
+class TcpClient:
+    """A connected V2 client; implements ``lmqd.subscriber.Subscriber`` once subscribed."""
+
+    def __init__(self, daemon: LmqDaemon, stream: trio.abc.Stream, remote_address: str) -> None:
+        options = daemon.options
+        self.daemon = daemon
+        self.stream = stream
+        self.remote_address = remote_address
+        self.id = daemon.new_client_id()
+        self.connect_ts = int(time.time())
+        self.conn = ServerConnection(Limits.from_options(options))
+        # Subscriber fields (the channel maintains the counters).
+        self.ready_count = 0
+        self.in_flight_count = 0
+        self.message_count = 0
+        self.finish_count = 0
+        self.requeue_count = 0
+        self.msg_timeout = options.msg_timeout
+        self.sample_rate = 0
+        # Identity (IDENTIFY replaces the defaults, which are the remote host as in nsqd).
+        host = remote_address.rpartition(":")[0].strip("[]")
+        self.client_id = host
+        self.hostname = host
+        self.user_agent = ""
+        self.pub_counts: dict[str, int] = {}
+        self.channel: Channel | None = None
+        # Output side.
+        self._output: list[bytes] = []
+        self._output_bytes = 0
+        self._wake_writer = trio.Event()
+        self._drained = trio.Event()
+        self._closing = False
+        self._heartbeat_interval = options.default_heartbeat_interval
+        self._next_heartbeat = trio.current_time() + self._heartbeat_interval
+
+    # -- Subscriber --------------------------------------------------------------------------
+
+    def write_messages(self, messages: Sequence[Message]) -> None:
+        self._write(encode_messages(messages))
+
+    def statistics(self) -> ClientStats:
+        return ClientStats(
+            client_id=self.client_id,
+            hostname=self.hostname,
+            version="V2",
+            remote_address=self.remote_address,
+            state=int(self.conn.state),
+            ready_count=self.ready_count,
+            in_flight_count=self.in_flight_count,
+            message_count=self.message_count,
+            finish_count=self.finish_count,
+            requeue_count=self.requeue_count,
+            connect_ts=self.connect_ts,
+            sample_rate=self.sample_rate,
+            deflate=False,
+            snappy=False,
+            user_agent=self.user_agent,
+            tls=False,
+            tls_cipher_suite="",
+            tls_version="",
+            tls_negotiated_protocol="",
+            tls_negotiated_protocol_is_mutual=False,
+            pub_counts=tuple(PubCount(topic=t, count=n) for t, n in self.pub_counts.items()),
+        )
+
+    # -- output ------------------------------------------------------------------------------
+
+    def _write(self, frame: bytes) -> None:
+        self._output.append(frame)
+        self._output_bytes += len(frame)
+        self._wake_writer.set()
+
+    async def _writer(self, cancel_reader: trio.CancelScope) -> None:
+        try:
+            while True:
+                if not self._output:
+                    if self._closing:
+                        return
+                    deadline = self._next_heartbeat if self._heartbeat_interval > 0 else math.inf
+                    with trio.move_on_at(deadline):
+                        await self._wake_writer.wait()
+                self._wake_writer = trio.Event()
+                # nsqd's heartbeat is a ticker: it fires on time whatever else is being sent.
+                if self._heartbeat_interval > 0:
+                    now = trio.current_time()
+                    if now >= self._next_heartbeat:
+                        self._output.append(HEARTBEAT_FRAME)
+                        self._next_heartbeat += self._heartbeat_interval
+                        if self._next_heartbeat <= now:  # fell behind: skip, don't burst
+                            self._next_heartbeat = now + self._heartbeat_interval
+                if not self._output:
+                    continue
+                data = b"".join(self._output)
+                self._output.clear()
+                self._output_bytes = 0
+                timeout = self._heartbeat_interval if self._heartbeat_interval > 0 else math.inf
+                if self._closing:
+                    timeout = min(timeout, CLOSE_FLUSH_TIMEOUT)
+                with trio.move_on_after(timeout) as scope:
+                    await self.stream.send_all(data)
+                if scope.cancelled_caught:
+                    log.warning("CLIENT(%s): write timed out, closing", self.remote_address)
+                    return
+                self._drained.set()
+                self._drained = trio.Event()
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            log.debug("CLIENT(%s): peer gone while writing", self.remote_address)
+        finally:
+            # The writer is done: nothing more can be sent, so the reader must stop too.
+            self._closing = True
+            self._drained.set()
+            cancel_reader.cancel()
+
+    # -- reading and applying commands ----------------------------------------------------------
+
+    async def serve(self) -> None:
+        """Run the connection until either side ends it, then leave the channel."""
+        self.daemon.clients[self.id] = self
+        log.info("CLIENT(%s): connected", self.remote_address)
+        try:
+            async with trio.open_nursery() as nursery:
+                reader_scope = trio.CancelScope()
+                nursery.start_soon(self._writer, reader_scope)
+                with reader_scope:
+                    await self._reader()
+                self._closing = True
+                self._wake_writer.set()
+        finally:
+            self.daemon.clients.pop(self.id, None)
+            channel = self.channel
+            if channel is not None:
+                self.channel = None
+                now = trio.current_time()
+                channel.remove_client(self, now)
+                channel.deliver(now)
+            log.info("CLIENT(%s): closed", self.remote_address)
+
+    async def _reader(self) -> None:
+        conn = self.conn
+        receive = self.stream.receive_some
+        while not self._closing:
+            timeout = 2 * self._heartbeat_interval if self._heartbeat_interval > 0 else math.inf
+            with trio.move_on_after(timeout) as scope:
+                try:
+                    data = await receive(RECEIVE_SIZE)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    return
+            if scope.cancelled_caught:
+                log.warning(
+                    "CLIENT(%s): no data for %.1fs (2 heartbeats), closing",
+                    self.remote_address,
+                    timeout,
+                )
+                return
+            conn.receive_data(data)
+            if not self._apply_buffer():
+                return
+            if not data:
+                return
+            if self._output_bytes > OUTPUT_HIGH_WATER:
+                await self._drained.wait()
+
+    def _apply_buffer(self) -> bool:
+        """Apply every complete command received; False once the connection must end."""
+        now = trio.current_time()
+        try:
+            while True:
+                events = self.conn.next_events()
+                if not events:
+                    break
+                self._apply(events, now)
+        except ProtocolError as exc:
+            self._fail(exc)
+            return False
+        finally:
+            if self.channel is not None:
+                self.channel.deliver(now)
+        return True
+
+    def _fail(self, exc: ProtocolError) -> None:
+        log.info("CLIENT(%s): %s", self.remote_address, exc.body.decode("utf-8", "replace"))
+        self._write(exc.frame())
+        if exc.fatal:
+            self._closing = True
+
+    def _apply(self, events: list[object], now: float) -> None:
+        # Consecutive PUB/MPUBs to one topic become one publish; their OKs are written only once
+        # it succeeds (a failure answers the first of them with the error and closes).
+        pending_topic: str | None = None
+        pending_bodies: list[bytes] = []
+        pending_count = 0
+        pending_kind = "PUB"
+
+        def flush() -> None:
+            nonlocal pending_topic, pending_count
+            if pending_topic is None:
+                return
+            topic, count = pending_topic, pending_count
+            pending_topic, pending_count = None, 0
+            self._publish(pending_kind, topic, pending_bodies, 0.0)
+            pending_bodies.clear()
+            self._output.extend([OK_FRAME] * count)
+            self._output_bytes += len(OK_FRAME) * count
+            self._wake_writer.set()
+
+        for event in events:
+            if isinstance(event, Pub | Mpub):
+                if event.topic != pending_topic:
+                    flush()
+                    pending_topic = event.topic
+                    pending_kind = "PUB" if isinstance(event, Pub) else "MPUB"
+                if isinstance(event, Pub):
+                    pending_bodies.append(event.body)
+                else:
+                    pending_bodies.extend(event.bodies)
+                pending_count += 1
+                continue
+            flush()
+            match event:
+                case Fin(id=msg_id):
+                    self._finish(msg_id, now)
+                case Rdy(count=count):
+                    self._ready(count)
+                case Req(id=msg_id, timeout_ms=timeout_ms):
+                    self._requeue(msg_id, timeout_ms, now)
+                case Touch(id=msg_id):
+                    self._touch(msg_id, now)
+                case Nop():
+                    pass
+                case Dpub(topic=topic, defer_ms=defer_ms, body=body):
+                    self._publish("DPUB", topic, [body], defer_ms / 1000)
+                    self._write(OK_FRAME)
+                case Sub(topic=topic, channel=channel):
+                    self._subscribe(topic, channel)
+                case Identify():
+                    self._identify(event, now)
+                case Auth():
+                    raise errors.auth_disabled()
+                case Cls():
+                    self.ready_count = 0
+                    self._write(CLOSE_WAIT_FRAME)
+                case _:
+                    raise AssertionError(f"unhandled event {event!r}")
+        flush()
+
+    def _publish(self, kind: str, topic: str, bodies: Sequence[bytes], defer: float) -> None:
+        try:
+            self.daemon.publish(topic, bodies, defer)
+        except (BackendError, TopicExiting) as exc:
+            raise errors.publish_failed(kind, str(exc) or "exiting") from exc
+        self.pub_counts[topic] = self.pub_counts.get(topic, 0) + 1
+
+    def _identify(self, event: Identify, now: float) -> None:
+        settings = event.settings
+        self.client_id = settings.client_id or self.client_id
+        self.hostname = settings.hostname or self.hostname
+        self.user_agent = settings.user_agent
+        self.msg_timeout = settings.msg_timeout_ms / 1000
+        self.sample_rate = settings.sample_rate
+        interval = settings.heartbeat_interval_ms
+        self._heartbeat_interval = interval / 1000 if interval > 0 else 0.0
+        self._next_heartbeat = now + self._heartbeat_interval
+        self._wake_writer.set()  # the writer re-reads its heartbeat deadline
+        limits = self.conn.limits
+        if settings.feature_negotiation:
+            self._write_response(identify_response(settings, limits))
+        else:
+            self._write(OK_FRAME)
+
+    def _write_response(self, data: bytes) -> None:
+        from lmqd.protocol import encode_response
+
+        self._write(encode_response(data))
+
+    def _subscribe(self, topic_name: str, channel_name: str) -> None:
+        try:
+            channel = self.daemon.get_topic(topic_name).get_channel(channel_name)
+            channel.add_client(self)
+        except TooManyConsumers as exc:
+            raise errors.sub_failed(str(exc)) from exc
+        except TopicExiting as exc:
+            raise errors.sub_failed("exiting") from exc
+        self.channel = channel
+        self._write(OK_FRAME)
+
+    def _ready(self, count: int) -> None:
+        if self.conn.state is ClientState.CLOSING:  # nsqd ignores RDY after CLS
+            return
+        self.ready_count = count
+        if self.channel is not None:
+            self.channel.client_ready(self)
+
+    def _finish(self, msg_id: bytes, now: float) -> None:
+        assert self.channel is not None  # the state table allows FIN only once subscribed
+        try:
+            self.channel.finish(self, msg_id, now)
+        except (NotInFlight, NotOwner) as exc:
+            self._fail(errors.fin_failed(msg_id, str(exc)))
+
+    def _requeue(self, msg_id: bytes, timeout_ms: int, now: float) -> None:
+        assert self.channel is not None
+        # REQ clamps its delay to [0, --max-req-timeout] instead of failing (nsqd).
+        delay = min(timeout_ms / 1000, self.daemon.options.max_req_timeout)
+        try:
+            self.channel.requeue(self, msg_id, delay, now)
+        except (NotInFlight, NotOwner) as exc:
+            self._fail(errors.req_failed(msg_id, str(exc)))
+
+    def _touch(self, msg_id: bytes, now: float) -> None:
+        assert self.channel is not None
+        try:
+            self.channel.touch(self, msg_id, now)
+        except (NotInFlight, NotOwner) as exc:
+            self._fail(errors.touch_failed(msg_id, str(exc)))
