@@ -1,0 +1,576 @@
+"""Channel: a topic's copy of the stream, shared out among its subscribed clients.
+
+Theory of operation
+-------------------
+Ready messages live in a bounded memory deque (``--mem-queue-size``) with the overflow in the
+channel's ``BackendQueue``. **FIFO rule**: while the backend holds anything, new messages go to
+the backend too, so everything in memory is older than everything in the backend and reading
+"memory first, then backend" keeps publish order.
+
+Every mutation (``put_many``, ``finish``, ``requeue``, ``touch``, ``client_ready``,
+``add_client``, ``remove_client``, ``unpause``) is a plain ``def`` that only changes state; none
+of them delivers. The caller calls ``deliver(now)`` once after a batch of mutations (the TCP
+server once per received buffer, the topic pump once per batch, the channel's own timer once per
+wakeup), so a buffer of a thousand FINs costs one delivery round, not a thousand.
+
+``deliver`` hands messages to the clients with room in their RDY window (``in_flight_count <
+ready_count``; RDY is a window, never decremented). A round takes as many messages as the total
+free room, then spreads them over the ready clients in random order (random selection, as nsqd's
+racing goroutines give): evenly, each up to its free room, the odd ones to random clients. Every
+client gets at most one ``write_messages`` call per round, so its writer wakes once.
+
+Delivered messages sit in the ``InFlightQueue`` until FIN, REQ, TOUCH or their deadline;
+deferred ones (REQ with a delay, DPUB) in the ``DeferredQueue``. One timer task per channel
+(``run``) sleeps in a ``trio.CancelScope`` whose deadline is the earliest of both queues; pushing
+an earlier deadline lowers that scope's deadline directly (no per-message Event or task), and on
+wakeup everything due is processed at once, then ``deliver`` runs once.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+
+import trio
+
+from lmqd.backend import BackendError, BackendQueue
+from lmqd.deferred import DeferredQueue
+from lmqd.inflight import InFlightQueue
+from lmqd.message import Message
+from lmqd.options import Options
+from lmqd.stats import NO_E2E_LATENCY, ChannelStats, E2eLatency, E2eRecorder
+from lmqd.subscriber import Subscriber
+
+log = logging.getLogger("lmqd.channel")
+
+EPHEMERAL_SUFFIXES = ("#ephemeral", "#tmp")
+
+
+def is_ephemeral(name: str) -> bool:
+    """Whether a topic or channel name is ephemeral (never on disk, deleted when unused).
+
+    ``#ephemeral`` is NSQ's suffix, ``#tmp`` this project's test convention. Kept here until
+    ``lmqd.protocol`` owns name rules; it must agree with the daemon's copy.
+    """
+    return name.endswith(EPHEMERAL_SUFFIXES)
+
+
+class TopicExiting(Exception):
+    """The topic or channel is being deleted or closed: no publishing or subscribing on it."""
+
+
+class ChannelError(Exception):
+    """A FIN, REQ or TOUCH that cannot apply; ``str()`` is nsqd's reason text."""
+
+
+class NotInFlight(ChannelError):
+    """The message id is not in flight on this channel (nsqd: ``ID not in flight``)."""
+
+    def __init__(self) -> None:
+        super().__init__("ID not in flight")
+
+
+class NotOwner(ChannelError):
+    """The message is in flight to another client (nsqd: ``client does not own message``)."""
+
+    def __init__(self) -> None:
+        super().__init__("client does not own message")
+
+
+class TooManyConsumers(Exception):
+    """``--max-channel-consumers`` reached; ``str()`` is nsqd's text for E_SUB_FAILED."""
+
+
+class Channel:
+    """One channel of a topic: ready queue, subscribed clients, in-flight and deferred messages.
+
+    Counters follow nsqd: ``message_count`` counts messages put into the channel by its topic
+    (deferred ones included, requeues not); ``requeue_count`` counts REQs **and** the messages
+    requeued because their client disconnected (lmq requeues those at once, where nsqd lets them
+    time out and counts them in ``timeout_count``); ``timeout_count`` counts in-flight timeouts.
+    """
+
+    def __init__(
+        self,
+        topic_name: str,
+        name: str,
+        options: Options,
+        *,
+        backend: BackendQueue,
+        on_last_client_removed: Callable[[Channel], None] | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.topic_name = topic_name
+        self.name = name
+        self.options = options
+        self.backend = backend
+        self.ephemeral = is_ephemeral(name)
+        self.paused = False
+        self.exiting = False
+        self.clients: dict[int, Subscriber] = {}
+        self.message_count = 0
+        self.requeue_count = 0
+        self.timeout_count = 0
+        self.last_backend_error: BackendError | None = None
+        """The last error a backend write raised (None once a write succeeds again)."""
+        self._on_last_client_removed = on_last_client_removed
+        self._rng = rng if rng is not None else random.Random()
+        self._memory: deque[Message] = deque()
+        # nsqd gives ephemeral channels a memory queue even with --mem-queue-size 0 (an
+        # unbuffered Go channel: a put succeeds only while a ready consumer is waiting).
+        # ``_memory_limit`` reproduces that with the clients' free RDY room.
+        self._mem_size = options.mem_queue_size
+        self._unbuffered = self.ephemeral and self._mem_size == 0
+        self._in_flight = InFlightQueue()
+        self._deferred = DeferredQueue()
+        self._e2e: E2eRecorder | None = (
+            E2eRecorder() if options.e2e_processing_latency_percentiles else None
+        )
+        self._run_scope = trio.CancelScope()
+        self._sleep_scope: trio.CancelScope | None = None
+
+    def __repr__(self) -> str:
+        return f"<Channel {self.topic_name}:{self.name}>"
+
+    # -- sizes -------------------------------------------------------------------------------
+
+    @property
+    def depth(self) -> int:
+        """Ready messages: memory + backend (in-flight and deferred excluded, as nsqd)."""
+        return len(self._memory) + self.backend.depth
+
+    @property
+    def backend_depth(self) -> int:
+        return self.backend.depth
+
+    @property
+    def in_flight_count(self) -> int:
+        return len(self._in_flight)
+
+    @property
+    def deferred_count(self) -> int:
+        return len(self._deferred)
+
+    @property
+    def in_flight(self) -> InFlightQueue:
+        """The in-flight queue (read-only use: storage snapshots, tests)."""
+        return self._in_flight
+
+    @property
+    def deferred(self) -> DeferredQueue:
+        """The deferred queue (read-only use: storage snapshots, tests)."""
+        return self._deferred
+
+    # -- the ready queue ---------------------------------------------------------------------
+
+    def put_many(self, messages: Sequence[Message], now: float) -> None:
+        """Take messages from the topic: deferred ones (``deliver_at > now``) into the deferred
+        queue, the rest onto the ready queue. Does not deliver (call ``deliver``)."""
+        if self.exiting:
+            return
+        self.message_count += len(messages)
+        ready: Sequence[Message] = messages
+        for m in messages:
+            if m.deliver_at > now:
+                # Rare (DPUB): split only when some message is actually deferred.
+                ready = [m for m in messages if m.deliver_at <= now]
+                for d in messages:
+                    if d.deliver_at > now:
+                        self._deferred.push(d)
+                self._wake_at(self._deferred.next_deadline())
+                break
+        if ready:
+            self._enqueue(ready)
+
+    def _memory_limit(self) -> int:
+        if not self._unbuffered:
+            return self._mem_size
+        if self.paused:
+            return 0
+        return sum(max(0, c.ready_count - c.in_flight_count) for c in self.clients.values())
+
+    def _enqueue(self, messages: Sequence[Message]) -> None:
+        """Append to the ready queue: memory while it has room and the backend is empty."""
+        memory = self._memory
+        backend = self.backend
+        if backend.depth == 0:
+            room = self._memory_limit() - len(memory)
+            if room >= len(messages):
+                memory.extend(messages)
+                return
+            if room > 0:
+                memory.extend(messages[:room])
+                messages = messages[room:]
+        try:
+            backend.put_many(messages)
+        except BackendError as exc:
+            # Keep the messages rather than lose them (they may be requeued in-flight messages):
+            # memory grows past its bound and order versus the backend's contents is not kept.
+            log.error(
+                "CHANNEL(%s:%s): backend write of %d messages failed, kept in memory - %s",
+                self.topic_name,
+                self.name,
+                len(messages),
+                exc,
+            )
+            self.last_backend_error = exc
+            memory.extend(messages)
+        else:
+            self.last_backend_error = None
+
+    def _take(self, count: int, now: float) -> list[Message]:
+        """Remove up to ``count`` ready messages, memory first, then the backend."""
+        memory = self._memory
+        if len(memory) >= count:
+            if len(memory) == count:
+                out = list(memory)
+                memory.clear()
+                return out
+            popleft = memory.popleft
+            return [popleft() for _ in range(count)]
+        out = list(memory)
+        memory.clear()
+        backend = self.backend
+        while len(out) < count and backend.depth > 0:
+            got = backend.read_many(count - len(out))
+            if not got:
+                break
+            # Messages written to disk while deferred (shutdown flush, restart) keep their time.
+            for m in got:
+                if m.deliver_at > now:
+                    self._deferred.push(m)
+                else:
+                    out.append(m)
+        if self._deferred:
+            self._wake_at(self._deferred.next_deadline())
+        return out
+
+    # -- clients -----------------------------------------------------------------------------
+
+    def add_client(self, client: Subscriber) -> None:
+        """Subscribe ``client`` (it starts with its own RDY, normally 0). Does not deliver."""
+        if self.exiting:
+            raise TopicExiting(f"channel {self.topic_name}:{self.name} is exiting")
+        if client.id in self.clients:
+            return
+        limit = self.options.max_channel_consumers
+        if limit and len(self.clients) >= limit:
+            raise TooManyConsumers(
+                f"consumers for {self.topic_name}:{self.name} exceeds limit of {limit}"
+            )
+        self.clients[client.id] = client
+
+    def remove_client(self, client: Subscriber, now: float) -> None:
+        """Unsubscribe ``client`` and requeue its in-flight messages at once (nsqd waits for
+        their timeout). An ephemeral channel left without clients asks to be deleted. Does not
+        deliver."""
+        if self.clients.pop(client.id, None) is None:
+            return
+        if self.exiting:
+            return
+        cid = client.id
+        mine = [m for m in self._in_flight if m.client_id == cid]
+        if mine:
+            for m in mine:
+                self._in_flight.remove(m.id)
+            client.in_flight_count -= len(mine)
+            self.requeue_count += len(mine)
+            self._enqueue(mine)
+            log.debug(
+                "CHANNEL(%s:%s): client %d left, requeued %d in-flight",
+                self.topic_name,
+                self.name,
+                cid,
+                len(mine),
+            )
+        if self.ephemeral and not self.clients and self._on_last_client_removed is not None:
+            self._on_last_client_removed(self)
+
+    def client_ready(self, client: Subscriber) -> None:
+        """``client``'s ``ready_count`` changed. Does not deliver (call ``deliver``).
+
+        Delivery reads every client's window directly, so there is nothing to update today;
+        the server calls this so the channel may keep a ready set later without an API change.
+        """
+
+    # -- in-flight operations -----------------------------------------------------------------
+
+    def _owned(self, client: Subscriber, msg_id: bytes) -> Message:
+        msg = self._in_flight.get(msg_id)
+        if msg is None:
+            raise NotInFlight()
+        if msg.client_id != client.id:
+            raise NotOwner()
+        return msg
+
+    def finish(self, client: Subscriber, msg_id: bytes, now: float) -> None:
+        """FIN: the message is done. Raises ``NotInFlight`` / ``NotOwner``."""
+        msg = self._owned(client, msg_id)
+        self._in_flight.remove(msg_id)
+        client.in_flight_count -= 1
+        client.finish_count += 1
+        if self._e2e is not None:
+            self._e2e.record(time.time_ns() - msg.timestamp)
+
+    def requeue(self, client: Subscriber, msg_id: bytes, delay: float, now: float) -> None:
+        """REQ: back to the queue (``delay`` 0) or deferred for ``delay`` seconds (already
+        clamped by the caller). Attempts are kept. Raises ``NotInFlight`` / ``NotOwner``."""
+        msg = self._owned(client, msg_id)
+        self._in_flight.remove(msg_id)
+        client.in_flight_count -= 1
+        client.requeue_count += 1
+        self.requeue_count += 1
+        if delay > 0:
+            msg.deliver_at = now + delay
+            self._deferred.push(msg)
+            self._wake_at(msg.deliver_at)
+        else:
+            self._enqueue((msg,))
+
+    def touch(self, client: Subscriber, msg_id: bytes, now: float) -> None:
+        """TOUCH: reset the deadline to ``now + msg_timeout``, capped at delivery time +
+        ``--max-msg-timeout``. Raises ``NotInFlight`` / ``NotOwner``."""
+        msg = self._owned(client, msg_id)
+        deadline = min(now + client.msg_timeout, msg.delivered_at + self.options.max_msg_timeout)
+        self._in_flight.set_deadline(msg, deadline)
+        self._wake_at(deadline)
+
+    # -- delivery ----------------------------------------------------------------------------
+
+    def deliver(self, now: float) -> None:
+        """Hand ready messages to clients with room in their RDY window (see module doc)."""
+        if self.paused or self.exiting or not self.clients:
+            return
+        if not self._memory and self.backend.depth == 0:
+            return
+        rng = self._rng
+        in_flight = self._in_flight
+        batches: dict[int, list[Message]] = {}
+        earliest = math.inf
+        while True:
+            ready = [
+                (c, c.ready_count - c.in_flight_count)
+                for c in self.clients.values()
+                if c.in_flight_count < c.ready_count
+            ]
+            if not ready:
+                break
+            room = sum(r for _, r in ready)
+            msgs = self._take(room, now)
+            if not msgs:
+                break
+            n = len(msgs)
+            dropped = False
+            start = 0
+            for client, take in self._shares(ready, n, room):
+                chunk = msgs if take == n else msgs[start : start + take]
+                start += take
+                rate = client.sample_rate
+                if rate > 0:
+                    # nsqd: skip (and so drop for this channel) when randrange(100) > rate.
+                    randrange = rng.randrange
+                    kept = [m for m in chunk if randrange(100) <= rate]
+                    if len(kept) < len(chunk):
+                        dropped = True
+                        chunk = kept
+                    if not chunk:
+                        continue
+                deadline = now + client.msg_timeout
+                cid = client.id
+                for m in chunk:
+                    m.attempts += 1
+                    m.client_id = cid
+                    m.delivered_at = now
+                    m.deadline = deadline
+                in_flight.push_many(chunk, deadline)
+                k = len(chunk)
+                client.in_flight_count += k
+                client.message_count += k
+                if deadline < earliest:
+                    earliest = deadline
+                batch = batches.get(cid)
+                if batch is None:
+                    batches[cid] = chunk
+                else:
+                    batch.extend(chunk)
+            # Another round only if sampling left room unused and messages may remain.
+            if not dropped or n < room:
+                break
+        if earliest < math.inf:
+            self._wake_at(earliest)
+        clients = self.clients
+        for cid, batch in batches.items():
+            clients[cid].write_messages(batch)
+
+    def _shares(
+        self, ready: list[tuple[Subscriber, int]], n: int, room: int
+    ) -> list[tuple[Subscriber, int]]:
+        """Split ``n`` messages over ready ``(client, free room)`` pairs, in random order.
+
+        With enough messages every client fills its window. Otherwise water-filling: find the
+        highest level ``b`` with ``sum(min(free, b)) <= n``, give each client ``min(free, b)``
+        and the few left over (fewer than the clients above the level) one each to clients
+        picked at random among those with room above ``b``. A single message thus goes to a
+        uniformly random ready client, and a batch is spread evenly.
+        """
+        if len(ready) == 1:
+            return [(ready[0][0], n)]
+        rng = self._rng
+        rng.shuffle(ready)
+        if n >= room:
+            return ready
+        frees = sorted(free for _, free in ready)
+        k = len(frees)
+        prefix = 0
+        level = 0
+        for i, free in enumerate(frees):
+            rest = k - i
+            if prefix + free * rest > n:
+                level = (n - prefix) // rest
+                break
+            prefix += free
+        shares = [(client, min(free, level)) for client, free in ready]
+        left = n - sum(take for _, take in shares)
+        if left:
+            above = [i for i, (_, free) in enumerate(ready) if free > level]
+            for i in rng.sample(above, left):
+                client, take = shares[i]
+                shares[i] = (client, take + 1)
+        return [(client, take) for client, take in shares if take]
+
+    # -- timers ------------------------------------------------------------------------------
+
+    def _wake_at(self, deadline: float) -> None:
+        scope = self._sleep_scope
+        if scope is not None and deadline < scope.deadline:
+            scope.deadline = deadline
+
+    def process_due(self, now: float) -> None:
+        """Time out in-flight messages and release deferred ones that are due at ``now``.
+
+        Timed-out messages go back on the queue like ``REQ 0`` (attempts kept,
+        ``timeout_count`` += 1). Does not deliver (``run`` calls ``deliver`` right after).
+        """
+        expired = self._in_flight.pop_due(now)
+        if expired:
+            self.timeout_count += len(expired)
+            clients = self.clients
+            for m in expired:
+                client = clients.get(m.client_id)
+                if client is not None:
+                    client.in_flight_count -= 1
+            self._enqueue(expired)
+        due = self._deferred.pop_due(now)
+        if due:
+            self._enqueue(due)
+
+    def next_deadline(self) -> float:
+        """The earliest in-flight timeout or deferred release time (``math.inf`` if none)."""
+        return min(self._in_flight.next_deadline(), self._deferred.next_deadline())
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """The channel's timer task: sleep until the earliest deadline, process everything
+        due, deliver; returns when the channel is closed or deleted. Call once."""
+        with self._run_scope:
+            task_status.started()
+            while not self.exiting:
+                with trio.CancelScope(deadline=self.next_deadline()) as sleep:
+                    self._sleep_scope = sleep
+                    try:
+                        await trio.sleep_forever()
+                    finally:
+                        self._sleep_scope = None
+                now = trio.current_time()
+                self.process_due(now)
+                self.deliver(now)
+
+    # -- admin -------------------------------------------------------------------------------
+
+    def pause(self) -> None:
+        """Stop delivering (messages queue up here)."""
+        self.paused = True
+
+    def unpause(self) -> None:
+        """Resume delivering; the caller calls ``deliver``."""
+        self.paused = False
+
+    def empty(self) -> None:
+        """Drop every ready, in-flight and deferred message and zero the clients' in-flight
+        counts (nsqd ``Channel.Empty``)."""
+        self._memory.clear()
+        self.backend.empty()
+        self._in_flight.clear()
+        self._deferred.clear()
+        for client in self.clients.values():
+            client.in_flight_count = 0
+
+    def close(self) -> None:
+        """Shut down: stop the timer and write memory, in-flight and deferred messages (with
+        their ``deliver_at``) to the backend, then close it. Idempotent."""
+        if self.exiting:
+            return
+        self.exiting = True
+        self._run_scope.cancel()
+        # After the backend's contents, as nsqd's flush: order across a restart is not kept.
+        pending = list(self._memory)
+        pending += self._in_flight.clear()
+        pending += self._deferred.clear()
+        self._memory.clear()
+        if pending:
+            try:
+                self.backend.put_many(pending)
+            except BackendError:
+                log.error(
+                    "CHANNEL(%s:%s): failed to flush %d messages to the backend at close",
+                    self.topic_name,
+                    self.name,
+                    len(pending),
+                    exc_info=True,
+                )
+        self.backend.close()
+        log.info("CHANNEL(%s:%s): closed", self.topic_name, self.name)
+
+    def delete(self) -> None:
+        """Delete: stop the timer, drop every message and the backend's storage. Idempotent.
+
+        Subscribed clients stay in ``clients`` and get nothing more; the server should close
+        their connections (nsqd does).
+        """
+        if self.exiting:
+            return
+        self.exiting = True
+        self._run_scope.cancel()
+        self._memory.clear()
+        self._in_flight.clear()
+        self._deferred.clear()
+        self.backend.delete()
+        log.info("CHANNEL(%s:%s): deleted", self.topic_name, self.name)
+
+    # -- statistics --------------------------------------------------------------------------
+
+    def e2e_latency(self) -> E2eLatency:
+        """The E2E processing latency snapshot (count only until percentiles are built)."""
+        return NO_E2E_LATENCY if self._e2e is None else self._e2e.snapshot()
+
+    def statistics(self, *, include_clients: bool = True) -> ChannelStats:
+        """A frozen snapshot for /stats; client snapshots come from ``client.statistics()``."""
+        return ChannelStats(
+            channel_name=self.name,
+            depth=self.depth,
+            backend_depth=self.backend.depth,
+            in_flight_count=len(self._in_flight),
+            deferred_count=len(self._deferred),
+            message_count=self.message_count,
+            requeue_count=self.requeue_count,
+            timeout_count=self.timeout_count,
+            client_count=len(self.clients),
+            clients=(
+                tuple(c.statistics() for c in self.clients.values()) if include_clients else None
+            ),
+            paused=self.paused,
+            e2e_processing_latency=self.e2e_latency(),
+        )

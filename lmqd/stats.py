@@ -1,0 +1,207 @@
+"""Frozen statistics snapshots with nsqd's field names (``/stats?format=json``, nsq-reference §2.4).
+
+Topics, channels and clients build these on demand (``statistics()``); the HTTP API, the CLI and
+the Prometheus collector only serialise them, so every consumer sees one consistent picture and
+none of them reaches into live queue state. ``to_dict()`` gives nsqd's JSON object (key order
+and ``omitempty`` rules included).
+
+End-to-end processing latency: ``E2eRecorder`` is the live hook a channel feeds on every FIN
+(``now_wall_ns - message.timestamp``). Percentiles are not computed yet (a later issue): a channel
+reports ``E2eLatency(count=0, percentiles=None)`` exactly as nsqd does when
+``--e2e-processing-latency-percentile`` is unset, and the recorder's count once it is set.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+
+@attrs.frozen(kw_only=True)
+class PubCount:
+    """Messages one TCP producer published to one topic."""
+
+    topic: str
+    count: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"topic": self.topic, "count": self.count}
+
+
+@attrs.frozen(kw_only=True)
+class Percentile:
+    """One configured quantile and its value in nanoseconds."""
+
+    quantile: float
+    value: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"quantile": self.quantile, "value": self.value}
+
+
+@attrs.frozen(kw_only=True)
+class E2eLatency:
+    """nsqd's ``e2e_processing_latency`` object: ``percentiles`` is None when not configured."""
+
+    count: int = 0
+    percentiles: tuple[Percentile, ...] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "count": self.count,
+            "percentiles": (
+                None if self.percentiles is None else [p.to_dict() for p in self.percentiles]
+            ),
+        }
+
+
+NO_E2E_LATENCY = E2eLatency()
+"""What nsqd reports when no percentiles are configured."""
+
+
+class E2eRecorder:
+    """Live end-to-end latency samples of one channel (FIN time minus publish time, in ns).
+
+    Only counts for now; the rolling-window quantile streams (nsq-reference §4.8) will live here.
+    ``record`` is O(1) and runs once per FIN, so it must stay tiny.
+    """
+
+    __slots__ = ("count",)
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def record(self, latency_ns: int) -> None:
+        """Add one sample (the value is unused until percentiles are implemented)."""
+        self.count += 1
+
+    def snapshot(self) -> E2eLatency:
+        return E2eLatency(count=self.count, percentiles=None)
+
+
+@attrs.frozen(kw_only=True)
+class ClientStats:
+    """nsqd's ``ClientV2Stats`` of one TCP connection."""
+
+    client_id: str
+    hostname: str
+    version: str
+    remote_address: str
+    state: int
+    ready_count: int
+    in_flight_count: int
+    message_count: int
+    finish_count: int
+    requeue_count: int
+    connect_ts: int
+    sample_rate: int
+    deflate: bool
+    snappy: bool
+    user_agent: str
+    tls: bool = False
+    tls_cipher_suite: str = ""
+    tls_version: str = ""
+    tls_negotiated_protocol: str = ""
+    tls_negotiated_protocol_is_mutual: bool = False
+    pub_counts: tuple[PubCount, ...] = ()
+    authed: bool | None = None
+    """None when auth is not in use (nsqd omits the key: ``omitempty``)."""
+    auth_identity: str | None = None
+    auth_identity_url: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """nsqd's JSON object, with its key order and omitempty keys left out when empty."""
+        d: dict[str, Any] = {
+            "client_id": self.client_id,
+            "hostname": self.hostname,
+            "version": self.version,
+            "remote_address": self.remote_address,
+            "state": self.state,
+            "ready_count": self.ready_count,
+            "in_flight_count": self.in_flight_count,
+            "message_count": self.message_count,
+            "finish_count": self.finish_count,
+            "requeue_count": self.requeue_count,
+            "connect_ts": self.connect_ts,
+            "sample_rate": self.sample_rate,
+            "deflate": self.deflate,
+            "snappy": self.snappy,
+            "user_agent": self.user_agent,
+        }
+        if self.authed:
+            d["authed"] = self.authed
+        if self.auth_identity:
+            d["auth_identity"] = self.auth_identity
+        if self.auth_identity_url:
+            d["auth_identity_url"] = self.auth_identity_url
+        if self.pub_counts:
+            d["pub_counts"] = [p.to_dict() for p in self.pub_counts]
+        d["tls"] = self.tls
+        d["tls_cipher_suite"] = self.tls_cipher_suite
+        d["tls_version"] = self.tls_version
+        d["tls_negotiated_protocol"] = self.tls_negotiated_protocol
+        d["tls_negotiated_protocol_is_mutual"] = self.tls_negotiated_protocol_is_mutual
+        return d
+
+
+@attrs.frozen(kw_only=True)
+class ChannelStats:
+    """One channel. ``depth`` is memory + backend; in-flight and deferred are counted apart."""
+
+    channel_name: str
+    depth: int
+    backend_depth: int
+    in_flight_count: int
+    deferred_count: int
+    message_count: int
+    """Messages put into the channel by its topic (deferred ones included; requeues not)."""
+    requeue_count: int
+    timeout_count: int
+    client_count: int
+    clients: tuple[ClientStats, ...] | None
+    """None when the caller asked for no clients (``client_count`` is still filled in)."""
+    paused: bool
+    e2e_processing_latency: E2eLatency = NO_E2E_LATENCY
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "channel_name": self.channel_name,
+            "depth": self.depth,
+            "backend_depth": self.backend_depth,
+            "in_flight_count": self.in_flight_count,
+            "deferred_count": self.deferred_count,
+            "message_count": self.message_count,
+            "requeue_count": self.requeue_count,
+            "timeout_count": self.timeout_count,
+            "client_count": self.client_count,
+            "clients": None if self.clients is None else [c.to_dict() for c in self.clients],
+            "paused": self.paused,
+            "e2e_processing_latency": self.e2e_processing_latency.to_dict(),
+        }
+
+
+@attrs.frozen(kw_only=True)
+class TopicStats:
+    """One topic and its channels (sorted by name, as nsqd sorts them)."""
+
+    topic_name: str
+    channels: tuple[ChannelStats, ...]
+    depth: int
+    backend_depth: int
+    message_count: int
+    message_bytes: int
+    paused: bool
+    e2e_processing_latency: E2eLatency = NO_E2E_LATENCY
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "topic_name": self.topic_name,
+            "channels": [c.to_dict() for c in self.channels],
+            "depth": self.depth,
+            "backend_depth": self.backend_depth,
+            "message_count": self.message_count,
+            "message_bytes": self.message_bytes,
+            "paused": self.paused,
+            "e2e_processing_latency": self.e2e_processing_latency.to_dict(),
+        }

@@ -1,0 +1,309 @@
+"""Topic: the published stream, copied to every channel by one messagePump task.
+
+Publishing (``publish`` / ``put_many``) appends to a bounded memory deque (``--mem-queue-size``)
+with the overflow in the topic's ``BackendQueue``, under the same FIFO rule as a channel: while
+the backend holds anything new messages go there too, and the pump reads memory first. A publish
+only wakes the pump (one ``trio.Event.set``); the pump then moves everything waiting in batches:
+the first channel gets the original ``Message`` objects, every other channel ``msg.copy()`` (same
+id, timestamp and body object), and each channel delivers once per batch. A topic that is paused
+or has no channels keeps its backlog; the first channel created gets it (nsqd).
+
+``run`` owns a nursery holding the pump and every channel's timer task; channels created later
+are started into it, and each channel cancels its own task when deleted.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+
+import trio
+
+from lmqd.backend import BackendQueue, DummyBackend
+from lmqd.channel import Channel, TopicExiting, is_ephemeral
+from lmqd.message import GuidFactory, Message
+from lmqd.options import Options
+from lmqd.stats import NO_E2E_LATENCY, E2eLatency, TopicStats
+
+__all__ = ["Topic", "TopicExiting"]
+
+log = logging.getLogger("lmqd.topic")
+
+# Messages moved per pump iteration. Large enough that the per-batch costs (a checkpoint, one
+# put_many and one delivery round per channel) vanish per message; small enough that one busy
+# topic yields to the network tasks often (a batch of 2048 takes roughly a millisecond).
+PUMP_BATCH = 2048
+
+
+class Topic:
+    """One topic: its queue, its channels and the pump between them."""
+
+    def __init__(
+        self,
+        name: str,
+        options: Options,
+        *,
+        backend: BackendQueue,
+        channel_backend_factory: Callable[[str, str], BackendQueue],
+        on_deleted_ephemeral: Callable[[Topic], None] | None = None,
+        guid: GuidFactory | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.name = name
+        self.options = options
+        self.backend = backend
+        self.ephemeral = is_ephemeral(name)
+        self.paused = False
+        self.exiting = False
+        self.channels: dict[str, Channel] = {}
+        self.message_count = 0
+        self.message_bytes = 0
+        self._channel_backend_factory = channel_backend_factory
+        self._on_deleted_ephemeral = on_deleted_ephemeral
+        self._guid = guid if guid is not None else GuidFactory(options.node_id)
+        self._rng = rng
+        self._memory: deque[Message] = deque()
+        # nsqd makes no memory queue for a topic with --mem-queue-size 0, ephemeral or not (an
+        # ephemeral topic then drops everything into its dummy backend).
+        self._mem_size = options.mem_queue_size
+        self._wakeup = trio.Event()
+        self._nursery: trio.Nursery | None = None
+        self._run_scope = trio.CancelScope()
+
+    def __repr__(self) -> str:
+        return f"<Topic {self.name}>"
+
+    @property
+    def depth(self) -> int:
+        """Messages not yet pumped to channels: memory + backend."""
+        return len(self._memory) + self.backend.depth
+
+    @property
+    def backend_depth(self) -> int:
+        return self.backend.depth
+
+    # -- publishing --------------------------------------------------------------------------
+
+    def publish(self, bodies: Sequence[bytes], now: float, defer: float = 0.0) -> list[Message]:
+        """Make messages of ``bodies`` (new ids, one wall-clock timestamp) and put them.
+
+        ``defer`` > 0 (seconds, DPUB) sets ``deliver_at = now + defer``. Raises
+        ``TopicExiting``, or ``BackendError`` having stored none of them.
+        """
+        if self.exiting:
+            raise TopicExiting(f"topic {self.name} is exiting")
+        ids = self._guid.new_ids(len(bodies))
+        ts = time.time_ns()
+        deliver_at = now + defer if defer > 0 else 0.0
+        messages = [
+            Message(mid, body, ts, 0, deliver_at) for mid, body in zip(ids, bodies, strict=True)
+        ]
+        self.put_many(messages)
+        return messages
+
+    def put_many(self, messages: Sequence[Message]) -> None:
+        """Queue already-built messages (publish, restore). All or none: raises
+        ``TopicExiting``, or ``BackendError`` having stored none of them."""
+        if self.exiting:
+            raise TopicExiting(f"topic {self.name} is exiting")
+        memory = self._memory
+        backend = self.backend
+        head: Sequence[Message] = ()
+        tail: Sequence[Message] = messages
+        if backend.depth == 0:
+            room = self._mem_size - len(memory)
+            if room >= len(messages):
+                head, tail = messages, ()
+            elif room > 0:
+                head, tail = messages[:room], messages[room:]
+        if tail:
+            # The backend first: if it fails nothing has been queued yet (all or none).
+            backend.put_many(tail)
+        if head:
+            memory.extend(head)
+        self.message_count += len(messages)
+        self.message_bytes += sum(len(m.body) for m in messages)
+        self._wakeup.set()
+
+    def _take(self, count: int) -> list[Message]:
+        memory = self._memory
+        if len(memory) <= count:
+            out = list(memory)
+            memory.clear()
+        else:
+            popleft = memory.popleft
+            out = [popleft() for _ in range(count)]
+        if len(out) < count and self.backend.depth > 0:
+            out += self.backend.read_many(count - len(out))
+        return out
+
+    # -- the pump ----------------------------------------------------------------------------
+
+    def _pump_ready(self) -> bool:
+        return not self.paused and bool(self.channels) and self.depth > 0
+
+    async def _pump(self) -> None:
+        while True:
+            if not self._pump_ready():
+                self._wakeup = trio.Event()
+                await self._wakeup.wait()
+                continue
+            self._fan_out(self._take(PUMP_BATCH), trio.current_time())
+            # One checkpoint per batch: lets the connections run between batches.
+            await trio.lowlevel.checkpoint()
+
+    def _fan_out(self, messages: list[Message], now: float) -> None:
+        channels = [c for c in self.channels.values() if not c.exiting]
+        if not channels:  # only exiting channels left: keep the batch (rare)
+            self._memory.extendleft(reversed(messages))
+            return
+        for channel in channels[1:]:
+            channel.put_many([m.copy() for m in messages], now)
+        channels[0].put_many(messages, now)
+        for channel in channels:
+            channel.deliver(now)
+
+    # -- channels ----------------------------------------------------------------------------
+
+    def get_channel(self, name: str) -> Channel:
+        """The channel called ``name``, created (and its timer started) if absent.
+
+        Raises ``TopicExiting`` if the topic is being deleted or closed.
+        """
+        channel = self.channels.get(name)
+        if channel is not None:
+            return channel
+        if self.exiting:
+            raise TopicExiting(f"topic {self.name} is exiting")
+        backend = (
+            DummyBackend() if is_ephemeral(name) else self._channel_backend_factory(self.name, name)
+        )
+        channel = Channel(
+            self.name,
+            name,
+            self.options,
+            backend=backend,
+            on_last_client_removed=self._on_last_client_removed,
+            rng=self._rng,
+        )
+        self.channels[name] = channel
+        log.info("TOPIC(%s): new channel(%s)", self.name, name)
+        if self._nursery is not None:
+            self._nursery.start_soon(channel.run)
+        self._wakeup.set()  # the first channel takes the backlog
+        return channel
+
+    def channel_or_none(self, name: str) -> Channel | None:
+        return self.channels.get(name)
+
+    def delete_channel(self, name: str) -> None:
+        """Delete a channel and its stored messages (``KeyError`` if absent). An ephemeral
+        topic left without channels deletes itself and tells ``on_deleted_ephemeral``."""
+        channel = self.channels.pop(name)
+        channel.delete()
+        log.info("TOPIC(%s): deleted channel(%s)", self.name, name)
+        if self.ephemeral and not self.channels and not self.exiting:
+            self.delete()
+            if self._on_deleted_ephemeral is not None:
+                self._on_deleted_ephemeral(self)
+
+    def _on_last_client_removed(self, channel: Channel) -> None:
+        # An ephemeral channel's last client left (nsqd deletes the channel then).
+        if self.channels.get(channel.name) is channel:
+            self.delete_channel(channel.name)
+
+    # -- admin -------------------------------------------------------------------------------
+
+    def pause(self) -> None:
+        """Stop the pump: messages accumulate at the topic."""
+        self.paused = True
+
+    def unpause(self) -> None:
+        """Restart the pump."""
+        self.paused = False
+        self._wakeup.set()
+
+    def empty(self) -> None:
+        """Drop the topic's own queued messages (channels keep theirs, as nsqd)."""
+        self._memory.clear()
+        self.backend.empty()
+
+    def close(self) -> None:
+        """Shut down: close every channel (flushing them), write the memory queue to the
+        backend, close it and end ``run``. Idempotent."""
+        if self.exiting:
+            return
+        self.exiting = True
+        self._run_scope.cancel()
+        for channel in self.channels.values():
+            channel.close()
+        if self._memory:
+            pending = list(self._memory)
+            self._memory.clear()
+            try:
+                self.backend.put_many(pending)
+            except Exception:
+                log.error(
+                    "TOPIC(%s): failed to flush %d messages to the backend at close",
+                    self.name,
+                    len(pending),
+                    exc_info=True,
+                )
+        self.backend.close()
+        log.info("TOPIC(%s): closed", self.name)
+
+    def delete(self) -> None:
+        """Delete the topic, its channels and all their messages; ends ``run``. Idempotent."""
+        if self.exiting:
+            return
+        self.exiting = True
+        self._run_scope.cancel()
+        channels = list(self.channels.values())
+        self.channels.clear()
+        for channel in channels:
+            channel.delete()
+        self._memory.clear()
+        self.backend.delete()
+        log.info("TOPIC(%s): deleted", self.name)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Run the pump and every channel's timer until ``close`` or ``delete``. Call once."""
+        try:
+            with self._run_scope:
+                async with trio.open_nursery() as nursery:
+                    self._nursery = nursery
+                    for channel in self.channels.values():
+                        nursery.start_soon(channel.run)
+                    nursery.start_soon(self._pump)
+                    task_status.started()
+        finally:
+            self._nursery = None
+
+    # -- statistics --------------------------------------------------------------------------
+
+    def e2e_latency(self) -> E2eLatency:
+        """The channels' E2E latency merged (count only until percentiles are built)."""
+        if not self.options.e2e_processing_latency_percentiles:
+            return NO_E2E_LATENCY
+        return E2eLatency(
+            count=sum(c.e2e_latency().count for c in self.channels.values()), percentiles=None
+        )
+
+    def statistics(self, *, include_clients: bool = True) -> TopicStats:
+        """A frozen snapshot for /stats, channels sorted by name."""
+        return TopicStats(
+            topic_name=self.name,
+            channels=tuple(
+                self.channels[n].statistics(include_clients=include_clients)
+                for n in sorted(self.channels)
+            ),
+            depth=self.depth,
+            backend_depth=self.backend.depth,
+            message_count=self.message_count,
+            message_bytes=self.message_bytes,
+            paused=self.paused,
+            e2e_processing_latency=self.e2e_latency(),
+        )

@@ -1,0 +1,102 @@
+"""Fakes for the engine tests: a subscriber that records what it is sent, and backends that fail.
+
+Not a test module (no ``test_`` prefix); the engine tests import it by name, which works because
+pytest puts this directory on ``sys.path`` (no ``__init__.py`` here, rootdir-relative imports).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import trio
+
+from lmqd.backend import BackendError, MemoryBackend
+from lmqd.message import Message
+from lmqd.stats import ClientStats
+
+
+def now_or_none() -> float | None:
+    try:
+        return trio.current_time()
+    except RuntimeError:  # a synchronous test, outside trio.run
+        return None
+
+
+class FakeClient:
+    """A ``lmqd.subscriber.Subscriber`` that records every ``write_messages`` call."""
+
+    def __init__(
+        self, client_id: int, *, ready: int = 0, msg_timeout: float = 60.0, sample_rate: int = 0
+    ) -> None:
+        self.id = client_id
+        self.ready_count = ready
+        self.in_flight_count = 0
+        self.message_count = 0
+        self.finish_count = 0
+        self.requeue_count = 0
+        self.msg_timeout = msg_timeout
+        self.sample_rate = sample_rate
+        self.writes: list[list[Message]] = []
+        self.write_times: list[float | None] = []
+        self._written = trio.Event()
+
+    def write_messages(self, messages: Sequence[Message]) -> None:
+        assert messages, "the channel must not make empty writes"
+        self.writes.append(list(messages))
+        self.write_times.append(now_or_none())
+        self._written.set()
+
+    @property
+    def received(self) -> list[Message]:
+        """Every message delivered, in order."""
+        return [m for batch in self.writes for m in batch]
+
+    async def wait_writes(self, count: int) -> None:
+        """Wait until ``write_messages`` has been called ``count`` times in all."""
+        while len(self.writes) < count:
+            self._written = trio.Event()
+            await self._written.wait()
+
+    def statistics(self) -> ClientStats:
+        return ClientStats(
+            client_id=f"fake{self.id}",
+            hostname="fake",
+            version="V2",
+            remote_address="127.0.0.1:1",
+            state=3,
+            ready_count=self.ready_count,
+            in_flight_count=self.in_flight_count,
+            message_count=self.message_count,
+            finish_count=self.finish_count,
+            requeue_count=self.requeue_count,
+            connect_ts=0,
+            sample_rate=self.sample_rate,
+            deflate=False,
+            snappy=False,
+            user_agent="fake/1.0",
+        )
+
+
+class FailingBackend(MemoryBackend):
+    """A memory backend whose writes fail while ``failing`` is true (a full disk)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failing = True
+
+    def put_many(self, messages: Sequence[Message]) -> None:
+        if self.failing:
+            raise BackendError("disk full")
+        super().put_many(messages)
+
+
+def make_messages(count: int, *, start: int = 0, deliver_at: float = 0.0) -> list[Message]:
+    """Messages with ids ``%016x`` of start.. and bodies ``b"m<n>"``."""
+    return [
+        Message(b"%016x" % i, b"m%d" % i, 1_700_000_000_000_000_000, 0, deliver_at)
+        for i in range(start, start + count)
+    ]
+
+
+def bodies(messages: Sequence[Message]) -> list[bytes]:
+    return [m.body for m in messages]
