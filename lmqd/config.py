@@ -49,7 +49,6 @@ __all__ = [
     "parse_duration_ns",
     "parse_int",
     "resolve",
-    "setting_for_flag",
 ]
 
 
@@ -237,11 +236,6 @@ _BY_FLAG: dict[str, Setting] = {s.flag: s for s in SETTINGS}
 _BY_KEY: dict[str, Setting] = {key: s for s in SETTINGS for key in s.config_keys}
 
 
-def setting_for_flag(flag: str) -> Setting:
-    """The setting named by ``flag`` (without dashes); KeyError if there is none."""
-    return _BY_FLAG[flag]
-
-
 def default_value(setting: Setting, defaults: Options | None = None) -> Any:
     """The value a setting has when neither a flag nor the config file gives one.
 
@@ -404,7 +398,7 @@ def _parse_tls_required(text: str) -> str:
 
 
 def _parse_tls_min_version(text: str) -> str:
-    lowered = text.lower()
+    lowered = text.lower() or "tls1.0"  # nsqd: an empty value keeps the default
     if lowered not in _TLS_VERSIONS:
         raise ValueError(f'unknown tlsVersionOption "{text}"')
     return lowered

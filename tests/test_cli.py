@@ -2,14 +2,16 @@
 
 The daemon is replaced by a fake ``lmqd.daemon`` module (injected into ``sys.modules``; the CLI
 imports it lazily) whose ``run_daemon`` records the Options it is given, so these tests check
-exactly what the CLI hands to the daemon without opening a socket. One test runs
-``python -m lmqd --version`` as a real subprocess. No network.
+exactly what the CLI hands to the daemon without opening a socket. Two tests run the real thing
+as a subprocess: ``python -m lmqd -version``, and one daemon started with nsqd-style flags on
+127.0.0.1 port 0, stopped with SIGTERM (it must exit 0).
 """
 
 from __future__ import annotations
 
 import logging
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -412,3 +414,38 @@ def test_configure_replaces_its_handler_and_set_level(capsys: pytest.CaptureFixt
     ]
     with pytest.raises(ValueError, match="invalid log level 'loud'"):
         logging_setup.set_level("loud")
+
+
+def test_real_daemon_started_with_nsqd_flags(tmp_path: Path) -> None:
+    log_path = tmp_path / "lmqd.log"
+    args = [
+        *("-tcp-address", "127.0.0.1:0", "-http-address=127.0.0.1:0"),
+        *("-data-path", str(tmp_path), "-msg-timeout", "1m30s", "-snappy"),
+        *("-statsd-address=127.0.0.1:8125", "--log-prefix=[nsqd] "),
+    ]
+    with log_path.open("wb") as log_file:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "lmqd", *args],
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            # Interpreter + trio start-up takes ~1 s; 20 s allows for a loaded 2-core box.
+            deadline = time.monotonic() + 20
+            while "TCP: listening on" not in log_path.read_text() and proc.poll() is None:
+                assert time.monotonic() < deadline, log_path.read_text()
+                time.sleep(0.05)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            returncode = proc.wait(timeout=15)
+    lines = log_path.read_text().splitlines()
+    assert returncode == 0, lines
+    stamp = r"\d{4}/\d\d/\d\d \d\d:\d\d:\d\d\.\d{6}"
+    assert any(
+        re.fullmatch(rf"\[nsqd\] {stamp} INFO: TCP: listening on 127\.0\.0\.1:\d+", line)
+        for line in lines
+    ), lines
+    warning = "WARNING: --statsd-address is accepted for nsqd compatibility and has no effect"
+    assert [line.split(" ", 3)[3] for line in lines if "WARNING:" in line] == [warning]
+    assert "Traceback" not in log_path.read_text()

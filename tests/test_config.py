@@ -345,6 +345,65 @@ def test_load_toml_errors_are_one_line(tmp_path: Path) -> None:
         config.load_toml(bad)
 
 
+# nsqd's contrib/nsqd.cfg.example (percentiles as 1.3.0 requires them, in (0,1]).
+NSQD_EXAMPLE_CFG = """
+verbose = false
+# id = 5150
+tcp_address = "0.0.0.0:4150"
+http_address = "0.0.0.0:4151"
+# https_address = "0.0.0.0:4152"
+nsqlookupd_tcp_addresses = [
+    "127.0.0.1:4160"
+]
+http_client_connect_timeout = "2s"
+http_client_request_timeout = "5s"
+mem_queue_size = 10000
+max_bytes_per_file = 104857600
+sync_every = 2500
+sync_timeout = "2s"
+msg_timeout = "60s"
+max_msg_timeout = "15m"
+max_msg_size = 1024768
+max_req_timeout = "1h"
+max_body_size = 5123840
+max_heartbeat_interval = "60s"
+max_rdy_count = 2500
+max_output_buffer_size = 65536
+max_output_buffer_timeout = "1s"
+statsd_prefix = "nsq.%s"
+statsd_interval = "60s"
+statsd_mem_stats = true
+e2e_processing_latency_percentiles = [
+    1.0,
+    0.99,
+    0.95
+]
+e2e_processing_latency_window_time = "10m"
+tls_cert = ""
+tls_key = ""
+tls_required = false
+tls_min_version = ""
+deflate = true
+max_deflate_level = 6
+snappy = true
+"""
+
+
+def test_nsqds_example_config_file_loads(tmp_path: Path) -> None:
+    path = tmp_path / "nsqd.cfg"
+    path.write_text(NSQD_EXAMPLE_CFG)
+    resolved = resolve({}, config.load_toml(path), source=str(path))
+    options = resolved.options
+    assert options.max_msg_size == 1024768
+    assert options.max_output_buffer_timeout == 1.0
+    assert options.max_msg_timeout == 900.0
+    assert options.tls_min_version == "tls1.0"
+    assert options.e2e_processing_latency_percentiles == (1.0, 0.99, 0.95)
+    assert resolved.warnings() == [
+        "--lookupd-tcp-address is accepted for nsqd compatibility and has no effect"
+    ]
+
+
 # -- the table itself ----------------------------------------------------------------------------
 
 # Options fields that nsqd has no flag for (nsqd's ClientTimeout): not settable from the CLI.
