@@ -1,0 +1,38 @@
+"""Disk storage: the segment-log backend queue, its sync jobs, and the daemon metadata file.
+
+Synchronous and trio-free (a test asserts importing it does not import trio): the daemon calls
+the blocking parts (opening a queue, ``SyncJob.run``, ``run_sync_jobs``) in worker threads.
+The format and the recovery rules are documented in docs/storage.md.
+"""
+
+from lmqd.storage.diskqueue import DiskQueue, StoredMessage, token_position
+from lmqd.storage.metadata import (
+    ChannelMetadata,
+    DataDirLock,
+    DataDirLocked,
+    Metadata,
+    TopicMetadata,
+    load_metadata,
+    metadata_path,
+    save_metadata,
+)
+from lmqd.storage.sync import SyncJob, run_sync_jobs
+from lmqd.storage.timebase import AnchoredTimeBase, TimeBase
+
+__all__ = [
+    "AnchoredTimeBase",
+    "ChannelMetadata",
+    "DataDirLock",
+    "DataDirLocked",
+    "DiskQueue",
+    "Metadata",
+    "StoredMessage",
+    "SyncJob",
+    "TimeBase",
+    "TopicMetadata",
+    "load_metadata",
+    "metadata_path",
+    "run_sync_jobs",
+    "save_metadata",
+    "token_position",
+]

@@ -1,0 +1,905 @@
+"""DiskQueue: the segment-log backend queue of one durable topic or channel.
+
+Theory of operation
+-------------------
+A queue is a sequence of segment files ``<stem>.lmq.<number>.dat`` (``files.queue_stem``) in the
+data directory, each a header and records (``record.py``). ``put_many`` encodes a batch and hands
+it to the OS with one ``pwrite`` per segment it touches, at the write position; a batch that does
+not fit in ``max_bytes_per_file`` rolls to a new segment. If any write fails, whatever the batch
+wrote is truncated away or unlinked and ``BackendError`` is raised: the batch is stored whole or
+not at all, and the positions never move over a partial write.
+
+``read_many`` reads ahead ``read_ahead`` bytes per ``pread`` and decodes every complete record in
+the buffer, checking each CRC again (the disk may have rotted since start-up). A record that
+fails is handled like recovery does at start-up (``recovery.py``): the bad bytes are copied aside,
+counted and skipped. A segment the reader has left is *retired*; it is unlinked by the sync job
+that persists a read position past it (``sync.py``), never before, so a crash cannot leave a
+positions file pointing into a deleted segment.
+
+Positions (``<stem>.lmq.pos.json``, ``positions.py``) are persisted only by sync jobs
+(``prepare_sync`` in the event-loop thread, ``SyncJob.run`` in a worker thread) and by
+``close``/``empty``. In acknowledgement mode (``ack_mode=True``) ``read_many`` returns
+``StoredMessage`` objects carrying a ``token``; the persisted read position is the position of
+the oldest record not yet ``ack``-ed, so after a crash everything not acknowledged is read again
+(at-least-once), along with any acknowledged records that followed it.
+
+Opening a queue recovers it: every segment from the persisted read position on is verified;
+consumed segments left behind by a crash are removed; a damaged or missing positions file is
+rebuilt from the segments (reading restarts at the oldest record still on disk).
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+import re
+import struct
+import time
+from collections import deque
+from collections.abc import Iterable, Sequence
+
+import attrs
+from crc32c import crc32c
+
+from lmqd.backend import BackendError
+from lmqd.message import Message
+from lmqd.storage.files import (
+    free_aside_path,
+    fsync_dir,
+    pwrite_all,
+    queue_stem,
+    save_aside,
+    write_file_durably,
+)
+from lmqd.storage.positions import Positions, decode_positions, encode_positions
+from lmqd.storage.record import (
+    MAX_RECORD_LENGTH,
+    MIN_RECORD_LENGTH,
+    RECORD_OVERHEAD,
+    RECORD_PREFIX,
+    RECORD_PREFIX_SIZE,
+    SEGMENT_HEADER_SIZE,
+    TYPE_MESSAGE,
+    FormatError,
+    decode_segment_header,
+    encode_segment_header,
+    parse_optional_fields,
+    record_parts,
+)
+from lmqd.storage.recovery import recover_segment, scan_records
+from lmqd.storage.sync import QueueFiles, SyncJob
+from lmqd.storage.timebase import TimeBase
+
+log = logging.getLogger("lmqd.storage")
+
+KiB = 1024
+MiB = 1024 * KiB
+
+DEFAULT_READ_AHEAD = 256 * KiB
+"""Bytes per read syscall: ~2,000 small messages, small enough not to hold much memory per queue."""
+
+_TOKEN_SHIFT = 40
+_TOKEN_MASK = (1 << _TOKEN_SHIFT) - 1
+# A synced offset beyond any file: everything in a segment older than the write segment of the
+# last positions file was fsynced before that file was written.
+_ALL_SYNCED = 1 << 62
+_LENGTH = struct.Struct(">I")
+_SEGMENT_NAME = re.compile(r"(\d+)\.dat")
+_MAX_REPAIRS_PER_READ = 64
+"""Bound on corrupt regions handled in one read_many call, so damage never becomes a busy loop."""
+
+
+def segment_filename(name: str, number: int) -> str:
+    """File name of segment ``number`` of queue ``name``."""
+    return f"{queue_stem(name)}.lmq.{number:06d}.dat"
+
+
+def positions_filename(name: str) -> str:
+    """File name of the positions file of queue ``name``."""
+    return f"{queue_stem(name)}.lmq.pos.json"
+
+
+def token_position(token: int) -> tuple[int, int]:
+    """The (segment, offset) of the record a ``StoredMessage.token`` stands for."""
+    return token >> _TOKEN_SHIFT, token & _TOKEN_MASK
+
+
+@attrs.define(slots=True, eq=False, repr=False)
+class StoredMessage(Message):
+    """A message read in acknowledgement mode: ``token`` is what ``DiskQueue.ack`` takes."""
+
+    token: int = 0
+
+
+class _Segment:
+    __slots__ = ("end", "number", "path", "records", "skips")
+
+    def __init__(
+        self, number: int, path: str, end: int, skips: list[tuple[int, int]], records: int
+    ) -> None:
+        self.number = number
+        self.path = path
+        self.end = end
+        """Offset after the last record (the write position, for the write segment)."""
+        self.skips = skips
+        """Corrupt regions (start, end) the reader jumps over, sorted."""
+        self.records = records
+        """Valid records in the file."""
+
+
+class DiskQueue:
+    """A ``lmqd.backend.BackendQueue`` stored in segment files under ``data_path``.
+
+    Opening recovers the queue (blocking: it reads every live segment; call it from a worker
+    thread in the daemon). All other methods but ``close``, ``empty`` and ``delete`` only hand
+    data to the OS and never wait for the disk; durability comes from ``prepare_sync``.
+    Raises ``OSError`` if the data directory itself cannot be used.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        data_path: str | os.PathLike[str],
+        *,
+        timebase: TimeBase,
+        max_bytes_per_file: int = 100 * MiB,
+        ack_mode: bool = False,
+        read_ahead: int = DEFAULT_READ_AHEAD,
+    ) -> None:
+        if max_bytes_per_file <= SEGMENT_HEADER_SIZE:
+            raise ValueError("max_bytes_per_file too small")
+        self.name = name
+        self._dir = os.fspath(data_path)
+        self._stem = queue_stem(name)
+        self._timebase = timebase
+        self._max_bytes = max_bytes_per_file
+        self._ack_mode = ack_mode
+        self._read_ahead = max(read_ahead, RECORD_OVERHEAD)
+        self._files = QueueFiles(
+            name, self._dir, os.path.join(self._dir, positions_filename(name))
+        )
+        self._segments: deque[_Segment] = deque()
+        """The reader's segment first, the write segment last."""
+        self._retired: deque[_Segment] = deque()
+        """Segments the reader has left, waiting for a persisted read position past them."""
+        self._next_number = 0
+        self._wfd = -1
+        self._wdirty = False
+        self._pending_fds: list[int] = []
+        """Rolled segments' write descriptors, handed to the next sync job to fsync."""
+        self._rfd = -1
+        self._rfd_segment: _Segment | None = None
+        self._rbuf = b""
+        self._rbuf_start = 0
+        self._rpos = SEGMENT_HEADER_SIZE
+        self._rconsumed = 0
+        """Records read from the reader's segment (for recounting after a corrupt region)."""
+        self._depth = 0
+        self._dirty = 0
+        self._outstanding: set[int] = set()
+        self._order: deque[int] = deque()
+        """Tokens handed out, oldest first; acknowledged ones are dropped only from the front."""
+        self._last_positions: Positions | None = None
+        self._closed = False
+        self.corrupt_count = 0
+        """Corrupt regions found (at start-up and while reading) and set aside."""
+        self.corrupt_bytes = 0
+        self.torn_bytes = 0
+        """Bytes of torn writes truncated at start-up (a crash mid-write; not data loss)."""
+        self.missing_segments = 0
+        """Segment files the positions file expected that were not found."""
+        self.rebuilt_positions = False
+        """True if the positions file was missing or damaged and was rebuilt from the segments."""
+        self._open()
+
+    # -- public interface ---------------------------------------------------------------------
+
+    @property
+    def depth(self) -> int:
+        """Messages stored and not yet read."""
+        return self._depth
+
+    @property
+    def dirty_count(self) -> int:
+        """Reads, writes and acknowledgements since the last ``prepare_sync`` (``--sync-every``)."""
+        return self._dirty
+
+    @property
+    def unacked_count(self) -> int:
+        """Acknowledgement mode: messages read and not yet acknowledged."""
+        return len(self._outstanding)
+
+    @property
+    def ack_mode(self) -> bool:
+        return self._ack_mode
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def put_many(self, messages: Sequence[Message]) -> None:
+        """Append messages in order; raises ``BackendError`` having stored none of them."""
+        if self._closed:
+            raise BackendError(f"DISKQUEUE({self.name}): closed")
+        if not messages:
+            return
+        to_wall_ns = self._timebase.to_wall_ns
+        parts: list[bytes] = []
+        extend = parts.extend
+        total = 0
+        for m in messages:
+            deliver = m.deliver_at
+            piece = record_parts(
+                m.id, m.timestamp, m.attempts, to_wall_ns(deliver) if deliver else 0, m.body
+            )
+            extend(piece)
+            total += len(piece[0]) + len(piece[1]) + 4
+        seg = self._segments[-1]
+        if seg.end == SEGMENT_HEADER_SIZE or seg.end + total <= self._max_bytes:
+            chunks = [(0, len(messages), total)]
+        else:
+            chunks = self._split(parts, seg.end)
+        self._write_chunks(parts, chunks)
+        self._depth += len(messages)
+        self._dirty += len(messages)
+
+    def read_many(self, max_count: int) -> list[Message]:
+        """Remove and return up to ``max_count`` of the oldest messages.
+
+        In acknowledgement mode they are ``StoredMessage`` objects to ``ack`` by token.
+        """
+        out: list[Message] = []
+        if self._closed or max_count <= 0:
+            return out
+        repairs = 0
+        while len(out) < max_count and self._depth > 0:
+            seg = self._segments[0]
+            pos, stop = self._bounds(seg, self._rpos)
+            self._rpos = pos
+            if pos >= seg.end:
+                if len(self._segments) == 1:
+                    break
+                self._retire_reader_segment()
+                continue
+            if pos >= stop:  # pragma: no cover - _bounds skips regions starting at pos
+                break
+            try:
+                ok = self._decode(seg, stop, max_count - len(out), out)
+            except OSError:
+                log.error("DISKQUEUE(%s): read failed", self.name, exc_info=True)
+                break
+            if not ok:
+                repairs += 1
+                if repairs > _MAX_REPAIRS_PER_READ:
+                    break
+                self._repair(seg)
+        if len(self._segments) > 1:
+            seg = self._segments[0]
+            if self._bounds(seg, self._rpos)[0] >= seg.end:
+                self._retire_reader_segment()
+        self._dirty += len(out)
+        return out
+
+    def ack(self, token: int) -> bool:
+        """Acknowledgement mode: mark a read message done; False if the token is unknown."""
+        outstanding = self._outstanding
+        if token not in outstanding:
+            return False
+        outstanding.remove(token)
+        order = self._order
+        while order and order[0] not in outstanding:
+            order.popleft()
+        self._dirty += 1
+        return True
+
+    def ack_many(self, tokens: Iterable[int]) -> int:
+        """Acknowledge many messages; returns how many tokens were known."""
+        return sum(self.ack(t) for t in tokens)
+
+    def prepare_sync(self) -> SyncJob | None:
+        """Snapshot what a sync must make durable; ``None`` if nothing changed since the last one.
+
+        Non-blocking (event-loop thread): the job duplicates the descriptors it will fsync, so
+        the queue may go on writing, rolling, even closing, while the job runs in a thread.
+        """
+        if self._closed:
+            return None
+        fds: list[int] = []
+        if self._wdirty:
+            fds.append(os.dup(self._wfd))
+        fds.extend(self._pending_fds)
+        self._pending_fds = []
+        self._wdirty = False
+        positions = self._positions()
+        unlink = []
+        retired = self._retired
+        while retired and retired[0].number < positions.read_segment:
+            unlink.append(retired.popleft().path)
+        if not fds and not unlink and positions == self._last_positions:
+            self._dirty = 0
+            return None
+        self._last_positions = positions
+        job = SyncJob(
+            self._files,
+            self._files.next_seq(),
+            fds,
+            encode_positions(self.name, positions),
+            unlink,
+            self._dirty,
+        )
+        self._dirty = 0
+        return job
+
+    def sync(self) -> None:
+        """Blocking sync in the calling thread (tests, close); raises ``OSError``."""
+        job = self.prepare_sync()
+        if job is not None:
+            job.run()
+
+    def empty(self) -> None:
+        """Drop every stored message (blocking: persists the new, empty positions at once).
+
+        Raises ``BackendError`` if the new state cannot be persisted; the queue is unchanged then.
+        """
+        if self._closed:
+            return
+        number = self._next_number
+        try:
+            fd = self._create_segment(number)
+        except OSError as exc:
+            raise BackendError(f"DISKQUEUE({self.name}): empty failed: {exc}") from exc
+        positions = Positions(number, SEGMENT_HEADER_SIZE, number, SEGMENT_HEADER_SIZE, 0)
+        try:
+            self._persist_now(positions)
+        except OSError as exc:
+            os.close(fd)
+            _unlink_quietly(os.path.join(self._dir, segment_filename(self.name, number)))
+            raise BackendError(f"DISKQUEUE({self.name}): empty failed: {exc}") from exc
+        old = [*self._retired, *self._segments]
+        self._close_fds()
+        for seg in old:
+            _unlink_quietly(seg.path)
+        self._next_number = number + 1
+        self._segments = deque([self._new_segment_entry(number)])
+        self._retired.clear()
+        self._wfd = fd
+        self._reset_reader(SEGMENT_HEADER_SIZE, 0)
+        self._depth = 0
+        self._dirty = 0
+        self._outstanding.clear()
+        self._order.clear()
+        self._last_positions = positions
+
+    def delete(self) -> None:
+        """Drop everything and remove the queue's files (set-aside ``.bad`` copies stay)."""
+        with self._files.lock:
+            self._files.deleted = True
+        self._close_fds()
+        for seg in [*self._retired, *self._segments]:
+            _unlink_quietly(seg.path)
+        _unlink_quietly(self._files.positions)
+        _unlink_quietly(self._files.positions + ".tmp")
+        try:
+            fsync_dir(self._dir)
+        except OSError:
+            log.warning("DISKQUEUE(%s): fsync of %s failed", self.name, self._dir, exc_info=True)
+        self._segments.clear()
+        self._retired.clear()
+        self._depth = 0
+        self._closed = True
+
+    def close(self) -> None:
+        """Sync (blocking) and release the files; the messages stay for the next start.
+
+        In acknowledgement mode the unacknowledged messages are read again after reopening.
+        """
+        if self._closed:
+            return
+        try:
+            self.sync()
+        except OSError:
+            log.error("DISKQUEUE(%s): sync on close failed", self.name, exc_info=True)
+        self._close_fds()
+        self._closed = True
+
+    # -- writing ------------------------------------------------------------------------------
+
+    def _split(self, parts: list[bytes], start_pos: int) -> list[tuple[int, int, int]]:
+        """Group records (3 parts each) into per-segment chunks (first, end, bytes)."""
+        chunks = []
+        first = 0
+        pos = start_pos
+        size = 0
+        for i in range(len(parts) // 3):
+            n = len(parts[3 * i]) + len(parts[3 * i + 1]) + 4
+            if pos > SEGMENT_HEADER_SIZE and pos + n > self._max_bytes:
+                if i > first:
+                    chunks.append((first, i, size))
+                first = i
+                size = 0
+                pos = SEGMENT_HEADER_SIZE
+            pos += n
+            size += n
+        chunks.append((first, len(parts) // 3, size))
+        return chunks
+
+    def _write_chunks(self, parts: list[bytes], chunks: list[tuple[int, int, int]]) -> None:
+        seg = self._segments[-1]
+        start_end = seg.end
+        fd = self._wfd
+        pos = start_end
+        created: list[tuple[int, int, str]] = []  # (number, fd, path)
+        wrote_current = False
+        try:
+            for n, (first, end, size) in enumerate(chunks):
+                if n > 0 or (pos > SEGMENT_HEADER_SIZE and pos + size > self._max_bytes):
+                    number = self._next_number + len(created)
+                    fd = self._create_segment(number)
+                    created.append(
+                        (number, fd, os.path.join(self._dir, segment_filename(self.name, number)))
+                    )
+                    pos = SEGMENT_HEADER_SIZE
+                else:
+                    wrote_current = True
+                pwrite_all(fd, b"".join(parts[3 * first : 3 * end]), pos)
+                pos += size
+        except OSError as exc:
+            if wrote_current:
+                try:
+                    os.ftruncate(self._wfd, start_end)
+                except OSError:
+                    # The bytes past the write position are never read (reads stop at
+                    # seg.end) and the next write overwrites them; recovery would treat them
+                    # as a torn tail.
+                    log.warning("DISKQUEUE(%s): truncate after failed write failed", self.name)
+            for _, cfd, path in created:
+                os.close(cfd)
+                _unlink_quietly(path)
+            log.error("DISKQUEUE(%s): write failed: %s", self.name, exc)
+            raise BackendError(f"DISKQUEUE({self.name}): write failed: {exc}") from exc
+        # Commit: only now do the positions move.
+        if wrote_current:
+            first, end, size = chunks[0]
+            seg.end = start_end + size
+            seg.records += end - first
+            self._wdirty = True
+        for (number, cfd, path), (first, end, size) in zip(
+            created, chunks[len(chunks) - len(created) :], strict=True
+        ):
+            self._roll_to(cfd, _Segment(number, path, SEGMENT_HEADER_SIZE + size, [], end - first))
+
+    def _roll_to(self, fd: int, seg: _Segment) -> None:
+        if self._wdirty:
+            self._pending_fds.append(self._wfd)
+        else:
+            os.close(self._wfd)
+        self._wfd = fd
+        self._wdirty = True
+        self._segments.append(seg)
+        self._next_number = seg.number + 1
+
+    def _create_segment(self, number: int) -> int:
+        """Create segment file ``number`` with its header; returns an fd open for writing."""
+        path = os.path.join(self._dir, segment_filename(self.name, number))
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            pwrite_all(fd, encode_segment_header(number, time.time_ns()), 0)
+        except BaseException:
+            os.close(fd)
+            _unlink_quietly(path)
+            raise
+        return fd
+
+    def _new_segment_entry(self, number: int) -> _Segment:
+        path = os.path.join(self._dir, segment_filename(self.name, number))
+        return _Segment(number, path, SEGMENT_HEADER_SIZE, [], 0)
+
+    # -- reading ------------------------------------------------------------------------------
+
+    @staticmethod
+    def _bounds(seg: _Segment, pos: int) -> tuple[int, int]:
+        """Move ``pos`` past skipped regions; return it and where the next skip (or end) is."""
+        for start, end in seg.skips:
+            if end <= pos:
+                continue
+            if start <= pos:
+                pos = end
+                continue
+            return pos, start
+        return pos, seg.end
+
+    def _reader_fd(self, seg: _Segment) -> int:
+        if self._rfd_segment is not seg:
+            self._close_reader()
+            try:
+                self._rfd = os.open(seg.path, os.O_RDONLY)
+            except FileNotFoundError:
+                if seg is not self._segments[-1]:
+                    raise
+                # Unlinked under us while we still write it: read through our write fd.
+                self._rfd = os.dup(self._wfd)
+            self._rfd_segment = seg
+        return self._rfd
+
+    def _decode(self, seg: _Segment, stop: int, want: int, out: list[Message]) -> bool:
+        """Decode up to ``want`` records from ``self._rpos`` to ``stop``; False at a bad one."""
+        buf = self._rbuf
+        base = self._rbuf_start
+        pos = self._rpos
+        if not base <= pos <= base + len(buf):
+            buf = b""
+            base = pos
+        i = pos - base
+        avail = min(stop, base + len(buf)) - base
+        ack_mode = self._ack_mode
+        from_wall_ns = self._timebase.from_wall_ns
+        unpack = RECORD_PREFIX.unpack_from
+        view = memoryview(buf)
+        number_bits = seg.number << _TOKEN_SHIFT
+        got = 0
+        ok = True
+        while got < want:
+            if i + RECORD_OVERHEAD > avail:
+                if base + i >= stop:
+                    break
+                need = RECORD_OVERHEAD
+                if i + 4 <= avail:
+                    (length,) = _LENGTH.unpack_from(buf, i)
+                    if not MIN_RECORD_LENGTH <= length <= MAX_RECORD_LENGTH:
+                        ok = False
+                        break
+                    need = 4 + length
+                if base + i + need > stop:
+                    ok = False
+                    break
+                base, buf, i, avail, view = self._refill(seg, base + i, need, stop)
+                if i + need > avail:
+                    ok = False  # the file is shorter than the queue thinks
+                    break
+                continue
+            length, typ, flags, msg_id, timestamp, attempts, deliver = unpack(buf, i)
+            rec_end = i + 4 + length
+            if not MIN_RECORD_LENGTH <= length <= MAX_RECORD_LENGTH or typ != TYPE_MESSAGE:
+                ok = False
+                break
+            if rec_end > avail:
+                if base + rec_end > stop:
+                    ok = False
+                    break
+                base, buf, i, avail, view = self._refill(seg, base + i, 4 + length, stop)
+                if i + 4 + length > avail:
+                    ok = False
+                    break
+                continue
+            crc_at = rec_end - 4
+            if crc32c(view[i + 4 : crc_at]) != _LENGTH.unpack_from(buf, crc_at)[0]:
+                ok = False
+                break
+            body_at = i + RECORD_PREFIX_SIZE
+            if flags:
+                try:
+                    _, _, body_at = parse_optional_fields(buf, body_at, crc_at, flags)
+                except FormatError:
+                    ok = False
+                    break
+            body = buf[body_at:crc_at]
+            deliver_at = from_wall_ns(deliver) if deliver else 0.0
+            if ack_mode:
+                token = number_bits | (base + i)
+                out.append(
+                    StoredMessage(msg_id, body, timestamp, attempts, deliver_at, token=token)
+                )
+                self._outstanding.add(token)
+                self._order.append(token)
+            else:
+                out.append(Message(msg_id, body, timestamp, attempts, deliver_at))
+            got += 1
+            i = rec_end
+        self._rbuf = buf
+        self._rbuf_start = base
+        self._rpos = base + i
+        self._rconsumed += got
+        self._depth -= got
+        return ok
+
+    def _refill(
+        self, seg: _Segment, pos: int, need: int, stop: int
+    ) -> tuple[int, bytes, int, int, memoryview]:
+        size = min(max(self._read_ahead, need), stop - pos)
+        buf = os.pread(self._reader_fd(seg), size, pos)
+        return pos, buf, 0, len(buf), memoryview(buf)
+
+    def _repair(self, seg: _Segment) -> None:
+        """The record at the read position is bad: set aside what is bad in the rest of ``seg``."""
+        pos = self._rpos
+        self._rbuf = b""
+        fd = self._reader_fd(seg)
+        size = os.fstat(fd).st_size
+        end = min(seg.end, size)
+        ranges = []
+        cursor = pos
+        for start, stop in [*seg.skips, (seg.end, seg.end)]:
+            if stop <= cursor:
+                continue
+            if start > cursor:
+                ranges.append((cursor, min(start, end)))
+            cursor = max(cursor, stop)
+        remaining = 0
+        found: list[tuple[int, int]] = []
+        if end > pos:
+            with mmap.mmap(fd, end, access=mmap.ACCESS_READ) as mm:
+                for start, stop in ranges:
+                    if start >= stop:
+                        continue
+                    scan = scan_records(mm, start, stop)
+                    remaining += scan.records
+                    for bad_start, bad_end, _ in scan.regions:
+                        self._set_aside(seg, mm[bad_start:bad_end], bad_start, bad_end)
+                        found.append((bad_start, bad_end))
+        if end < seg.end:
+            lost = seg.end - end
+            self.corrupt_count += 1
+            self.corrupt_bytes += lost
+            log.error(
+                "DISKQUEUE(%s): %s is %d bytes shorter than written; skipping them",
+                self.name,
+                seg.path,
+                lost,
+            )
+            found.append((end, seg.end))
+        if not found:
+            log.warning("DISKQUEUE(%s): %s: re-reading at %d", self.name, seg.path, pos)
+            return
+        seg.skips = sorted([*seg.skips, *found])
+        lost_records = (seg.records - self._rconsumed) - remaining
+        seg.records -= lost_records
+        self._depth -= lost_records
+
+    def _set_aside(self, seg: _Segment, data: bytes, start: int, end: int) -> None:
+        aside = save_aside(f"{seg.path}.bad-{start}", data)
+        self.corrupt_count += 1
+        self.corrupt_bytes += end - start
+        log.error(
+            "DISKQUEUE(%s): %s: corrupt region of %d bytes at offset %d set aside in %s",
+            self.name,
+            seg.path,
+            end - start,
+            start,
+            aside,
+        )
+
+    def _retire_reader_segment(self) -> None:
+        self._close_reader()
+        self._retired.append(self._segments.popleft())
+        self._reset_reader(SEGMENT_HEADER_SIZE, 0)
+
+    def _reset_reader(self, pos: int, consumed: int) -> None:
+        self._rbuf = b""
+        self._rbuf_start = pos
+        self._rpos = pos
+        self._rconsumed = consumed
+
+    def _close_reader(self) -> None:
+        if self._rfd >= 0:
+            os.close(self._rfd)
+        self._rfd = -1
+        self._rfd_segment = None
+        self._rbuf = b""
+
+    # -- positions ----------------------------------------------------------------------------
+
+    def _positions(self) -> Positions:
+        write = self._segments[-1]
+        if self._order:
+            read_segment, read_offset = token_position(self._order[0])
+        else:
+            read_segment, read_offset = self._segments[0].number, self._rpos
+        return Positions(
+            read_segment, read_offset, write.number, write.end, self._depth + len(self._order)
+        )
+
+    def _persist_now(self, positions: Positions) -> None:
+        data = encode_positions(self.name, positions)
+        with self._files.lock:
+            seq = self._files.next_seq()
+            write_file_durably(self._files.positions, data)
+            self._files.persisted_seq = seq
+        fsync_dir(self._dir)
+
+    def _close_fds(self) -> None:
+        self._close_reader()
+        for fd in [*self._pending_fds, self._wfd]:
+            if fd >= 0:
+                try:
+                    os.close(fd)
+                except OSError:
+                    log.warning("DISKQUEUE(%s): close failed", self.name, exc_info=True)
+        self._pending_fds = []
+        self._wfd = -1
+
+    # -- recovery -----------------------------------------------------------------------------
+
+    def _list_segments(self) -> dict[int, str]:
+        prefix = f"{self._stem}.lmq."
+        found = {}
+        with os.scandir(self._dir) as entries:
+            for entry in entries:
+                if entry.name.startswith(prefix):
+                    m = _SEGMENT_NAME.fullmatch(entry.name, len(prefix))
+                    if m:
+                        found[int(m.group(1))] = entry.path
+        return found
+
+    def _load_positions(self, have_segments: bool) -> Positions | None:
+        path = self._files.positions
+        try:
+            with open(path, "rb") as f:
+                data = f.read(64 * KiB)
+        except FileNotFoundError:
+            if have_segments:
+                log.warning(
+                    "DISKQUEUE(%s): %s missing; rebuilding positions from the segments",
+                    self.name,
+                    path,
+                )
+                self.rebuilt_positions = True
+            return None
+        except OSError:
+            log.error("DISKQUEUE(%s): cannot read %s", self.name, path, exc_info=True)
+            self.rebuilt_positions = True
+            return None
+        try:
+            return decode_positions(self.name, data)
+        except ValueError as exc:
+            aside = free_aside_path(path + ".bad")
+            try:
+                os.rename(path, aside)
+            except OSError:
+                aside = "(could not be moved)"
+            log.error(
+                "DISKQUEUE(%s): %s damaged (%s), kept as %s; rebuilding positions from the "
+                "segments",
+                self.name,
+                path,
+                exc,
+                aside,
+            )
+            self.rebuilt_positions = True
+            return None
+
+    def _open(self) -> None:
+        os.makedirs(self._dir, exist_ok=True)
+        on_disk = self._list_segments()
+        positions = self._load_positions(bool(on_disk))
+        numbers = sorted(on_disk)
+        known = [*numbers, positions.write_segment if positions else -1]
+        self._next_number = max(known) + 1
+        if positions is None:
+            live = numbers
+            read_segment = numbers[0] if numbers else 0
+            read_offset = SEGMENT_HEADER_SIZE
+        else:
+            read_segment, read_offset = positions.read
+            live = [n for n in numbers if n >= read_segment]
+            self._remove_consumed([(n, on_disk[n]) for n in numbers if n < read_segment])
+            self._count_missing(positions, set(live))
+        recovered = []
+        for index, number in enumerate(live):
+            if positions is None:
+                synced_end = 0
+            elif number < positions.write_segment:
+                synced_end = _ALL_SYNCED
+            elif number == positions.write_segment:
+                synced_end = positions.write_offset
+            else:
+                synced_end = 0
+            try:
+                r = recover_segment(
+                    on_disk[number],
+                    number,
+                    queue=self.name,
+                    newest=index == len(live) - 1,
+                    synced_end=synced_end,
+                    count_from=read_offset if number == read_segment else 0,
+                )
+            except OSError:
+                log.error(
+                    "DISKQUEUE(%s): cannot recover %s; skipping it",
+                    self.name,
+                    on_disk[number],
+                    exc_info=True,
+                )
+                self.missing_segments += 1
+                continue
+            self.corrupt_count += r.corrupt_count
+            self.corrupt_bytes += r.corrupt_bytes
+            self.torn_bytes += r.torn_bytes
+            if not r.unsupported:
+                recovered.append(r)
+        depth = 0
+        for r in recovered:
+            seg = _Segment(r.number, r.path, r.end, r.skips, r.records)
+            self._segments.append(seg)
+            depth += r.records
+        if recovered and recovered[0].number == read_segment and positions is not None:
+            first = recovered[0]
+            depth -= first.records - first.records_from
+            self._reset_reader(first.floor, first.records - first.records_from)
+            if first.floor != read_offset:
+                log.warning(
+                    "DISKQUEUE(%s): read position %d in %s is not a record boundary; "
+                    "resuming at %d",
+                    self.name,
+                    read_offset,
+                    first.path,
+                    first.floor,
+                )
+        else:
+            self._reset_reader(SEGMENT_HEADER_SIZE, 0)
+        self._depth = depth
+        if recovered and recovered[-1].appendable:
+            self._wfd = os.open(recovered[-1].path, os.O_RDWR)
+        else:
+            number = self._next_number
+            self._wfd = self._create_segment(number)
+            self._segments.append(self._new_segment_entry(number))
+            self._next_number = number + 1
+        if positions is not None and positions.depth != depth:
+            # More than recorded is normal after a crash (writes since the last sync); fewer
+            # means records were lost or set aside.
+            log.log(
+                logging.INFO if depth > positions.depth else logging.WARNING,
+                "DISKQUEUE(%s): positions file said depth %d, the segments hold %d",
+                self.name,
+                positions.depth,
+                depth,
+            )
+        self._last_positions = self._positions()
+        self._persist_now(self._last_positions)
+        if depth or self.corrupt_count or self.rebuilt_positions:
+            log.info("DISKQUEUE(%s): opened with depth %d", self.name, depth)
+
+    def _remove_consumed(self, segments: list[tuple[int, str]]) -> None:
+        """Unlink segments a crash left behind after the read position had passed them."""
+        for number, path in segments:
+            try:
+                with open(path, "rb") as f:
+                    decode_segment_header(f.read(SEGMENT_HEADER_SIZE))
+            except (OSError, FormatError):
+                log.warning(
+                    "DISKQUEUE(%s): %s precedes the read position but is not a readable "
+                    "segment; left in place",
+                    self.name,
+                    path,
+                )
+                continue
+            log.info("DISKQUEUE(%s): removing consumed segment %d", self.name, number)
+            _unlink_quietly(path)
+
+    def _count_missing(self, positions: Positions, present: set[int]) -> None:
+        first, last = positions.read_segment, positions.write_segment
+        expected = last - first + (1 if positions.write_offset > SEGMENT_HEADER_SIZE else 0)
+        have = sum(1 for n in present if first <= n < last) + (
+            1 if positions.write_offset > SEGMENT_HEADER_SIZE and last in present else 0
+        )
+        missing = expected - have
+        if missing > 0:
+            self.missing_segments += missing
+            log.error(
+                "DISKQUEUE(%s): %d segment file(s) between %d and %d are missing; their "
+                "messages are lost",
+                self.name,
+                missing,
+                first,
+                last,
+            )
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    except OSError:
+        log.warning("could not remove %s", path, exc_info=True)

@@ -1,0 +1,237 @@
+"""The daemon metadata file ``<data-path>/lmqd.dat`` and the data directory lock.
+
+The file lists the durable topics and channels and their paused flags, in nsqd's ``nsqd.dat``
+JSON shape so that the same tools can read it::
+
+    {"topics":[{"name":"t","paused":false,"channels":[{"name":"c","paused":false}]}],
+     "version":"0.1.0"}
+
+It is replaced atomically (temp -> fsync -> rename -> fsync the directory). Ephemeral names
+(``#ephemeral``, ``#tmp``) are never written. A damaged file does not stop the daemon: it is
+moved aside to ``lmqd.dat.bad`` (``.bad.1``... if that exists) and the daemon starts with no
+topics; the queues' own files are untouched, so recreating a topic finds its messages again.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import logging
+import os
+import re
+from typing import Any
+
+import attrs
+
+from lmqd import __version__
+from lmqd.storage.files import free_aside_path, fsync_dir, write_file_durably
+
+log = logging.getLogger("lmqd.storage")
+
+METADATA_FILENAME = "lmqd.dat"
+LOCK_FILENAME = "lmqd.lock"
+
+_DURABLE_NAME = re.compile(r"[.a-zA-Z0-9_-]{1,64}")
+_EPHEMERAL_SUFFIXES = ("#ephemeral", "#tmp")
+
+
+def is_ephemeral(name: str) -> bool:
+    """True for names that never touch disk."""
+    return name.endswith(_EPHEMERAL_SUFFIXES)
+
+
+def is_durable_name(name: str) -> bool:
+    """A valid topic or channel name that is stored (not ephemeral)."""
+    return _DURABLE_NAME.fullmatch(name) is not None
+
+
+@attrs.frozen
+class ChannelMetadata:
+    """One durable channel."""
+
+    name: str
+    paused: bool = False
+
+
+@attrs.frozen
+class TopicMetadata:
+    """One durable topic and its durable channels."""
+
+    name: str
+    paused: bool = False
+    channels: tuple[ChannelMetadata, ...] = ()
+
+
+@attrs.frozen
+class Metadata:
+    """Everything in the metadata file."""
+
+    topics: tuple[TopicMetadata, ...] = ()
+    version: str = __version__
+
+
+def metadata_path(data_path: str | os.PathLike[str]) -> str:
+    """Where the metadata file of the data directory ``data_path`` lives."""
+    return os.path.join(os.fspath(data_path), METADATA_FILENAME)
+
+
+def encode_metadata(metadata: Metadata) -> bytes:
+    """The file content: ephemeral and invalid names are left out (and logged)."""
+    topics = []
+    for topic in metadata.topics:
+        if not _storable(topic.name, "topic"):
+            continue
+        channels = [
+            {"name": c.name, "paused": c.paused}
+            for c in topic.channels
+            if _storable(c.name, f"channel of {topic.name}")
+        ]
+        topics.append({"name": topic.name, "paused": topic.paused, "channels": channels})
+    doc = {"topics": topics, "version": metadata.version}
+    return json.dumps(doc, separators=(",", ":")).encode() + b"\n"
+
+
+def _storable(name: str, what: str) -> bool:
+    if is_durable_name(name):
+        return True
+    if is_ephemeral(name):
+        log.debug("METADATA: not storing ephemeral %s %s", what, name)
+    else:
+        log.error("METADATA: not storing %s with invalid name %r", what, name)
+    return False
+
+
+def save_metadata(path: str | os.PathLike[str], metadata: Metadata) -> None:
+    """Write the metadata file atomically and durably (blocking). Raises ``OSError``."""
+    path = os.fspath(path)
+    write_file_durably(path, encode_metadata(metadata))
+    fsync_dir(os.path.dirname(path) or ".")
+
+
+def _parse_channel(raw: Any, topic: str) -> ChannelMetadata | None:
+    if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
+        raise ValueError(f"bad channel entry in topic {topic!r}")
+    name = raw["name"]
+    if not is_durable_name(name):
+        log.warning("METADATA: skipping channel %r of topic %s (not a durable name)", name, topic)
+        return None
+    return ChannelMetadata(name, raw.get("paused") is True)
+
+
+def _parse_topic(raw: Any) -> TopicMetadata | None:
+    if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
+        raise ValueError("bad topic entry")
+    name = raw["name"]
+    if not is_durable_name(name):
+        log.warning("METADATA: skipping topic %r (not a durable name)", name)
+        return None
+    raw_channels = raw.get("channels")
+    if raw_channels is None:  # nsqd writes null for a topic without channels
+        raw_channels = []
+    if not isinstance(raw_channels, list):
+        raise ValueError(f"bad channel list in topic {name!r}")
+    channels = []
+    for raw_channel in raw_channels:
+        channel = _parse_channel(raw_channel, name)
+        if channel is not None:
+            channels.append(channel)
+    return TopicMetadata(name, raw.get("paused") is True, tuple(channels))
+
+
+def decode_metadata(data: bytes) -> Metadata:
+    """Parse the file content; raises ``ValueError`` if it is not metadata at all.
+
+    Single entries with names that are invalid or ephemeral are skipped (logged), as nsqd does.
+    """
+    try:
+        doc = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"not JSON: {exc}") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("topics", []), list):
+        raise ValueError("not a metadata object")
+    version = doc.get("version", "")
+    topics = []
+    for raw in doc.get("topics") or []:
+        topic = _parse_topic(raw)
+        if topic is not None:
+            topics.append(topic)
+    return Metadata(tuple(topics), version if isinstance(version, str) else "")
+
+
+def load_metadata(path: str | os.PathLike[str]) -> Metadata:
+    """Read the metadata file; a missing one is empty metadata, a damaged one is set aside.
+
+    Never raises for bad content: the damaged file is renamed to ``<path>.bad`` (or a free
+    ``.bad.N``), the problem is logged, and empty metadata is returned.
+    """
+    path = os.fspath(path)
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        return Metadata()
+    try:
+        return decode_metadata(data)
+    except ValueError as exc:
+        aside = free_aside_path(path + ".bad")
+        try:
+            os.rename(path, aside)
+        except OSError:
+            log.error("METADATA: could not move damaged %s aside", path, exc_info=True)
+            aside = "(not moved)"
+        log.error(
+            "METADATA: %s is damaged (%s); kept as %s, starting with no topics", path, exc, aside
+        )
+        return Metadata()
+
+
+class DataDirLocked(RuntimeError):
+    """Another process holds the data directory."""
+
+
+class DataDirLock:
+    """An exclusive ``flock`` on ``<data-path>/lmqd.lock`` for as long as the daemon runs.
+
+    Two daemons sharing one data path would interleave writes to the same segment files; the
+    second one fails to start instead. The lock dies with the process (no stale lock after
+    kill -9), and the file, which holds the owner's pid for operators, is never removed.
+    """
+
+    def __init__(self, data_path: str | os.PathLike[str]) -> None:
+        self.path = os.path.join(os.fspath(data_path), LOCK_FILENAME)
+        self._fd = -1
+
+    def acquire(self) -> None:
+        """Take the lock or raise ``DataDirLocked``."""
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise DataDirLocked(
+                    f"data path {os.path.dirname(self.path)} is in use by another lmqd "
+                    f"(lock file {self.path})"
+                ) from None
+            raise
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._fd = fd
+
+    def release(self) -> None:
+        """Give the lock up (closing the descriptor releases the flock)."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    @property
+    def locked(self) -> bool:
+        return self._fd >= 0
+
+    def __enter__(self) -> DataDirLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.release()
