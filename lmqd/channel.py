@@ -39,11 +39,21 @@ import trio
 
 from lmqd.backend import BackendError, BackendQueue
 from lmqd.deferred import DeferredQueue
-from lmqd.inflight import InFlightQueue
+from lmqd.inflight import ChannelError, InFlightQueue, NotInFlight, NotOwner
 from lmqd.message import Message
 from lmqd.options import Options
 from lmqd.stats import NO_E2E_LATENCY, ChannelStats, E2eLatency, E2eRecorder
 from lmqd.subscriber import Subscriber
+
+__all__ = [
+    "Channel",
+    "ChannelError",
+    "NotInFlight",
+    "NotOwner",
+    "TooManyConsumers",
+    "TopicExiting",
+    "is_ephemeral",
+]
 
 log = logging.getLogger("lmqd.channel")
 
@@ -61,24 +71,6 @@ def is_ephemeral(name: str) -> bool:
 
 class TopicExiting(Exception):
     """The topic or channel is being deleted or closed: no publishing or subscribing on it."""
-
-
-class ChannelError(Exception):
-    """A FIN, REQ or TOUCH that cannot apply; ``str()`` is nsqd's reason text."""
-
-
-class NotInFlight(ChannelError):
-    """The message id is not in flight on this channel (nsqd: ``ID not in flight``)."""
-
-    def __init__(self) -> None:
-        super().__init__("ID not in flight")
-
-
-class NotOwner(ChannelError):
-    """The message is in flight to another client (nsqd: ``client does not own message``)."""
-
-    def __init__(self) -> None:
-        super().__init__("client does not own message")
 
 
 class TooManyConsumers(Exception):
@@ -309,18 +301,40 @@ class Channel:
 
     def finish(self, client: Subscriber, msg_id: bytes, now: float) -> None:
         """FIN: the message is done. Raises ``NotInFlight`` / ``NotOwner``."""
-        msg = self._owned(client, msg_id)
-        self._in_flight.remove(msg_id)
+        msg = self._in_flight.remove_owned(msg_id, client.id)
         client.in_flight_count -= 1
         client.finish_count += 1
         if self._e2e is not None:
             self._e2e.record(time.time_ns() - msg.timestamp)
 
+    def finish_many(
+        self, client: Subscriber, msg_ids: Sequence[bytes], now: float
+    ) -> list[tuple[bytes, ChannelError]]:
+        """FIN several messages of one client (a buffer's worth); same effect as calling
+        ``finish`` for each in order, at less cost per message. Returns the failures as
+        ``(msg_id, error)`` in order instead of raising."""
+        remove_owned = self._in_flight.remove_owned
+        cid = client.id
+        failed: list[tuple[bytes, ChannelError]] = []
+        done: list[Message] = []
+        for msg_id in msg_ids:
+            try:
+                done.append(remove_owned(msg_id, cid))
+            except ChannelError as exc:
+                failed.append((msg_id, exc))
+        client.in_flight_count -= len(done)
+        client.finish_count += len(done)
+        e2e = self._e2e
+        if e2e is not None:
+            wall = time.time_ns()
+            for m in done:
+                e2e.record(wall - m.timestamp)
+        return failed
+
     def requeue(self, client: Subscriber, msg_id: bytes, delay: float, now: float) -> None:
         """REQ: back to the queue (``delay`` 0) or deferred for ``delay`` seconds (already
         clamped by the caller). Attempts are kept. Raises ``NotInFlight`` / ``NotOwner``."""
-        msg = self._owned(client, msg_id)
-        self._in_flight.remove(msg_id)
+        msg = self._in_flight.remove_owned(msg_id, client.id)
         client.in_flight_count -= 1
         client.requeue_count += 1
         self.requeue_count += 1
@@ -381,12 +395,7 @@ class Channel:
                         continue
                 deadline = now + client.msg_timeout
                 cid = client.id
-                for m in chunk:
-                    m.attempts += 1
-                    m.client_id = cid
-                    m.delivered_at = now
-                    m.deadline = deadline
-                in_flight.push_many(chunk, deadline)
+                in_flight.start_many(chunk, cid, now, deadline)
                 k = len(chunk)
                 client.in_flight_count += k
                 client.message_count += k

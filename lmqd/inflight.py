@@ -1,37 +1,66 @@
 """A channel's in-flight messages: by id for FIN/REQ/TOUCH, by deadline for timeouts.
 
 Theory of operation: a dict ``id -> Message`` answers FIN, REQ and TOUCH in O(1), and a binary
-heap of ``(deadline, id)`` entries gives the next timeout. Entries are never taken out of the
-middle of the heap (that would need per-message heap indexes, as nsqd keeps, and O(log n) work
-on every FIN); instead an entry goes *stale* when its id has left the dict or the message's
-``deadline`` no longer equals the entry's (TOUCH pushed a newer entry). Stale entries are skipped
-when they reach the top, and when they outnumber live entries about two to one the heap is
-rebuilt from the dict, so under a high FIN rate memory stays within a constant factor of the
-number of messages actually in flight, at an amortised O(1) cost per FIN.
+heap gives the next timeout. One delivery round gives a client a batch of messages that all share
+one deadline (``now + msg_timeout``), so a heap entry is ``(deadline, seq, [messages])`` for the
+whole batch: per message, starting a flight costs one dict store, not a heap push.
+
+Entries are never taken out of the middle of the heap (that would need per-message heap indexes,
+as nsqd keeps, and O(log n) work on every FIN). A message in an entry is *stale* when it has left
+the dict (FIN, REQ, timeout) or its ``deadline`` no longer equals the entry's (TOUCH pushed a new
+entry, or it was requeued and delivered again); stale messages are skipped when their entry comes
+due. Stale references would keep finished messages (and their bodies) alive until their old
+deadline, so when the references held by the heap exceed about three times the live messages the
+heap is rebuilt from the dict: memory stays within a constant factor of what is really in
+flight, at an amortised O(1) cost per message. The check runs when entries are pushed, so FIN
+itself is just a dict lookup and delete.
 """
 
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 from collections.abc import Iterator, Sequence
 
 from lmqd.message import Message
 
-# Rebuild when stale entries exceed twice the live ones; the floor keeps tiny queues from
-# rebuilding on every other FIN (a 64-entry heap costs nothing to carry).
-_COMPACT_RATIO = 3
-_COMPACT_FLOOR = 64
+COMPACT_RATIO = 3
+COMPACT_FLOOR = 1024
+"""The heap is rebuilt when it references more than ``COMPACT_RATIO * live + COMPACT_FLOOR``
+messages (stale references then exceed twice the live ones). The floor keeps a small queue (a
+consumer that FINs everything at once) from rebuilding on every delivery, at the price of at most
+that many finished messages kept alive a little longer."""
+
+
+class ChannelError(Exception):
+    """A FIN, REQ or TOUCH that cannot apply; ``str()`` is nsqd's reason text."""
+
+
+class NotInFlight(ChannelError):
+    """The message id is not in flight on this channel (nsqd: ``ID not in flight``)."""
+
+    def __init__(self) -> None:
+        super().__init__("ID not in flight")
+
+
+class NotOwner(ChannelError):
+    """The message is in flight to another client (nsqd: ``client does not own message``)."""
+
+    def __init__(self) -> None:
+        super().__init__("client does not own message")
 
 
 class InFlightQueue:
     """Messages delivered to a client and neither finished, requeued nor timed out."""
 
-    __slots__ = ("_heap", "_messages")
+    __slots__ = ("_heap", "_messages", "_refs", "_seq")
 
     def __init__(self) -> None:
         self._messages: dict[bytes, Message] = {}
-        self._heap: list[tuple[float, bytes]] = []
+        self._heap: list[tuple[float, int, list[Message]]] = []
+        self._refs = 0  # message references held by heap entries, live and stale
+        self._seq = itertools.count()
 
     def __len__(self) -> int:
         """O(1)."""
@@ -50,74 +79,114 @@ class InFlightQueue:
         """Heap entries, live and stale (for tests and metrics). O(1)."""
         return len(self._heap)
 
+    @property
+    def ref_count(self) -> int:
+        """Message references held by the heap, live and stale (for tests and metrics). O(1)."""
+        return self._refs
+
     def push(self, msg: Message) -> None:
         """Start ``msg`` in flight until ``msg.deadline``. O(log n)."""
-        self._messages[msg.id] = msg
-        heapq.heappush(self._heap, (msg.deadline, msg.id))
+        self.push_many((msg,), msg.deadline)
 
     def push_many(self, messages: Sequence[Message], deadline: float) -> None:
         """Start ``messages`` in flight, every one with ``deadline`` (already set on each).
 
-        O(k log n) for k messages; the per-message work is one dict store and one heap push.
+        O(k + log n) for k messages: one dict store each and one heap entry for them all.
         """
+        if not messages:
+            return
         store = self._messages
-        heap = self._heap
-        push = heapq.heappush
         for m in messages:
-            mid = m.id
-            store[mid] = m
-            push(heap, (deadline, mid))
+            store[m.id] = m
+        heapq.heappush(self._heap, (deadline, next(self._seq), list(messages)))
+        self._refs += len(messages)
+        if self._refs > COMPACT_RATIO * len(store) + COMPACT_FLOOR:
+            self._compact()
+
+    def start_many(
+        self, messages: Sequence[Message], client_id: int, now: float, deadline: float
+    ) -> None:
+        """Deliver ``messages`` to ``client_id`` at ``now``: count the attempt, stamp the
+        owner, delivery time and ``deadline`` on each, and start them in flight.
+
+        ``push_many`` with the per-message stamping folded into its one loop (the hot path of
+        every delivery). O(k + log n).
+        """
+        if not messages:
+            return
+        store = self._messages
+        for m in messages:
+            m.attempts += 1
+            m.client_id = client_id
+            m.delivered_at = now
+            m.deadline = deadline
+            store[m.id] = m
+        heapq.heappush(self._heap, (deadline, next(self._seq), list(messages)))
+        self._refs += len(messages)
+        if self._refs > COMPACT_RATIO * len(store) + COMPACT_FLOOR:
+            self._compact()
 
     def get(self, msg_id: bytes) -> Message | None:
         """The in-flight message with ``msg_id``, or None. O(1)."""
         return self._messages.get(msg_id)
 
     def remove(self, msg_id: bytes) -> Message:
-        """Take the message out of flight (``KeyError`` if absent). Amortised O(1)."""
-        msg = self._messages.pop(msg_id)
-        if len(self._heap) > _COMPACT_RATIO * len(self._messages) + _COMPACT_FLOOR:
-            self._compact()
+        """Take the message out of flight (``KeyError`` if absent). O(1)."""
+        return self._messages.pop(msg_id)
+
+    def remove_owned(self, msg_id: bytes, client_id: int) -> Message:
+        """Take the message out of flight if ``client_id`` holds it. O(1).
+
+        Raises ``NotInFlight`` or ``NotOwner`` (nothing changes then).
+        """
+        messages = self._messages
+        msg = messages.get(msg_id)
+        if msg is None:
+            raise NotInFlight()
+        if msg.client_id != client_id:
+            raise NotOwner()
+        del messages[msg_id]
         return msg
 
     def set_deadline(self, msg: Message, deadline: float) -> None:
         """Move an in-flight message's deadline (TOUCH). O(log n) amortised."""
         msg.deadline = deadline
-        # The old entry goes stale because its deadline no longer matches the message's.
-        heapq.heappush(self._heap, (deadline, msg.id))
-        if len(self._heap) > _COMPACT_RATIO * len(self._messages) + _COMPACT_FLOOR:
-            self._compact()
+        # The old entry's reference goes stale: its deadline no longer matches the message's.
+        self.push_many((msg,), deadline)
 
     def next_deadline(self) -> float:
         """The earliest live deadline, ``math.inf`` when empty. Amortised O(log n).
 
-        Drops stale entries from the top first, so a caller sleeping until this time is not
-        woken for a message that was already finished.
+        Drops entries whose messages are all stale from the top first, so a caller sleeping
+        until this time is not woken for messages that were already finished.
         """
         heap = self._heap
         messages = self._messages
         while heap:
-            deadline, mid = heap[0]
-            msg = messages.get(mid)
-            if msg is not None and msg.deadline == deadline:
-                return deadline
+            deadline, _, batch = heap[0]
+            for m in batch:
+                if messages.get(m.id) is m and m.deadline == deadline:
+                    return deadline
             heapq.heappop(heap)
+            self._refs -= len(batch)
         return math.inf
 
     def pop_due(self, now: float) -> list[Message]:
         """Remove and return every message whose deadline is ``<= now``, earliest first.
 
-        O(k log n) for k due or stale entries.
+        O(k + e log n) for k messages in e due entries.
         """
         heap = self._heap
         messages = self._messages
-        pop = heapq.heappop
         due: list[Message] = []
         while heap and heap[0][0] <= now:
-            deadline, mid = pop(heap)
-            msg = messages.get(mid)
-            if msg is not None and msg.deadline == deadline:
-                del messages[mid]
-                due.append(msg)
+            deadline, _, batch = heapq.heappop(heap)
+            self._refs -= len(batch)
+            for m in batch:
+                mid = m.id
+                if messages.get(mid) is m and m.deadline == deadline:
+                    del messages[mid]
+                    due.append(m)
         return due
 
     def clear(self) -> list[Message]:
@@ -125,9 +194,20 @@ class InFlightQueue:
         out = list(self._messages.values())
         self._messages.clear()
         self._heap.clear()
+        self._refs = 0
         return out
 
     def _compact(self) -> None:
-        # O(n) rebuild; runs only after ~2n stale entries piled up, hence amortised O(1).
-        self._heap = [(m.deadline, mid) for mid, m in self._messages.items()]
+        # O(n) rebuild, one entry per distinct deadline; it runs only after ~2n stale references
+        # piled up, hence amortised O(1) per message.
+        groups: dict[float, list[Message]] = {}
+        for m in self._messages.values():
+            group = groups.get(m.deadline)
+            if group is None:
+                groups[m.deadline] = [m]
+            else:
+                group.append(m)
+        seq = self._seq
+        self._heap = [(d, next(seq), batch) for d, batch in groups.items()]
         heapq.heapify(self._heap)
+        self._refs = len(self._messages)

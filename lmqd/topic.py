@@ -101,7 +101,7 @@ class Topic:
         messages = [
             Message(mid, body, ts, 0, deliver_at) for mid, body in zip(ids, bodies, strict=True)
         ]
-        self.put_many(messages)
+        self._put(messages, sum(map(len, bodies)))
         return messages
 
     def put_many(self, messages: Sequence[Message]) -> None:
@@ -109,6 +109,9 @@ class Topic:
         ``TopicExiting``, or ``BackendError`` having stored none of them."""
         if self.exiting:
             raise TopicExiting(f"topic {self.name} is exiting")
+        self._put(messages, sum(len(m.body) for m in messages))
+
+    def _put(self, messages: Sequence[Message], nbytes: int) -> None:
         memory = self._memory
         backend = self.backend
         head: Sequence[Message] = ()
@@ -125,7 +128,7 @@ class Topic:
         if head:
             memory.extend(head)
         self.message_count += len(messages)
-        self.message_bytes += sum(len(m.body) for m in messages)
+        self.message_bytes += nbytes
         self._wakeup.set()
 
     def _take(self, count: int) -> list[Message]:

@@ -684,3 +684,27 @@ def test_shares_respect_windows_and_stay_even() -> None:
         if unfilled:
             assert max(got) - min(unfilled) <= 1, (got, [c.ready_count for c in clients])
         assert ch.depth == max(0, n - room)
+
+
+def test_finish_many_matches_finish_and_reports_failures_in_order() -> None:
+    ch = make_channel(e2e_processing_latency_percentiles=(0.5,))
+    a = FakeClient(1, ready=3)
+    b = FakeClient(2, ready=1)
+    ch.add_client(a)
+    ch.put_many(make_messages(3), 0.0)
+    ch.deliver(0.0)
+    ch.add_client(b)
+    ch.put_many(make_messages(1, start=3), 0.0)
+    ch.deliver(0.0)
+    x, y, z = a.received
+    [theirs] = b.received
+    failed = ch.finish_many(a, [x.id, theirs.id, y.id, b"0000000000000000", x.id], 1.0)
+    assert [(mid, str(err)) for mid, err in failed] == [
+        (theirs.id, "client does not own message"),
+        (b"0000000000000000", "ID not in flight"),
+        (x.id, "ID not in flight"),
+    ]
+    assert (a.in_flight_count, a.finish_count) == (1, 2)
+    assert ch.in_flight_count == 2
+    assert ch.statistics().e2e_processing_latency.count == 2
+    assert z.id in ch.in_flight

@@ -8,10 +8,11 @@ from __future__ import annotations
 import math
 import random
 
+import pytest
 from engine_fakes import make_messages
 
 from lmqd.deferred import DeferredQueue
-from lmqd.inflight import InFlightQueue
+from lmqd.inflight import COMPACT_FLOOR, COMPACT_RATIO, InFlightQueue, NotInFlight, NotOwner
 from lmqd.message import Message
 
 
@@ -71,6 +72,7 @@ def test_inflight_compaction_keeps_heap_bounded_under_fin_churn() -> None:
     q = InFlightQueue()
     live: list[Message] = []
     peak = 0
+    peak_entries = 0
     rng = random.Random(7)
     # Keep ~100 messages in flight while 20 000 are delivered and finished (out of order).
     for i in range(20_000):
@@ -81,10 +83,12 @@ def test_inflight_compaction_keeps_heap_bounded_under_fin_churn() -> None:
         if len(live) > 100:
             victim = live.pop(rng.randrange(len(live)))
             q.remove(victim.id)
-        peak = max(peak, q.heap_size)
+        peak = max(peak, q.ref_count)
+        peak_entries = max(peak_entries, q.heap_size)
     assert len(q) == 100
-    # Without compaction the heap would hold all 20 000 entries.
-    assert peak <= 3 * 101 + 64 + 1
+    # Without compaction the heap would reference all 20 000 messages.
+    assert peak <= COMPACT_RATIO * 101 + COMPACT_FLOOR + 1
+    assert peak_entries <= peak
     assert sorted(m.id for m in q.pop_due(math.inf)) == sorted(m.id for m in live)
 
 
@@ -93,7 +97,7 @@ def test_inflight_touch_churn_is_bounded_too() -> None:
     q = _in_flight([m], [1.0])
     for i in range(10_000):
         q.set_deadline(m, 2.0 + i)
-        assert q.heap_size <= 3 * 1 + 64 + 1
+        assert q.ref_count <= COMPACT_RATIO * 1 + COMPACT_FLOOR + 1
     assert q.next_deadline() == 2.0 + 9_999
 
 
@@ -120,3 +124,61 @@ def test_deferred_due_order_with_ties_in_insertion_order() -> None:
     assert q.clear() == [msgs[0], msgs[2]]
     assert len(q) == 0
     assert q.next_deadline() == math.inf
+
+
+def test_inflight_batch_entry_with_finished_and_touched_members() -> None:
+    a, b, c = msgs = make_messages(3)
+    q = InFlightQueue()
+    for m in msgs:
+        m.deadline = 10.0
+    q.push_many(msgs, 10.0)
+    assert q.heap_size == 1  # one entry for the delivery batch
+    q.remove(a.id)
+    q.set_deadline(b, 20.0)
+    assert q.next_deadline() == 10.0  # c is still due at 10
+    assert q.pop_due(10.0) == [c]
+    assert q.next_deadline() == 20.0
+    assert q.pop_due(20.0) == [b]
+    assert len(q) == 0
+
+
+def test_inflight_next_deadline_skips_fully_finished_batches() -> None:
+    first = make_messages(3)
+    later = make_messages(1, start=3)
+    q = InFlightQueue()
+    for m in first:
+        m.deadline = 5.0
+    q.push_many(first, 5.0)
+    later[0].deadline = 8.0
+    q.push_many(later, 8.0)
+    for m in first:
+        q.remove(m.id)
+    assert q.next_deadline() == 8.0
+    assert q.heap_size == 1
+    assert q.ref_count == 1
+
+
+def test_inflight_remove_owned() -> None:
+    [m] = make_messages(1)
+    m.client_id = 7
+    m.deadline = 1.0
+    q = InFlightQueue()
+    q.push(m)
+    with pytest.raises(NotOwner):
+        q.remove_owned(m.id, 8)
+    assert m.id in q
+    assert q.remove_owned(m.id, 7) is m
+    with pytest.raises(NotInFlight):
+        q.remove_owned(m.id, 7)
+
+
+def test_inflight_start_many_stamps_and_tracks() -> None:
+    msgs = make_messages(3)
+    msgs[0].attempts = 4
+    q = InFlightQueue()
+    q.start_many(msgs, 9, 2.0, 62.0)
+    assert [m.attempts for m in msgs] == [5, 1, 1]
+    assert all((m.client_id, m.delivered_at, m.deadline) == (9, 2.0, 62.0) for m in msgs)
+    assert len(q) == 3
+    assert q.next_deadline() == 62.0
+    assert q.pop_due(62.0) == msgs

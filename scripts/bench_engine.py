@@ -1,0 +1,152 @@
+"""Benchmark the queue engine alone (no sockets, no protocol): publish -> pump -> deliver -> FIN.
+
+    .venv/bin/python scripts/bench_engine.py [--messages 200000] [--batch 100] [--clients 4]
+
+Publishes ``--messages`` bodies of ``--size`` bytes in MPUB-sized batches through one topic into
+one channel with ``--clients`` fake subscribers at RDY ``--rdy``, and FINs everything in batches,
+as the TCP server would (one ``deliver`` per received buffer). Prints CPU microseconds per
+message (``time.process_time``) and messages per second. The engine's share of the daemon's
+~4 us/message budget should stay well under half of it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import time
+from collections.abc import Sequence
+
+import trio
+
+from lmqd.backend import BackendQueue, MemoryBackend
+from lmqd.message import GuidFactory, Message
+from lmqd.options import Options
+from lmqd.stats import ClientStats
+from lmqd.topic import Topic
+
+
+class BenchClient:
+    """A subscriber that keeps what it is sent until the benchmark FINs it."""
+
+    def __init__(self, client_id: int, ready: int) -> None:
+        self.id = client_id
+        self.ready_count = ready
+        self.in_flight_count = 0
+        self.message_count = 0
+        self.finish_count = 0
+        self.requeue_count = 0
+        self.msg_timeout = 60.0
+        self.sample_rate = 0
+        self.pending: list[Message] = []
+
+    def write_messages(self, messages: Sequence[Message]) -> None:
+        self.pending.extend(messages)
+
+    def statistics(self) -> ClientStats:
+        raise NotImplementedError
+
+
+def _backend(topic: str, channel: str) -> BackendQueue:
+    return MemoryBackend()
+
+
+class Result:
+    """CPU seconds in all and by phase, and wall seconds, of one run."""
+
+    def __init__(self) -> None:
+        self.cpu = 0.0
+        self.wall = 0.0
+        self.publish = 0.0  # Topic.publish: ids, Message objects, queueing
+        self.finish = 0.0  # Channel.finish for every message, plus deliver after each FIN batch
+
+
+async def run(messages: int, batch: int, clients: int, rdy: int, size: int) -> Result:
+    options = Options()
+    topic = Topic(
+        "bench",
+        options,
+        backend=MemoryBackend(),
+        channel_backend_factory=_backend,
+        guid=GuidFactory(1),
+    )
+    channel = topic.get_channel("c")
+    subs = [BenchClient(i + 1, rdy) for i in range(clients)]
+    for sub in subs:
+        channel.add_client(sub)
+        channel.client_ready(sub)
+    body = b"x" * size
+    bodies = [body] * batch
+    finished = 0
+
+    def fin_all() -> int:
+        now = trio.current_time()
+        done = 0
+        finish = channel.finish
+        for sub in subs:
+            pending = sub.pending
+            if pending:
+                for m in pending:
+                    finish(sub, m.id, now)
+                done += len(pending)
+                pending.clear()
+        channel.deliver(now)
+        return done
+
+    result = Result()
+    clock = time.process_time
+    async with trio.open_nursery() as nursery:
+        await nursery.start(topic.run)
+        cpu0 = clock()
+        wall0 = time.perf_counter()
+        published = 0
+        while published < messages:
+            n = min(batch, messages - published)
+            t0 = clock()
+            topic.publish(bodies if n == batch else bodies[:n], trio.current_time())
+            t1 = clock()
+            published += n
+            await trio.lowlevel.checkpoint()  # the pump and the "server" take turns
+            t2 = clock()
+            finished += fin_all()
+            result.publish += t1 - t0
+            result.finish += clock() - t2
+        while finished < messages:
+            await trio.lowlevel.checkpoint()
+            t2 = clock()
+            finished += fin_all()
+            result.finish += clock() - t2
+        result.cpu = clock() - cpu0
+        result.wall = time.perf_counter() - wall0
+        assert channel.in_flight_count == 0 and channel.depth == 0 and topic.depth == 0
+        assert sum(s.finish_count for s in subs) == messages
+        topic.close()
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--messages", type=int, default=200_000)
+    parser.add_argument("--batch", type=int, default=100, help="messages per MPUB")
+    parser.add_argument("--clients", type=int, default=4)
+    parser.add_argument("--rdy", type=int, default=2500)
+    parser.add_argument("--size", type=int, default=100, help="body bytes")
+    parser.add_argument("--repeat", type=int, default=3, help="runs; the best is reported")
+    args = parser.parse_args()
+    results = []
+    for _ in range(args.repeat):
+        gc.collect()
+        results.append(trio.run(run, args.messages, args.batch, args.clients, args.rdy, args.size))
+    best = min(results, key=lambda r: r.cpu)
+    n = args.messages
+    us = 1e6 / n
+    print(
+        f"engine: {n} msgs x {args.size} B, MPUB {args.batch}, {args.clients} clients RDY "
+        f"{args.rdy}, best of {args.repeat}: {best.cpu * us:.2f} us CPU/msg, "
+        f"{n / best.wall:,.0f} msgs/s ({best.wall:.2f} s wall)\n"
+        f"  publish {best.publish * us:.2f} us/msg, FIN {best.finish * us:.2f} us/msg, "
+        f"pump + delivery + scheduling {(best.cpu - best.publish - best.finish) * us:.2f} us/msg"
+    )
+
+
+if __name__ == "__main__":
+    main()
