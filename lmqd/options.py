@@ -95,7 +95,7 @@ class Options:
     tls_min_version: str = "tls1.0"
 
     # -- statistics
-    e2e_processing_latency_percentiles: tuple[float, ...] = ()
+    e2e_processing_latency_percentiles: tuple[float, ...] = attrs.field(default=())
     e2e_processing_latency_window_time: float = attrs.field(default=600.0, validator=_positive)
     statsd_address: str = ""
     statsd_prefix: str = "nsq.%s"
