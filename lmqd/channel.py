@@ -305,7 +305,7 @@ class Channel:
         client.in_flight_count -= 1
         client.finish_count += 1
         if self._e2e is not None:
-            self._e2e.record(time.time_ns() - msg.timestamp)
+            self._e2e.record(now, time.time_ns() - msg.timestamp)
 
     def finish_many(
         self, client: Subscriber, msg_ids: Sequence[bytes], now: float
@@ -328,7 +328,7 @@ class Channel:
         if e2e is not None:
             wall = time.time_ns()
             for m in done:
-                e2e.record(wall - m.timestamp)
+                e2e.record(now, wall - m.timestamp)
         return failed
 
     def requeue(self, client: Subscriber, msg_id: bytes, delay: float, now: float) -> None:

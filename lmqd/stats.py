@@ -72,8 +72,9 @@ class E2eRecorder:
     def __init__(self) -> None:
         self.count = 0
 
-    def record(self, latency_ns: int) -> None:
-        """Add one sample (the value is unused until percentiles are implemented)."""
+    def record(self, now: float, latency_ns: int) -> None:
+        """Add one sample at trio time ``now`` (only counted until percentiles exist; ``now``
+        is for the rolling window)."""
         self.count += 1
 
     def snapshot(self) -> E2eLatency:
