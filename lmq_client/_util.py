@@ -1,0 +1,75 @@
+"""Small helpers shared by the trio and blocking clients: addresses, names, IDENTIFY."""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Sequence
+from typing import Any
+
+from lmq_client.errors import InvalidNameError
+from lmqd.protocol.names import valid_name
+
+USER_AGENT = "lmq_client/0.1.0"
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """``"host:port"`` (or ``"[::1]:port"``) -> ``(host, port)``; ``ValueError`` otherwise."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"invalid address {address!r}: want HOST:PORT")
+    return host.strip("[]"), int(port)
+
+
+def address_list(addresses: str | Sequence[str]) -> list[str]:
+    """One address or many, validated, as a non-empty list."""
+    result = [addresses] if isinstance(addresses, str) else list(addresses)
+    if not result:
+        raise ValueError("no daemon address given")
+    for address in result:
+        split_address(address)
+    return result
+
+
+def check_name(kind: str, name: str) -> None:
+    """Raise ``InvalidNameError`` unless ``name`` is a valid topic/channel name."""
+    if not valid_name(name):
+        raise InvalidNameError(
+            f"invalid {kind} name {name!r}: 1-64 characters of [.a-zA-Z0-9_-], "
+            "optionally ending in #ephemeral"
+        )
+
+
+def identify_body(
+    *,
+    heartbeat_interval: float,
+    msg_timeout: float | None = None,
+    client_id: str | None = None,
+    user_agent: str = USER_AGENT,
+    output_buffer_timeout: float | None = None,
+) -> dict[str, Any]:
+    """The IDENTIFY document every lmq client sends (only standard nsqd keys)."""
+    hostname = socket.gethostname()
+    body: dict[str, Any] = {
+        "client_id": client_id or hostname.split(".")[0],
+        "hostname": hostname,
+        "user_agent": user_agent,
+        "feature_negotiation": True,
+        "heartbeat_interval": round(heartbeat_interval * 1000),
+    }
+    if msg_timeout is not None:
+        body["msg_timeout"] = round(msg_timeout * 1000)
+    if output_buffer_timeout is not None:
+        body["output_buffer_timeout"] = round(output_buffer_timeout * 1000)
+    return body
+
+
+def parse_identify_response(data: bytes) -> dict[str, Any]:
+    """IDENTIFY's answer: the JSON document, or {} for a plain ``OK`` (old daemons)."""
+    if data == b"OK":
+        return {}
+    try:
+        result = json.loads(data)
+    except ValueError:
+        return {}
+    return result if isinstance(result, dict) else {}

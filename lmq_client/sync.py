@@ -1,0 +1,370 @@
+"""Blocking clients on plain sockets: no event loop, for scripts and Spark executors.
+
+``Producer`` sends one command at a time and waits for its answer, answering any heartbeat that
+arrives meanwhile with NOP. Before each command it also reads whatever arrived while it was idle:
+heartbeats get their NOP, and a connection the daemon closed (for instance after heartbeats went
+unanswered for a long idle spell) is noticed there and replaced before anything is sent, so an
+idle producer never loses a publish to a stale socket.
+
+``Consumer`` is deliberately simple: one daemon, ``RDY max_in_flight``, and messages from
+``get()`` or iteration, answered with the same ``Message`` API as the trio consumer.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import select
+import socket
+from collections.abc import Iterator, Sequence
+from types import TracebackType
+from typing import Any
+
+from lmq_client._util import (
+    address_list,
+    check_name,
+    identify_body,
+    parse_identify_response,
+    split_address,
+)
+from lmq_client.errors import ConnectionFailed, LmqClientError, NSQError, error_from_frame
+from lmq_client.message import Message
+from lmqd.protocol import (
+    ClientConnection,
+    Cls,
+    Dpub,
+    Error,
+    MessageFrame,
+    Mpub,
+    Nop,
+    Pub,
+    Rdy,
+    Response,
+    Sub,
+)
+
+__all__ = ["Consumer", "Message", "Producer"]
+
+log = logging.getLogger("lmq_client.sync")
+
+RECEIVE_SIZE = 256 * 1024
+_NOP = Nop().encode()
+
+
+class _SocketConnection:
+    """One blocking V2 connection: handshake, send, and read frames with a timeout."""
+
+    def __init__(self, address: str, *, timeout: float, heartbeat_interval: float,
+                 identify: dict[str, Any] | None = None) -> None:
+        self.address = address
+        self.timeout = timeout
+        self._codec = ClientConnection()
+        self._events: collections.deque[Response | Error | MessageFrame] = collections.deque()
+        self._open = False
+        host, port = split_address(address)
+        try:
+            self._sock = socket.create_connection((host, port), timeout=timeout)
+        except OSError as exc:
+            raise ConnectionFailed(address, f"cannot connect ({_reason(exc)})") from None
+        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._open = True
+        body = identify_body(heartbeat_interval=heartbeat_interval)
+        body.update(identify or {})
+        try:
+            self.sendall(self._codec.initial_bytes() + self._codec.send(body))
+            self.server_settings = parse_identify_response(self.read_response())
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def is_open(self) -> bool:
+        return self._open
+
+    def write(self, data: bytes) -> None:
+        """``Message`` answers go straight to the socket."""
+        if self._open:
+            self.sendall(data)
+
+    def sendall(self, data: bytes) -> None:
+        try:
+            self._sock.sendall(data)
+        except OSError as exc:
+            self.close()
+            raise ConnectionFailed(self.address, f"connection lost ({_reason(exc)})") from None
+
+    def close(self) -> None:
+        if self._open:
+            self._open = False
+            self._sock.close()
+
+    def _receive(self, timeout: float | None) -> bool:
+        """Read once (waiting up to ``timeout``); False if nothing arrived in time."""
+        self._sock.settimeout(timeout)
+        try:
+            data = self._sock.recv(RECEIVE_SIZE)
+        except TimeoutError:
+            return False
+        except OSError as exc:
+            self.close()
+            raise ConnectionFailed(self.address, f"connection lost ({_reason(exc)})") from None
+        if not data:
+            self.close()
+            raise ConnectionFailed(self.address, "connection closed by the daemon")
+        self._codec.receive_data(data)
+        try:
+            while events := self._codec.next_events():
+                self._events.extend(events)
+        except Exception as exc:
+            self.close()
+            raise ConnectionFailed(self.address, f"protocol error ({exc})") from None
+        return True
+
+    def next_event(self, timeout: float | None) -> Response | Error | MessageFrame | None:
+        """The next frame that is not a heartbeat (answered here), or None after ``timeout``."""
+        while True:
+            while self._events:
+                event = self._events.popleft()
+                if isinstance(event, Response) and event.is_heartbeat:
+                    self.sendall(_NOP)
+                    continue
+                return event
+            if not self._receive(timeout):
+                return None
+
+    def read_response(self) -> bytes:
+        """The answer to the last command; fatal errors raise (and the daemon closes)."""
+        while True:
+            event = self.next_event(self.timeout)
+            if event is None:
+                self.close()
+                raise ConnectionFailed(
+                    self.address, f"no answer within {self.timeout:g}s (timeout)"
+                )
+            if isinstance(event, Response):
+                return event.data
+            if isinstance(event, Error):
+                error = error_from_frame(event.code, event.text, address=self.address)
+                if error.fatal:
+                    self.close()
+                    raise error
+                log.info("NSQD(%s): %s", self.address, error)
+            # a message frame on a publishing connection: not ours to handle
+
+    def poll_idle(self) -> None:
+        """Handle what arrived while idle (heartbeats; EOF closes) without waiting."""
+        if not self._open:
+            return
+        readable, _, _ = select.select([self._sock], [], [], 0)
+        if readable:
+            try:
+                self._receive(0)
+            except ConnectionFailed:
+                return
+            while self._events:
+                event = self._events.popleft()
+                if isinstance(event, Response) and event.is_heartbeat:
+                    self.sendall(_NOP)
+
+
+class Producer:
+    """A blocking publisher to the daemon(s) at ``address``.
+
+    Connects on first use. With several addresses it uses the first that accepts a connection
+    and fails over to the next when connecting fails. A command that fails after it was sent is
+    not retried here: the daemon may have stored it, and the caller decides (at-least-once).
+    Raises ``NSQError`` subclasses (``.code``, e.g. ``E_MPUB_FAILED``) for the daemon's errors and
+    ``ConnectionFailed`` (a ``ConnectionError`` naming the address) for network failures.
+    """
+
+    def __init__(
+        self,
+        address: str | list[str],
+        *,
+        timeout: float = 10.0,
+        heartbeat_interval: float = 30.0,
+    ) -> None:
+        self.addresses = address_list(address)
+        self.timeout = timeout
+        self.heartbeat_interval = heartbeat_interval
+        self._conn: _SocketConnection | None = None
+        self._next = 0
+
+    def __enter__(self) -> Producer:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Picklable (Spark ships objects to executors): the socket is not part of the state.
+        state = self.__dict__.copy()
+        state["_conn"] = None
+        return state
+
+    @property
+    def address(self) -> str | None:
+        """The daemon connected to, if any."""
+        return self._conn.address if self._conn is not None and self._conn.is_open else None
+
+    def connect(self) -> None:
+        """Connect now (otherwise the first publish does)."""
+        self._connection()
+
+    def close(self) -> None:
+        """Close the connection (the next publish would open a new one)."""
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def publish(self, topic: str, body: bytes) -> None:
+        """PUB one message; returns when the daemon answered OK."""
+        check_name("topic", topic)
+        self._command(Pub(topic=topic, body=body).encode())
+
+    def mpub(self, topic: str, bodies: Sequence[bytes]) -> None:
+        """MPUB: several messages, stored atomically (all or none)."""
+        check_name("topic", topic)
+        if not bodies:
+            raise ValueError("mpub needs at least one message")
+        self._command(Mpub(topic=topic, bodies=list(bodies)).encode())
+
+    def dpub(self, topic: str, delay_ms: int, body: bytes) -> None:
+        """DPUB: one message delivered ``delay_ms`` milliseconds from now."""
+        check_name("topic", topic)
+        self._command(Dpub(topic=topic, defer_ms=delay_ms, body=body).encode())
+
+    def _connection(self) -> _SocketConnection:
+        conn = self._conn
+        if conn is not None:
+            conn.poll_idle()
+            if conn.is_open:
+                return conn
+            self._conn = None
+        failures: list[ConnectionFailed] = []
+        for i in range(len(self.addresses)):
+            index = (self._next + i) % len(self.addresses)
+            try:
+                conn = _SocketConnection(
+                    self.addresses[index],
+                    timeout=self.timeout,
+                    heartbeat_interval=self.heartbeat_interval,
+                )
+            except ConnectionFailed as exc:
+                log.info("producer: %s", exc)
+                failures.append(exc)
+                continue
+            self._next = index
+            self._conn = conn
+            return conn
+        if len(failures) == 1:
+            raise failures[0]
+        raise ConnectionFailed(", ".join(self.addresses), "; ".join(f.reason for f in failures))
+
+    def _command(self, data: bytes) -> bytes:
+        conn = self._connection()
+        try:
+            conn.sendall(data)
+            return conn.read_response()
+        except (NSQError, ConnectionFailed):
+            if not conn.is_open:
+                self._conn = None
+            raise
+
+
+class Consumer:
+    """A blocking consumer of ``topic``/``channel`` on one daemon.
+
+    ``get(timeout)`` returns the next ``Message`` (or None when nothing came within ``timeout``);
+    iterating yields messages until ``close()``. Answer each with ``finish()``/``requeue()``.
+    Heartbeats are answered while waiting in ``get``; don't leave it uncalled for longer than two
+    heartbeat intervals, or the daemon drops the connection.
+    """
+
+    def __init__(
+        self,
+        topic: str,
+        channel: str,
+        address: str,
+        *,
+        max_in_flight: int = 1,
+        timeout: float = 10.0,
+        heartbeat_interval: float = 30.0,
+        msg_timeout: float | None = None,
+    ) -> None:
+        check_name("topic", topic)
+        check_name("channel", channel)
+        self.topic = topic
+        self.channel = channel
+        identify = {} if msg_timeout is None else {"msg_timeout": round(msg_timeout * 1000)}
+        self._conn = _SocketConnection(
+            address, timeout=timeout, heartbeat_interval=heartbeat_interval, identify=identify
+        )
+        try:
+            self._conn.sendall(Sub(topic=topic, channel=channel).encode())
+            self._conn.read_response()
+            self._conn.sendall(Rdy(count=max_in_flight).encode())
+        except BaseException:
+            self._conn.close()
+            raise
+
+    @property
+    def address(self) -> str:
+        """The daemon consumed from."""
+        return self._conn.address
+
+    def __enter__(self) -> Consumer:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __iter__(self) -> Iterator[Message]:
+        while self._conn.is_open:
+            message = self.get(None)
+            if message is not None:
+                yield message
+
+    def get(self, timeout: float | None = None) -> Message | None:
+        """The next message, waiting up to ``timeout`` seconds (None: until one comes)."""
+        while True:
+            try:
+                event = self._conn.next_event(timeout)
+            except ConnectionFailed:
+                raise
+            if event is None:
+                return None
+            if isinstance(event, MessageFrame):
+                return Message(event.id, event.body, event.timestamp, event.attempts,
+                               self._conn, None)
+            if isinstance(event, Error):
+                error = error_from_frame(event.code, event.text, address=self._conn.address)
+                if error.fatal:
+                    self._conn.close()
+                    raise error
+                log.info("NSQD(%s): %s", self._conn.address, error)
+            # other responses (CLOSE_WAIT) need nothing
+
+    def close(self) -> None:
+        """Send CLS and disconnect; unanswered messages are redelivered by the daemon."""
+        if self._conn.is_open:
+            with contextlib.suppress(LmqClientError):
+                self._conn.sendall(Cls().encode())
+            self._conn.close()
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return str(exc) or type(exc).__name__

@@ -1,0 +1,144 @@
+"""A scripted fake daemon for client tests (after go-nsq's mock nsqd).
+
+``FakeNetwork.open_stream`` is passed to a client as its ``open_stream``: each connection the
+client opens becomes a ``memory_stream_pair`` whose server end is a ``FakeDaemon`` that the test
+drives step by step. The fake parses what the client sends with the real sans-IO
+``ServerConnection`` (so the client's bytes are checked by the same parser lmqd uses) and
+timestamps every command on the trio clock, which the tests compare with exact virtual times.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import math
+from typing import Any
+
+import trio
+import trio.testing
+
+from lmqd.message import Message as DaemonMessage
+from lmqd.protocol import (
+    Event,
+    Limits,
+    ServerConnection,
+    encode_error,
+    encode_message,
+    encode_response,
+)
+
+IDENTIFY_RESPONSE: dict[str, Any] = {
+    "max_rdy_count": 2500,
+    "version": "1.3.0",
+    "max_msg_timeout": 900000,
+    "msg_timeout": 60000,
+    "tls_v1": False,
+    "deflate": False,
+    "deflate_level": 6,
+    "max_deflate_level": 6,
+    "snappy": False,
+    "sample_rate": 0,
+    "auth_required": False,
+    "output_buffer_size": 16384,
+    "output_buffer_timeout": 250,
+}
+
+
+class FakeDaemon:
+    """The server end of one client connection."""
+
+    def __init__(self, address: str, stream: trio.abc.Stream) -> None:
+        self.address = address
+        self.stream = stream
+        self.codec = ServerConnection(Limits())
+        self.log: list[tuple[float, Event]] = []
+        self._pending: list[Event] = []
+        self.eof = False
+
+    async def next_command(self, limit: float = math.inf) -> Event:
+        """The next command the client sent (waits for it); EOFError once the client closed."""
+        with trio.fail_after(limit):
+            while not self._pending:
+                if self.eof:
+                    raise EOFError(self.address)
+                data = await self.stream.receive_some(65536)
+                self.codec.receive_data(bytes(data))
+                if not data:
+                    self.eof = True
+                now = trio.current_time()
+                for event in self.codec.next_events():
+                    self.log.append((now, event))
+                    self._pending.append(event)
+        return self._pending.pop(0)
+
+    async def expect(self, kind: type[Any], limit: float = math.inf) -> Any:
+        """The next command, asserted to be of ``kind``."""
+        event = await self.next_command(limit)
+        assert isinstance(event, kind), f"expected {kind.__name__}, got {event!r}"
+        return event
+
+    async def send(self, data: bytes) -> None:
+        await self.stream.send_all(data)
+
+    async def respond(self, data: bytes = b"OK") -> None:
+        await self.send(encode_response(data))
+
+    async def error(self, body: bytes) -> None:
+        await self.send(encode_error(body))
+
+    async def deliver(
+        self, msg_id: bytes, body: bytes, attempts: int = 1, timestamp: int = 0
+    ) -> None:
+        await self.send(encode_message(DaemonMessage(msg_id, body, timestamp, attempts)))
+
+    async def handshake(self, **overrides: Any) -> dict[str, Any]:
+        """Answer the magic + IDENTIFY; returns the client's IDENTIFY document."""
+        from lmqd.protocol import Identify
+
+        identify = await self.expect(Identify)
+        await self.respond(json.dumps({**IDENTIFY_RESPONSE, **overrides}).encode())
+        data: dict[str, Any] = identify.data
+        return data
+
+    async def subscribe(self, **overrides: Any) -> Any:
+        """Handshake, then answer SUB with OK; returns the Sub event."""
+        from lmqd.protocol import Sub
+
+        await self.handshake(**overrides)
+        sub = await self.expect(Sub)
+        await self.respond()
+        return sub
+
+    async def answer_cls(self) -> None:
+        """Wait for the consumer's CLS (skipping other commands) and answer CLOSE_WAIT."""
+        from lmqd.protocol import Cls
+
+        while not isinstance(await self.next_command(), Cls):
+            pass
+        await self.respond(b"CLOSE_WAIT")
+
+    async def close(self) -> None:
+        await self.stream.aclose()
+
+
+class FakeNetwork:
+    """Hands out FakeDaemons for the connections a client opens; ``refuse`` fails them."""
+
+    def __init__(self) -> None:
+        self._send, self._receive = trio.open_memory_channel[FakeDaemon](math.inf)
+        self.refuse: set[str] = set()
+        self.attempts: list[tuple[float, str]] = []
+
+    async def open_stream(self, address: str) -> trio.abc.Stream:
+        self.attempts.append((trio.current_time(), address))
+        await trio.lowlevel.checkpoint()
+        if address in self.refuse:
+            raise OSError(errno.ECONNREFUSED, "Connection refused")
+        client, server = trio.testing.memory_stream_pair()
+        self._send.send_nowait(FakeDaemon(address, server))
+        return client
+
+    async def accept(self, limit: float = math.inf) -> FakeDaemon:
+        """The daemon end of the next connection the client opens."""
+        with trio.fail_after(limit):
+            return await self._receive.receive()
