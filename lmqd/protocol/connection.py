@@ -1,0 +1,496 @@
+"""The server side of one V2 connection, sans I/O: bytes in, command events out.
+
+Theory of operation
+-------------------
+``receive_data`` only appends the bytes to a list of chunks. ``next_events`` joins them into one
+``bytes`` buffer only when something can be parsed, then parses *every* complete command in it
+and returns them all, so the server handles a thousand FINs from one receive as one batch.
+
+Parsing never rescans: when a command line is incomplete, the bytes already searched for its
+newline are remembered, and new chunks are searched only for a newline before anything is joined
+(so a line trickling in one byte at a time costs O(1) per byte). When a command's body is
+incomplete, the parser records how many bytes the command needs in total and does nothing until
+that many have arrived; a body declared bigger than the limits is refused as soon as its 4-byte
+size is read, before any of it is buffered. Bodies in the events are ``bytes`` slices of the
+buffer (the daemon keeps them).
+
+Commands are dispatched on their name through a per-state dict (built from the table in
+``state.py``), so a command that the state forbids costs nothing to check. SUB and CLS change
+the state when they are parsed, so later commands in the same buffer see the new state.
+
+Errors: each error is a ``ProtocolError`` with nsqd's text, checked in nsqd's order. If valid
+commands precede the error in a buffer they are returned first and the error is raised by the
+next call; every call after that raises it again (all parser errors are fatal).
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+from collections.abc import Callable
+
+from lmqd.protocol import errors
+from lmqd.protocol.errors import ProtocolError
+from lmqd.protocol.events import (
+    Auth,
+    Cls,
+    Dpub,
+    Event,
+    Fin,
+    Identify,
+    Nop,
+    Rdy,
+    Req,
+    Sub,
+    Touch,
+    make_mpub,
+    make_pub,
+)
+from lmqd.protocol.identify import IdentifySettings, decode_identify_body, negotiate
+from lmqd.protocol.limits import Limits
+from lmqd.protocol.names import decode_name
+from lmqd.protocol.state import IGNORED_STATES, LEGAL_STATES, ClientState
+
+MAGIC_V2 = b"  V2"
+"""The 4 bytes a V2 client sends first."""
+
+MSG_ID_LENGTH = 16
+
+_unpack_size = struct.Struct(">i").unpack_from
+_UINT64_MASK = (1 << 64) - 1
+# A run of well-formed "FIN <16-byte id>\n" lines (an id never holds a space, and one ending in
+# "\r" would lose it to the line-ending strip, so those take the line-by-line path).
+_FIN_RUN = re.compile(rb"(?:FIN [^ \r\n]{16}\n)+")
+_FIN_LINE_LENGTH = 21
+_new = object.__new__
+_set_fin_id = Fin.__dict__["id"].__set__
+_NOP = Nop()
+_CLS = Cls()
+
+# A handler gets the command's parameters (the line split on spaces), the buffer and the offset
+# just past the line; it appends its event and returns the offset after the command, or
+# -(offset the command needs the buffer to reach) when its body is incomplete.
+_Handler = Callable[[list[bytes], bytes, int, list[Event]], int]
+
+
+def parse_uint(raw: bytes) -> int | None:
+    """nsqd's ``ByteToBase10``: unsigned decimal digits only, "" is 0, wraps modulo 2**64."""
+    if not raw.isdigit():
+        return 0 if not raw else None
+    # 10**64 is a multiple of 2**64, so the last 64 digits decide the value modulo 2**64 (and
+    # int() refuses strings of more than 4300 digits).
+    return int(raw[-64:]) & _UINT64_MASK
+
+
+def _as_int64(value: int) -> int:
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+class ServerConnection:
+    """Parses one client's byte stream into command events; see the module docstring."""
+
+    limits: Limits
+    state: ClientState
+    """The client state (nsqd's numbers, shown in /stats)."""
+    identify: IdentifySettings | None
+    """The settings from the client's IDENTIFY, None until it sends one."""
+    closed: bool
+    """The peer sent EOF and everything before it has been returned by ``next_events``."""
+
+    def __init__(self, limits: Limits) -> None:
+        self.limits = limits
+        self.state = ClientState.INIT
+        self.identify = None
+        self.closed = False
+        self._auth_seen = False
+        self._buf = b""
+        self._pos = 0
+        self._chunks: list[bytes] = []
+        self._chunks_len = 0
+        self._chunks_scanned = 0  # chunks already searched for a newline
+        self._line_scanned = 0  # bytes of the pending line known to hold no newline
+        self._need = len(MAGIC_V2)  # bytes (from _pos) required before parsing; 0 = a newline
+        self._magic_ok = False
+        self._eof = False
+        self._error: ProtocolError | None = None
+        self._handlers_by_name: dict[str, _Handler] = {
+            "IDENTIFY": self._identify,
+            "AUTH": self._auth,
+            "SUB": self._sub,
+            "RDY": self._rdy,
+            "FIN": self._fin,
+            "REQ": self._req,
+            "TOUCH": self._touch,
+            "CLS": self._cls,
+            "NOP": self._nop,
+            "PUB": self._pub,
+            "MPUB": self._mpub,
+            "DPUB": self._dpub,
+        }
+        self._tables: dict[ClientState, dict[bytes, _Handler]] = {}
+        self._handlers = self._table(ClientState.INIT)
+
+    # -- input ------------------------------------------------------------------------------
+
+    def receive_data(self, data: bytes | bytearray | memoryview) -> None:
+        """Add bytes received from the client; ``b""`` means the client closed (EOF)."""
+        if not data:
+            self._eof = True
+            return
+        if self._eof:
+            raise RuntimeError("received data after EOF")
+        if self._error is not None:
+            return  # the connection is ending: don't buffer what will never be parsed
+        if type(data) is not bytes:
+            data = bytes(data)  # bodies are slices of the buffer and must be bytes
+        assert isinstance(data, bytes)
+        self._chunks.append(data)
+        self._chunks_len += len(data)
+
+    def next_events(self) -> list[Event]:
+        """Every complete command received so far, in order ([] = need more data).
+
+        Raises ``ProtocolError`` for invalid input (after returning any valid commands that came
+        before it), and again on every later call.
+        """
+        if self._error is not None:
+            raise self._error
+        events: list[Event] = []
+        try:
+            if self._ready_to_parse():
+                self._join()
+                if not self._magic_ok:
+                    self._check_magic()
+                self._parse(events)
+        except ProtocolError as exc:
+            self._error = exc
+            if events:
+                return events
+            raise
+        if self._eof:
+            # Anything left is a partial command from a peer that is gone: nothing to answer.
+            self.closed = True
+        return events
+
+    def _ready_to_parse(self) -> bool:
+        if not self._chunks:
+            return False
+        available = len(self._buf) - self._pos + self._chunks_len
+        if self._need:
+            return available >= self._need
+        # Waiting for the end of a command line: look for a newline in the new chunks only.
+        chunks = self._chunks
+        for i in range(self._chunks_scanned, len(chunks)):
+            if b"\n" in chunks[i]:
+                return True
+        self._chunks_scanned = len(chunks)
+        if available >= self.limits.max_line_length:
+            raise errors.line_too_long(self.limits.max_line_length)
+        return False
+
+    def _join(self) -> None:
+        chunks = self._chunks
+        if self._pos >= len(self._buf) and len(chunks) == 1:
+            self._buf = chunks[0]  # the common case: the previous buffer was fully parsed
+        else:
+            self._buf = b"".join([memoryview(self._buf)[self._pos :], *chunks])
+        self._pos = 0
+        self._chunks = []
+        self._chunks_len = 0
+        self._chunks_scanned = 0
+        self._need = 0
+
+    def _check_magic(self) -> None:
+        if self._buf[:4] != MAGIC_V2:
+            raise errors.bad_protocol()
+        self._pos = 4
+        self._magic_ok = True
+
+    # -- the parse loop -------------------------------------------------------------------------
+
+    def _parse(self, events: list[Event]) -> None:
+        buf = self._buf
+        pos = self._pos
+        end = len(buf)
+        max_line = self.limits.max_line_length
+        skip = self._line_scanned
+        self._line_scanned = 0
+        try:
+            while pos < end:
+                nl = buf.find(b"\n", pos + skip)
+                skip = 0
+                if nl < 0:
+                    if end - pos >= max_line:
+                        raise errors.line_too_long(max_line)
+                    self._line_scanned = end - pos
+                    break
+                if nl - pos >= max_line:
+                    raise errors.line_too_long(max_line)
+                line_end = nl - 1 if nl > pos and buf[nl - 1] == 13 else nl  # strip "\r"
+                params = buf[pos:line_end].split(b" ")
+                # self._handlers is looked up each time: SUB and CLS replace it.
+                handler = self._handlers.get(params[0])
+                if handler is None:
+                    raise errors.invalid_command(params[0])
+                after = handler(params, buf, nl + 1, events)
+                if after < 0:
+                    self._need = -after - pos
+                    break
+                pos = after
+        finally:
+            if pos >= end:
+                self._buf = b""
+                self._pos = 0
+            else:
+                self._pos = pos
+
+    # -- state ----------------------------------------------------------------------------------
+
+    def _table(self, state: ClientState) -> dict[bytes, _Handler]:
+        table = self._tables.get(state)
+        if table is None:
+            table = {}
+            for name, handler in self._handlers_by_name.items():
+                if state in LEGAL_STATES[name]:
+                    table[name.encode()] = handler
+                elif state in IGNORED_STATES.get(name, ()):
+                    table[name.encode()] = _ignore
+                else:
+                    table[name.encode()] = _illegal(name)
+            self._tables[state] = table
+        return table
+
+    def _set_state(self, state: ClientState) -> None:
+        self.state = state
+        self._handlers = self._table(state)
+
+    # -- commands without a body ----------------------------------------------------------------
+
+    def _fin(self, params: list[bytes], buf: bytes, p: int, events: list[Event]) -> int:
+        if len(params) < 2:
+            raise errors.insufficient_params("FIN")
+        msg_id = params[1]
+        if len(msg_id) != MSG_ID_LENGTH:
+            raise errors.invalid_message_id()
+        append = events.append
+        # make_fin() inlined: this is the parser's hottest line.
+        fin = _new(Fin)
+        _set_fin_id(fin, msg_id)
+        append(fin)
+        # A consumer sends one FIN per message, so FINs come in runs: take the rest of the run
+        # with one regex match instead of line by line.
+        run = _FIN_RUN.match(buf, p)
+        if run is None:
+            return p
+        run_end = run.end()
+        for i in range(p + 4, run_end, _FIN_LINE_LENGTH):
+            fin = _new(Fin)
+            _set_fin_id(fin, buf[i : i + MSG_ID_LENGTH])
+            append(fin)
+        return run_end
+
+    def _req(self, params: list[bytes], buf: bytes, p: int, events: list[Event]) -> int:
+        if len(params) < 3:
+            raise errors.insufficient_params("REQ")
+        msg_id = params[1]
+        if len(msg_id) != MSG_ID_LENGTH:
+            raise errors.invalid_message_id()
+        timeout_ms = parse_uint(params[2])
+        if timeout_ms is None:
+            raise errors.req_could_not_parse(params[2])
+        events.append(Req(id=msg_id, timeout_ms=timeout_ms))
+        return p
+
+    def _touch(self, params: list[bytes], buf: bytes, p: int, events: list[Event]) -> int:
+        if len(params) < 2:
+            raise errors.insufficient_params("TOUCH")
+        msg_id = params[1]
+        if len(msg_id) != MSG_ID_LENGTH:
+            raise errors.invalid_message_id()
+        events.append(Touch(id=msg_id))
+        return p
+
+    def _rdy(self, params: list[bytes], buf: bytes, p: int, events: list[Event]) -> int:
+        count = 1
+        if len(params) > 1:
+            parsed = parse_uint(params[1])
+            if parsed is None:
+                raise errors.rdy_could_not_parse(params[1])
+            count = _as_int64(parsed)  # nsqd converts the uint64 to int64
+        max_rdy = self.limits.max_rdy_count
+        if count < 0 or count > max_rdy:
+            raise errors.rdy_out_of_range(count, max_rdy)
+        events.append(Rdy(count=count))
+        return p
+
+    def _sub(self, params: list[bytes], buf: bytes, p: int, events: list[Event]) -> int:
+        if self.identify is not None and self.identify.heartbeat_interval_ms <= 0:
+            raise errors.sub_heartbeats_disabled()
+        if len(params) < 3:
+            raise errors.insufficient_params("SUB")
+        topic = decode_name(params[1])
+        if topic is None:
+            raise errors.bad_topic("SUB", params[1])
+        channel = decode_name(params[2])
+        if channel is None:
+            raise errors.bad_channel("SUB", params[2])
+        events.append(Sub(topic=topic, channel=channel))
+        self._set_state(ClientState.SUBSCRIBED)
+        return p
+
+    def _cls(self, params: list[bytes], buf: bytes, p: int, events: list[Event]) -> int:
+        events.append(_CLS)
+        self._set_state(ClientState.CLOSING)
+        return p
+
+    def _nop(self, params: list[bytes], buf: bytes, p: int, events: list[Event]) -> int:
+        events.append(_NOP)
+        return p
+
+    # -- commands with a body -------------------------------------------------------------------
+
+    def _pub(self, params: list[bytes], buf: bytes, p: int, events: list[Event]) -> int:
+        if len(params) < 2:
+            raise errors.insufficient_params("PUB")
+        topic = decode_name(params[1])
+        if topic is None:
+            raise errors.bad_topic("PUB", params[1])
+        if len(buf) - p < 4:
+            return -(p + 4)
+        size: int = _unpack_size(buf, p)[0]
+        if size <= 0:
+            raise errors.message_invalid_size("PUB", size)
+        if size > self.limits.max_msg_size:
+            raise errors.message_too_big("PUB", size, self.limits.max_msg_size)
+        p += 4
+        end = p + size
+        if end > len(buf):
+            return -end
+        events.append(make_pub(topic, buf[p:end]))
+        return end
+
+    def _dpub(self, params: list[bytes], buf: bytes, p: int, events: list[Event]) -> int:
+        if len(params) < 3:
+            raise errors.insufficient_params("DPUB")
+        topic = decode_name(params[1])
+        if topic is None:
+            raise errors.bad_topic("DPUB", params[1])
+        defer_ms = parse_uint(params[2])
+        if defer_ms is None:
+            raise errors.dpub_could_not_parse(params[2])
+        if defer_ms > self.limits.max_req_timeout_ms:
+            raise errors.dpub_out_of_range(defer_ms, self.limits.max_req_timeout_ms)
+        if len(buf) - p < 4:
+            return -(p + 4)
+        size: int = _unpack_size(buf, p)[0]
+        if size <= 0:
+            raise errors.message_invalid_size("DPUB", size)
+        if size > self.limits.max_msg_size:
+            raise errors.message_too_big("DPUB", size, self.limits.max_msg_size)
+        p += 4
+        end = p + size
+        if end > len(buf):
+            return -end
+        events.append(Dpub(topic=topic, defer_ms=defer_ms, body=buf[p:end]))
+        return end
+
+    def _mpub(self, params: list[bytes], buf: bytes, p: int, events: list[Event]) -> int:
+        if len(params) < 2:
+            raise errors.insufficient_params("MPUB")
+        topic = decode_name(params[1])
+        if topic is None:
+            raise errors.bad_topic("MPUB", params[1])
+        if len(buf) - p < 4:
+            return -(p + 4)
+        limits = self.limits
+        body_size: int = _unpack_size(buf, p)[0]
+        if body_size <= 0:
+            raise errors.invalid_body_size("MPUB", body_size)
+        if body_size > limits.max_body_size:
+            raise errors.body_too_big("MPUB", body_size, limits.max_body_size)
+        if body_size < 4:
+            raise errors.mpub_size_mismatch(body_size)  # no room for the message count
+        if len(buf) - p < 8:
+            return -(p + 8)
+        count: int = _unpack_size(buf, p + 4)[0]
+        # Each message takes at least 5 bytes (4-byte size + 1-byte body) after the count.
+        if count <= 0 or count > (limits.max_body_size - 4) // 5:
+            raise errors.mpub_invalid_count(count)
+        end = p + 4 + body_size
+        if end > len(buf):
+            return -end
+        # The whole body is here (at most max_body_size bytes): check and slice its parts.
+        max_msg = limits.max_msg_size
+        bodies: list[bytes] = []
+        append = bodies.append
+        q = p + 8
+        for i in range(count):
+            if q + 4 > end:
+                raise errors.mpub_size_mismatch(body_size)
+            size = _unpack_size(buf, q)[0]
+            if size <= 0:
+                raise errors.mpub_invalid_message_size(i, size)
+            if size > max_msg:
+                raise errors.message_too_big("MPUB", size, max_msg)
+            q += 4
+            next_q = q + size
+            if next_q > end:
+                raise errors.mpub_size_mismatch(body_size)
+            append(buf[q:next_q])
+            q = next_q
+        if q != end:
+            raise errors.mpub_size_mismatch(body_size)
+        events.append(make_mpub(topic, bodies))
+        return end
+
+    def _identify(self, params: list[bytes], buf: bytes, p: int, events: list[Event]) -> int:
+        if self.identify is not None:
+            # nsqd accepts a second IDENTIFY but its message pump ignores it; lmqd refuses.
+            raise errors.cannot_in_state("IDENTIFY")
+        body = self._read_body("IDENTIFY", buf, p)
+        if isinstance(body, int):
+            return body
+        data = decode_identify_body(body)
+        settings = negotiate(data, self.limits)
+        self.identify = settings
+        events.append(Identify(settings=settings, data=data))
+        return p + 4 + len(body)
+
+    def _auth(self, params: list[bytes], buf: bytes, p: int, events: list[Event]) -> int:
+        if len(params) != 1:
+            raise errors.auth_invalid_params()
+        body = self._read_body("AUTH", buf, p)
+        if isinstance(body, int):
+            return body
+        if self._auth_seen:
+            raise errors.auth_already_set()
+        self._auth_seen = True
+        events.append(Auth(secret=body))
+        return p + 4 + len(body)
+
+    def _read_body(self, cmd: str, buf: bytes, p: int) -> bytes | int:
+        """IDENTIFY's and AUTH's ``[size][body]``: the body, or -(offset needed)."""
+        if len(buf) - p < 4:
+            return -(p + 4)
+        size: int = _unpack_size(buf, p)[0]
+        max_body = self.limits.max_body_size
+        if size > max_body:
+            raise errors.body_too_big(cmd, size, max_body)
+        if size <= 0:
+            raise errors.invalid_body_size(cmd, size)
+        p += 4
+        end = p + size
+        if end > len(buf):
+            return -end
+        return buf[p:end]
+
+
+def _ignore(params: list[bytes], buf: bytes, p: int, events: list[Event]) -> int:
+    return p
+
+
+def _illegal(cmd: str) -> _Handler:
+    def handler(params: list[bytes], buf: bytes, p: int, events: list[Event]) -> int:
+        raise errors.cannot_in_state(cmd)
+
+    return handler
