@@ -1,0 +1,166 @@
+"""gnsq (gevent) scenarios against an lmqd: ``python gnsq_client.py <scenario> '<json>'``.
+
+gnsq does its I/O through ``gevent.socket`` itself, so nothing is monkey-patched here (and never
+in the pytest process). Waits are ``gevent.sleep`` loops with deadlines.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from typing import Any
+
+import gevent  # type: ignore[import-untyped]
+import gnsq  # type: ignore[import-untyped]
+from clientlib import Params, Result, check_deadline, deadline_after, main
+from gnsq import protocol as nsq_protocol
+
+
+def host_port(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    return host, int(port)
+
+
+def pubsub(params: Params) -> Result:
+    """N messages (MPUB batches, then some PUBs) consumed by several Consumers on one channel."""
+    n, batch, single = params["count"], params["batch"], params["single_pubs"]
+    received: list[tuple[int, str, int]] = []
+
+    def handler_for(index: int) -> Any:
+        def handler(consumer: Any, message: Any) -> None:
+            received.append((index, message.body.decode(), message.attempts))
+
+        return handler
+
+    consumers = [
+        gnsq.Consumer(
+            params["topic"],
+            params["channel"],
+            nsqd_tcp_addresses=[params["address"]],
+            max_in_flight=params["max_in_flight"],
+            message_handler=handler_for(i),
+        )
+        for i in range(params["consumers"])
+    ]
+    for consumer in consumers:
+        consumer.start(block=False)
+    producer = gnsq.Producer(nsqd_tcp_addresses=[params["address"]])
+    producer.start()
+
+    bodies = [f"g-{i:06d}".encode() for i in range(n)]
+    responses = [
+        producer.multipublish(params["topic"], bodies[i : i + batch])
+        for i in range(0, n - single, batch)
+    ]
+    responses += [producer.publish(params["topic"], body) for body in bodies[n - single :]]
+
+    deadline = deadline_after(params["consume_timeout_s"])
+    while len(received) < n:
+        check_deadline(deadline, f"{n} messages")
+        gevent.sleep(0.01)
+    gevent.sleep(params["quiet_s"])  # a duplicate would arrive now
+    for consumer in consumers:
+        consumer.close()
+    producer.close()
+    return {
+        "responses": dict(Counter(r.decode() for r in responses)),
+        "bodies": [body for _, body, _ in received],
+        "per_consumer": [sum(1 for c, _, _ in received if c == i) for i in range(len(consumers))],
+        "attempts": dict(Counter(a for _, _, a in received)),
+    }
+
+
+def raw_error(params: Params) -> Result:
+    """Send a raw command with gnsq's low-level client; how does gnsq surface the answer?"""
+    host, port = host_port(params["address"])
+    conn = gnsq.NsqdTCPClient(host, port, timeout=5.0)
+    conn.connect()
+    identify = conn.identify()
+    conn.send(params["command"].encode())
+    frame, error = conn.read_response()
+    return {
+        "identify_version": identify.get("version") if isinstance(identify, dict) else None,
+        "frame": frame,
+        "error_class": type(error).__name__,
+        "error_text": str(error),
+        "fatal": bool(getattr(error, "fatal", False)),
+        # gnsq closes its side on a fatal error; the daemon closes its side too (raw tests).
+        "connected_after": conn.is_connected,
+    }
+
+
+def cls_before_sub(params: Params) -> Result:
+    """gnsq's own suite: CLS before SUB is answered with an E_INVALID error frame."""
+    host, port = host_port(params["address"])
+    conn = gnsq.NsqdTCPClient(host, port, timeout=5.0)
+    conn.connect()
+    conn.identify()
+    conn.close()  # sends CLS
+    frame, error = conn.read_response()
+    return {
+        "frame": frame,
+        "error_class": type(error).__name__,
+        "error_text": str(error),
+        "connected_after": conn.is_connected,
+    }
+
+
+def heartbeat(params: Params) -> Result:
+    """gnsq answers heartbeats with NOP by itself; the connection outlives 2 intervals."""
+    host, port = host_port(params["address"])
+    conn = gnsq.NsqdTCPClient(host, port, timeout=5.0, heartbeat_interval=1)
+    conn.connect()
+    conn.identify()
+    beats: list[float] = []
+    start = time.monotonic()
+    while time.monotonic() - start < params["seconds"]:
+        frame, data = conn.read_response()  # a heartbeat triggers the NOP inside gnsq
+        if frame == nsq_protocol.FRAME_TYPE_RESPONSE and data == nsq_protocol.HEARTBEAT:
+            beats.append(round(time.monotonic() - start, 3))
+    conn.publish(params["topic"], b"still here")
+    while True:
+        frame, data = conn.read_response()
+        if data != nsq_protocol.HEARTBEAT:
+            break
+    return {"beats": beats, "publish_frame": frame, "publish_response": data.decode()}
+
+
+def http_stats(params: Params) -> Result:
+    """gnsq's HTTP client against lmqd's /stats (gnsq's suite reads topic/channel depths)."""
+    host, port = host_port(params["http_address"])
+    http = gnsq.NsqdHTTPClient(host, port)
+    producer = gnsq.Producer(nsqd_tcp_addresses=[params["address"]])
+    producer.start()
+    http.create_topic(params["topic"])
+    http.create_channel(params["topic"], params["channel"])
+    for i in range(params["count"]):
+        producer.publish(params["topic"], b"%d" % i)
+    producer.close()
+    # The topic's pump moves the messages to the channel right after the publishes; poll briefly.
+    deadline = deadline_after(5)
+    while True:
+        stats = http.stats()
+        topics = [t for t in stats["topics"] if t["topic_name"] == params["topic"]]
+        channels = topics[0]["channels"] if topics else []
+        if (channels and channels[0]["depth"] == params["count"]) or time.monotonic() > deadline:
+            break
+        gevent.sleep(0.05)
+    return {
+        "topic_depth": topics[0]["depth"] if topics else None,
+        "channels": [
+            {"name": c["channel_name"], "depth": c["depth"], "deferred": c["deferred_count"]}
+            for c in channels
+        ],
+    }
+
+
+if __name__ == "__main__":
+    main(
+        {
+            "pubsub": pubsub,
+            "raw_error": raw_error,
+            "cls_before_sub": cls_before_sub,
+            "heartbeat": heartbeat,
+            "http_stats": http_stats,
+        }
+    )

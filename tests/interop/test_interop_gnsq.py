@@ -1,0 +1,100 @@
+"""gnsq 1.0.2 (gevent) against a real lmqd.
+
+Rules for this module (see STYLE.md, Tests):
+- one fresh ``lmqd`` subprocess per test (``lmqd_server``), on 127.0.0.1 with port 0;
+- gnsq runs in its own interpreter (``clients/gnsq_client.py``): gevent never enters the pytest
+  process; the script has a hard time limit and the test a subprocess timeout.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+from typing import TYPE_CHECKING
+
+import pytest
+
+from .runner import run_client
+
+if TYPE_CHECKING:
+    from conftest import LmqdServer
+
+pytestmark = pytest.mark.interop
+
+
+def test_2000_messages_across_three_consumers(lmqd_server: LmqdServer) -> None:
+    count, batch, single = 2000, 100, 50
+    result = run_client(
+        "gnsq",
+        "pubsub",
+        timeout=60,
+        address=lmqd_server.tcp_address,
+        topic="interop",
+        channel="workers",
+        count=count,
+        batch=batch,
+        single_pubs=single,
+        consumers=3,
+        max_in_flight=100,
+        consume_timeout_s=40,
+        quiet_s=0.5,
+    )
+    assert result["responses"] == {"OK": (count - single + batch - 1) // batch + single}, result[
+        "stderr"
+    ]
+    bodies = result["bodies"]
+    assert not [b for b, n in Counter(bodies).items() if n > 1]
+    assert set(bodies) == {f"g-{i:06d}" for i in range(count)}
+    assert len(bodies) == count
+    assert all(n > 0 for n in result["per_consumer"]), result["per_consumer"]
+    assert result["attempts"] == {"1": count}
+
+
+def test_invalid_command_surfaces_as_nsqinvalid(lmqd_server: LmqdServer) -> None:
+    result = run_client(
+        "gnsq", "raw_error", timeout=20, address=lmqd_server.tcp_address, command="ASDF\n"
+    )
+    assert result["frame"] == 1  # FRAME_TYPE_ERROR
+    assert result["error_class"] == "NSQInvalid"
+    assert result["error_text"] == "invalid command ASDF"
+    assert result["fatal"] is True
+    assert result["connected_after"] is False
+
+
+def test_cls_before_sub_is_e_invalid(lmqd_server: LmqdServer) -> None:
+    # From gnsq's own test suite.
+    result = run_client("gnsq", "cls_before_sub", timeout=20, address=lmqd_server.tcp_address)
+    assert result["frame"] == 1
+    assert result["error_class"] == "NSQInvalid"
+    assert result["error_text"] == "cannot CLS in current state"
+    assert result["connected_after"] is False
+
+
+def test_heartbeats_every_second_keep_the_connection(lmqd_server: LmqdServer) -> None:
+    result = run_client(
+        "gnsq", "heartbeat", timeout=20, address=lmqd_server.tcp_address, topic="hb", seconds=3.5
+    )
+    beats = result["beats"]
+    # heartbeat_interval=1 s: beats near 1, 2, 3 s; gnsq's NOPs keep the connection past 2 s.
+    assert len(beats) >= 3, beats
+    assert 0.8 <= beats[0] <= 1.5, beats
+    gaps = [b - a for a, b in itertools.pairwise(beats)]
+    assert all(0.7 <= g <= 1.3 for g in gaps), beats
+    assert (result["publish_frame"], result["publish_response"]) == (0, "OK")
+
+
+def test_http_stats_depths(lmqd_server: LmqdServer) -> None:
+    http = lmqd_server.http_address
+    assert http is not None, "lmqd logged no 'HTTP: listening on' line"
+    result = run_client(
+        "gnsq",
+        "http_stats",
+        timeout=30,
+        address=lmqd_server.tcp_address,
+        http_address=http,
+        topic="statted",
+        channel="c",
+        count=5,
+    )
+    assert result["topic_depth"] == 0, result
+    assert result["channels"] == [{"name": "c", "depth": 5, "deferred": 0}], result

@@ -1,0 +1,136 @@
+"""pynsq 0.9.1 (nsq.Writer / nsq.Reader, tornado) against a real lmqd.
+
+Rules for this module (see STYLE.md, Tests):
+- one fresh ``lmqd`` subprocess per test (``lmqd_server``), on 127.0.0.1 with port 0;
+- pynsq runs in its own interpreter (``clients/pynsq_client.py``) so tornado's loop never meets
+  pytest's or trio's; the script has a hard time limit and the test a subprocess timeout;
+- assertions are on what the client library saw: bodies, attempts, arrival times.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import TYPE_CHECKING
+
+import pytest
+
+from .runner import run_client
+
+if TYPE_CHECKING:
+    from conftest import LmqdServer
+
+pytestmark = pytest.mark.interop
+
+
+def test_10000_messages_across_three_readers_none_lost_or_duplicated(
+    lmqd_server: LmqdServer,
+) -> None:
+    count, batch, single = 10_000, 100, 100
+    result = run_client(
+        "pynsq",
+        "pubsub",
+        timeout=100,
+        address=lmqd_server.tcp_address,
+        topic="interop",
+        channel="workers",
+        count=count,
+        batch=batch,
+        single_pubs=single,
+        readers=3,
+        max_in_flight=200,
+        consume_timeout_s=60,
+        quiet_s=0.5,
+    )
+    # 99 MPUBs of 100 messages and 100 PUBs, each answered OK.
+    assert result["responses"] == {"OK": (count - single) // batch + single}, result["stderr"]
+    bodies = result["bodies"]
+    duplicates = [b for b, n in Counter(bodies).items() if n > 1]
+    assert not duplicates, f"{len(duplicates)} delivered twice, e.g. {duplicates[:5]}"
+    assert set(bodies) == {f"m-{i:06d}" for i in range(count)}
+    assert len(bodies) == count
+    # Every reader took part, and nothing needed a second attempt.
+    assert all(n > 0 for n in result["per_reader"]), result["per_reader"]
+    assert result["attempts"] == {"1": count}
+
+
+def test_dpub_is_not_delivered_before_its_delay(lmqd_server: LmqdServer) -> None:
+    delay_ms = 1500
+    result = run_client(
+        "pynsq",
+        "dpub",
+        timeout=30,
+        address=lmqd_server.tcp_address,
+        topic="deferred",
+        channel="c",
+        delay_ms=delay_ms,
+    )
+    assert result["responses"] == ["OK", "OK"], result["stderr"]
+    arrival = result["arrival_s"]
+    assert arrival["immediate"] < 1.0, arrival
+    assert delay_ms / 1000 <= arrival["deferred"] < delay_ms / 1000 + 2.0, arrival
+
+
+@pytest.mark.parametrize("delay_s", [0, 1])
+def test_req_redelivers_with_attempts_2(lmqd_server: LmqdServer, delay_s: int) -> None:
+    result = run_client(
+        "pynsq",
+        "requeue",
+        timeout=30,
+        address=lmqd_server.tcp_address,
+        topic="requeue",
+        channel="c",
+        delay_s=delay_s,
+        quiet_s=0.5,
+    )
+    assert result["response"] == "OK", result["stderr"]
+    first, second, *rest = result["deliveries"]
+    assert not rest, result["deliveries"]  # FIN'd on the second attempt: no third delivery
+    assert (first["attempts"], second["attempts"]) == (1, 2)
+    assert first["id"] == second["id"]
+    assert first["body"] == second["body"] == "requeue me"
+    waited = second["at_s"] - first["at_s"]
+    assert delay_s <= waited < delay_s + 2.0, result["deliveries"]
+
+
+def test_ephemeral_channel_is_gone_once_its_consumer_leaves(lmqd_server: LmqdServer) -> None:
+    # Observed over TCP only: a new consumer of the same ephemeral channel is on a new channel.
+    result = run_client(
+        "pynsq",
+        "ephemeral",
+        timeout=40,
+        address=lmqd_server.tcp_address,
+        topic="eph_tcp",
+        channel="c#ephemeral",
+        quiet_s=0.5,
+    )
+    check_ephemeral(result)
+
+
+def test_ephemeral_channel_disappears_from_stats(lmqd_server: LmqdServer) -> None:
+    http = lmqd_server.http_address
+    assert http is not None, "lmqd logged no 'HTTP: listening on' line"
+    result = run_client(
+        "pynsq",
+        "ephemeral",
+        timeout=40,
+        address=lmqd_server.tcp_address,
+        http_address=http,
+        topic="eph_http",
+        channel="c#ephemeral",
+        quiet_s=0.5,
+    )
+    check_ephemeral(result)
+    assert sorted(result["stats_while_subscribed"]) == ["c#ephemeral", "keeper"]
+    assert result["stats_after_leaving"] == ["keeper"]
+
+
+def check_ephemeral(result: dict[str, object]) -> None:
+    first, second, keeper = result["first"], result["second"], result["keeper"]
+    assert isinstance(first, list) and isinstance(second, list) and isinstance(keeper, list)
+    assert first and all(b.startswith("before-") for b in first), first
+    # Nothing from before the second consumer came: not the message published while no one
+    # was on the channel, not leftovers of the first consumer's channel.
+    assert second and all(b.startswith("after-") for b in second), second
+    # The durable channel saw everything.
+    assert "while-nobody-listens" in keeper
+    assert set(first) | set(second) <= set(keeper)
