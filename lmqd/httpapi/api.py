@@ -1,0 +1,432 @@
+"""nsqd's HTTP endpoints (nsq-reference §2), plus ``GET /metrics``.
+
+Every handler reproduces nsqd v1.3.0's ``nsqd/http.go`` step for step, because the order of the
+checks decides which error a bad request gets: ``/pub`` checks the size before the topic, reads
+at most ``--max-msg-size`` + 1 bytes, creates the topic before it validates ``defer``; ``/mpub``
+checks ``Content-Length`` against ``--max-body-size`` before anything else; the admin endpoints
+that need an existing topic answer ``404 TOPIC_NOT_FOUND`` without validating the name, and so on.
+Status codes and message texts are nsqd's, word for word.
+
+Publishing goes through ``daemon.publish`` exactly as TCP PUB/MPUB/DPUB do (one code path into
+the topic); any failure there is nsqd's ``503 EXITING``. HTTP publishers are not clients, so
+they never appear in ``producers`` (nsqd behaviour).
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import re
+import socket
+import time
+from typing import TYPE_CHECKING, Any
+
+import trio
+from prometheus_client.exposition import choose_encoder
+
+from lmqd import NSQD_COMPAT_VERSION
+from lmqd.backend import BackendError
+from lmqd.daemon import split_host_port
+from lmqd.httpapi.asgi import (
+    EMPTY,
+    OK,
+    AsgiApp,
+    HttpError,
+    Query,
+    QueryError,
+    Request,
+    Response,
+    go_json,
+    json_response,
+)
+from lmqd.httpapi.config_api import get_option, put_option
+from lmqd.httpapi.memory import MEMORY_KEYS, memory_stats
+from lmqd.httpapi.stats_text import format_stats
+from lmqd.metrics import make_registry
+from lmqd.protocol.names import valid_name
+from lmqd.topic import Topic, TopicExiting
+
+if TYPE_CHECKING:
+    from lmqd.channel import Channel
+    from lmqd.daemon import LmqDaemon
+
+__all__ = ["HttpApi"]
+
+log = logging.getLogger("lmqd.httpapi")
+
+# nsqd's boolParams: anything else leaves the default (true for include_clients/include_mem;
+# for /mpub's binary it means binary, with a deprecation warning).
+_BOOL_PARAMS = {"true": True, "1": True, "false": False, "0": False}
+_GO_INT = re.compile(r"[+-]?[0-9]+")  # strconv.ParseInt(s, 10, 64)'s syntax
+_INT64_MAX = 2**63 - 1
+
+
+def _ns(seconds: float) -> int:
+    return round(seconds * 1_000_000_000)
+
+
+class HttpApi(AsgiApp):
+    """The ASGI application serving one daemon's HTTP API."""
+
+    def __init__(self, daemon: LmqDaemon, *, http_port: int = -1) -> None:
+        super().__init__()
+        self.daemon = daemon
+        self.http_port = http_port
+        """The bound HTTP port, reported by /info (``-1`` as nsqd reports a unix socket)."""
+        self.registry = make_registry(daemon)
+        self.quiet_paths = frozenset({"/pub", "/mpub"})
+        add = self.router.add
+        add("GET", "/ping", self.ping)
+        add("GET", "/info", self.info)
+        add("POST", "/pub", self.pub)
+        add("POST", "/mpub", self.mpub)
+        add("GET", "/stats", self.stats)
+        add("POST", "/topic/create", self.topic_create)
+        add("POST", "/topic/delete", self.topic_delete)
+        add("POST", "/topic/empty", self.topic_empty)
+        add("POST", "/topic/pause", self.topic_pause)
+        add("POST", "/topic/unpause", self.topic_pause)
+        add("POST", "/channel/create", self.channel_create)
+        add("POST", "/channel/delete", self.channel_delete)
+        add("POST", "/channel/empty", self.channel_empty)
+        add("POST", "/channel/pause", self.channel_pause)
+        add("POST", "/channel/unpause", self.channel_pause)
+        add("GET", "/config/:opt", self.config)
+        add("PUT", "/config/:opt", self.config)
+        add("POST", "/debug/freememory", self.free_memory)
+        add("GET", "/metrics", self.metrics)
+
+    # -- shared checks -----------------------------------------------------------------------
+
+    def pre_route(self, request: Request) -> Response | None:
+        options = self.daemon.options
+        if options.tls_required != "true":
+            return None
+        # nsqd refuses plain HTTP outright when TLS is required (and not only for TCP).
+        try:
+            https_port = split_host_port(options.https_address)[1]
+        except ValueError:
+            https_port = 0
+        body = f'{{"message": "TLS_REQUIRED", "https_port": {https_port}}}'.encode()
+        return Response(403, body, "application/json; charset=utf-8")
+
+    @staticmethod
+    def _query(request: Request) -> Query:
+        try:
+            return request.query()
+        except QueryError:
+            raise HttpError(400, "INVALID_REQUEST") from None
+
+    def _new_topic_name(self, request: Request) -> tuple[Query, str]:
+        """nsqd's ``getTopicFromQuery`` (the caller creates the topic)."""
+        query = self._query(request)
+        name = query.get("topic")
+        if name is None:
+            raise HttpError(400, "MISSING_ARG_TOPIC")
+        if not valid_name(name):
+            raise HttpError(400, "INVALID_TOPIC")
+        return query, name
+
+    def _topic_and_channel_name(self, request: Request) -> tuple[Topic, str]:
+        """nsqd's ``getExistingTopicFromQuery``: valid names, existing topic."""
+        query = self._query(request)
+        topic_name = query.get("topic")
+        if topic_name is None:
+            raise HttpError(400, "MISSING_ARG_TOPIC")
+        if not valid_name(topic_name):
+            raise HttpError(400, "INVALID_ARG_TOPIC")
+        channel_name = query.get("channel")
+        if channel_name is None:
+            raise HttpError(400, "MISSING_ARG_CHANNEL")
+        if not valid_name(channel_name):
+            raise HttpError(400, "INVALID_ARG_CHANNEL")
+        topic = self.daemon.topic_or_none(topic_name)
+        if topic is None:
+            raise HttpError(404, "TOPIC_NOT_FOUND")
+        return topic, channel_name
+
+    def _existing_channel(self, request: Request) -> Channel:
+        topic, name = self._topic_and_channel_name(request)
+        channel = topic.channel_or_none(name)
+        if channel is None:
+            raise HttpError(404, "CHANNEL_NOT_FOUND")
+        return channel
+
+    def _persist_metadata(self) -> None:
+        # nsqd persists metadata right after (un)pausing so a crash cannot undo it; the daemon
+        # grows persist_metadata() with storage.
+        persist = getattr(self.daemon, "persist_metadata", None)
+        if callable(persist):
+            persist()
+
+    def _publish(self, topic: str, bodies: list[bytes], defer_s: float = 0.0) -> None:
+        try:
+            self.daemon.publish(topic, bodies, defer_s)
+        except (BackendError, TopicExiting):
+            # nsqd answers every PutMessage(s) failure (exiting or a failed backend write) so.
+            raise HttpError(503, "EXITING") from None
+
+    # -- /ping, /info ------------------------------------------------------------------------
+
+    async def ping(self, request: Request) -> Response:
+        """``OK``, or 500 ``NOK - <error>`` while unhealthy (plain text, no V1 header)."""
+        health = self.daemon.health.encode()
+        return Response(200 if self.daemon.is_healthy else 500, health, v1=False)
+
+    async def info(self, request: Request) -> Response:
+        daemon = self.daemon
+        options = daemon.options
+        if daemon.addresses is not None:
+            tcp_port = daemon.addresses.tcp[1]
+        else:
+            try:
+                tcp_port = split_host_port(options.tcp_address)[1]
+            except ValueError:
+                tcp_port = -1
+        return json_response({
+            "version": NSQD_COMPAT_VERSION,
+            "broadcast_address": options.broadcast_address,
+            "hostname": socket.gethostname(),
+            "http_port": self.http_port,
+            "tcp_port": tcp_port,
+            "start_time": daemon.start_time,
+            "max_heartbeat_interval": _ns(options.max_heartbeat_interval),
+            "max_output_buffer_size": options.max_output_buffer_size,
+            "max_output_buffer_timeout": _ns(options.max_output_buffer_timeout),
+            "max_deflate_level": options.max_deflate_level,
+        })
+
+    # -- publishing --------------------------------------------------------------------------
+
+    async def pub(self, request: Request) -> Response:
+        options = self.daemon.options
+        limit = options.max_msg_size
+        if request.content_length is not None and request.content_length > limit:
+            raise HttpError(413, "MSG_TOO_BIG")
+        body = await request.read_body(limit + 1)
+        if len(body) > limit:
+            raise HttpError(413, "MSG_TOO_BIG")
+        if not body:
+            raise HttpError(400, "MSG_EMPTY")
+        query, name = self._new_topic_name(request)
+        self.daemon.get_topic(name)  # nsqd creates the topic before it looks at defer
+        defer_ms = 0
+        raw_defer = query.get("defer")
+        if raw_defer is not None:
+            if not _GO_INT.fullmatch(raw_defer) or abs(int(raw_defer)) > _INT64_MAX:
+                raise HttpError(400, "INVALID_DEFER")
+            defer_ms = int(raw_defer)
+            if defer_ms < 0 or defer_ms * 1_000_000 > _ns(options.max_req_timeout):
+                raise HttpError(400, "INVALID_DEFER")
+        self._publish(name, [body], defer_ms / 1000)
+        return OK
+
+    async def mpub(self, request: Request) -> Response:
+        options = self.daemon.options
+        max_body = options.max_body_size
+        if request.content_length is not None and request.content_length > max_body:
+            raise HttpError(413, "BODY_TOO_BIG")
+        query, name = self._new_topic_name(request)
+        self.daemon.get_topic(name)
+        binary = False
+        raw_binary = query.get("binary")
+        if raw_binary is not None:
+            binary = _BOOL_PARAMS.get(raw_binary, True)
+            if raw_binary not in _BOOL_PARAMS:
+                self._warn_binary(raw_binary)
+        body = await request.read_body(max_body + 1)
+        if binary:
+            if len(body) > max_body:
+                # nsqd reads a binary body unbounded when Content-Length is absent; lmqd bounds
+                # every read, so an oversized chunked body is refused like an oversized one.
+                raise HttpError(413, "BODY_TOO_BIG")
+            bodies = _parse_binary_mpub(body, options.max_msg_size, max_body)
+        else:
+            bodies = _parse_text_mpub(body, options.max_msg_size, max_body + 1)
+        if bodies:
+            self._publish(name, bodies)
+        return OK
+
+    @staticmethod
+    def _warn_binary(value: str) -> None:
+        log.warning("deprecated value '%s' used for /mpub binary param", value)
+
+    # -- /stats ------------------------------------------------------------------------------
+
+    async def stats(self, request: Request) -> Response:
+        query = self._query(request)
+        daemon = self.daemon
+        topic = query.get("topic") or None
+        channel = query.get("channel") or None
+        include_clients = _BOOL_PARAMS.get(query.get("include_clients") or "", True)
+        include_mem = _BOOL_PARAMS.get(query.get("include_mem") or "", True)
+        topics = daemon.statistics(topic=topic, channel=channel, include_clients=include_clients)
+        if channel is not None:
+            # nsqd's GetStats skips a topic that has no channel of that name.
+            topics = [t for t in topics if t.channels]
+        producers = daemon.producers() if include_clients else []
+        memory = memory_stats() if include_mem else None
+        if query.get("format") != "json":
+            text = format_stats(topics=topics, producers=producers, memory=memory,
+                                health=daemon.health, start_time=daemon.start_time,
+                                now=time.time())
+            return Response(200, text.encode())
+        # Go's nil slices: "topics" is null when ?topic= names no topic, "producers" is null
+        # when there are none or clients were not asked for.
+        topics_missing = topic is not None and daemon.topic_or_none(topic) is None
+        document: dict[str, Any] = {
+            "version": NSQD_COMPAT_VERSION,
+            "health": daemon.health,
+            "start_time": daemon.start_time,
+            "topics": None if topics_missing else [t.to_dict() for t in topics],
+        }
+        if memory is not None:
+            document["memory"] = {key: memory[key] for key in MEMORY_KEYS}
+        document["producers"] = [p.to_dict() for p in producers] if producers else None
+        return Response(200, go_json(document), "application/json; charset=utf-8")
+
+    # -- topic administration ----------------------------------------------------------------
+
+    async def topic_create(self, request: Request) -> Response:
+        _, name = self._new_topic_name(request)
+        self.daemon.get_topic(name)
+        return EMPTY
+
+    async def topic_delete(self, request: Request) -> Response:
+        name = self._query(request).get("topic")
+        if name is None:
+            raise HttpError(400, "MISSING_ARG_TOPIC")
+        try:
+            self.daemon.delete_topic(name)
+        except KeyError:
+            raise HttpError(404, "TOPIC_NOT_FOUND") from None
+        return EMPTY
+
+    async def topic_empty(self, request: Request) -> Response:
+        _, name = self._new_topic_name(request)
+        topic = self.daemon.topic_or_none(name)
+        if topic is None:
+            raise HttpError(404, "TOPIC_NOT_FOUND")
+        try:
+            topic.empty()
+        except BackendError:
+            raise HttpError(500, "INTERNAL_ERROR") from None
+        return EMPTY
+
+    async def topic_pause(self, request: Request) -> Response:
+        name = self._query(request).get("topic")
+        if name is None:
+            raise HttpError(400, "MISSING_ARG_TOPIC")
+        topic = self.daemon.topic_or_none(name)
+        if topic is None:
+            raise HttpError(404, "TOPIC_NOT_FOUND")
+        if request.path.endswith("/unpause"):
+            topic.unpause()
+        else:
+            topic.pause()
+        self._persist_metadata()
+        return EMPTY
+
+    # -- channel administration --------------------------------------------------------------
+
+    async def channel_create(self, request: Request) -> Response:
+        topic, name = self._topic_and_channel_name(request)
+        try:
+            topic.get_channel(name)
+        except TopicExiting:
+            raise HttpError(503, "EXITING") from None
+        return EMPTY
+
+    async def channel_delete(self, request: Request) -> Response:
+        topic, name = self._topic_and_channel_name(request)
+        try:
+            topic.delete_channel(name)
+        except KeyError:
+            raise HttpError(404, "CHANNEL_NOT_FOUND") from None
+        return EMPTY
+
+    async def channel_empty(self, request: Request) -> Response:
+        channel = self._existing_channel(request)
+        try:
+            channel.empty()
+        except BackendError:
+            raise HttpError(500, "INTERNAL_ERROR") from None
+        return EMPTY
+
+    async def channel_pause(self, request: Request) -> Response:
+        channel = self._existing_channel(request)
+        if request.path.endswith("/unpause"):
+            channel.unpause()
+            channel.deliver(trio.current_time())  # unpause leaves delivering to the caller
+        else:
+            channel.pause()
+        self._persist_metadata()
+        return EMPTY
+
+    # -- /config, /debug, /metrics -----------------------------------------------------------
+
+    async def config(self, request: Request) -> Response:
+        key = request.path_params["opt"]
+        if request.method == "PUT":
+            limit = self.daemon.options.max_msg_size
+            # nsqd reads up to the limit and then refuses; refusing on Content-Length gives the
+            # same answer without waiting for a body that would be discarded.
+            if request.content_length is not None and request.content_length > limit:
+                raise HttpError(413, "INVALID_VALUE")
+            body = await request.read_body(limit + 1)
+            if not body or len(body) > limit:
+                raise HttpError(413, "INVALID_VALUE")
+            return json_response(put_option(self.daemon, key, body))
+        return json_response(get_option(self.daemon.options, key))
+
+    async def free_memory(self, request: Request) -> Response:
+        """nsqd's ``debug.FreeOSMemory``; here a full garbage collection."""
+        gc.collect()
+        return Response(200, v1=False)
+
+    async def metrics(self, request: Request) -> Response:
+        encode, content_type = choose_encoder(request.accept)
+        return Response(200, encode(self.registry), content_type, v1=False)
+
+
+def _parse_text_mpub(body: bytes, max_msg: int, read_max: int) -> list[bytes]:
+    """nsqd's text ``/mpub``: newline-separated, empty lines skipped, ``\\r`` kept. ``body`` was
+    read with ``read_max`` (= max body + 1): reaching it means the body was too big."""
+    out = []
+    total = 0
+    pieces = body.split(b"\n")
+    last = len(pieces) - 1
+    for i, piece in enumerate(pieces):
+        total += len(piece) + (i != last)
+        if total == read_max:
+            raise HttpError(413, "BODY_TOO_BIG")
+        if not piece:
+            continue
+        if len(piece) > max_msg:
+            raise HttpError(413, "MSG_TOO_BIG")
+        out.append(piece)
+    return out
+
+
+def _parse_binary_mpub(body: bytes, max_msg: int, max_body: int) -> list[bytes]:
+    """nsqd's ``readMPUB`` on a whole body: ``[num][size][bytes]...`` (TCP MPUB's body without
+    its leading size); errors are 413 with the TCP code minus ``E_``."""
+    end = len(body)
+    if end < 4:
+        raise HttpError(413, "BAD_BODY")
+    count = int.from_bytes(body[:4], "big", signed=True)
+    # 4 bytes of count, then at least 4 bytes of size + 1 byte of body per message.
+    if count <= 0 or count > (max_body - 4) // 5:
+        raise HttpError(413, "BAD_BODY")
+    out = []
+    pos = 4
+    for _ in range(count):
+        if pos + 4 > end:
+            raise HttpError(413, "BAD_MESSAGE")
+        size = int.from_bytes(body[pos : pos + 4], "big", signed=True)
+        pos += 4
+        if size <= 0 or size > max_msg or pos + size > end:
+            raise HttpError(413, "BAD_MESSAGE")
+        out.append(body[pos : pos + size])
+        pos += size
+    return out

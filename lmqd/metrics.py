@@ -1,0 +1,230 @@
+"""Prometheus metrics for ``GET /metrics``, read from the same snapshots as ``/stats``.
+
+There is no second set of counters: ``LmqCollector`` is a prometheus-client custom collector
+whose ``collect()`` runs at scrape time, takes one ``daemon.statistics()`` snapshot (and the
+producers' snapshots) and turns each field into a sample. So ``/metrics`` and ``/stats`` can
+never disagree about what a counter means, and an idle daemon pays nothing between scrapes.
+
+Metric names (all prefixed ``lmqd_``; counters end in ``_total``):
+
+===================================================== ========= ===========================
+name                                                  type      labels
+===================================================== ========= ===========================
+lmqd_info (``version``, ``nsqd_version``)             gauge (1)
+lmqd_healthy (1 = OK, 0 = a backend write failed)     gauge
+lmqd_start_time_seconds                               gauge
+lmqd_topics                                           gauge
+lmqd_topic_depth / _backend_depth                     gauge     topic
+lmqd_topic_channels / _paused                         gauge     topic
+lmqd_topic_messages_total (published)                 counter   topic
+lmqd_topic_message_bytes_total                        counter   topic
+lmqd_topic_e2e_processing_latency_seconds             gauge     topic, quantile
+lmqd_topic_e2e_processing_latency_samples             gauge     topic
+lmqd_channel_depth / _backend_depth                   gauge     topic, channel
+lmqd_channel_in_flight / _deferred / _clients         gauge     topic, channel
+lmqd_channel_paused                                   gauge     topic, channel
+lmqd_channel_messages_total (put into the channel)    counter   topic, channel
+lmqd_channel_requeues_total / _timeouts_total         counter   topic, channel
+lmqd_channel_e2e_processing_latency_seconds           gauge     topic, channel, quantile
+lmqd_channel_e2e_processing_latency_samples           gauge     topic, channel
+lmqd_client_delivered_messages_total                  counter   topic, channel, client
+lmqd_client_finished_messages_total                   counter   topic, channel, client
+lmqd_client_requeued_messages_total                   counter   topic, channel, client
+lmqd_client_in_flight / lmqd_client_ready             gauge     topic, channel, client
+lmqd_producer_published_messages_total                counter   client, topic
+===================================================== ========= ===========================
+
+``client`` labels are ``client_id`` (IDENTIFY's, not unique) and ``remote_address`` (unique per
+live connection). The e2e latency is nsqd's rolling-window percentile (``lmqd.e2e``) in seconds;
+``_samples`` is the number of FINs in that window (it falls as the window rolls, so it is a gauge).
+The registry also carries prometheus-client's standard ``process_*``, ``python_gc_*`` and
+``python_info`` collectors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from lmqd import NSQD_COMPAT_VERSION, __version__
+from lmqd.stats import ChannelStats, ClientStats, E2eLatency, TopicStats
+
+if TYPE_CHECKING:
+    from lmqd.daemon import LmqDaemon
+
+__all__ = ["LmqCollector", "make_registry"]
+
+_TOPIC = ["topic"]
+_CHANNEL = ["topic", "channel"]
+_CLIENT = ["topic", "channel", "client_id", "remote_address"]
+
+
+def _gauge(name: str, doc: str, labels: list[str]) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, labels=labels)
+
+
+def _counter(name: str, doc: str, labels: list[str]) -> CounterMetricFamily:
+    # prometheus-client appends "_total" to a counter family's samples.
+    return CounterMetricFamily(name, doc, labels=labels)
+
+
+class LmqCollector(Collector):
+    """Builds every lmqd metric from one statistics snapshot per scrape."""
+
+    def __init__(self, daemon: LmqDaemon) -> None:
+        self._daemon = daemon
+
+    def describe(self) -> Iterable[Metric]:
+        # Nothing to describe up front: registering must not take a snapshot.
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        daemon = self._daemon
+        topics = daemon.statistics(include_clients=True)
+        producers = daemon.producers()
+        yield from self._daemon_metrics(daemon, topics)
+        yield from self._topic_metrics(topics)
+        yield from self._channel_metrics(topics)
+        yield from self._client_metrics(topics, producers)
+
+    def _daemon_metrics(self, daemon: LmqDaemon, topics: list[TopicStats]) -> Iterator[Metric]:
+        info = GaugeMetricFamily(
+            "lmqd_info", "lmqd version and the nsqd version it is compatible with",
+            labels=["version", "nsqd_version"],
+        )
+        info.add_metric([__version__, NSQD_COMPAT_VERSION], 1)
+        yield info
+        yield GaugeMetricFamily(
+            "lmqd_healthy", "1 when healthy, 0 while the last backend write failed",
+            value=1 if daemon.is_healthy else 0,
+        )
+        yield GaugeMetricFamily(
+            "lmqd_start_time_seconds", "daemon start time, Unix seconds", value=daemon.start_time
+        )
+        yield GaugeMetricFamily("lmqd_topics", "number of topics", value=len(topics))
+
+    def _topic_metrics(self, topics: list[TopicStats]) -> Iterator[Metric]:
+        depth = _gauge("lmqd_topic_depth", "messages queued at the topic (memory + backend)",
+                       _TOPIC)
+        backend = _gauge("lmqd_topic_backend_depth", "messages in the topic's backend queue",
+                         _TOPIC)
+        channels = _gauge("lmqd_topic_channels", "channels of the topic", _TOPIC)
+        paused = _gauge("lmqd_topic_paused", "1 when the topic is paused", _TOPIC)
+        messages = _counter("lmqd_topic_messages", "messages published to the topic", _TOPIC)
+        nbytes = _counter("lmqd_topic_message_bytes", "bytes published to the topic", _TOPIC)
+        latency, samples = _latency_families("topic", _TOPIC)
+        for t in topics:
+            key = [t.topic_name]
+            depth.add_metric(key, t.depth)
+            backend.add_metric(key, t.backend_depth)
+            channels.add_metric(key, len(t.channels))
+            paused.add_metric(key, 1 if t.paused else 0)
+            messages.add_metric(key, t.message_count)
+            nbytes.add_metric(key, t.message_bytes)
+            _add_latency(latency, samples, key, t.e2e_processing_latency)
+        yield from (depth, backend, channels, paused, messages, nbytes, latency, samples)
+
+    def _channel_metrics(self, topics: list[TopicStats]) -> Iterator[Metric]:
+        depth = _gauge("lmqd_channel_depth", "ready messages (memory + backend)", _CHANNEL)
+        backend = _gauge("lmqd_channel_backend_depth", "messages in the channel's backend queue",
+                         _CHANNEL)
+        in_flight = _gauge("lmqd_channel_in_flight", "messages in flight", _CHANNEL)
+        deferred = _gauge("lmqd_channel_deferred", "deferred messages", _CHANNEL)
+        clients = _gauge("lmqd_channel_clients", "subscribed clients", _CHANNEL)
+        paused = _gauge("lmqd_channel_paused", "1 when the channel is paused", _CHANNEL)
+        messages = _counter("lmqd_channel_messages", "messages put into the channel", _CHANNEL)
+        requeues = _counter("lmqd_channel_requeues", "messages requeued", _CHANNEL)
+        timeouts = _counter("lmqd_channel_timeouts", "in-flight messages timed out", _CHANNEL)
+        latency, samples = _latency_families("channel", _CHANNEL)
+        for t in topics:
+            for c in t.channels:
+                key = [t.topic_name, c.channel_name]
+                depth.add_metric(key, c.depth)
+                backend.add_metric(key, c.backend_depth)
+                in_flight.add_metric(key, c.in_flight_count)
+                deferred.add_metric(key, c.deferred_count)
+                clients.add_metric(key, c.client_count)
+                paused.add_metric(key, 1 if c.paused else 0)
+                messages.add_metric(key, c.message_count)
+                requeues.add_metric(key, c.requeue_count)
+                timeouts.add_metric(key, c.timeout_count)
+                _add_latency(latency, samples, key, c.e2e_processing_latency)
+        yield from (depth, backend, in_flight, deferred, clients, paused, messages, requeues,
+                    timeouts, latency, samples)
+
+    def _client_metrics(
+        self, topics: list[TopicStats], producers: list[ClientStats]
+    ) -> Iterator[Metric]:
+        delivered = _counter("lmqd_client_delivered_messages",
+                             "messages delivered to the client", _CLIENT)
+        finished = _counter("lmqd_client_finished_messages", "messages the client finished",
+                            _CLIENT)
+        requeued = _counter("lmqd_client_requeued_messages", "messages the client requeued",
+                            _CLIENT)
+        in_flight = _gauge("lmqd_client_in_flight", "messages in flight to the client", _CLIENT)
+        ready = _gauge("lmqd_client_ready", "the client's RDY count", _CLIENT)
+        for t in topics:
+            for c in t.channels:
+                for client in _clients(c):
+                    key = [t.topic_name, c.channel_name, client.client_id,
+                           client.remote_address]
+                    delivered.add_metric(key, client.message_count)
+                    finished.add_metric(key, client.finish_count)
+                    requeued.add_metric(key, client.requeue_count)
+                    in_flight.add_metric(key, client.in_flight_count)
+                    ready.add_metric(key, client.ready_count)
+        published = _counter("lmqd_producer_published_messages",
+                             "messages a TCP producer published to a topic",
+                             ["client_id", "remote_address", "topic"])
+        for p in producers:
+            for count in p.pub_counts:
+                published.add_metric([p.client_id, p.remote_address, count.topic], count.count)
+        yield from (delivered, finished, requeued, in_flight, ready, published)
+
+
+def _clients(channel: ChannelStats) -> tuple[ClientStats, ...]:
+    return channel.clients or ()
+
+
+def _latency_families(level: str, labels: list[str]) -> tuple[GaugeMetricFamily, GaugeMetricFamily]:
+    latency = _gauge(
+        f"lmqd_{level}_e2e_processing_latency_seconds",
+        f"end-to-end processing latency percentiles of the {level} over the rolling window",
+        [*labels, "quantile"],
+    )
+    samples = _gauge(
+        f"lmqd_{level}_e2e_processing_latency_samples",
+        f"FINs in the {level}'s end-to-end latency window",
+        labels,
+    )
+    return latency, samples
+
+
+def _add_latency(
+    latency: GaugeMetricFamily, samples: GaugeMetricFamily, key: list[str], e2e: E2eLatency
+) -> None:
+    if e2e.percentiles is None:
+        return  # not configured: no series, as /stats reports null
+    samples.add_metric(key, e2e.count)
+    for p in e2e.percentiles:
+        latency.add_metric([*key, _quantile_label(p.quantile)], p.value / 1e9)
+
+
+def _quantile_label(q: float) -> str:
+    # Go's %v of a float64: 0.99 -> "0.99", 1 -> "1".
+    return str(int(q)) if float(q).is_integer() else repr(q)
+
+
+def make_registry(daemon: LmqDaemon) -> CollectorRegistry:
+    """A registry for one daemon: lmqd's collector plus the standard process/GC/platform ones
+    (a private registry, so several daemons in one process do not clash)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(LmqCollector(daemon))
+    ProcessCollector(registry=registry)
+    GCCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    return registry
