@@ -30,6 +30,7 @@ rebuilt from the segments (reading restarts at the oldest record still on disk).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import mmap
 import os
@@ -166,6 +167,8 @@ class DiskQueue:
         self._next_number = 0
         self._wfd = -1
         self._wdirty = False
+        self._truncate_to = -1
+        """Write position to cut the write segment back to before the next write (-1: none)."""
         self._pending_fds: list[int] = []
         """Rolled segments' write descriptors, handed to the next sync job to fsync."""
         self._rfd = -1
@@ -224,6 +227,8 @@ class DiskQueue:
             raise BackendError(f"DISKQUEUE({self.name}): closed")
         if not messages:
             return
+        if self._truncate_to >= 0:
+            self._truncate_tail()
         to_wall_ns = self._timebase.to_wall_ns
         parts: list[bytes] = []
         extend = parts.extend
@@ -236,7 +241,9 @@ class DiskQueue:
             extend(piece)
             total += len(piece[0]) + len(piece[1]) + 4
         seg = self._segments[-1]
-        if seg.end == SEGMENT_HEADER_SIZE or seg.end + total <= self._max_bytes:
+        if seg.end + total <= self._max_bytes or (
+            len(messages) == 1 and seg.end == SEGMENT_HEADER_SIZE
+        ):
             chunks = [(0, len(messages), total)]
         else:
             chunks = self._split(parts, seg.end)
@@ -445,17 +452,12 @@ class DiskQueue:
                 pwrite_all(fd, b"".join(parts[3 * first : 3 * end]), pos)
                 pos += size
         except OSError as exc:
+            for number, cfd, path in created:
+                self._discard_new_segment(number, cfd, path)
             if wrote_current:
-                try:
-                    os.ftruncate(self._wfd, start_end)
-                except OSError:
-                    # The bytes past the write position are never read (reads stop at
-                    # seg.end) and the next write overwrites them; recovery would treat them
-                    # as a torn tail.
-                    log.warning("DISKQUEUE(%s): truncate after failed write failed", self.name)
-            for _, cfd, path in created:
-                os.close(cfd)
-                _unlink_quietly(path)
+                self._truncate_to = start_end
+                with contextlib.suppress(BackendError):  # retried before the next write
+                    self._truncate_tail()
             log.error("DISKQUEUE(%s): write failed: %s", self.name, exc)
             raise BackendError(f"DISKQUEUE({self.name}): write failed: {exc}") from exc
         # Commit: only now do the positions move.
@@ -468,6 +470,30 @@ class DiskQueue:
             created, chunks[len(chunks) - len(created) :], strict=True
         ):
             self._roll_to(cfd, _Segment(number, path, SEGMENT_HEADER_SIZE + size, [], end - first))
+
+    def _truncate_tail(self) -> None:
+        """Cut a failed write's bytes off the write segment; raises ``BackendError`` if it can't.
+
+        Until that succeeds no write is accepted: the failed batch may hold complete records,
+        which recovery after a crash could not tell from records that were stored.
+        """
+        try:
+            os.ftruncate(self._wfd, self._truncate_to)
+        except OSError as exc:
+            log.error("DISKQUEUE(%s): cannot truncate a failed write: %s", self.name, exc)
+            raise BackendError(f"DISKQUEUE({self.name}): write failed: {exc}") from exc
+        self._truncate_to = -1
+
+    def _discard_new_segment(self, number: int, fd: int, path: str) -> None:
+        try:
+            try:
+                os.ftruncate(fd, 0)  # whatever else fails, no record of the batch survives
+            finally:
+                os.close(fd)
+            os.unlink(path)
+        except OSError:
+            log.error("DISKQUEUE(%s): cannot remove %s", self.name, path, exc_info=True)
+            self._next_number = max(self._next_number, number + 1)
 
     def _roll_to(self, fd: int, seg: _Segment) -> None:
         if self._wdirty:
