@@ -157,9 +157,7 @@ class DiskQueue:
         self._max_bytes = max_bytes_per_file
         self._ack_mode = ack_mode
         self._read_ahead = max(read_ahead, RECORD_OVERHEAD)
-        self._files = QueueFiles(
-            name, self._dir, os.path.join(self._dir, positions_filename(name))
-        )
+        self._files = QueueFiles(name, self._dir, os.path.join(self._dir, positions_filename(name)))
         self._segments: deque[_Segment] = deque()
         """The reader's segment first, the write segment last."""
         self._retired: deque[_Segment] = deque()

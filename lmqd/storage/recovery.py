@@ -32,6 +32,7 @@ from __future__ import annotations
 import logging
 import mmap
 import os
+import time
 
 import attrs
 
@@ -64,9 +65,7 @@ class RecordScan:
     """Bad regions ``(start, end, torn)`` in order; ``torn``: the last record runs past the end."""
 
 
-def scan_records(
-    buf: bytes | mmap.mmap, start: int, end: int, count_from: int = 0
-) -> RecordScan:
+def scan_records(buf: bytes | mmap.mmap, start: int, end: int, count_from: int = 0) -> RecordScan:
     """Verify the records in ``buf[start:end]``, resynchronising after bad ones. Never raises."""
     scan = RecordScan(floor=start)
     pos = start
@@ -253,7 +252,7 @@ def _recover(
     if not scan.header_ok and newest and scan.valid_end == 0:
         # The file never got past (a copy of) its header: start it afresh and keep using it.
         os.ftruncate(fd, 0)
-        os.pwrite(fd, encode_segment_header(number, 0), 0)
+        os.pwrite(fd, encode_segment_header(number, time.time_ns()), 0)
         os.fsync(fd)
         result.end = SEGMENT_HEADER_SIZE
         result.floor = SEGMENT_HEADER_SIZE
