@@ -67,7 +67,7 @@ def test_msg_timeout_1000_redelivers_with_attempts_2(lmqd_server: LmqdServer) ->
         timeout=30,
         address=lmqd_server.tcp_address,
         topic="slow",
-        channel="c",
+        channel="ch",
     )
     assert result["published"] is True
     first, second = result["first"], result["second"]

@@ -47,7 +47,8 @@ async def pubsub(params: Params) -> Result:
 
     bodies = [f"a-{i:06d}" for i in range(n)]
     responses = [
-        await writer.mpub(topic, *bodies[i : i + batch]) for i in range(0, n - single, batch)
+        await writer.mpub(topic, *bodies[i : min(i + batch, n - single)])
+        for i in range(0, n - single, batch)
     ]
     responses += [await writer.pub(topic, body) for body in bodies[n - single :]]
 

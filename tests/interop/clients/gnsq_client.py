@@ -49,7 +49,7 @@ def pubsub(params: Params) -> Result:
 
     bodies = [f"g-{i:06d}".encode() for i in range(n)]
     responses = [
-        producer.multipublish(params["topic"], bodies[i : i + batch])
+        producer.multipublish(params["topic"], bodies[i : min(i + batch, n - single)])
         for i in range(0, n - single, batch)
     ]
     responses += [producer.publish(params["topic"], body) for body in bodies[n - single :]]
@@ -82,7 +82,7 @@ def raw_error(params: Params) -> Result:
         "identify_version": identify.get("version") if isinstance(identify, dict) else None,
         "frame": frame,
         "error_class": type(error).__name__,
-        "error_text": str(error),
+        "error_text": error.args[0].decode() if error.args else "",
         "fatal": bool(getattr(error, "fatal", False)),
         # gnsq closes its side on a fatal error; the daemon closes its side too (raw tests).
         "connected_after": conn.is_connected,
@@ -100,7 +100,7 @@ def cls_before_sub(params: Params) -> Result:
     return {
         "frame": frame,
         "error_class": type(error).__name__,
-        "error_text": str(error),
+        "error_text": error.args[0].decode() if error.args else "",
         "connected_after": conn.is_connected,
     }
 

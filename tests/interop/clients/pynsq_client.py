@@ -91,7 +91,7 @@ async def pubsub(params: Params) -> Result:
 
     bodies = [f"m-{i:06d}".encode() for i in range(n)]
     futures = [
-        publish(writer, "mpub", params["topic"], bodies[i : i + batch])
+        publish(writer, "mpub", params["topic"], bodies[i : min(i + batch, n - single)])
         for i in range(0, n - single, batch)
     ]
     futures += [publish(writer, "pub", params["topic"], body) for body in bodies[n - single :]]
