@@ -34,7 +34,6 @@ import contextlib
 import logging
 import mmap
 import os
-import re
 import struct
 import time
 from collections import deque
@@ -44,17 +43,19 @@ import attrs
 from crc32c import crc32c
 
 from lmqd.backend import BackendError
-from lmqd.message import Message
+from lmqd.message import MSG_ID_LENGTH, Message
 from lmqd.storage.files import (
-    free_aside_path,
     fsync_dir,
+    positions_filename,
     pwrite_all,
-    queue_stem,
     save_aside,
+    segment_filename,
+    unlink_quietly,
     write_file_durably,
 )
-from lmqd.storage.positions import Positions, decode_positions, encode_positions
+from lmqd.storage.positions import Positions, encode_positions
 from lmqd.storage.record import (
+    MAX_ATTEMPTS,
     MAX_RECORD_LENGTH,
     MIN_RECORD_LENGTH,
     RECORD_OVERHEAD,
@@ -63,12 +64,11 @@ from lmqd.storage.record import (
     SEGMENT_HEADER_SIZE,
     TYPE_MESSAGE,
     FormatError,
-    decode_segment_header,
     encode_segment_header,
     parse_optional_fields,
-    record_parts,
 )
-from lmqd.storage.recovery import recover_segment, scan_records
+from lmqd.storage.recovery import recover_queue
+from lmqd.storage.scan import scan_records
 from lmqd.storage.sync import QueueFiles, SyncJob
 from lmqd.storage.timebase import TimeBase
 
@@ -82,23 +82,9 @@ DEFAULT_READ_AHEAD = 256 * KiB
 
 _TOKEN_SHIFT = 40
 _TOKEN_MASK = (1 << _TOKEN_SHIFT) - 1
-# A synced offset beyond any file: everything in a segment older than the write segment of the
-# last positions file was fsynced before that file was written.
-_ALL_SYNCED = 1 << 62
 _LENGTH = struct.Struct(">I")
-_SEGMENT_NAME = re.compile(r"(\d+)\.dat")
 _MAX_REPAIRS_PER_READ = 64
 """Bound on corrupt regions handled in one read_many call, so damage never becomes a busy loop."""
-
-
-def segment_filename(name: str, number: int) -> str:
-    """File name of segment ``number`` of queue ``name``."""
-    return f"{queue_stem(name)}.lmq.{number:06d}.dat"
-
-
-def positions_filename(name: str) -> str:
-    """File name of the positions file of queue ``name``."""
-    return f"{queue_stem(name)}.lmq.pos.json"
 
 
 def token_position(token: int) -> tuple[int, int]:
@@ -152,7 +138,6 @@ class DiskQueue:
             raise ValueError("max_bytes_per_file too small")
         self.name = name
         self._dir = os.fspath(data_path)
-        self._stem = queue_stem(name)
         self._timebase = timebase
         self._max_bytes = max_bytes_per_file
         self._ack_mode = ack_mode
@@ -227,17 +212,8 @@ class DiskQueue:
             return
         if self._truncate_to >= 0:
             self._truncate_tail()
-        to_wall_ns = self._timebase.to_wall_ns
-        parts: list[bytes] = []
-        extend = parts.extend
-        total = 0
-        for m in messages:
-            deliver = m.deliver_at
-            piece = record_parts(
-                m.id, m.timestamp, m.attempts, to_wall_ns(deliver) if deliver else 0, m.body
-            )
-            extend(piece)
-            total += len(piece[0]) + len(piece[1]) + 4
+        parts = self._encode(messages)
+        total = sum(len(p) for p in parts)
         seg = self._segments[-1]
         if seg.end + total <= self._max_bytes or (
             len(messages) == 1 and seg.end == SEGMENT_HEADER_SIZE
@@ -369,6 +345,7 @@ class DiskQueue:
         self._segments = deque([self._new_segment_entry(number)])
         self._retired.clear()
         self._wfd = fd
+        self._truncate_to = -1
         self._reset_reader(SEGMENT_HEADER_SIZE, 0)
         self._depth = 0
         self._dirty = 0
@@ -409,6 +386,37 @@ class DiskQueue:
         self._closed = True
 
     # -- writing ------------------------------------------------------------------------------
+
+    def _encode(self, messages: Sequence[Message]) -> list[bytes]:
+        """Three pieces per record (prefix, body, CRC), for one join per segment written.
+
+        ``record.record_parts`` inlined: this loop runs once per message spilled to disk.
+        """
+        to_wall_ns = self._timebase.to_wall_ns
+        pack = RECORD_PREFIX.pack
+        pack_crc = _LENGTH.pack
+        parts: list[bytes] = []
+        append = parts.append
+        for m in messages:
+            msg_id = m.id
+            if len(msg_id) != MSG_ID_LENGTH:
+                raise ValueError(f"message id must be {MSG_ID_LENGTH} bytes, not {msg_id!r}")
+            body = m.body
+            attempts = m.attempts
+            deliver = m.deliver_at
+            prefix = pack(
+                MIN_RECORD_LENGTH + len(body),
+                TYPE_MESSAGE,
+                0,
+                msg_id,
+                m.timestamp,
+                attempts if attempts < MAX_ATTEMPTS else MAX_ATTEMPTS,
+                to_wall_ns(deliver) if deliver else 0,
+            )
+            append(prefix)
+            append(body)
+            append(pack_crc(crc32c(body, crc32c(prefix[4:]))))
+        return parts
 
     def _split(self, parts: list[bytes], start_pos: int) -> list[tuple[int, int, int]]:
         """Group records (3 parts each) into per-segment chunks (first, end, bytes)."""
@@ -620,8 +628,9 @@ class DiskQueue:
                 out.append(Message(msg_id, body, timestamp, attempts, deliver_at))
             got += 1
             i = rec_end
-        self._rbuf = buf
-        self._rbuf_start = base
+        # A fully consumed buffer is dropped: an idle queue should not pin its read-ahead.
+        self._rbuf = buf if i < len(buf) else b""
+        self._rbuf_start = base + i if i >= len(buf) else base
         self._rpos = base + i
         self._rconsumed += got
         self._depth -= got
@@ -742,188 +751,34 @@ class DiskQueue:
         self._pending_fds = []
         self._wfd = -1
 
-    # -- recovery -----------------------------------------------------------------------------
-
-    def _list_segments(self) -> dict[int, str]:
-        prefix = f"{self._stem}.lmq."
-        found = {}
-        with os.scandir(self._dir) as entries:
-            for entry in entries:
-                if entry.name.startswith(prefix):
-                    m = _SEGMENT_NAME.fullmatch(entry.name, len(prefix))
-                    if m:
-                        found[int(m.group(1))] = entry.path
-        return found
-
-    def _load_positions(self, have_segments: bool) -> Positions | None:
-        path = self._files.positions
-        try:
-            with open(path, "rb") as f:
-                data = f.read(64 * KiB)
-        except FileNotFoundError:
-            if have_segments:
-                log.warning(
-                    "DISKQUEUE(%s): %s missing; rebuilding positions from the segments",
-                    self.name,
-                    path,
-                )
-                self.rebuilt_positions = True
-            return None
-        except OSError:
-            log.error("DISKQUEUE(%s): cannot read %s", self.name, path, exc_info=True)
-            self.rebuilt_positions = True
-            return None
-        try:
-            return decode_positions(self.name, data)
-        except ValueError as exc:
-            aside = free_aside_path(path + ".bad")
-            try:
-                os.rename(path, aside)
-            except OSError:
-                aside = "(could not be moved)"
-            log.error(
-                "DISKQUEUE(%s): %s damaged (%s), kept as %s; rebuilding positions from the "
-                "segments",
-                self.name,
-                path,
-                exc,
-                aside,
-            )
-            self.rebuilt_positions = True
-            return None
+    # -- opening ------------------------------------------------------------------------------
 
     def _open(self) -> None:
         os.makedirs(self._dir, exist_ok=True)
-        on_disk = self._list_segments()
-        positions = self._load_positions(bool(on_disk))
-        numbers = sorted(on_disk)
-        known = [*numbers, positions.write_segment if positions else -1]
-        self._next_number = max(known) + 1
-        if positions is None:
-            live = numbers
-            read_segment = numbers[0] if numbers else 0
-            read_offset = SEGMENT_HEADER_SIZE
-        else:
-            read_segment, read_offset = positions.read
-            live = [n for n in numbers if n >= read_segment]
-            self._remove_consumed([(n, on_disk[n]) for n in numbers if n < read_segment])
-            self._count_missing(positions, set(live))
-        recovered = []
-        for index, number in enumerate(live):
-            if positions is None:
-                synced_end = 0
-            elif number < positions.write_segment:
-                synced_end = _ALL_SYNCED
-            elif number == positions.write_segment:
-                synced_end = positions.write_offset
-            else:
-                synced_end = 0
-            try:
-                r = recover_segment(
-                    on_disk[number],
-                    number,
-                    queue=self.name,
-                    newest=index == len(live) - 1,
-                    synced_end=synced_end,
-                    count_from=read_offset if number == read_segment else 0,
-                )
-            except OSError:
-                log.error(
-                    "DISKQUEUE(%s): cannot recover %s; skipping it",
-                    self.name,
-                    on_disk[number],
-                    exc_info=True,
-                )
-                self.missing_segments += 1
-                continue
-            self.corrupt_count += r.corrupt_count
-            self.corrupt_bytes += r.corrupt_bytes
-            self.torn_bytes += r.torn_bytes
-            if not r.unsupported:
-                recovered.append(r)
-        depth = 0
-        for r in recovered:
-            seg = _Segment(r.number, r.path, r.end, r.skips, r.records)
-            self._segments.append(seg)
-            depth += r.records
-        if recovered and recovered[0].number == read_segment and positions is not None:
-            first = recovered[0]
-            depth -= first.records - first.records_from
-            self._reset_reader(first.floor, first.records - first.records_from)
-            if first.floor != read_offset:
-                log.warning(
-                    "DISKQUEUE(%s): read position %d in %s is not a record boundary; "
-                    "resuming at %d",
-                    self.name,
-                    read_offset,
-                    first.path,
-                    first.floor,
-                )
-        else:
-            self._reset_reader(SEGMENT_HEADER_SIZE, 0)
-        self._depth = depth
-        if recovered and recovered[-1].appendable:
-            self._wfd = os.open(recovered[-1].path, os.O_RDWR)
+        state = recover_queue(self._dir, self.name)
+        self.corrupt_count = state.corrupt_count
+        self.corrupt_bytes = state.corrupt_bytes
+        self.torn_bytes = state.torn_bytes
+        self.missing_segments = state.missing_segments
+        self.rebuilt_positions = state.rebuilt_positions
+        for r in state.segments:
+            self._segments.append(_Segment(r.number, r.path, r.end, r.skips, r.records))
+        self._reset_reader(state.read_offset, state.read_consumed)
+        self._depth = state.depth
+        self._next_number = state.next_number
+        if state.appendable:
+            self._wfd = os.open(state.segments[-1].path, os.O_RDWR)
         else:
             number = self._next_number
             self._wfd = self._create_segment(number)
             self._segments.append(self._new_segment_entry(number))
             self._next_number = number + 1
-        if positions is not None and positions.depth != depth:
-            # More than recorded is normal after a crash (writes since the last sync); fewer
-            # means records were lost or set aside.
-            log.log(
-                logging.INFO if depth > positions.depth else logging.WARNING,
-                "DISKQUEUE(%s): positions file said depth %d, the segments hold %d",
-                self.name,
-                positions.depth,
-                depth,
-            )
+        # Persist what recovery found at once, so a crash now does not redo the repairs.
         self._last_positions = self._positions()
         self._persist_now(self._last_positions)
-        if depth or self.corrupt_count or self.rebuilt_positions:
-            log.info("DISKQUEUE(%s): opened with depth %d", self.name, depth)
-
-    def _remove_consumed(self, segments: list[tuple[int, str]]) -> None:
-        """Unlink segments a crash left behind after the read position had passed them."""
-        for number, path in segments:
-            try:
-                with open(path, "rb") as f:
-                    decode_segment_header(f.read(SEGMENT_HEADER_SIZE))
-            except (OSError, FormatError):
-                log.warning(
-                    "DISKQUEUE(%s): %s precedes the read position but is not a readable "
-                    "segment; left in place",
-                    self.name,
-                    path,
-                )
-                continue
-            log.info("DISKQUEUE(%s): removing consumed segment %d", self.name, number)
-            _unlink_quietly(path)
-
-    def _count_missing(self, positions: Positions, present: set[int]) -> None:
-        first, last = positions.read_segment, positions.write_segment
-        expected = last - first + (1 if positions.write_offset > SEGMENT_HEADER_SIZE else 0)
-        have = sum(1 for n in present if first <= n < last) + (
-            1 if positions.write_offset > SEGMENT_HEADER_SIZE and last in present else 0
-        )
-        missing = expected - have
-        if missing > 0:
-            self.missing_segments += missing
-            log.error(
-                "DISKQUEUE(%s): %d segment file(s) between %d and %d are missing; their "
-                "messages are lost",
-                self.name,
-                missing,
-                first,
-                last,
-            )
+        if self._depth or self.corrupt_count or self.rebuilt_positions:
+            log.info("DISKQUEUE(%s): opened with depth %d", self.name, self._depth)
 
 
 def _unlink_quietly(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-    except OSError:
-        log.warning("could not remove %s", path, exc_info=True)
+    unlink_quietly(path, log)

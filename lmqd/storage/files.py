@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 
 _PLAIN = re.compile(r"[a-z0-9_.-]")
 _ESCAPED = re.compile(r"%([0-9A-F]{2})")
+_SEGMENT_NUMBER = re.compile(r"(\d+)\.dat")
 
 
 def queue_stem(name: str) -> str:
@@ -30,6 +32,43 @@ def queue_stem(name: str) -> str:
 def name_from_stem(stem: str) -> str:
     """Inverse of ``queue_stem``."""
     return _ESCAPED.sub(lambda m: chr(int(m.group(1), 16)), stem)
+
+
+def segment_filename(name: str, number: int) -> str:
+    """File name of segment ``number`` of queue ``name``: ``<stem>.lmq.<number:06d>.dat``."""
+    return f"{queue_stem(name)}.lmq.{number:06d}.dat"
+
+
+def positions_filename(name: str) -> str:
+    """File name of the positions file of queue ``name``: ``<stem>.lmq.pos.json``."""
+    return f"{queue_stem(name)}.lmq.pos.json"
+
+
+def list_segments(directory: str, name: str) -> dict[int, str]:
+    """Segment number -> path of every segment file of queue ``name`` in ``directory``.
+
+    Exact matching on what follows the stem: a queue whose name extends another's (``a`` and
+    ``a.lmq.000001``) never picks up the other's files.
+    """
+    prefix = f"{queue_stem(name)}.lmq."
+    found = {}
+    with os.scandir(directory) as entries:
+        for entry in entries:
+            if entry.name.startswith(prefix):
+                m = _SEGMENT_NUMBER.fullmatch(entry.name, len(prefix))
+                if m:
+                    found[int(m.group(1))] = entry.path
+    return found
+
+
+def unlink_quietly(path: str, log: logging.Logger) -> None:
+    """Remove ``path`` if it is there; a failure is logged, not raised."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    except OSError:
+        log.warning("could not remove %s", path, exc_info=True)
 
 
 def fsync_dir(path: str) -> None:

@@ -1,4 +1,4 @@
-"""Start-up verification of one segment file.
+"""Start-up recovery of a disk queue: its positions file and every live segment.
 
 Theory of operation
 -------------------
@@ -36,106 +36,23 @@ import time
 
 import attrs
 
-from lmqd.storage.files import save_aside
+from lmqd.storage.files import (
+    free_aside_path,
+    list_segments,
+    positions_filename,
+    save_aside,
+    unlink_quietly,
+)
+from lmqd.storage.positions import Positions, decode_positions
 from lmqd.storage.record import (
     SEGMENT_HEADER_SIZE,
-    SEGMENT_MAGIC,
     FormatError,
-    UnsupportedVersion,
-    check_record,
     decode_segment_header,
     encode_segment_header,
-    find_next_record,
 )
+from lmqd.storage.scan import scan_segment
 
 log = logging.getLogger("lmqd.storage")
-
-
-@attrs.define(slots=True)
-class RecordScan:
-    """What ``scan_records`` found between two offsets."""
-
-    records: int = 0
-    """Valid records."""
-    records_from: int = 0
-    """Valid records at or after the ``floor``."""
-    floor: int = 0
-    """The greatest record boundary <= ``count_from`` (a record or region start, or the end)."""
-    regions: list[tuple[int, int, bool]] = attrs.field(factory=list)
-    """Bad regions ``(start, end, torn)`` in order; ``torn``: the last record runs past the end."""
-
-
-def scan_records(buf: bytes | mmap.mmap, start: int, end: int, count_from: int = 0) -> RecordScan:
-    """Verify the records in ``buf[start:end]``, resynchronising after bad ones. Never raises."""
-    scan = RecordScan(floor=start)
-    pos = start
-    seen = 0  # valid records before pos
-    before_floor = 0
-    while pos < end:
-        if pos <= count_from:
-            scan.floor = pos
-            before_floor = seen
-        nxt = check_record(buf, pos, end)
-        if nxt > 0:
-            seen += 1
-            pos = nxt
-            continue
-        resync = find_next_record(buf, pos + 1, end)
-        if resync < 0:
-            scan.regions.append((pos, end, nxt == -1))
-            break
-        scan.regions.append((pos, resync, False))
-        pos = resync
-    else:
-        if pos <= count_from:
-            scan.floor = pos
-            before_floor = seen
-    scan.records = seen
-    scan.records_from = seen - before_floor
-    return scan
-
-
-@attrs.define(slots=True)
-class SegmentScan:
-    """What ``scan_segment`` found in a whole segment file."""
-
-    size: int
-    header_ok: bool
-    unsupported: bool
-    valid_end: int
-    """Offset after the last valid record, or where the bad tail begins."""
-    records: RecordScan
-
-
-def scan_segment(buf: bytes | mmap.mmap, size: int, count_from: int = 0) -> SegmentScan:
-    """Verify the header and every record of a segment held in ``buf``. Never raises."""
-    if size < SEGMENT_HEADER_SIZE:
-        records = RecordScan(floor=0)
-        if size:
-            # A short file that is a prefix of a valid header is a crash during creation.
-            torn = SEGMENT_MAGIC.startswith(bytes(buf[: min(size, len(SEGMENT_MAGIC))]))
-            records.regions.append((0, size, torn))
-        return SegmentScan(size, header_ok=False, unsupported=False, valid_end=0, records=records)
-    header_ok = True
-    try:
-        decode_segment_header(bytes(buf[:SEGMENT_HEADER_SIZE]))
-    except UnsupportedVersion:
-        return SegmentScan(size, False, True, SEGMENT_HEADER_SIZE, RecordScan())
-    except FormatError:
-        header_ok = False
-    start = SEGMENT_HEADER_SIZE
-    if not header_ok:
-        resync = find_next_record(buf, SEGMENT_HEADER_SIZE, size)
-        start = size if resync < 0 else resync
-    records = scan_records(buf, start, size, count_from)
-    if not header_ok:
-        records.regions.insert(0, (0, start, False))
-        if count_from < start:
-            records.floor = 0
-            records.records_from = records.records
-    last = records.regions[-1] if records.regions else None
-    valid_end = last[0] if last is not None and last[1] == size else size
-    return SegmentScan(size, header_ok, False, valid_end, records)
 
 
 @attrs.define(slots=True)
@@ -178,7 +95,8 @@ def recover_segment(
     offset in this segment, for counting the unread records and checking it is a boundary.
     Raises ``OSError`` only if the file cannot be opened or repaired at all.
     """
-    fd = os.open(path, os.O_RDWR)
+    # Only the newest segment may be repaired; older ones need no write access.
+    fd = os.open(path, os.O_RDWR if newest else os.O_RDONLY)
     try:
         size = os.fstat(fd).st_size
         if size == 0:
@@ -263,3 +181,198 @@ def _recover(
         os.fsync(fd)
         result.end = truncate_at
     return result
+
+
+# A synced offset beyond any file: everything in a segment older than the write segment of the
+# last positions file was fsynced before that file was written.
+_ALL_SYNCED = 1 << 62
+
+
+@attrs.define(slots=True)
+class RecoveredQueue:
+    """The state of a queue's files after recovery, for ``DiskQueue`` to start from."""
+
+    segments: list[RecoveredSegment]
+    """Readable segments, oldest first; the reader starts in the first."""
+    read_offset: int
+    """Where the reader starts in ``segments[0]``."""
+    read_consumed: int
+    """Records in ``segments[0]`` before ``read_offset``."""
+    depth: int
+    next_number: int
+    """The lowest segment number above every segment file seen (the next one to create)."""
+    positions: Positions | None
+    """The positions file as loaded, or None if it was missing or damaged."""
+    corrupt_count: int = 0
+    corrupt_bytes: int = 0
+    torn_bytes: int = 0
+    missing_segments: int = 0
+    rebuilt_positions: bool = False
+
+    @property
+    def appendable(self) -> bool:
+        """Whether the writer can continue in the last segment."""
+        return bool(self.segments) and self.segments[-1].appendable
+
+
+def load_positions(path: str, name: str) -> tuple[Positions | None, bool]:
+    """Read a positions file: (positions or None, whether it was damaged or unreadable).
+
+    A damaged file is renamed to ``<path>.bad`` (or a free ``.bad.N``) and logged.
+    """
+    try:
+        with open(path, "rb") as f:
+            data = f.read(64 * 1024)
+    except FileNotFoundError:
+        return None, False
+    except OSError:
+        log.error("DISKQUEUE(%s): cannot read %s", name, path, exc_info=True)
+        return None, True
+    try:
+        return decode_positions(name, data), False
+    except ValueError as exc:
+        aside = free_aside_path(path + ".bad")
+        try:
+            os.rename(path, aside)
+        except OSError:
+            aside = "(could not be moved)"
+        log.error(
+            "DISKQUEUE(%s): %s damaged (%s), kept as %s; rebuilding positions from the segments",
+            name,
+            path,
+            exc,
+            aside,
+        )
+        return None, True
+
+
+def recover_queue(directory: str, name: str) -> RecoveredQueue:
+    """Recover queue ``name`` in ``directory`` (blocking: reads every live segment).
+
+    Raises ``OSError`` only if the directory cannot be listed.
+    """
+    on_disk = list_segments(directory, name)
+    positions_path = os.path.join(directory, positions_filename(name))
+    positions, damaged = load_positions(positions_path, name)
+    numbers = sorted(on_disk)
+    state = RecoveredQueue(
+        segments=[],
+        read_offset=SEGMENT_HEADER_SIZE,
+        read_consumed=0,
+        depth=0,
+        next_number=max([*numbers, positions.write_segment if positions else -1]) + 1,
+        positions=positions,
+        rebuilt_positions=damaged or (positions is None and bool(numbers)),
+    )
+    if positions is None:
+        if numbers and not damaged:
+            log.warning(
+                "DISKQUEUE(%s): %s missing; rebuilding positions from the segments",
+                name,
+                positions_path,
+            )
+        live = numbers
+        read_segment = numbers[0] if numbers else 0
+        read_offset = SEGMENT_HEADER_SIZE
+    else:
+        read_segment, read_offset = positions.read
+        live = [n for n in numbers if n >= read_segment]
+        _remove_consumed(name, [(n, on_disk[n]) for n in numbers if n < read_segment])
+        state.missing_segments += _count_missing(name, positions, set(live))
+    for index, number in enumerate(live):
+        if positions is None:
+            synced_end = 0
+        elif number < positions.write_segment:
+            synced_end = _ALL_SYNCED
+        elif number == positions.write_segment:
+            synced_end = positions.write_offset
+        else:
+            synced_end = 0
+        try:
+            r = recover_segment(
+                on_disk[number],
+                number,
+                queue=name,
+                newest=index == len(live) - 1,
+                synced_end=synced_end,
+                count_from=read_offset if number == read_segment else 0,
+            )
+        except OSError:
+            log.error(
+                "DISKQUEUE(%s): cannot recover %s; skipping it",
+                name,
+                on_disk[number],
+                exc_info=True,
+            )
+            state.missing_segments += 1
+            continue
+        state.corrupt_count += r.corrupt_count
+        state.corrupt_bytes += r.corrupt_bytes
+        state.torn_bytes += r.torn_bytes
+        if not r.unsupported:
+            state.segments.append(r)
+            state.depth += r.records
+    first = state.segments[0] if state.segments else None
+    if first is not None and first.number == read_segment and positions is not None:
+        state.read_offset = first.floor
+        state.read_consumed = first.records - first.records_from
+        state.depth -= state.read_consumed
+        if first.floor != read_offset:
+            log.warning(
+                "DISKQUEUE(%s): read position %d in %s is not a record boundary; resuming at %d",
+                name,
+                read_offset,
+                first.path,
+                first.floor,
+            )
+    if positions is not None and positions.depth != state.depth:
+        # More than recorded is normal after a crash (writes since the last sync); fewer
+        # means records were lost or set aside.
+        log.log(
+            logging.INFO if state.depth > positions.depth else logging.WARNING,
+            "DISKQUEUE(%s): positions file said depth %d, the segments hold %d",
+            name,
+            positions.depth,
+            state.depth,
+        )
+    return state
+
+
+def _remove_consumed(name: str, segments: list[tuple[int, str]]) -> None:
+    """Unlink segments a crash left behind after the read position had passed them."""
+    for number, path in segments:
+        try:
+            with open(path, "rb") as f:
+                decode_segment_header(f.read(SEGMENT_HEADER_SIZE))
+        except (OSError, FormatError):
+            log.warning(
+                "DISKQUEUE(%s): %s precedes the read position but is not a readable segment; "
+                "left in place",
+                name,
+                path,
+            )
+            continue
+        log.info("DISKQUEUE(%s): removing consumed segment %d", name, number)
+        unlink_quietly(path, log)
+
+
+def _count_missing(name: str, positions: Positions, present: set[int]) -> int:
+    """Segments between the read and write positions that should exist and do not."""
+    first, last = positions.read_segment, positions.write_segment
+    last_has_data = positions.write_offset > SEGMENT_HEADER_SIZE
+    # Arithmetic, not a loop over the range: a damaged file may name absurd segment numbers.
+    expected = last - first + (1 if last_has_data else 0)
+    have = sum(1 for n in present if first <= n < last) + (
+        1 if last_has_data and last in present else 0
+    )
+    missing = expected - have
+    if missing > 0:
+        log.error(
+            "DISKQUEUE(%s): %d segment file(s) between %d and %d are missing; their messages "
+            "are lost",
+            name,
+            missing,
+            first,
+            last,
+        )
+    return max(missing, 0)

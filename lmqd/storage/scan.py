@@ -1,0 +1,110 @@
+"""Verification of segment bytes, without I/O: which records are valid, which regions are bad.
+
+Each record is checked for a plausible length, the message type byte and its CRC32C. Where a
+check fails the scanner resynchronises: it searches forward for the next offset where a complete
+record with a matching CRC begins (``record.find_next_record``). The result splits the bytes into
+valid records and *bad regions*; what to do with the regions is ``recovery.py``'s business.
+"""
+
+from __future__ import annotations
+
+import mmap
+
+import attrs
+
+from lmqd.storage.record import (
+    SEGMENT_HEADER_SIZE,
+    SEGMENT_MAGIC,
+    FormatError,
+    UnsupportedVersion,
+    check_record,
+    decode_segment_header,
+    find_next_record,
+)
+
+
+@attrs.define(slots=True)
+class RecordScan:
+    """What ``scan_records`` found between two offsets."""
+
+    records: int = 0
+    """Valid records."""
+    records_from: int = 0
+    """Valid records at or after the ``floor``."""
+    floor: int = 0
+    """The greatest record boundary <= ``count_from`` (a record or region start, or the end)."""
+    regions: list[tuple[int, int, bool]] = attrs.field(factory=list)
+    """Bad regions ``(start, end, torn)`` in order; ``torn``: the last record runs past the end."""
+
+
+def scan_records(buf: bytes | mmap.mmap, start: int, end: int, count_from: int = 0) -> RecordScan:
+    """Verify the records in ``buf[start:end]``, resynchronising after bad ones. Never raises."""
+    scan = RecordScan(floor=start)
+    pos = start
+    seen = 0  # valid records before pos
+    before_floor = 0
+    while pos < end:
+        if pos <= count_from:
+            scan.floor = pos
+            before_floor = seen
+        nxt = check_record(buf, pos, end)
+        if nxt > 0:
+            seen += 1
+            pos = nxt
+            continue
+        resync = find_next_record(buf, pos + 1, end)
+        if resync < 0:
+            scan.regions.append((pos, end, nxt == -1))
+            break
+        scan.regions.append((pos, resync, False))
+        pos = resync
+    else:
+        if pos <= count_from:
+            scan.floor = pos
+            before_floor = seen
+    scan.records = seen
+    scan.records_from = seen - before_floor
+    return scan
+
+
+@attrs.define(slots=True)
+class SegmentScan:
+    """What ``scan_segment`` found in a whole segment file."""
+
+    size: int
+    header_ok: bool
+    unsupported: bool
+    valid_end: int
+    """Offset after the last valid record, or where the bad tail begins."""
+    records: RecordScan
+
+
+def scan_segment(buf: bytes | mmap.mmap, size: int, count_from: int = 0) -> SegmentScan:
+    """Verify the header and every record of a segment held in ``buf``. Never raises."""
+    if size < SEGMENT_HEADER_SIZE:
+        records = RecordScan(floor=0)
+        if size:
+            # A short file that is a prefix of a valid header is a crash during creation.
+            torn = SEGMENT_MAGIC.startswith(bytes(buf[: min(size, len(SEGMENT_MAGIC))]))
+            records.regions.append((0, size, torn))
+        return SegmentScan(size, header_ok=False, unsupported=False, valid_end=0, records=records)
+    header_ok = True
+    try:
+        decode_segment_header(bytes(buf[:SEGMENT_HEADER_SIZE]))
+    except UnsupportedVersion:
+        return SegmentScan(size, False, True, SEGMENT_HEADER_SIZE, RecordScan())
+    except FormatError:
+        header_ok = False
+    start = SEGMENT_HEADER_SIZE
+    if not header_ok:
+        resync = find_next_record(buf, SEGMENT_HEADER_SIZE, size)
+        start = size if resync < 0 else resync
+    records = scan_records(buf, start, size, count_from)
+    if not header_ok:
+        records.regions.insert(0, (0, start, False))
+        if count_from < start:
+            records.floor = 0
+            records.records_from = records.records
+    last = records.regions[-1] if records.regions else None
+    valid_end = last[0] if last is not None and last[1] == size else size
+    return SegmentScan(size, header_ok, False, valid_end, records)
