@@ -21,6 +21,7 @@ import socket
 import time
 from typing import TYPE_CHECKING, Any
 
+import attrs
 import trio
 from prometheus_client.exposition import choose_encoder
 
@@ -97,18 +98,6 @@ class HttpApi(AsgiApp):
         add("GET", "/metrics", self.metrics)
 
     # -- shared checks -----------------------------------------------------------------------
-
-    def pre_route(self, request: Request) -> Response | None:
-        options = self.daemon.options
-        if options.tls_required != "true":
-            return None
-        # nsqd refuses plain HTTP outright when TLS is required (and not only for TCP).
-        try:
-            https_port = split_host_port(options.https_address)[1]
-        except ValueError:
-            https_port = 0
-        body = f'{{"message": "TLS_REQUIRED", "https_port": {https_port}}}'.encode()
-        return Response(403, body, "application/json; charset=utf-8")
 
     @staticmethod
     def _query(request: Request) -> Query:
@@ -265,6 +254,12 @@ class HttpApi(AsgiApp):
             # nsqd's GetStats skips a topic that has no channel of that name.
             topics = [t for t in topics if t.channels]
         producers = daemon.producers() if include_clients else []
+        if topic is not None:
+            # nsqd's client.Stats(topic): a producer's pub_counts narrowed to that topic.
+            producers = [
+                attrs.evolve(p, pub_counts=tuple(c for c in p.pub_counts if c.topic == topic))
+                for p in producers
+            ]
         memory = memory_stats() if include_mem else None
         if query.get("format") != "json":
             text = format_stats(topics=topics, producers=producers, memory=memory,

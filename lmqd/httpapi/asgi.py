@@ -273,10 +273,6 @@ class AsgiApp:
         self.quiet_paths: frozenset[str] = frozenset()
         """Paths not logged per request (nsqd does not log /pub and /mpub: the hot path)."""
 
-    def pre_route(self, request: Request) -> Response | None:
-        """A response to send before routing (nsqd's TLS_REQUIRED check), or None."""
-        return None
-
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
         if kind == "lifespan":
@@ -298,10 +294,8 @@ class AsgiApp:
         start = time.perf_counter()
         request = Request(scope, receive)
         try:
-            response = self.pre_route(request)
-            if response is None:
-                target = self.router.resolve(request)
-                response = target if isinstance(target, Response) else await target(request)
+            target = self.router.resolve(request)
+            response = target if isinstance(target, Response) else await target(request)
         except HttpError as exc:
             response = error_response(exc.status, exc.message)
         except ClientGone:

@@ -56,7 +56,11 @@ def _bind(host: str, port: int) -> socket.socket:
 
 def _hypercorn_config() -> Config:
     config = Config()
-    config.errorlog = logging.getLogger("lmqd.httpapi.hypercorn")
+    errors = logging.getLogger("lmqd.httpapi.hypercorn")
+    # hypercorn's own INFO line ("Running on http://...") would duplicate ours; keep its
+    # warnings and errors.
+    errors.setLevel(logging.WARNING)
+    config.errorlog = errors
     config.accesslog = None  # the API logs its own request lines, as nsqd does
     config.include_server_header = False  # nsqd sends none
     # Go's net/http has no request-header limit below 1 MiB; nsqd clients send small headers.

@@ -428,17 +428,6 @@ async def test_routing_conventions(start_daemon: StartDaemon) -> None:
         assert (r.status, r.json()) == (400, {"message": "MISSING_ARG_TOPIC"})
 
 
-async def test_tls_required_refuses_plain_http(start_daemon: StartDaemon) -> None:
-    with trio.fail_after(TIMEOUT):
-        running = await start_daemon(tls_required="true", https_address="127.0.0.1:4152")
-        for method, target in (("GET", "/ping"), ("POST", "/pub?topic=t"), ("GET", "/nope")):
-            r = await http(running.http, method, target, b"x" if method == "POST" else None)
-            assert r.status == 403
-            assert r.body == b'{"message": "TLS_REQUIRED", "https_port": 4152}'
-            assert r.v1
-        assert running.daemon.topics == {}
-
-
 async def test_debug_freememory(start_daemon: StartDaemon) -> None:
     with trio.fail_after(TIMEOUT):
         running = await start_daemon()

@@ -177,6 +177,10 @@ async def test_stats_json_filters(start_daemon: StartDaemon) -> None:
         assert s["topics"] is None  # nsqd returns no topic slice at all
         s = await stats("&topic=other")
         assert [t["topic_name"] for t in s["topics"]] == ["other"]
+        # nsqd narrows each producer's pub_counts to the topic asked for
+        assert [p.get("pub_counts") for p in s["producers"]] == [None]
+        s = await stats("&topic=orders")
+        assert [p["pub_counts"] for p in s["producers"]] == [[{"topic": "orders", "count": 2}]]
         s = await stats("&topic=orders&channel=audit")
         assert [c["channel_name"] for t in s["topics"] for c in t["channels"]] == ["audit"]
         # a channel filter alone drops the topics without such a channel
