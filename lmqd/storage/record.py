@@ -248,12 +248,9 @@ def check_record(buf: Buffer, offset: int, end: int) -> int:
     if rec_end > end:
         return -1
     (crc,) = _U32.unpack_from(buf, rec_end - 4)
-    view = memoryview(buf)[offset + 4 : rec_end - 4]
-    try:
+    with memoryview(buf) as whole, whole[offset + 4 : rec_end - 4] as view:
         if crc32c(view) != crc:
             return -2
-    finally:
-        view.release()
     flags: int = buf[offset + 5]
     if flags:
         try:

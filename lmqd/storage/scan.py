@@ -43,25 +43,30 @@ def scan_records(buf: bytes | mmap.mmap, start: int, end: int, count_from: int =
     pos = start
     seen = 0  # valid records before pos
     before_floor = 0
-    while pos < end:
-        if pos <= count_from:
-            scan.floor = pos
-            before_floor = seen
-        nxt = check_record(buf, pos, end)
-        if nxt > 0:
-            seen += 1
-            pos = nxt
-            continue
-        resync = find_next_record(buf, pos + 1, end)
-        if resync < 0:
-            scan.regions.append((pos, end, nxt == -1))
-            break
-        scan.regions.append((pos, resync, False))
-        pos = resync
-    else:
-        if pos <= count_from:
-            scan.floor = pos
-            before_floor = seen
+    # One view for the whole scan: each access to an mmap directly would export a new buffer.
+    view = memoryview(buf)
+    try:
+        while pos < end:
+            if pos <= count_from:
+                scan.floor = pos
+                before_floor = seen
+            nxt = check_record(view, pos, end)
+            if nxt > 0:
+                seen += 1
+                pos = nxt
+                continue
+            resync = find_next_record(buf, pos + 1, end)
+            if resync < 0:
+                scan.regions.append((pos, end, nxt == -1))
+                break
+            scan.regions.append((pos, resync, False))
+            pos = resync
+        else:
+            if pos <= count_from:
+                scan.floor = pos
+                before_floor = seen
+    finally:
+        view.release()
     scan.records = seen
     scan.records_from = seen - before_floor
     return scan
