@@ -121,7 +121,11 @@ class DiskQueue:
     Opening recovers the queue (blocking: it reads every live segment; call it from a worker
     thread in the daemon). All other methods but ``close``, ``empty`` and ``delete`` only hand
     data to the OS and never wait for the disk; durability comes from ``prepare_sync``.
-    Raises ``OSError`` if the data directory itself cannot be used.
+    Opening never raises for damaged content; it raises ``OSError`` if the files cannot be read,
+    created or repaired (permissions, I/O errors, a full disk).
+
+    One ``DiskQueue`` per name and data directory (the daemon's registry and ``DataDirLock``
+    ensure it).
     """
 
     def __init__(
@@ -177,7 +181,11 @@ class DiskQueue:
         """Segment files the positions file expected that were not found."""
         self.rebuilt_positions = False
         """True if the positions file was missing or damaged and was rebuilt from the segments."""
-        self._open()
+        try:
+            self._open()
+        except BaseException:
+            self._close_fds()
+            raise
 
     # -- public interface ---------------------------------------------------------------------
 
@@ -254,7 +262,15 @@ class DiskQueue:
                 repairs += 1
                 if repairs > _MAX_REPAIRS_PER_READ:
                     break
-                self._repair(seg)
+                try:
+                    self._repair(seg)
+                except OSError:
+                    # Nothing is skipped that could not be copied aside: reading stops here
+                    # until the repair succeeds (e.g. the disk has room again).
+                    log.error(
+                        "DISKQUEUE(%s): cannot set a bad record aside", self.name, exc_info=True
+                    )
+                    break
         if len(self._segments) > 1:
             seg = self._segments[0]
             if self._bounds(seg, self._rpos)[0] >= seg.end:

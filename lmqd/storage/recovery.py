@@ -249,7 +249,9 @@ def load_positions(path: str, name: str) -> tuple[Positions | None, bool]:
 def recover_queue(directory: str, name: str) -> RecoveredQueue:
     """Recover queue ``name`` in ``directory`` (blocking: reads every live segment).
 
-    Raises ``OSError`` only if the directory cannot be listed.
+    Damaged content never raises. ``OSError`` is raised when a file cannot be read or repaired
+    (an I/O error, or a full disk while copying bytes aside): skipping that segment instead
+    would let the next persisted read position pass it, and a later start delete it unread.
     """
     on_disk = list_segments(directory, name)
     positions_path = os.path.join(directory, positions_filename(name))
@@ -297,13 +299,9 @@ def recover_queue(directory: str, name: str) -> RecoveredQueue:
                 synced_end=synced_end,
                 count_from=read_offset if number == read_segment else 0,
             )
-        except OSError:
-            log.error(
-                "DISKQUEUE(%s): cannot recover %s; skipping it",
-                name,
-                on_disk[number],
-                exc_info=True,
-            )
+        except FileNotFoundError:
+            # Removed between listing and opening: the same as missing.
+            log.error("DISKQUEUE(%s): %s vanished during recovery", name, on_disk[number])
             state.missing_segments += 1
             continue
         state.corrupt_count += r.corrupt_count

@@ -193,3 +193,61 @@ def test_failed_fsync_keeps_the_old_positions_and_the_queue_working(
     assert positions.read_bytes() != synced
     assert keys(drain(q)) == keys(msgs[2:] + make_messages(2, start=4))
     q.close()
+
+
+def _fail_set_aside(monkeypatch: pytest.MonkeyPatch) -> None:
+    real_open = os.open
+
+    def open_no_room_for_copies(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        if ".bad-" in str(path):
+            raise _disk_full()
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", open_no_room_for_copies)
+
+
+def _flip(segment: Path, offset: int) -> None:
+    with open(segment, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)
+        f.seek(offset)
+        f.write(bytes([byte[0] ^ 0x20]))
+
+
+def test_open_fails_rather_than_skip_what_it_cannot_set_aside(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    q = open_queue(tmp_path)
+    msgs = make_messages(3, body_size=BODY)
+    q.put_many(msgs)
+    q.close()
+    (segment,) = segment_paths(tmp_path)
+    _flip(segment, SEGMENT_HEADER_SIZE + RECORD + 50)
+    damaged = segment.read_bytes()
+    _fail_set_aside(monkeypatch)
+    with pytest.raises(OSError, match="No space left"):
+        open_queue(tmp_path)
+    assert segment.read_bytes() == damaged
+    monkeypatch.undo()
+    q = open_queue(tmp_path)
+    assert q.corrupt_count == 1
+    assert keys(drain(q)) == keys([msgs[0], msgs[2]])
+    q.close()
+
+
+def test_reading_stops_at_a_bad_record_it_cannot_set_aside(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    q = open_queue(tmp_path)
+    msgs = make_messages(3, body_size=BODY)
+    q.put_many(msgs)
+    (segment,) = segment_paths(tmp_path)
+    _flip(segment, SEGMENT_HEADER_SIZE + RECORD + 50)  # damaged after start-up
+    _fail_set_aside(monkeypatch)
+    assert keys(q.read_many(10)) == keys(msgs[:1])
+    assert q.read_many(10) == []
+    assert q.depth == 2
+    monkeypatch.undo()
+    assert keys(q.read_many(10)) == keys(msgs[2:])
+    assert (q.corrupt_count, q.depth) == (1, 0)
+    q.close()

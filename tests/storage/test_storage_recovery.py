@@ -30,7 +30,13 @@ from storage_helpers import (
 )
 
 from lmqd.message import Message
-from lmqd.storage.record import RECORD_OVERHEAD, SEGMENT_HEADER_SIZE, encode_segment_header
+from lmqd.storage.record import (
+    RECORD_OVERHEAD,
+    RECORD_PREFIX,
+    RECORD_PREFIX_SIZE,
+    SEGMENT_HEADER_SIZE,
+    encode_segment_header,
+)
 
 BODY = 30
 RECORD = RECORD_OVERHEAD + BODY
@@ -149,6 +155,31 @@ def test_a_corrupt_region_is_reported_again_but_copied_once(
     q = open_queue(d)
     assert keys(drain(q)) == keys(msgs[:1] + msgs[2:])
     q.close()
+
+
+def test_set_aside_bytes_can_be_inspected_as_documented(tmp_path: Path) -> None:
+    # docs/storage.md, "After corruption is reported": the snippet reads a record whose
+    # checksum no longer matches.
+    msgs = _five_records(tmp_path, sync_last=True)
+    d = tmp_path / "base"
+    segment = segment_paths(d)[0]
+    data = bytearray(segment.read_bytes())
+    data[_record_offset(3) + RECORD - 1] ^= 0x01  # the CRC's last byte
+    segment.write_bytes(data)
+    q = open_queue(d)
+    q.close()
+    (aside,) = bad_files(d)
+    assert aside.name.endswith(f".bad-{_record_offset(3)}")
+    raw = aside.read_bytes()
+    length, kind, flags, msg_id, timestamp, attempts, _ = RECORD_PREFIX.unpack_from(raw)
+    assert (chr(kind), flags, msg_id, timestamp, attempts) == (
+        "M",
+        0,
+        msgs[3].id,
+        msgs[3].timestamp,
+        msgs[3].attempts,
+    )
+    assert raw[RECORD_PREFIX_SIZE:length] == msgs[3].body
 
 
 def _three_segments(path: Path) -> tuple[list[Message], int]:
