@@ -199,6 +199,10 @@ class DiskQueue:
         """Reads, writes and acknowledgements since the last ``prepare_sync`` (``--sync-every``)."""
         return self._dirty
 
+    def needs_sync(self, sync_every: int) -> bool:
+        """Whether ``--sync-every`` operations have accumulated since the last sync."""
+        return self._dirty >= sync_every
+
     @property
     def unacked_count(self) -> int:
         """Acknowledgement mode: messages read and not yet acknowledged."""

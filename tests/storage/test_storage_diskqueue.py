@@ -216,6 +216,7 @@ def test_prepare_sync_counts_operations_and_skips_when_clean(tmp_path: Path) -> 
     q.put_many(make_messages(5))
     q.read_many(2)
     assert q.dirty_count == 7
+    assert q.needs_sync(7) and not q.needs_sync(8)
     job = q.prepare_sync()
     assert job is not None and job.operations == 7 and job.name == "t:c"
     assert q.dirty_count == 0

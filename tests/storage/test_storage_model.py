@@ -163,7 +163,7 @@ class AckModeMachine(DiskQueueMachine):
     ack_mode = True
 
 
-_SETTINGS = settings(max_examples=40, stateful_step_count=30, deadline=None)
+_SETTINGS = settings(max_examples=60, stateful_step_count=40, deadline=None)
 
 TestPlainDiskQueue = DiskQueueMachine.TestCase
 TestPlainDiskQueue.settings = _SETTINGS
