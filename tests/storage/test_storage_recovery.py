@@ -436,3 +436,48 @@ def _damage_and_reopen(d: Path, damage: list[tuple[str, int, int]]) -> None:
     q.put_many(make_messages(1, start=77))
     assert keys(q.read_many(5)) == keys(make_messages(1, start=77))
     q.close()
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    damage=st.lists(
+        st.tuples(
+            st.sampled_from(["flip", "truncate", "zero"]),
+            st.integers(0, 10_000),
+            st.integers(1, 60),
+        ),
+        min_size=1,
+        max_size=4,
+    ),
+    ack_mode=st.booleans(),
+    read_first=st.integers(0, 3),
+)
+def test_damage_while_running_never_raises_and_never_invents_messages(
+    damage: list[tuple[str, int, int]], ack_mode: bool, read_first: int
+) -> None:
+    with memory_dir() as d:
+        max_bytes = SEGMENT_HEADER_SIZE + 4 * RECORD
+        msgs = make_messages(10, body_size=BODY)
+        q = open_queue(d, max_bytes_per_file=max_bytes, ack_mode=ack_mode)
+        q.put_many(msgs)
+        got = q.read_many(read_first)
+        segments = segment_paths(d)
+        for kind, where, size in damage:
+            segment = segments[where % len(segments)]
+            data = bytearray(segment.read_bytes())
+            at = where % (len(data) + 1)
+            if kind == "truncate":
+                os.truncate(segment, at)
+                continue
+            for i in range(at, min(at + size, len(data))):
+                data[i] = data[i] ^ 0x5A if kind == "flip" else 0
+            with open(segment, "r+b") as f:  # in place: the queue keeps its descriptors
+                f.write(data)
+        got += drain(q)
+        expected = iter(keys(msgs))
+        assert all(k in expected for k in keys(got))
+        assert q.depth == 0
+        q.put_many(make_messages(1, start=77))
+        assert keys(q.read_many(5)) == keys(make_messages(1, start=77))
+        q.close()
+        open_queue(d, max_bytes_per_file=max_bytes, ack_mode=ack_mode).close()
