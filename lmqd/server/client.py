@@ -69,8 +69,13 @@ log = logging.getLogger("lmqd.server")
 # One receive takes up to this much: large enough that a burst of MPUBs or FINs is parsed and
 # applied as one batch, small enough that one connection can't hog the loop for long.
 RECEIVE_SIZE = 256 * 1024
-# Stop reading from a client while this much output waits for it (it publishes but doesn't read).
+# A subscriber with this much unsent output gets no more messages until its writer catches up
+# (it reports an RDY window of 0): a consumer that stops reading costs at most about this much
+# memory, instead of collecting every redelivery of its own timed-out messages.
 OUTPUT_HIGH_WATER = 4 * 1024 * 1024
+# Stop reading from a client while this much output waits for it: only responses can push the
+# output this far past the message high-water mark, so it publishes without reading its answers.
+READ_PAUSE_WATER = 2 * OUTPUT_HIGH_WATER
 # How long the writer may take to flush what's left once the connection is ending.
 CLOSE_FLUSH_TIMEOUT = 5.0
 
@@ -87,7 +92,8 @@ class TcpClient:
         self.connect_ts = int(time.time())
         self.conn = ServerConnection(Limits.from_options(options))
         # Subscriber fields (the channel maintains the counters).
-        self.ready_count = 0
+        self._ready_count = 0
+        self._stalled = False
         self.in_flight_count = 0
         self.message_count = 0
         self.finish_count = 0
@@ -112,8 +118,19 @@ class TcpClient:
 
     # -- Subscriber --------------------------------------------------------------------------
 
+    @property
+    def ready_count(self) -> int:
+        """The RDY window the channel sees: 0 while this client's output is backed up."""
+        return 0 if self._stalled else self._ready_count
+
+    @ready_count.setter
+    def ready_count(self, count: int) -> None:
+        self._ready_count = count
+
     def write_messages(self, messages: Sequence[Message]) -> None:
         self._write(encode_messages(messages))
+        if self._output_bytes > OUTPUT_HIGH_WATER:
+            self._stalled = True
 
     def statistics(self) -> ClientStats:
         return ClientStats(
@@ -122,7 +139,7 @@ class TcpClient:
             version="V2",
             remote_address=self.remote_address,
             state=int(self.conn.state),
-            ready_count=self.ready_count,
+            ready_count=self._ready_count,
             in_flight_count=self.in_flight_count,
             message_count=self.message_count,
             finish_count=self.finish_count,
@@ -180,6 +197,12 @@ class TcpClient:
                     return
                 self._drained.set()
                 self._drained = trio.Event()
+                if self._stalled and self._output_bytes <= OUTPUT_HIGH_WATER:
+                    self._stalled = False
+                    channel = self.channel
+                    if channel is not None:
+                        channel.client_ready(self)
+                        channel.deliver(trio.current_time())
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             log.debug("CLIENT(%s): peer gone while writing", self.remote_address)
         finally:
@@ -234,7 +257,7 @@ class TcpClient:
                 return
             if not data:
                 return
-            if self._output_bytes > OUTPUT_HIGH_WATER:
+            if self._output_bytes > READ_PAUSE_WATER:
                 await self._drained.wait()
 
     def _apply_buffer(self) -> bool:
