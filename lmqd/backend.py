@@ -23,7 +23,7 @@ from lmqd.message import Message
 
 
 class BackendError(Exception):
-    """A backend could not store messages (disk full, I/O error); publishing answers E_PUB_FAILED."""
+    """A backend could not store messages (disk full, I/O error): publishing gets E_PUB_FAILED."""
 
 
 class BackendQueue(Protocol):

@@ -136,7 +136,9 @@ class LmqDaemon:
 
     # -- the one publish path (TCP PUB/MPUB/DPUB and HTTP /pub, /mpub) -----------------------
 
-    def publish(self, topic_name: str, bodies: Sequence[bytes], defer: float = 0.0) -> list[Message]:
+    def publish(
+        self, topic_name: str, bodies: Sequence[bytes], defer: float = 0.0
+    ) -> list[Message]:
         """Put ``bodies`` on the topic (created if needed), deferred by ``defer`` seconds.
 
         Raises ``lmqd.backend.BackendError`` (nothing stored; health turns NOK) or
@@ -182,7 +184,9 @@ class LmqDaemon:
 
     # -- running -----------------------------------------------------------------------------
 
-    async def run(self, *, task_status: trio.TaskStatus[BoundAddresses] = trio.TASK_STATUS_IGNORED) -> None:
+    async def run(
+        self, *, task_status: trio.TaskStatus[BoundAddresses] = trio.TASK_STATUS_IGNORED
+    ) -> None:
         """Listen and serve until ``shutdown()``; then close every topic."""
         from lmqd.server.tcp import serve_tcp
 

@@ -1,7 +1,8 @@
 """Every lmqd setting in one frozen class, with nsqd's defaults where nsqd has the option.
 
-Field names are nsqd's config-file keys (the flag name with ``_`` for ``-``), so ``--mem-queue-size``,
-``mem_queue_size = 10000`` in a TOML file and ``GET /config/mem_queue_size`` all name one field.
+Field names are nsqd's config-file keys (the flag name with ``_`` for ``-``), so
+``--mem-queue-size``, ``mem_queue_size = 10000`` in a TOML file and ``GET /config/mem_queue_size``
+all name one field.
 Durations are stored as float **seconds** (nsqd's flags take Go durations such as ``1m0s``;
 ``lmqd.cli`` parses those); sizes are bytes; counts are plain ints.
 """

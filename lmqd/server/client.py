@@ -42,6 +42,7 @@ from lmqd.protocol import (
     ClientState,
     Cls,
     Dpub,
+    Event,
     Fin,
     Identify,
     Limits,
@@ -283,7 +284,7 @@ class TcpClient:
         if exc.fatal:
             self._closing = True
 
-    def _apply(self, events: list[object], now: float) -> None:
+    def _apply(self, events: Sequence[Event], now: float) -> None:
         # Consecutive PUB/MPUBs to one topic become one publish; their OKs are written only once
         # it succeeds (a failure answers the first of them with the error and closes).
         pending_topic: str | None = None
