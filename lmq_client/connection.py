@@ -306,6 +306,8 @@ class Connection:
                     log.warning("NSQD(%s): protocol error", self.address, exc_info=True)
                     self._lost(f"protocol error ({exc})")
                     return
+                if not self._open:  # a fatal error frame
+                    return
                 continue
             self._lost(f"no data for {timeout:.0f}s (heartbeats missed)")
             return
@@ -330,11 +332,15 @@ class Connection:
                         self.on_error(self, error)
                     continue
                 log.warning("NSQD(%s): %s", self.address, error)
+                # The daemon closes after a fatal error: refuse new commands right away, so a
+                # Producer reconnects instead of writing into the dying connection.
                 self.error = error
+                self._open = False
                 if self._replies:
                     self._replies.popleft().fail(error)
                 elif self.on_error is not None:
                     self.on_error(self, error)
+                break
         if messages and self.on_messages is not None:
             self.on_messages(self, messages)
 

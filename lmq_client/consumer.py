@@ -141,6 +141,7 @@ class Consumer:
         self._rng = rng or random.Random()
 
         self._states: dict[Connection, _ConnState] = {}
+        self._conns_changed = trio.Event()
         self._active: set[Connection] = set()
         self._queue: deque[Message] = deque()
         self._queue_ready = trio.Event()
@@ -177,6 +178,15 @@ class Consumer:
             connections=len(self._states),
             backoff_level=self._backoff_level,
         )
+
+    async def wait_connections(self, count: int) -> None:
+        """Wait until the consumer is subscribed on exactly ``count`` daemons."""
+        while len(self._states) != count:
+            await self._conns_changed.wait()
+
+    def _connections_changed(self) -> None:
+        self._conns_changed.set()
+        self._conns_changed = trio.Event()
 
     def rdy_counts(self) -> dict[str, int]:
         """The RDY last sent on each live connection, by daemon address."""
@@ -344,6 +354,7 @@ class Consumer:
 
     def _add_conn(self, conn: Connection) -> None:
         self._states[conn] = _ConnState(conn)
+        self._connections_changed()
         if len(self._states) > self.max_in_flight:
             self._active = choose_active(
                 list(self._states), self._active, (), self.max_in_flight, self._rng
@@ -357,6 +368,7 @@ class Consumer:
         state = self._states.pop(conn, None)
         if state is None:
             return
+        self._connections_changed()
         self._active.discard(conn)
         if self._probe is conn:
             self._probe = None

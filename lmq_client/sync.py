@@ -17,6 +17,7 @@ import contextlib
 import logging
 import select
 import socket
+import time
 from collections.abc import Iterator, Sequence
 from types import TracebackType
 from typing import Any
@@ -104,7 +105,7 @@ class _SocketConnection:
         self._sock.settimeout(timeout)
         try:
             data = self._sock.recv(RECEIVE_SIZE)
-        except TimeoutError:
+        except (TimeoutError, BlockingIOError):
             return False
         except OSError as exc:
             self.close()
@@ -123,6 +124,7 @@ class _SocketConnection:
 
     def next_event(self, timeout: float | None) -> Response | Error | MessageFrame | None:
         """The next frame that is not a heartbeat (answered here), or None after ``timeout``."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             while self._events:
                 event = self._events.popleft()
@@ -130,7 +132,9 @@ class _SocketConnection:
                     self.sendall(_NOP)
                     continue
                 return event
-            if not self._receive(timeout):
+            # Heartbeats must not extend the wait: it ends at the deadline, whatever arrived.
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if remaining == 0.0 or not self._receive(remaining):
                 return None
 
     def read_response(self) -> bytes:
@@ -153,19 +157,21 @@ class _SocketConnection:
             # a message frame on a publishing connection: not ours to handle
 
     def poll_idle(self) -> None:
-        """Handle what arrived while idle (heartbeats; EOF closes) without waiting."""
-        if not self._open:
-            return
-        readable, _, _ = select.select([self._sock], [], [], 0)
-        if readable:
+        """Handle what arrived while idle without waiting: heartbeats get one NOP; EOF closes."""
+        heartbeats = 0
+        while self._open and select.select([self._sock], [], [], 0)[0]:
             try:
-                self._receive(0)
+                if not self._receive(0):
+                    break
             except ConnectionFailed:
-                return
+                return  # closed by the daemon while idle: the caller reconnects
             while self._events:
                 event = self._events.popleft()
                 if isinstance(event, Response) and event.is_heartbeat:
-                    self.sendall(_NOP)
+                    heartbeats += 1
+        if heartbeats and self._open:
+            with contextlib.suppress(ConnectionFailed):
+                self.sendall(_NOP)
 
 
 class Producer:

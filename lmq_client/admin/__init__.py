@@ -1,0 +1,1 @@
+"""``lmqadmin``, the command line for lmqd and nsqd (click + rich); see docs/cli.md."""

@@ -1,0 +1,424 @@
+"""``lmqadmin bench``: writer and reader processes against any NSQ-compatible daemon.
+
+Theory of operation
+-------------------
+Readers start first (each subscribes to ``topic``/``channel`` on every daemon with ``RDY rdy``)
+and report ready; then writers publish ``MPUB`` batches, ``pipeline`` of them in flight per
+connection, until ``duration`` has passed or their share of ``count`` is sent. Every message
+carries its send time (``time.time_ns()``, 8 bytes big-endian) at the start of its body, so a
+reader computes end-to-end latency on arrival; the wall clock is shared by processes on one
+machine, so this is valid as long as writers and readers run on the same host.
+
+The client must not be the bottleneck when this measures a daemon: a batch shares one body
+object (the time stamp is per batch), a reader handles each received buffer in one call, answers
+it with one write of all its FINs, and keeps latencies in a fixed-size log histogram instead of a
+list. Each process reports the CPU time it used, which the report prints next to the rates: a
+client process near 100% of a core means the figures measure the client.
+
+Processes are started with ``spawn`` (no fork of a parent that may run threads); counters are
+shared ``multiprocessing.Value``s, polled by the parent for the progress display.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import multiprocessing.synchronize
+import queue
+import struct
+import time
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import attrs
+import trio
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from lmq_client.errors import ConnectionFailed
+
+__all__ = ["BenchConfig", "LatencyHistogram", "encode_fins", "format_report", "run_bench"]
+
+_STAMP = struct.Struct(">q")
+# How long consumers may go without receiving anything, once writers are done, before the
+# bench stops waiting for the rest (messages lost, or left from another run).
+DRAIN_IDLE_TIMEOUT = 5.0
+READY_TIMEOUT = 60.0
+
+
+@attrs.frozen(kw_only=True)
+class BenchConfig:
+    """Everything a bench run needs (the CLI's options)."""
+
+    tcp: Sequence[str]
+    topic: str
+    channel: str = "bench"
+    writers: int = 1
+    readers: int = 1
+    batch_size: int = 200
+    rdy: int = 2500
+    size: int = 100
+    duration: float | None = 10.0
+    count: int | None = None
+    pipeline: int = 4
+    timeout: float = 5.0
+
+
+def encode_fins(ids: Iterable[bytes]) -> bytes:
+    """``FIN <id>\\n`` for every id, as one buffer.
+
+    Byte for byte ``b"".join(Fin(id=i).encode() for i in ids)`` (a test checks it), at a fifth of
+    the cost: building an event object per message would dominate a reader's time.
+    """
+    return b"".join([b"FIN " + i + b"\n" for i in ids])
+
+
+class LatencyHistogram:
+    """Latencies in log buckets: 128 linear buckets per power of two, so <1% error, any range.
+
+    Memory is bounded by the range of values (a few thousand buckets), not by the message count.
+    """
+
+    __slots__ = ("buckets", "count")
+
+    def __init__(self) -> None:
+        self.buckets: Counter[int] = Counter()
+        self.count = 0
+
+    @staticmethod
+    def key(value_us: int) -> int:
+        if value_us < 128:
+            return max(value_us, 0)
+        shift = value_us.bit_length() - 7
+        return (shift << 7) | (value_us >> shift)
+
+    @staticmethod
+    def value(key: int) -> float:
+        """The middle of a bucket, in microseconds."""
+        shift, mantissa = key >> 7, key & 127
+        if shift == 0:
+            return float(mantissa)
+        return ((mantissa << shift) + (1 << (shift - 1))) / 1.0
+
+    def record_many(self, values_us: Iterable[int]) -> None:
+        key = self.key
+        buckets = self.buckets
+        n = 0
+        for v in values_us:
+            buckets[key(v)] += 1
+            n += 1
+        self.count += n
+
+    def merge(self, other: LatencyHistogram) -> None:
+        self.buckets.update(other.buckets)
+        self.count += other.count
+
+    def percentile(self, q: float) -> float | None:
+        """The value (µs) below which a fraction ``q`` of the samples fall; None when empty."""
+        if not self.count:
+            return None
+        rank = max(1, math.ceil(q * self.count))
+        seen = 0
+        for key in sorted(self.buckets):
+            seen += self.buckets[key]
+            if seen >= rank:
+                return self.value(key)
+        return self.value(max(self.buckets))
+
+
+# -- child processes ---------------------------------------------------------------------------
+
+
+def _writer_main(
+    config: BenchConfig,
+    index: int,
+    quota: int | None,
+    published: Any,
+    results: multiprocessing.Queue[Any],
+) -> None:
+    cpu0 = time.process_time()
+    try:
+        first, last, sent = trio.run(_write, config, index, quota, published)
+        results.put(("writer", {"start": first, "end": last, "messages": sent,
+                                "cpu": time.process_time() - cpu0}))
+    except ConnectionFailed as exc:
+        results.put(("unreachable", {"address": exc.address, "reason": exc.reason}))
+    except BaseException as exc:  # reported to the parent, which prints it
+        results.put(("error", f"writer {index}: {type(exc).__name__}: {exc}"))
+
+
+async def _write(
+    config: BenchConfig, index: int, quota: int | None, published: Any
+) -> tuple[float, float, int]:
+    from lmq_client.producer import Producer
+    from lmqd.protocol import Mpub
+
+    address = config.tcp[index % len(config.tcp)]
+    pad = b"x" * (config.size - _STAMP.size)
+    sent = 0
+    async with Producer(address, connect_timeout=config.timeout) as producer:
+        conn = await producer.connect()
+        in_flight: list[tuple[Any, int]] = []
+        start = time.time()
+        end = start + config.duration if config.duration is not None else math.inf
+        while (quota is None or sent < quota) and time.time() < end:
+            n = config.batch_size if quota is None else min(config.batch_size, quota - sent)
+            body = _STAMP.pack(time.time_ns()) + pad
+            command = Mpub(topic=config.topic, bodies=[body] * n).encode()
+            in_flight.append((conn.command(command), n))
+            sent += n
+            if len(in_flight) >= config.pipeline:
+                reply, count = in_flight.pop(0)
+                await reply.wait()
+                published.value += count
+        for reply, count in in_flight:
+            await reply.wait()
+            published.value += count
+        return start, time.time(), sent
+
+
+def _reader_main(
+    config: BenchConfig,
+    index: int,
+    consumed: Any,
+    stop: multiprocessing.synchronize.Event,
+    results: multiprocessing.Queue[Any],
+) -> None:
+    cpu0 = time.process_time()
+    try:
+        first, last, received, hist = trio.run(_read, config, index, consumed, stop, results)
+        results.put(("reader", {"start": first, "end": last, "messages": received,
+                                "cpu": time.process_time() - cpu0, "latency": dict(hist.buckets),
+                                "latency_count": hist.count}))
+    except ConnectionFailed as exc:
+        results.put(("unreachable", {"address": exc.address, "reason": exc.reason}))
+    except BaseException as exc:
+        results.put(("error", f"reader {index}: {type(exc).__name__}: {exc}"))
+
+
+async def _read(
+    config: BenchConfig,
+    index: int,
+    consumed: Any,
+    stop: multiprocessing.synchronize.Event,
+    results: multiprocessing.Queue[Any],
+) -> tuple[float, float, int, LatencyHistogram]:
+    from lmq_client.connection import Connection
+    from lmqd.protocol import MessageFrame, Rdy, Sub
+
+    hist = LatencyHistogram()
+    state = {"first": 0.0, "last": 0.0, "received": 0}
+    unpack = _STAMP.unpack_from
+
+    def on_messages(conn: Connection, frames: list[MessageFrame]) -> None:
+        now_ns = time.time_ns()
+        now = now_ns / 1e9
+        if not state["first"]:
+            state["first"] = now
+        state["last"] = now
+        state["received"] += len(frames)
+        hist.record_many([(now_ns - unpack(f.body)[0]) // 1000 for f in frames])
+        conn.write(encode_fins([f.id for f in frames]))
+        consumed.value += len(frames)
+
+    async with trio.open_nursery() as nursery:
+        for address in config.tcp:
+            conn = Connection(address, connect_timeout=config.timeout, on_messages=on_messages)
+            await nursery.start(conn.run)
+            await conn.request(Sub(topic=config.topic, channel=config.channel).encode())
+            conn.write(Rdy(count=config.rdy).encode())
+        results.put(("ready", index))
+        # The parent always sets stop (also when it fails), so the thread cannot be left over.
+        await trio.to_thread.run_sync(stop.wait)
+        nursery.cancel_scope.cancel()
+    return state["first"], state["last"], int(state["received"]), hist
+
+
+# -- the parent --------------------------------------------------------------------------------
+
+
+def run_bench(config: BenchConfig, console: Console | None = None) -> dict[str, Any]:
+    """Run the bench; returns the report (see ``format_report``). ``console``: show progress."""
+    ctx = multiprocessing.get_context("spawn")
+    results: multiprocessing.Queue[Any] = ctx.Queue()
+    stop = ctx.Event()
+    published = [ctx.Value("q", 0, lock=False) for _ in range(config.writers)]
+    consumed = [ctx.Value("q", 0, lock=False) for _ in range(config.readers)]
+    errors: list[str] = []
+    writer_results: list[dict[str, Any]] = []
+    reader_results: list[dict[str, Any]] = []
+    unreachable: dict[str, Any] | None = None
+
+    def collect(block_for: float) -> None:
+        nonlocal unreachable
+        try:
+            kind, payload = results.get(timeout=block_for)
+        except queue.Empty:
+            return
+        if kind == "writer":
+            writer_results.append(payload)
+        elif kind == "reader":
+            reader_results.append(payload)
+        elif kind == "ready":
+            ready.add(payload)
+        elif kind == "unreachable":
+            unreachable = payload
+        else:
+            errors.append(str(payload))
+
+    ready: set[int] = set()
+    readers = [
+        ctx.Process(target=_reader_main, args=(config, i, consumed[i], stop, results),
+                    name=f"lmq-bench-reader-{i}", daemon=True)
+        for i in range(config.readers)
+    ]
+    quotas: list[int | None] = [None] * config.writers
+    if config.count is not None and config.writers:
+        share, extra = divmod(config.count, config.writers)
+        quotas = [share + (1 if i < extra else 0) for i in range(config.writers)]
+    writers = [
+        ctx.Process(target=_writer_main, args=(config, i, quotas[i], published[i], results),
+                    name=f"lmq-bench-writer-{i}", daemon=True)
+        for i in range(config.writers)
+    ]
+    progress = Progress(
+        TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed:,.0f}"),
+        TimeElapsedColumn(), console=console, disable=console is None, transient=True,
+    )
+    try:
+        with progress:
+            pub_task = progress.add_task("published", total=config.count)
+            sub_task = progress.add_task("consumed", total=config.count)
+            for p in readers:
+                p.start()
+            deadline = time.monotonic() + READY_TIMEOUT
+            while len(ready) < len(readers) and unreachable is None and not errors:
+                if time.monotonic() > deadline:
+                    errors.append("readers did not subscribe in time")
+                    break
+                collect(0.1)
+            if unreachable is None and not errors:
+                for p in writers:
+                    p.start()
+            while any(p.is_alive() for p in writers) or len(writer_results) < len(writers):
+                if unreachable is not None or errors:
+                    break
+                collect(0.1)
+                progress.update(pub_task, completed=sum(v.value for v in published))
+                progress.update(sub_task, completed=sum(v.value for v in consumed))
+            total = sum(r["messages"] for r in writer_results)
+            if readers and unreachable is None and not errors:
+                last_seen, last_change = -1, time.monotonic()
+                while True:
+                    got = sum(v.value for v in consumed)
+                    progress.update(sub_task, completed=got)
+                    if writers and got >= total:
+                        break
+                    if got != last_seen:
+                        last_seen, last_change = got, time.monotonic()
+                    elif time.monotonic() - last_change > DRAIN_IDLE_TIMEOUT:
+                        if writers:
+                            errors.append(f"consumed {got} of {total} messages published")
+                        break
+                    collect(0.1)
+            stop.set()
+            deadline = time.monotonic() + 30
+            while len(reader_results) < sum(1 for p in readers if p.pid is not None):
+                if unreachable is not None or time.monotonic() > deadline:
+                    break
+                if not any(p.is_alive() for p in readers) and results.empty():
+                    break
+                collect(0.1)
+    finally:
+        stop.set()
+        for p in (*writers, *readers):
+            if p.pid is not None:
+                p.join(5)
+                if p.is_alive():
+                    p.kill()
+                    p.join()
+    if unreachable is not None:
+        raise ConnectionFailed(unreachable["address"], unreachable["reason"])
+    return _report(config, writer_results, reader_results, errors)
+
+
+def _rate(messages: int, seconds: float, size: int) -> dict[str, float]:
+    return {
+        "msgs_per_s": round(messages / seconds, 1) if seconds > 0 else 0.0,
+        "mb_per_s": round(messages * size / seconds / 1e6, 3) if seconds > 0 else 0.0,
+    }
+
+
+def _side(results: list[dict[str, Any]], size: int) -> dict[str, Any] | None:
+    if not results:
+        return None
+    messages = sum(r["messages"] for r in results)
+    starts = [r["start"] for r in results if r["start"]]
+    seconds = max(r["end"] for r in results) - min(starts) if starts else 0.0
+    cpu = sum(r["cpu"] for r in results)
+    return {
+        "processes": len(results),
+        "messages": messages,
+        "seconds": round(seconds, 3),
+        **_rate(messages, seconds, size),
+        "client_cpu_s": round(cpu, 3),
+        "client_cpu_pct_per_process": round(100 * cpu / seconds / len(results), 1)
+        if seconds > 0 else 0.0,
+    }
+
+
+def _report(
+    config: BenchConfig,
+    writers: list[dict[str, Any]],
+    readers: list[dict[str, Any]],
+    errors: list[str],
+) -> dict[str, Any]:
+    hist = LatencyHistogram()
+    for r in readers:
+        part = LatencyHistogram()
+        part.buckets.update({int(k): v for k, v in r["latency"].items()})
+        part.count = r["latency_count"]
+        hist.merge(part)
+    latency: dict[str, float | None] = {}
+    for name, q in (("p50", 0.5), ("p99", 0.99), ("p99.9", 0.999), ("max", 1.0)):
+        value = hist.percentile(q)
+        latency[name] = None if value is None else round(value / 1000, 3)
+    return {
+        "topic": config.topic,
+        "channel": config.channel,
+        "daemons": list(config.tcp),
+        "batch_size": config.batch_size,
+        "rdy": config.rdy,
+        "size": config.size,
+        "publish": _side(writers, config.size),
+        "consume": _side(readers, config.size),
+        "latency_ms": latency,
+        "errors": errors,
+    }
+
+
+def format_report(report: dict[str, Any]) -> str:
+    """The report as the text lmqadmin prints."""
+    lines = [
+        f"bench {report['topic']}/{report['channel']} on {', '.join(report['daemons'])}: "
+        f"size {report['size']} B, MPUB batch {report['batch_size']}, RDY {report['rdy']}"
+    ]
+    for label, key in (("publish", "publish"), ("consume", "consume")):
+        side = report[key]
+        if side is None:
+            continue
+        lines.append(
+            f"{label:8} {side['messages']:>10,} msgs in {side['seconds']:7.2f}s  "
+            f"{side['msgs_per_s']:>12,.1f} msgs/s  {side['mb_per_s']:8.2f} MB/s  "
+            f"({side['processes']} proc, client CPU {side['client_cpu_pct_per_process']:.0f}% "
+            "of a core each)"
+        )
+    lat = report["latency_ms"]
+    if lat.get("p50") is not None:
+        lines.append(
+            "latency  " + "  ".join(f"{k}={v:.3f}ms" for k, v in lat.items() if v is not None)
+        )
+    for error in report["errors"]:
+        lines.append(f"error: {error}")
+    return "\n".join(lines)

@@ -1,0 +1,502 @@
+"""``lmqadmin``: stats, topic/channel admin, pub, tail and bench against lmqd or nsqd.
+
+Exit codes (docs/cli.md): 0 success; 1 the daemon refused (an HTTP or NSQ error, e.g.
+TOPIC_NOT_FOUND); 2 bad usage, including invalid topic/channel names; 3 a daemon could not be
+reached; 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import json
+import logging
+import random
+import string
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, NoReturn, TypeVar
+
+import click
+import trio
+from rich.console import Console
+from rich.live import Live
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from lmq_client._util import check_name, split_address
+from lmq_client.errors import ConnectionFailed, InvalidNameError, LmqClientError, NSQError
+from lmq_client.http import HTTPClient, HTTPError
+
+__all__ = ["cli", "main"]
+
+log = logging.getLogger("lmq_client.admin")
+
+EXIT_REFUSED = 1
+EXIT_USAGE = 2
+EXIT_UNREACHABLE = 3
+EXIT_INTERRUPTED = 130
+
+DEFAULT_TCP = "127.0.0.1:4150"
+DEFAULT_HTTP = "127.0.0.1:4151"
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class Settings:
+    """What the group options resolved to, passed to every command."""
+
+    def __init__(self, tcp: list[str], http: list[str], as_json: bool, timeout: float) -> None:
+        self.tcp = tcp
+        self.http = http
+        self.as_json = as_json
+        self.timeout = timeout
+
+    def http_clients(self) -> list[HTTPClient]:
+        return [HTTPClient(a, timeout=self.timeout) for a in self.http]
+
+
+def _addresses(values: Iterable[str], default: str, option: str) -> list[str]:
+    # Each value may itself be a comma- or space-separated list (handy in the environment).
+    result = [a for v in values for a in v.replace(",", " ").split()]
+    for address in result:
+        try:
+            split_address(address)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint=option) from None
+    return result or [default]
+
+
+def _fail(message: str, code: int) -> NoReturn:
+    click.echo(f"lmqadmin: error: {message}", err=True)
+    sys.exit(code)
+
+
+def handle_errors(func: F) -> F:
+    """Turn the clients' exceptions into a one-line message and the documented exit code."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except ConnectionFailed as exc:
+            _fail(f"cannot reach the daemon at {exc.address}: {exc.reason}", EXIT_UNREACHABLE)
+        except InvalidNameError as exc:
+            _fail(str(exc), EXIT_USAGE)
+        except HTTPError as exc:
+            _fail(f"{exc.address} answered HTTP {exc.status} {exc.message}", EXIT_REFUSED)
+        except NSQError as exc:
+            _fail(str(exc), EXIT_REFUSED)
+        except LmqClientError as exc:
+            _fail(str(exc), EXIT_REFUSED)
+        except KeyboardInterrupt:
+            sys.exit(EXIT_INTERRUPTED)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def json_option(func: F) -> F:
+    """``--json`` on a command as well as on the group (``lmqadmin stats --json`` works)."""
+
+    def callback(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+        if value:
+            ctx.ensure_object(Settings).as_json = True
+
+    return click.option(
+        "--json", "as_json", is_flag=True, expose_value=False, callback=callback,
+        help="Machine-readable JSON output.",
+    )(func)
+
+
+def _name(kind: str) -> Callable[[click.Context, click.Parameter, str | None], str | None]:
+    def callback(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                check_name(kind, value)
+            except InvalidNameError as exc:
+                raise click.BadParameter(str(exc)) from None
+        return value
+
+    return callback
+
+
+def _console(err: bool = False) -> Console:
+    console = Console(stderr=err, highlight=False, soft_wrap=False)
+    if not console.is_terminal:
+        # Captured output (pipes, tests): wide enough that no column is squeezed or cut.
+        console = Console(stderr=err, highlight=False, width=200)
+    return console
+
+
+def _emit_json(data: Any) -> None:
+    click.echo(json.dumps(data, sort_keys=False))
+
+
+# -- the group ---------------------------------------------------------------------------------
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--tcp-address", "tcp", multiple=True, envvar="LMQ_TCP_ADDRESS", metavar="HOST:PORT",
+    help=f"Daemon TCP address, repeatable [env LMQ_TCP_ADDRESS; default {DEFAULT_TCP}].",
+)
+@click.option(
+    "--http-address", "http", multiple=True, envvar="LMQ_HTTP_ADDRESS", metavar="HOST:PORT",
+    help=f"Daemon HTTP address, repeatable [env LMQ_HTTP_ADDRESS; default {DEFAULT_HTTP}].",
+)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable JSON output.")
+@click.option("--timeout", default=5.0, show_default=True, type=click.FloatRange(min=0.1),
+              help="Seconds to wait for a daemon.")
+@click.option("-v", "--verbose", count=True, help="Log client activity to stderr (-vv: debug).")
+@click.pass_context
+def cli(
+    ctx: click.Context,
+    tcp: tuple[str, ...],
+    http: tuple[str, ...],
+    as_json: bool,
+    timeout: float,
+    verbose: int,
+) -> None:
+    """Administer and exercise lmqd (or any nsqd): stats, topics, channels, pub, tail, bench."""
+    if verbose:
+        logging.basicConfig(
+            level=logging.DEBUG if verbose > 1 else logging.INFO,
+            format="%(asctime)s %(name)s %(levelname)s %(message)s",
+        )
+    settings = Settings(
+        _addresses(tcp, DEFAULT_TCP, "--tcp-address"),
+        _addresses(http, DEFAULT_HTTP, "--http-address"),
+        as_json,
+        timeout,
+    )
+    if isinstance(ctx.obj, Settings) and ctx.obj.as_json:
+        settings.as_json = True
+    ctx.obj = settings
+
+
+def main() -> None:
+    """The ``lmqadmin`` console script."""
+    cli(prog_name="lmqadmin")
+
+
+# -- stats -------------------------------------------------------------------------------------
+
+
+@cli.command()
+@click.argument("topic", required=False, callback=_name("topic"))
+@click.argument("channel", required=False, callback=_name("channel"))
+@click.option("--watch", "-w", is_flag=True, help="Refresh every --interval, like nsq_stat.")
+@click.option("--interval", "-i", default=1.0, show_default=True, type=click.FloatRange(min=0),
+              help="Seconds between samples (rates need two; 0 = one sample, no rates).")
+@click.option("--count", "-c", type=click.IntRange(min=1), help="With --watch: stop after N.")
+@json_option
+@click.pass_obj
+@handle_errors
+def stats(
+    settings: Settings,
+    topic: str | None,
+    channel: str | None,
+    watch: bool,
+    interval: float,
+    count: int | None,
+) -> None:
+    """Topics and channels: depth, in-flight, deferred, rates, e2e latency."""
+    from lmq_client.admin.stats import render_table, sample, snapshot_json
+
+    clients = settings.http_clients()
+    if not watch:
+        snap = sample(clients, topic, channel)
+        if interval > 0:
+            time.sleep(interval)
+            snap = sample(clients, topic, channel, snap)
+        if settings.as_json:
+            _emit_json(snapshot_json(snap))
+        else:
+            _console().print(render_table(snap))
+        return
+    console = _console()
+    previous = sample(clients, topic, channel)
+    shown = 0
+    live: Live | None = None
+    if console.is_terminal and not settings.as_json:
+        live = Live(render_table(previous), console=console, auto_refresh=False)
+        live.start()
+    try:
+        while count is None or shown < count:
+            time.sleep(interval)
+            snap = sample(clients, topic, channel, previous)
+            previous = snap
+            shown += 1
+            if settings.as_json:
+                _emit_json(snapshot_json(snap))
+            elif live is not None:
+                live.update(render_table(snap), refresh=True)
+            else:
+                console.print(render_table(snap))
+    finally:
+        if live is not None:
+            live.stop()
+
+
+# -- topic / channel admin ---------------------------------------------------------------------
+
+ACTIONS = ("create", "delete", "empty", "pause", "unpause")
+_PAST = {"create": "created", "delete": "deleted", "empty": "emptied", "pause": "paused",
+         "unpause": "unpaused"}
+
+
+@cli.command()
+@click.argument("action", type=click.Choice(ACTIONS))
+@click.argument("topic", callback=_name("topic"))
+@json_option
+@click.pass_obj
+@handle_errors
+def topic(settings: Settings, action: str, topic: str) -> None:
+    """create | delete | empty | pause | unpause a topic, on every daemon."""
+    for client in settings.http_clients():
+        client.topic_action(action, topic)
+        if not settings.as_json:
+            click.echo(f"{_PAST[action]} topic {topic} on {client.address}")
+    if settings.as_json:
+        _emit_json({"action": action, "topic": topic, "nodes": settings.http})
+
+
+@cli.command()
+@click.argument("action", type=click.Choice(ACTIONS))
+@click.argument("topic", callback=_name("topic"))
+@click.argument("channel", callback=_name("channel"))
+@json_option
+@click.pass_obj
+@handle_errors
+def channel(settings: Settings, action: str, topic: str, channel: str) -> None:
+    """create | delete | empty | pause | unpause a channel, on every daemon."""
+    for client in settings.http_clients():
+        client.channel_action(action, topic, channel)
+        if not settings.as_json:
+            click.echo(f"{_PAST[action]} channel {topic}/{channel} on {client.address}")
+    if settings.as_json:
+        _emit_json({"action": action, "topic": topic, "channel": channel, "nodes": settings.http})
+
+
+# -- pub ---------------------------------------------------------------------------------------
+
+
+def _read_messages(messages: Sequence[str], file: str | None) -> list[bytes]:
+    if messages and file is not None:
+        raise click.UsageError("give messages as arguments or with --file, not both")
+    if messages:
+        bodies = [m.encode() for m in messages]
+    else:
+        if file is None or file == "-":
+            if file is None and sys.stdin.isatty():
+                raise click.UsageError("no messages: give them as arguments, --file or on stdin")
+            bodies = sys.stdin.buffer.read().split(b"\n")
+        else:
+            try:
+                with open(file, "rb") as f:
+                    bodies = f.read().split(b"\n")
+            except OSError as exc:
+                raise click.BadParameter(f"{file}: {exc.strerror}", param_hint="--file") from None
+        bodies = [b.removesuffix(b"\r") for b in bodies]
+    # NSQ rejects empty messages (nsqd's /mpub skips empty lines the same way).
+    return [b for b in bodies if b]
+
+
+@cli.command()
+@click.argument("topic", callback=_name("topic"))
+@click.argument("messages", nargs=-1)
+@click.option("--file", "-f", "file", metavar="PATH",
+              help="Read messages from PATH, one per line ('-' = stdin).")
+@click.option("--batch-size", "-b", default=200, show_default=True,
+              type=click.IntRange(min=1), help="Messages per MPUB.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@json_option
+@click.pass_obj
+@handle_errors
+def pub(
+    settings: Settings,
+    topic: str,
+    messages: tuple[str, ...],
+    file: str | None,
+    batch_size: int,
+    quiet: bool,
+) -> None:
+    """Publish messages (arguments, --file or stdin, one per line) in MPUB batches."""
+    from lmq_client.sync import Producer
+
+    bodies = _read_messages(messages, file)
+    if not bodies:
+        raise click.UsageError("no messages to publish (empty input)")
+    started = time.monotonic()
+    batches = 0
+    console = _console(err=True)
+    progress = Progress(
+        TextColumn("publishing to {task.fields[topic]}"), BarColumn(), MofNCompleteColumn(),
+        TimeElapsedColumn(), console=console, disable=quiet or not console.is_terminal,
+    )
+    with Producer(settings.tcp, timeout=settings.timeout) as producer, progress:
+        task = progress.add_task("pub", total=len(bodies), topic=topic)
+        for i in range(0, len(bodies), batch_size):
+            batch = bodies[i : i + batch_size]
+            if len(batch) == 1:
+                producer.publish(topic, batch[0])
+            else:
+                producer.mpub(topic, batch)
+            batches += 1
+            progress.advance(task, len(batch))
+        address = producer.address
+    seconds = time.monotonic() - started
+    if settings.as_json:
+        _emit_json({"topic": topic, "messages": len(bodies), "batches": batches,
+                    "seconds": round(seconds, 6), "address": address})
+    else:
+        click.echo(f"published {len(bodies)} messages to {topic} on {address} "
+                   f"({batches} batches, {seconds:.2f}s)")
+
+
+# -- tail --------------------------------------------------------------------------------------
+
+
+@cli.command()
+@click.argument("topic", callback=_name("topic"))
+@click.option("-n", "count", type=click.IntRange(min=1), help="Exit after N messages.")
+@click.option("--channel", callback=_name("channel"),
+              help="Channel to consume from [default: tail<random>#ephemeral].")
+@click.option("--max-in-flight", default=200, show_default=True, type=click.IntRange(min=1))
+@click.option("--print-topic", is_flag=True, help="Prefix each message with 'TOPIC: '.")
+@json_option
+@click.pass_obj
+@handle_errors
+def tail(
+    settings: Settings,
+    topic: str,
+    count: int | None,
+    channel: str | None,
+    max_in_flight: int,
+    print_topic: bool,
+) -> None:
+    """Print a topic's messages as they arrive, one per line (like nsq_tail)."""
+    if channel is None:
+        suffix = "".join(random.choices(string.ascii_lowercase + string.digits, k=6))
+        channel = f"tail{suffix}#ephemeral"
+    try:
+        trio.run(_tail, settings, topic, channel, count, max_in_flight, print_topic)
+    except KeyboardInterrupt:
+        sys.exit(0)
+
+
+async def _tail(
+    settings: Settings,
+    topic: str,
+    channel: str,
+    count: int | None,
+    max_in_flight: int,
+    print_topic: bool,
+) -> None:
+    from lmq_client.consumer import Consumer
+
+    out = sys.stdout.buffer
+    prefix = f"{topic}: ".encode() if print_topic else b""
+    if count is not None:
+        max_in_flight = min(max_in_flight, count)
+    consumer = Consumer(
+        topic, channel, settings.tcp, max_in_flight=max_in_flight, max_attempts=0,
+        connect_timeout=settings.timeout, close_timeout=2.0,
+    )
+    seen = 0
+    async with consumer:
+        if not consumer.connected_addresses:
+            raise ConnectionFailed(", ".join(settings.tcp), "no daemon accepted the subscription")
+        async for message in consumer:
+            if settings.as_json:
+                try:
+                    body: dict[str, str] = {"body": message.body.decode("utf-8")}
+                except UnicodeDecodeError:
+                    body = {"body_base64": base64.b64encode(message.body).decode()}
+                line = json.dumps({
+                    "topic": topic, "id": message.id.decode("ascii", "replace"),
+                    "timestamp": message.timestamp, "attempts": message.attempts, **body,
+                }).encode()
+                out.write(line + b"\n")
+            else:
+                out.write(prefix + message.body + b"\n")
+            out.flush()
+            message.finish()
+            seen += 1
+            if count is not None and seen >= count:
+                break
+
+
+# -- bench -------------------------------------------------------------------------------------
+
+
+@cli.command()
+@click.option("--topic", default=None, callback=_name("topic"),
+              help="Topic to use [default: a fresh bench-<random>, deleted afterwards].")
+@click.option("--channel", default="bench", show_default=True, callback=_name("channel"))
+@click.option("--writers", default=1, show_default=True, type=click.IntRange(min=0),
+              help="Publishing processes.")
+@click.option("--readers", default=1, show_default=True, type=click.IntRange(min=0),
+              help="Consuming processes.")
+@click.option("--batch-size", default=200, show_default=True, type=click.IntRange(min=1),
+              help="Messages per MPUB.")
+@click.option("--rdy", default=2500, show_default=True, type=click.IntRange(min=1),
+              help="RDY (max in flight) per reader.")
+@click.option("--size", default=100, show_default=True, type=click.IntRange(min=8),
+              help="Message size in bytes (the first 8 carry the send time).")
+@click.option("--duration", type=click.FloatRange(min=0.1),
+              help="Seconds to publish for [default: 10 unless --count].")
+@click.option("--count", type=click.IntRange(min=1), help="Messages to publish in total.")
+@click.option("--pipeline", default=4, show_default=True, type=click.IntRange(min=1),
+              help="MPUBs in flight per writer.")
+@click.option("--keep-topic", is_flag=True, help="Don't delete the bench topic afterwards.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress display.")
+@json_option
+@click.pass_obj
+@handle_errors
+def bench(
+    settings: Settings,
+    topic: str | None,
+    channel: str,
+    writers: int,
+    readers: int,
+    batch_size: int,
+    rdy: int,
+    size: int,
+    duration: float | None,
+    count: int | None,
+    pipeline: int,
+    keep_topic: bool,
+    quiet: bool,
+) -> None:
+    """Load test: writer and reader processes; msgs/s, MB/s and e2e latency percentiles."""
+    from lmq_client.admin.bench import BenchConfig, format_report, run_bench
+
+    if duration is not None and count is not None:
+        raise click.UsageError("give --duration or --count, not both")
+    if writers == 0 and readers == 0:
+        raise click.UsageError("nothing to do: --writers and --readers are both 0")
+    if duration is None and count is None:
+        duration = 10.0
+    fresh = topic is None
+    if topic is None:
+        topic = "bench-" + "".join(random.choices(string.ascii_lowercase + string.digits, k=6))
+    config = BenchConfig(
+        tcp=settings.tcp, topic=topic, channel=channel, writers=writers, readers=readers,
+        batch_size=batch_size, rdy=rdy, size=size, duration=duration, count=count,
+        pipeline=pipeline, timeout=settings.timeout,
+    )
+    console = _console(err=True)
+    report = run_bench(config, console=None if quiet or not console.is_terminal else console)
+    if fresh and not keep_topic:
+        for client in settings.http_clients():
+            try:
+                client.topic_action("delete", topic)
+            except LmqClientError as exc:
+                log.info("bench: could not delete %s: %s", topic, exc)
+    if settings.as_json:
+        _emit_json(report)
+    else:
+        click.echo(format_report(report))
+    if report.get("errors"):
+        sys.exit(EXIT_REFUSED)

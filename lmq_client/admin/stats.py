@@ -1,0 +1,179 @@
+"""``lmqadmin stats``: /stats of one or more daemons, summed per topic and channel, as a table.
+
+Rates need two samples: a row's rate is the growth of its ``message_count`` between two polls
+divided by the time between them (nsq_stat's ingress/egress columns work the same way). Across
+daemons counts are summed; an e2e latency percentile is the highest any daemon reports (the
+conservative choice: nsqadmin averages them, which hides one slow node).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import attrs
+from rich.table import Table
+
+from lmq_client.http import HTTPClient
+
+__all__ = ["Row", "Snapshot", "render_table", "sample", "snapshot_json"]
+
+_COUNTS = (
+    "depth",
+    "backend_depth",
+    "in_flight_count",
+    "deferred_count",
+    "message_count",
+    "requeue_count",
+    "timeout_count",
+    "client_count",
+)
+
+
+@attrs.define
+class Row:
+    """Totals for one topic (``channel`` None) or one channel, over all daemons."""
+
+    topic: str
+    channel: str | None
+    counts: dict[str, int] = attrs.field(factory=lambda: dict.fromkeys(_COUNTS, 0))
+    paused: bool = False
+    e2e: dict[float, float] = attrs.field(factory=dict)
+    """quantile -> nanoseconds."""
+    rate: float | None = None
+    """Messages per second into the topic/channel since the previous sample."""
+
+
+@attrs.define
+class Snapshot:
+    """One poll of every daemon: rows in display order (each topic, then its channels)."""
+
+    taken_at: float
+    nodes: list[str]
+    rows: dict[tuple[str, str | None], Row]
+
+
+def sample(
+    clients: Sequence[HTTPClient],
+    topic: str | None = None,
+    channel: str | None = None,
+    previous: Snapshot | None = None,
+) -> Snapshot:
+    """Poll every daemon's /stats once; rates from ``previous`` when given."""
+    rows: dict[tuple[str, str | None], Row] = {}
+    taken_at = time.monotonic()
+    for client in clients:
+        data = client.stats(topic, channel)
+        _merge(rows, data.get("topics") or [], channel)
+    snap = Snapshot(taken_at=taken_at, nodes=[c.address for c in clients], rows=rows)
+    if previous is not None:
+        elapsed = taken_at - previous.taken_at
+        for key, row in rows.items():
+            before = previous.rows.get(key)
+            if before is not None and elapsed > 0:
+                grown = row.counts["message_count"] - before.counts["message_count"]
+                row.rate = max(grown, 0) / elapsed
+    return dict_sorted(snap)
+
+
+def dict_sorted(snap: Snapshot) -> Snapshot:
+    snap.rows = dict(sorted(snap.rows.items(), key=lambda kv: (kv[0][0], kv[0][1] or "")))
+    return snap
+
+
+def _merge(rows: dict[tuple[str, str | None], Row], topics: list[Any], channel: str | None) -> None:
+    for t in topics:
+        name = t["topic_name"]
+        row = rows.setdefault((name, None), Row(name, None))
+        _add(row, t)
+        client_total = 0
+        for c in t.get("channels") or []:
+            crow = rows.setdefault((name, c["channel_name"]), Row(name, c["channel_name"]))
+            _add(crow, c)
+            client_total += int(c.get("client_count") or 0)
+        row.counts["client_count"] += client_total
+        # A topic has no in-flight/deferred of its own: show its channels' totals.
+        for key in ("in_flight_count", "deferred_count", "requeue_count", "timeout_count"):
+            row.counts[key] += sum(int(c.get(key) or 0) for c in t.get("channels") or [])
+
+
+def _add(row: Row, data: Mapping[str, Any]) -> None:
+    for key in _COUNTS:
+        if key == "client_count" and row.channel is None:
+            continue
+        value = data.get(key)
+        if isinstance(value, int):
+            row.counts[key] += value
+    row.paused = row.paused or bool(data.get("paused"))
+    e2e = data.get("e2e_processing_latency") or {}
+    for p in e2e.get("percentiles") or []:
+        q, v = float(p["quantile"]), float(p["value"])
+        row.e2e[q] = max(row.e2e.get(q, 0.0), v)
+
+
+def _fmt_latency(ns: float) -> str:
+    if ns >= 1e9:
+        return f"{ns / 1e9:.2f}s"
+    if ns >= 1e6:
+        return f"{ns / 1e6:.1f}ms"
+    return f"{ns / 1e3:.0f}us"
+
+
+def _e2e_text(e2e: Mapping[float, float]) -> str:
+    if not e2e:
+        return "-"
+    return " ".join(f"p{q * 100:g}={_fmt_latency(v)}" for q, v in sorted(e2e.items()))
+
+
+def render_table(snap: Snapshot) -> Table:
+    """The snapshot as a rich table: one row per topic, its channels indented below it."""
+    table = Table(title=f"lmq stats: {', '.join(snap.nodes)}", title_justify="left")
+    for header in ("topic / channel", "depth", "mem", "disk", "in-flight", "deferred",
+                   "requeued", "timed out", "messages", "rate/s", "clients", "e2e latency"):
+        table.add_column(header, justify="left" if header in ("topic / channel", "e2e latency")
+                         else "right", no_wrap=True)
+    if not snap.rows:
+        table.add_row("(no topics)", *[""] * 11)
+    for row in snap.rows.values():
+        c = row.counts
+        name = row.topic if row.channel is None else f"  {row.channel}"
+        if row.paused:
+            name += " (paused)"
+        table.add_row(
+            name if row.channel is not None else f"[bold]{name}[/bold]",
+            str(c["depth"]),
+            str(c["depth"] - c["backend_depth"]),
+            str(c["backend_depth"]),
+            str(c["in_flight_count"]),
+            str(c["deferred_count"]),
+            str(c["requeue_count"]),
+            str(c["timeout_count"]),
+            str(c["message_count"]),
+            "-" if row.rate is None else f"{row.rate:.1f}",
+            str(c["client_count"]),
+            _e2e_text(row.e2e),
+        )
+    return table
+
+
+def snapshot_json(snap: Snapshot) -> dict[str, Any]:
+    """The snapshot as JSON-ready data (``--json``): topics with their channels nested."""
+    topics: list[dict[str, Any]] = []
+    by_topic: dict[str, dict[str, Any]] = {}
+    for row in snap.rows.values():
+        entry: dict[str, Any] = {
+            **row.counts,
+            "paused": row.paused,
+            "rate": row.rate,
+            "e2e_processing_latency_ns": {f"{q:g}": v for q, v in sorted(row.e2e.items())},
+        }
+        if row.channel is None:
+            entry = {"topic": row.topic, **entry, "channels": []}
+            by_topic[row.topic] = entry
+            topics.append(entry)
+        else:
+            parent = by_topic.get(row.topic)
+            if parent is not None:
+                parent["channels"].append({"channel": row.channel, **entry})
+    return {"nodes": snap.nodes, "topics": topics}

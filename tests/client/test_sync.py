@@ -1,0 +1,113 @@
+"""The blocking client (``lmq_client.sync``) against a real lmqd subprocess.
+
+Rules for this module: plain (non-trio) tests, since the client blocks; the daemon is the
+``lmqd_server`` fixture from tests/conftest.py (127.0.0.1, port 0, data in tmp_path); socket
+timeouts of a few seconds bound every call.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import socket
+import time
+import urllib.request
+from typing import TYPE_CHECKING
+
+import pytest
+
+from lmq_client import errors
+from lmq_client.sync import Consumer, Producer
+
+if TYPE_CHECKING:
+    from tests.conftest import LmqdServer
+
+
+def _depth(server: LmqdServer, topic: str) -> int:
+    url = f"http://{server.http_address}/stats?format=json&topic={topic}"
+    with urllib.request.urlopen(url, timeout=5) as response:
+        data = json.load(response)
+    return sum(c["depth"] for t in data["topics"] or [] for c in t["channels"]) or sum(
+        t["depth"] for t in data["topics"] or []
+    )
+
+
+def test_publish_mpub_dpub_then_consume(lmqd_server: LmqdServer) -> None:
+    with Producer(lmqd_server.tcp_address, timeout=5) as producer:
+        producer.publish("s", b"one")
+        producer.mpub("s", [b"two", b"three"])
+        producer.dpub("s", 50, b"four")
+        assert producer.address == lmqd_server.tcp_address
+    assert _depth(lmqd_server, "s") == 4  # no channel yet: the topic holds all four
+    with Consumer("s", "c", lmqd_server.tcp_address, max_in_flight=10, timeout=5) as consumer:
+        bodies: list[bytes] = []
+        while len(bodies) < 4:
+            message = consumer.get(timeout=5)
+            assert message is not None
+            bodies.append(message.body)
+            if message.body == b"two" and message.attempts == 1:
+                message.requeue(0)  # delivered again, attempts 2
+                bodies.pop()
+                continue
+            message.finish()
+    assert sorted(bodies) == [b"four", b"one", b"three", b"two"]
+
+
+def test_errors_carry_codes_and_connection_recovers(lmqd_server: LmqdServer) -> None:
+    producer = Producer(lmqd_server.tcp_address, timeout=5)
+    with pytest.raises(errors.BadMessageError) as info:
+        producer.publish("s", b"")
+    assert info.value.code == "E_BAD_MESSAGE"
+    with pytest.raises(errors.InvalidError) as info2:
+        producer.dpub("s", 10_000_000, b"x")
+    assert info2.value.code == "E_INVALID"
+    with pytest.raises(errors.InvalidNameError):
+        producer.mpub("no spaces", [b"x"])
+    producer.mpub("s", [b"ok"])  # reconnected after the fatal errors
+    producer.close()
+
+
+def test_unreachable_daemon_names_address() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens here once closed
+    address = f"127.0.0.1:{port}"
+    with pytest.raises(ConnectionError) as info:
+        Producer(address, timeout=2).publish("t", b"x")
+    assert isinstance(info.value, errors.ConnectionFailed)
+    assert address in str(info.value)
+
+
+def test_failover_to_second_address(lmqd_server: LmqdServer) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"127.0.0.1:{s.getsockname()[1]}"
+    producer = Producer([dead, lmqd_server.tcp_address], timeout=2)
+    producer.publish("f", b"x")
+    assert producer.address == lmqd_server.tcp_address
+    # picklable for Spark (no socket inside), and usable after unpickling
+    clone = pickle.loads(pickle.dumps(producer))
+    clone.publish("f", b"y")
+    clone.close()
+    producer.close()
+
+
+def test_idle_producer_survives_heartbeat_timeout(lmqd_server: LmqdServer) -> None:
+    """Idle past two heartbeat intervals: the daemon drops the connection; publish reconnects."""
+    producer = Producer(lmqd_server.tcp_address, timeout=5, heartbeat_interval=1.0)
+    producer.publish("idle", b"first")
+    time.sleep(2.6)  # 2 missed heartbeat answers (1 s each) and a little
+    producer.publish("idle", b"second")  # must not fail on the dead socket
+    producer.close()
+    assert _depth(lmqd_server, "idle") == 2
+
+
+def test_heartbeat_answered_while_waiting(lmqd_server: LmqdServer) -> None:
+    """A consumer that waits in get() for 2.5 s with 1 s heartbeats stays connected."""
+    with Consumer("hb", "c", lmqd_server.tcp_address, heartbeat_interval=1.0) as consumer:
+        assert consumer.get(timeout=2.5) is None
+        with Producer(lmqd_server.tcp_address) as producer:
+            producer.publish("hb", b"still here")
+        message = consumer.get(timeout=5)
+        assert message is not None and message.body == b"still here"
+        message.finish()
