@@ -130,6 +130,17 @@ class LatencyHistogram:
 # -- child processes ---------------------------------------------------------------------------
 
 
+def _report_failure(results: multiprocessing.Queue[Any], who: str, exc: BaseException) -> None:
+    # A failure inside a nursery arrives wrapped in an exception group: look inside it.
+    found: BaseException = exc
+    while isinstance(found, BaseExceptionGroup) and len(found.exceptions) == 1:
+        found = found.exceptions[0]
+    if isinstance(found, ConnectionFailed):
+        results.put(("unreachable", {"address": found.address, "reason": found.reason}))
+    else:
+        results.put(("error", f"{who}: {type(found).__name__}: {found}"))
+
+
 def _writer_main(
     config: BenchConfig,
     index: int,
@@ -142,10 +153,8 @@ def _writer_main(
         first, last, sent = trio.run(_write, config, index, quota, published)
         results.put(("writer", {"start": first, "end": last, "messages": sent,
                                 "cpu": time.process_time() - cpu0}))
-    except ConnectionFailed as exc:
-        results.put(("unreachable", {"address": exc.address, "reason": exc.reason}))
     except BaseException as exc:  # reported to the parent, which prints it
-        results.put(("error", f"writer {index}: {type(exc).__name__}: {exc}"))
+        _report_failure(results, f"writer {index}", exc)
 
 
 async def _write(
@@ -191,10 +200,8 @@ def _reader_main(
         results.put(("reader", {"start": first, "end": last, "messages": received,
                                 "cpu": time.process_time() - cpu0, "latency": dict(hist.buckets),
                                 "latency_count": hist.count}))
-    except ConnectionFailed as exc:
-        results.put(("unreachable", {"address": exc.address, "reason": exc.reason}))
     except BaseException as exc:
-        results.put(("error", f"reader {index}: {type(exc).__name__}: {exc}"))
+        _report_failure(results, f"reader {index}", exc)
 
 
 async def _read(

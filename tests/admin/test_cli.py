@@ -1,0 +1,269 @@
+"""Every lmqadmin command end to end against a real lmqd subprocess.
+
+Rules for this module: one daemon for the module (``lmqd_module_server`` from tests/conftest.py,
+127.0.0.1, port 0, data in a temp dir); each test uses its own topic names; commands run through
+click's CliRunner (and the console script once, through a subprocess) and the tests check what
+they print and their exit codes. Nothing here waits longer than a few seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from click.testing import CliRunner, Result
+
+from lmq_client.admin.cli import cli
+from lmq_client.http import HTTPClient
+
+if TYPE_CHECKING:
+    from tests.conftest import LmqdServer
+
+
+def run(server: LmqdServer, *args: str, input: str | bytes | None = None) -> Result:
+    assert server.http_address is not None
+    env = {"LMQ_TCP_ADDRESS": server.tcp_address, "LMQ_HTTP_ADDRESS": server.http_address}
+    return CliRunner().invoke(cli, list(args), input=input, env=env, catch_exceptions=False)
+
+
+def topic_stats(server: LmqdServer, topic: str) -> dict[str, Any]:
+    assert server.http_address is not None
+    data = HTTPClient(server.http_address).stats(topic)
+    topics = data["topics"] or []
+    assert len(topics) == 1, data
+    result: dict[str, Any] = topics[0]
+    return result
+
+
+def free_address() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{s.getsockname()[1]}"
+
+
+def test_pub_arguments_stdin_file_and_batches(
+    lmqd_module_server: LmqdServer, tmp_path: Path
+) -> None:
+    server = lmqd_module_server
+    result = run(server, "pub", "p1", "hello", "world")
+    assert result.exit_code == 0, result.output
+    expected = f"published 2 messages to p1 on {server.tcp_address} (1 batches"
+    assert result.output.startswith(expected)
+    # stdin: empty lines skipped, \r\n tolerated
+    result = run(server, "pub", "p1", input=b"a\r\nb\n\nc\n")
+    assert result.exit_code == 0, result.output
+    assert "published 3 messages" in result.output
+    path = tmp_path / "msgs.txt"
+    path.write_bytes(b"".join(b"m%d\n" % i for i in range(5)))
+    result = run(server, "pub", "p1", "--file", str(path), "--batch-size", "2")
+    assert result.exit_code == 0, result.output
+    assert "published 5 messages" in result.output and "(3 batches" in result.output
+    assert topic_stats(server, "p1")["message_count"] == 10
+    result = run(server, "--json", "pub", "p1", "x")
+    assert result.exit_code == 0
+    data = json.loads(result.output)
+    assert (data["topic"], data["messages"], data["batches"]) == ("p1", 1, 1)
+
+
+def test_pub_usage_errors(lmqd_module_server: LmqdServer, tmp_path: Path) -> None:
+    result = run(lmqd_module_server, "pub", "p2", "x", "--file", str(tmp_path / "f"))
+    assert result.exit_code == 2
+    assert "not both" in result.output
+    result = run(lmqd_module_server, "pub", "p2", "--file", str(tmp_path / "missing"))
+    assert result.exit_code == 2
+    assert "No such file" in result.output
+    result = run(lmqd_module_server, "pub", "p2", input="\n\n")
+    assert result.exit_code == 2
+    assert "no messages" in result.output
+
+
+def test_tail_prints_messages_and_stops_after_n(lmqd_module_server: LmqdServer) -> None:
+    server = lmqd_module_server
+    assert run(server, "pub", "tail1", "one", "two", "three", "four").exit_code == 0
+    # the topic has no channel yet: tail's ephemeral channel is the first and gets the backlog
+    result = run(server, "tail", "tail1", "-n", "3")
+    assert result.exit_code == 0, result.output
+    assert result.output == "one\ntwo\nthree\n"
+    assert run(server, "pub", "tail2", "héllo").exit_code == 0
+    result = run(server, "tail", "tail2", "-n", "1", "--json", "--channel", "c")
+    assert result.exit_code == 0, result.output
+    line = json.loads(result.output)
+    assert (line["topic"], line["body"], line["attempts"]) == ("tail2", "héllo", 1)
+    assert len(line["id"]) == 16
+    assert run(server, "pub", "tail3", "m").exit_code == 0
+    result = run(server, "tail", "tail3", "-n", "1", "--print-topic")
+    assert (result.exit_code, result.output) == (0, "tail3: m\n")
+
+
+def test_topic_and_channel_actions(lmqd_module_server: LmqdServer) -> None:
+    server = lmqd_module_server
+    http = server.http_address
+    result = run(server, "topic", "create", "adm")
+    assert (result.exit_code, result.output) == (0, f"created topic adm on {http}\n")
+    result = run(server, "channel", "create", "adm", "ch")
+    assert (result.exit_code, result.output) == (0, f"created channel adm/ch on {http}\n")
+    assert run(server, "pub", "adm", "a", "b").exit_code == 0
+    stats = topic_stats(server, "adm")
+    assert [c["channel_name"] for c in stats["channels"]] == ["ch"]
+    assert stats["channels"][0]["depth"] == 2
+
+    assert run(server, "channel", "pause", "adm", "ch").exit_code == 0
+    assert topic_stats(server, "adm")["channels"][0]["paused"] is True
+    assert run(server, "channel", "unpause", "adm", "ch").exit_code == 0
+    assert topic_stats(server, "adm")["channels"][0]["paused"] is False
+    result = run(server, "channel", "empty", "adm", "ch")
+    assert (result.exit_code, result.output) == (0, f"emptied channel adm/ch on {http}\n")
+    assert topic_stats(server, "adm")["channels"][0]["depth"] == 0
+
+    result = run(server, "--json", "topic", "pause", "adm")
+    assert result.exit_code == 0
+    assert json.loads(result.output) == {"action": "pause", "topic": "adm", "nodes": [http]}
+    assert topic_stats(server, "adm")["paused"] is True
+    assert run(server, "topic", "unpause", "adm").exit_code == 0
+    assert run(server, "topic", "empty", "adm").exit_code == 0
+    assert run(server, "channel", "delete", "adm", "ch").exit_code == 0
+    assert topic_stats(server, "adm")["channels"] == []
+    result = run(server, "topic", "delete", "adm")
+    assert (result.exit_code, result.output) == (0, f"deleted topic adm on {http}\n")
+    assert HTTPClient(http or "").stats("adm")["topics"] in (None, [])
+
+
+def test_errors_and_exit_codes(lmqd_module_server: LmqdServer) -> None:
+    server = lmqd_module_server
+    result = run(server, "topic", "delete", "never-existed")
+    assert result.exit_code == 1
+    assert result.output == (
+        f"lmqadmin: error: {server.http_address} answered HTTP 404 TOPIC_NOT_FOUND\n"
+    )
+    result = run(server, "channel", "create", "bad name", "c")
+    assert result.exit_code == 2
+    assert "invalid topic name 'bad name'" in result.output
+    result = run(server, "pub", "x" * 65, "m")
+    assert result.exit_code == 2
+    dead = free_address()
+    result = run(server, "--http-address", dead, "stats")
+    assert result.exit_code == 3
+    assert result.output.startswith(f"lmqadmin: error: cannot reach the daemon at {dead}: ")
+    result = run(server, "--tcp-address", dead, "pub", "t", "m")
+    assert result.exit_code == 3
+    assert f"cannot reach the daemon at {dead}: cannot connect" in result.output
+    result = run(server, "--tcp-address", dead, "tail", "t", "-n", "1")
+    assert result.exit_code == 3
+    assert dead in result.output
+    result = run(server, "--tcp-address", "nonsense", "pub", "t", "m")
+    assert result.exit_code == 2
+    assert "want HOST:PORT" in result.output
+
+
+def test_stats_table_json_and_watch(lmqd_module_server: LmqdServer) -> None:
+    server = lmqd_module_server
+    assert run(server, "channel", "create", "st", "c1").exit_code == 1  # topic must exist
+    assert run(server, "topic", "create", "st").exit_code == 0
+    assert run(server, "channel", "create", "st", "c1").exit_code == 0
+    assert run(server, "pub", "st", "a", "b", "c").exit_code == 0
+
+    result = run(server, "stats", "st", "--interval", "0")
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    header = next(line for line in lines if "topic / channel" in line)
+    for column in ("depth", "in-flight", "deferred", "rate/s", "e2e latency"):
+        assert column in header
+    topic_row = next(line for line in lines if "│ st " in line)
+    channel_row = next(line for line in lines if "│   c1 " in line)
+    assert topic_row.split("│")[9].strip() == "3"  # messages
+    assert channel_row.split("│")[2].strip() == "3"  # depth
+
+    result = run(server, "stats", "st", "--json", "--interval", "0.2")
+    assert result.exit_code == 0
+    data = json.loads(result.output)
+    assert data["nodes"] == [server.http_address]
+    (topic,) = data["topics"]
+    assert (topic["topic"], topic["message_count"], topic["rate"]) == ("st", 3, 0.0)
+    assert topic["channels"][0]["channel"] == "c1"
+    assert topic["channels"][0]["depth"] == 3
+
+    result = run(server, "--json", "stats", "st", "--watch", "--count", "2", "--interval", "0.1")
+    assert result.exit_code == 0
+    snapshots = [json.loads(line) for line in result.output.splitlines()]
+    assert len(snapshots) == 2
+    assert all(s["topics"][0]["rate"] == 0.0 for s in snapshots)
+    result = run(server, "stats", "st", "--watch", "--count", "1", "--interval", "0.1")
+    assert result.exit_code == 0 and "c1" in result.output
+
+
+def test_stats_rates_between_samples(lmqd_module_server: LmqdServer) -> None:
+    from lmq_client.admin.stats import sample
+
+    server = lmqd_module_server
+    assert server.http_address is not None
+    client = HTTPClient(server.http_address)
+    client.topic_action("create", "rates")
+    first = sample([client], "rates")
+    for i in range(20):
+        client.pub("rates", b"%d" % i)
+    second = sample([client], "rates", previous=first)
+    row = second.rows[("rates", None)]
+    elapsed = second.taken_at - first.taken_at
+    assert row.rate == pytest.approx(20 / elapsed)
+
+
+def test_bench_reports_plausible_figures(lmqd_module_server: LmqdServer) -> None:
+    server = lmqd_module_server
+    result = run(server, "--json", "bench", "--count", "4000", "--batch-size", "100",
+                 "--size", "64", "--rdy", "200")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    assert report["errors"] == []
+    pub, sub, lat = report["publish"], report["consume"], report["latency_ms"]
+    assert pub["messages"] == sub["messages"] == 4000
+    for side in (pub, sub):
+        assert side["msgs_per_s"] > 100
+        assert side["mb_per_s"] == pytest.approx(side["msgs_per_s"] * 64 / 1e6, rel=0.01)
+        assert 0 <= side["client_cpu_pct_per_process"] <= 150
+    assert 0 < lat["p50"] <= lat["p99"] <= lat["p99.9"] <= lat["max"] < 30_000
+    # the bench topic was deleted afterwards
+    assert server.http_address is not None
+    topics = HTTPClient(server.http_address).stats()["topics"]
+    assert not [t for t in topics if t["topic_name"] == report["topic"]]
+
+
+def test_bench_text_report_with_duration(lmqd_module_server: LmqdServer) -> None:
+    result = run(lmqd_module_server, "bench", "--duration", "0.5", "--topic", "benchtext",
+                 "--keep-topic")
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[0].startswith("bench benchtext/bench on ")
+    assert lines[1].startswith("publish ") and "msgs/s" in lines[1] and "MB/s" in lines[1]
+    assert lines[2].startswith("consume ")
+    assert lines[3].startswith("latency  p50=") and "p99.9=" in lines[3]
+    assert topic_stats(lmqd_module_server, "benchtext")["channels"][0]["depth"] == 0
+
+
+def test_bench_unreachable_daemon_exit_code(lmqd_module_server: LmqdServer) -> None:
+    dead = free_address()
+    result = run(lmqd_module_server, "--tcp-address", dead, "bench", "--count", "10")
+    assert result.exit_code == 3
+    assert dead in result.output
+
+
+def test_console_script_module_entry(lmqd_module_server: LmqdServer) -> None:
+    """``python -m lmq_client.admin`` (what the lmqadmin script runs) with real exit codes."""
+    server = lmqd_module_server
+    assert server.http_address is not None
+    env_args = ["--tcp-address", server.tcp_address, "--http-address", server.http_address]
+    proc = subprocess.run(
+        [sys.executable, "-m", "lmq_client.admin", *env_args, "topic", "create", "script"],
+        capture_output=True, text=True, timeout=30,
+    )
+    assert (proc.returncode, proc.stdout) == (0, f"created topic script on {server.http_address}\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "lmq_client.admin", *env_args, "topic", "delete", "nope-none"],
+        capture_output=True, text=True, timeout=30,
+    )
+    assert proc.returncode == 1
+    assert "TOPIC_NOT_FOUND" in proc.stderr
