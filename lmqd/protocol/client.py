@@ -132,10 +132,10 @@ class ClientConnection:
         try:
             while end - pos >= 4:
                 size = _unpack_size(buf, pos)[0]
-                if size < 4 or size > max_size:
-                    raise ProtocolError(
-                        "E_BAD_PROTOCOL", f"invalid frame size {size} (max {max_size})"
-                    )
+                if size < 4:  # the size counts the 4-byte frame type
+                    raise ProtocolError("E_BAD_PROTOCOL", f"invalid frame size {size}")
+                if size > max_size:
+                    raise ProtocolError("E_BAD_PROTOCOL", f"frame too big {size} > {max_size}")
                 frame_end = pos + 4 + size
                 if frame_end > end:
                     need = frame_end - pos

@@ -360,13 +360,33 @@ class ServerConnection:
         size: int = _unpack_size(buf, p)[0]
         if size <= 0:
             raise errors.message_invalid_size("PUB", size)
-        if size > self.limits.max_msg_size:
-            raise errors.message_too_big("PUB", size, self.limits.max_msg_size)
+        max_msg = self.limits.max_msg_size
+        if size > max_msg:
+            raise errors.message_too_big("PUB", size, max_msg)
         p += 4
         end = p + size
         if end > len(buf):
             return -end
-        events.append(make_pub(topic, buf[p:end]))
+        append = events.append
+        append(make_pub(topic, buf[p:end]))
+        # A producer pipelines PUBs to one topic: while the next line is exactly "PUB <topic>\n"
+        # take its message without re-parsing the line. Anything unusual (an incomplete or
+        # invalid size or body) is left to the general path, which re-parses and reports it.
+        line = b"PUB " + params[1] + b"\n"
+        line_length = len(line)
+        buf_length = len(buf)
+        while buf.startswith(line, end):
+            p = end + line_length
+            if buf_length - p < 4:
+                break
+            size = _unpack_size(buf, p)[0]
+            if size <= 0 or size > max_msg:
+                break
+            p += 4
+            if p + size > buf_length:
+                break
+            append(make_pub(topic, buf[p : p + size]))
+            end = p + size
         return end
 
     def _dpub(self, params: list[bytes], buf: bytes, p: int, events: list[Event]) -> int:

@@ -305,3 +305,24 @@ def test_no_data_no_events() -> None:
     conn = server()
     assert conn.next_events() == []
     assert conn.next_events() == []
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_pub_run(mode: str) -> None:
+    """Pipelined PUBs (the fast path for repeated "PUB <topic>") and their variations."""
+    data = (
+        b"PUB t\n" + sized(b"1") + b"PUB t\n" + sized(b"2") + b"PUB t\r\n" + sized(b"3")
+        + b"PUB u\n" + sized(b"4") + b"PUB t\n" + sized(b"5") + b"PUB t extra\n" + sized(b"6")
+        + b"PUB t\n" + sized(b"PUB t\n") + b"PUB t\n" + sized(b"8") + b"PUB tt\n" + sized(b"9")
+    )  # fmt: skip
+    assert parse_ok(data, mode) == [
+        Pub(topic="t", body=b"1"),
+        Pub(topic="t", body=b"2"),
+        Pub(topic="t", body=b"3"),
+        Pub(topic="u", body=b"4"),
+        Pub(topic="t", body=b"5"),
+        Pub(topic="t", body=b"6"),
+        Pub(topic="t", body=b"PUB t\n"),
+        Pub(topic="t", body=b"8"),
+        Pub(topic="tt", body=b"9"),
+    ]

@@ -538,3 +538,40 @@ def test_feed_helper_reports_trailing_events() -> None:
     conn = server()
     events, error = feed(conn, b"NOP\n", "trailing")
     assert error is None and events == [Nop()]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize(
+    "bad_line",
+    [
+        b"FIN 0123456 89abcdef\n",  # a space splits the id
+        b"FIN 0123456789abcde\r\n",  # the "\r" is a line ending, leaving 15 bytes
+        b"FIN 0123456789abcdef0\n",
+        b"FIN  0123456789abcde\n",
+    ],
+)
+def test_bad_fin_inside_a_run_of_fins(mode: str, bad_line: bytes) -> None:
+    """The run fast path must refuse exactly what the line-by-line path refuses."""
+    good = b"FIN " + MSG_ID + b"\n"
+    events, error = parse(good * 3 + bad_line + good, mode, SUBSCRIBE)
+    assert len(events) == 3
+    assert error is not None
+    assert error.body == b"E_INVALID invalid message ID"
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize(
+    ("bad", "expected"),
+    [
+        (b"PUB t\n" + size(0), b"E_BAD_MESSAGE PUB invalid message body size 0"),
+        (b"PUB t\n" + size(-3), b"E_BAD_MESSAGE PUB invalid message body size -3"),
+        (b"PUB t\n" + size(101), b"E_BAD_MESSAGE PUB message too big 101 > 100"),
+        (b"PUB t!\n" + sized(b"x"), b'E_BAD_TOPIC PUB topic name "t!" is not valid'),
+    ],
+)
+def test_bad_pub_inside_a_run_of_pubs(mode: str, bad: bytes, expected: bytes) -> None:
+    good = b"PUB t\n" + sized(b"ok")
+    events, error = parse(good * 3 + bad + good, mode, limits=SMALL)
+    assert events == [Pub(topic="t", body=b"ok")] * 3
+    assert error is not None
+    assert error.body == expected
