@@ -42,6 +42,7 @@ from lmqd.deferred import DeferredQueue
 from lmqd.inflight import ChannelError, InFlightQueue, NotInFlight, NotOwner
 from lmqd.message import Message
 from lmqd.options import Options
+from lmqd.protocol.names import is_ephemeral
 from lmqd.stats import NO_E2E_LATENCY, ChannelStats, E2eLatency, E2eRecorder
 from lmqd.subscriber import Subscriber
 
@@ -56,17 +57,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("lmqd.channel")
-
-EPHEMERAL_SUFFIXES = ("#ephemeral", "#tmp")
-
-
-def is_ephemeral(name: str) -> bool:
-    """Whether a topic or channel name is ephemeral (never on disk, deleted when unused).
-
-    ``#ephemeral`` is NSQ's suffix, ``#tmp`` this project's test convention. Kept here until
-    ``lmqd.protocol`` owns name rules; it must agree with the daemon's copy.
-    """
-    return name.endswith(EPHEMERAL_SUFFIXES)
 
 
 class TopicExiting(Exception):
