@@ -534,15 +534,14 @@ class Channel:
         log.info("CHANNEL(%s:%s): closed", self.topic_name, self.name)
 
     def delete(self) -> None:
-        """Delete: stop the timer, drop every message and the backend's storage. Idempotent.
-
-        Subscribed clients stay in ``clients`` and get nothing more; the server should close
-        their connections (nsqd does).
-        """
+        """Delete: stop the timer, drop every message and the backend's storage, and close the
+        subscribed clients' connections (nsqd does). Idempotent."""
         if self.exiting:
             return
         self.exiting = True
         self._run_scope.cancel()
+        for client in list(self.clients.values()):
+            client.close()
         self._memory.clear()
         self._in_flight.clear()
         self._deferred.clear()

@@ -33,6 +33,10 @@ class Subscriber(Protocol):
         """Queue message frames for sending (never awaits; wakes the writer once per call)."""
         ...
 
+    def close(self) -> None:
+        """End this client's connection (its channel was deleted; nsqd closes them too)."""
+        ...
+
     def statistics(self) -> ClientStats:
         """A frozen snapshot of this client, for /stats."""
         ...

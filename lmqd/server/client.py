@@ -114,6 +114,7 @@ class TcpClient:
         self._wake_writer = trio.Event()
         self._drained = trio.Event()
         self._closing = False
+        self._reader_scope = trio.CancelScope()
         self._heartbeat_interval = options.default_heartbeat_interval
         self._next_heartbeat = trio.current_time() + self._heartbeat_interval
 
@@ -127,6 +128,12 @@ class TcpClient:
     @ready_count.setter
     def ready_count(self, count: int) -> None:
         self._ready_count = count
+
+    def close(self) -> None:
+        """End the connection (its channel was deleted): the writer flushes, both tasks stop."""
+        self._closing = True
+        self._reader_scope.cancel()
+        self._wake_writer.set()
 
     def write_messages(self, messages: Sequence[Message]) -> None:
         self._write(encode_messages(messages))
@@ -220,9 +227,8 @@ class TcpClient:
         log.info("CLIENT(%s): connected", self.remote_address)
         try:
             async with trio.open_nursery() as nursery:
-                reader_scope = trio.CancelScope()
-                nursery.start_soon(self._writer, reader_scope)
-                with reader_scope:
+                nursery.start_soon(self._writer, self._reader_scope)
+                with self._reader_scope:
                     await self._reader()
                 self._closing = True
                 self._wake_writer.set()
@@ -285,41 +291,48 @@ class TcpClient:
             self._closing = True
 
     def _apply(self, events: Sequence[Event], now: float) -> None:
-        # Consecutive PUB/MPUBs to one topic become one publish; their OKs are written only once
-        # it succeeds (a failure answers the first of them with the error and closes).
-        pending_topic: str | None = None
-        pending_bodies: list[bytes] = []
-        pending_count = 0
-        pending_kind = "PUB"
+        # Runs of consecutive PUB/MPUBs to one topic become one publish, their OKs written only
+        # once it succeeded (a failure answers with the error and closes); runs of FINs become
+        # one finish_many. Everything else is applied in order between the runs.
+        pub_topic: str | None = None
+        pub_kind = "PUB"
+        pub_bodies: list[bytes] = []
+        pub_count = 0
+        fins: list[bytes] = []
 
         def flush() -> None:
-            nonlocal pending_topic, pending_count
-            if pending_topic is None:
-                return
-            topic, count = pending_topic, pending_count
-            pending_topic, pending_count = None, 0
-            self._publish(pending_kind, topic, pending_bodies, 0.0)
-            pending_bodies.clear()
-            self._output.extend([OK_FRAME] * count)
-            self._output_bytes += len(OK_FRAME) * count
-            self._wake_writer.set()
+            nonlocal pub_topic, pub_count
+            if fins:
+                self._finish_many(fins, now)
+                fins.clear()
+            if pub_topic is not None:
+                topic, count = pub_topic, pub_count
+                pub_topic, pub_count = None, 0
+                self._publish(pub_kind, topic, pub_bodies, 0.0)
+                pub_bodies.clear()
+                self._output.extend([OK_FRAME] * count)
+                self._output_bytes += len(OK_FRAME) * count
+                self._wake_writer.set()
 
         for event in events:
-            if isinstance(event, Pub | Mpub):
-                if event.topic != pending_topic:
+            if isinstance(event, Fin):
+                if pub_topic is not None:
                     flush()
-                    pending_topic = event.topic
-                    pending_kind = "PUB" if isinstance(event, Pub) else "MPUB"
+                fins.append(event.id)
+                continue
+            if isinstance(event, Pub | Mpub):
+                if fins or event.topic != pub_topic:
+                    flush()
+                    pub_topic = event.topic
+                    pub_kind = "PUB" if isinstance(event, Pub) else "MPUB"
                 if isinstance(event, Pub):
-                    pending_bodies.append(event.body)
+                    pub_bodies.append(event.body)
                 else:
-                    pending_bodies.extend(event.bodies)
-                pending_count += 1
+                    pub_bodies.extend(event.bodies)
+                pub_count += 1
                 continue
             flush()
             match event:
-                case Fin(id=msg_id):
-                    self._finish(msg_id, now)
                 case Rdy(count=count):
                     self._ready(count)
                 case Req(id=msg_id, timeout_ms=timeout_ms):
@@ -391,11 +404,9 @@ class TcpClient:
         if self.channel is not None:
             self.channel.client_ready(self)
 
-    def _finish(self, msg_id: bytes, now: float) -> None:
+    def _finish_many(self, msg_ids: list[bytes], now: float) -> None:
         assert self.channel is not None  # the state table allows FIN only once subscribed
-        try:
-            self.channel.finish(self, msg_id, now)
-        except (NotInFlight, NotOwner) as exc:
+        for msg_id, exc in self.channel.finish_many(self, msg_ids, now):
             self._fail(errors.fin_failed(msg_id, str(exc)))
 
     def _requeue(self, msg_id: bytes, timeout_ms: int, now: float) -> None:

@@ -36,6 +36,7 @@ class FakeClient:
         self.requeue_count = 0
         self.msg_timeout = msg_timeout
         self.sample_rate = sample_rate
+        self.closed = False
         self.writes: list[list[Message]] = []
         self.write_times: list[float | None] = []
         self._written = trio.Event()
@@ -45,6 +46,9 @@ class FakeClient:
         self.writes.append(list(messages))
         self.write_times.append(now_or_none())
         self._written.set()
+
+    def close(self) -> None:
+        self.closed = True
 
     @property
     def received(self) -> list[Message]:

@@ -434,6 +434,15 @@ def test_subscribing_to_a_deleted_channel_raises_topic_exiting() -> None:
         ch.add_client(FakeClient(1))
 
 
+def test_deleting_a_channel_closes_its_clients() -> None:
+    ch = make_channel()
+    clients = [FakeClient(1, ready=1), FakeClient(2, ready=1)]
+    for client in clients:
+        ch.add_client(client)
+    ch.delete()
+    assert [c.closed for c in clients] == [True, True]
+
+
 def test_ephemeral_channel_asks_to_be_deleted_when_its_last_client_leaves() -> None:
     asked: list[Channel] = []
     ch = Channel(

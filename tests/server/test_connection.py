@@ -328,3 +328,26 @@ async def test_ephemeral_channel_goes_with_its_last_consumer(
     await consumer.stream.aclose()
     await trio.testing.wait_all_tasks_blocked()
     assert "t#tmp" not in daemon.topics  # its last channel went, so the ephemeral topic did too
+
+
+async def test_deleting_a_channel_closes_its_consumers_connections(
+    daemon: LmqDaemon, nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    consumer = await subscriber(daemon, nursery, "t", "c", rdy=1)
+    other = await subscriber(daemon, nursery, "t", "keep", rdy=1)
+    daemon.topics["t"].delete_channel("c")
+    assert await consumer.closed()
+    daemon.publish("t", [b"x"])
+    assert (await other.message())[3] == b"x"
+
+
+async def test_a_buffer_of_fins_with_one_unknown_id(
+    daemon: LmqDaemon, nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    consumer = await subscriber(daemon, nursery, "t", "c", rdy=3)
+    daemon.publish("t", [b"1", b"2"])
+    ids = [(await consumer.message())[2] for _ in range(2)]
+    await consumer.send(b"FIN " + ids[0] + b"\nFIN ffffffffffffffff\nFIN " + ids[1] + b"\n")
+    assert await consumer.error() == b"E_FIN_FAILED FIN ffffffffffffffff failed ID not in flight"
+    await trio.testing.wait_all_tasks_blocked()
+    assert daemon.topics["t"].channels["c"].in_flight_count == 0
