@@ -67,10 +67,12 @@ _set_fin_id = Fin.__dict__["id"].__set__
 _NOP = Nop()
 _CLS = Cls()
 
-# A handler gets the command's parameters (the line split on spaces), the buffer and the offset
-# just past the line; it appends its event and returns the offset after the command, or
-# -(offset the command needs the buffer to reach) when its body is incomplete.
-_Handler = Callable[[list[bytes], bytes, int, list[Event]], int]
+# A handler gets the connection, the command's parameters (the line split on spaces), the buffer
+# and the offset just past the line; it appends its event and returns the offset after the
+# command, or -(offset the command needs the buffer to reach) when its body is incomplete.
+# Handlers are plain functions in tables shared by all connections (see _TABLES), so a
+# connection holds no reference cycle and its buffer is freed as soon as it is dropped.
+_Handler = Callable[["ServerConnection", list[bytes], bytes, int, list[Event]], int]
 
 
 def parse_uint(raw: bytes) -> int | None:
@@ -113,22 +115,7 @@ class ServerConnection:
         self._magic_ok = False
         self._eof = False
         self._error: ProtocolError | None = None
-        self._handlers_by_name: dict[str, _Handler] = {
-            "IDENTIFY": self._identify,
-            "AUTH": self._auth,
-            "SUB": self._sub,
-            "RDY": self._rdy,
-            "FIN": self._fin,
-            "REQ": self._req,
-            "TOUCH": self._touch,
-            "CLS": self._cls,
-            "NOP": self._nop,
-            "PUB": self._pub,
-            "MPUB": self._mpub,
-            "DPUB": self._dpub,
-        }
-        self._tables: dict[ClientState, dict[bytes, _Handler]] = {}
-        self._handlers = self._table(ClientState.INIT)
+        self._handlers = _TABLES[ClientState.INIT]
 
     # -- input ------------------------------------------------------------------------------
 
@@ -232,7 +219,7 @@ class ServerConnection:
                 handler = self._handlers.get(params[0])
                 if handler is None:
                     raise errors.invalid_command(params[0])
-                after = handler(params, buf, nl + 1, events)
+                after = handler(self, params, buf, nl + 1, events)
                 if after < 0:
                     self._need = -after - pos
                     break
@@ -246,23 +233,9 @@ class ServerConnection:
 
     # -- state ----------------------------------------------------------------------------------
 
-    def _table(self, state: ClientState) -> dict[bytes, _Handler]:
-        table = self._tables.get(state)
-        if table is None:
-            table = {}
-            for name, handler in self._handlers_by_name.items():
-                if state in LEGAL_STATES[name]:
-                    table[name.encode()] = handler
-                elif state in IGNORED_STATES.get(name, ()):
-                    table[name.encode()] = _ignore
-                else:
-                    table[name.encode()] = _illegal(name)
-            self._tables[state] = table
-        return table
-
     def _set_state(self, state: ClientState) -> None:
         self.state = state
-        self._handlers = self._table(state)
+        self._handlers = _TABLES[state]
 
     # -- commands without a body ----------------------------------------------------------------
 
@@ -505,12 +478,48 @@ class ServerConnection:
         return buf[p:end]
 
 
-def _ignore(params: list[bytes], buf: bytes, p: int, events: list[Event]) -> int:
+def _ignore(
+    conn: ServerConnection, params: list[bytes], buf: bytes, p: int, events: list[Event]
+) -> int:
     return p
 
 
 def _illegal(cmd: str) -> _Handler:
-    def handler(params: list[bytes], buf: bytes, p: int, events: list[Event]) -> int:
+    def handler(
+        conn: ServerConnection, params: list[bytes], buf: bytes, p: int, events: list[Event]
+    ) -> int:
         raise errors.cannot_in_state(cmd)
 
     return handler
+
+
+_HANDLERS: dict[str, _Handler] = {
+    "IDENTIFY": ServerConnection._identify,
+    "AUTH": ServerConnection._auth,
+    "SUB": ServerConnection._sub,
+    "RDY": ServerConnection._rdy,
+    "FIN": ServerConnection._fin,
+    "REQ": ServerConnection._req,
+    "TOUCH": ServerConnection._touch,
+    "CLS": ServerConnection._cls,
+    "NOP": ServerConnection._nop,
+    "PUB": ServerConnection._pub,
+    "MPUB": ServerConnection._mpub,
+    "DPUB": ServerConnection._dpub,
+}
+
+
+def _table(state: ClientState) -> dict[bytes, _Handler]:
+    """Command name -> handler in ``state``, from the table in state.py."""
+    table: dict[bytes, _Handler] = {}
+    for name, handler in _HANDLERS.items():
+        if state in LEGAL_STATES[name]:
+            table[name.encode()] = handler
+        elif state in IGNORED_STATES.get(name, ()):
+            table[name.encode()] = _ignore
+        else:
+            table[name.encode()] = _illegal(name)
+    return table
+
+
+_TABLES: dict[ClientState, dict[bytes, _Handler]] = {state: _table(state) for state in ClientState}
