@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -39,13 +40,26 @@ class Daemons:
         self.nursery = nursery
         self.tmp_path = tmp_path
         self.count = 0
+        self.stopped: dict[LmqDaemon, trio.Event] = {}
 
     async def start(self, port: int = 0) -> tuple[LmqDaemon, str]:
         self.count += 1
         daemon = LmqDaemon(_options(self.tmp_path, f"d{self.count}", port))
-        bound = await self.nursery.start(daemon.run)
+        bound = await self.nursery.start(self._run, daemon)
         host, port = bound.tcp
         return daemon, f"{host}:{port}"
+
+    async def stop(self, daemon: LmqDaemon) -> None:
+        """Shut the daemon down and wait until it has closed its listener."""
+        daemon.shutdown()
+        await self.stopped[daemon].wait()
+
+    async def _run(self, daemon: LmqDaemon, *, task_status: trio.TaskStatus[Any]) -> None:
+        self.stopped[daemon] = trio.Event()
+        try:
+            await daemon.run(task_status=task_status)
+        finally:
+            self.stopped[daemon].set()
 
 
 @pytest.fixture
@@ -142,7 +156,7 @@ async def test_reconnect_after_daemon_restart(daemons: Daemons) -> None:
             await producer.publish("r", b"before")
             await arrived.wait()
             arrived = trio.Event()
-            daemon.shutdown()
+            await daemons.stop(daemon)
             await consumer.wait_connections(0)
             with pytest.raises(errors.ConnectionFailed):
                 await producer.publish("r", b"while down")
