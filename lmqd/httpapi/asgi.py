@@ -258,7 +258,8 @@ class Router:
         if handler is not None:
             request.path_params = params
             return handler
-        allow = ", ".join([*sorted(methods), "OPTIONS"])
+        # httprouter lists the methods with OPTIONS added, sorted.
+        allow = ", ".join(sorted({*methods, "OPTIONS"}))
         if request.method == "OPTIONS":
             return Response(200, v1=False, headers=(("allow", allow),))
         response = error_response(405, "METHOD_NOT_ALLOWED")

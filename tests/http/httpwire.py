@@ -1,4 +1,13 @@
-"""Test-side wire helpers for the HTTP suites: an h11 HTTP/1.1 client and a raw V2 TCP client.
+"""Test-side helpers for the HTTP suites: the daemon fixture, an h11 HTTP/1.1 client and a raw
+V2 TCP client.
+
+``start_daemon(**options)`` (a fixture; test modules import ``start_daemon_fixture``) starts a
+real ``LmqDaemon`` in-process with ``await nursery.start(daemon.run)``, so it returns once TCP and
+HTTP listen on 127.0.0.1 port 0, with ``data_path`` in ``tmp_path``, and shuts every daemon down
+at the end of the test. (It lives here, not in a ``conftest.py``: a ``tests/http/conftest.py``
+would be imported as the top-level module ``conftest`` and shadow ``tests/conftest.py`` for the
+suites that import from it, and an ``__init__.py`` would make this directory shadow the stdlib
+``http`` package.)
 
 The HTTP client is h11 over a trio stream, so a test sees exactly the status, headers and body
 bytes the server sent (no client library normalising them), and can also send what a library
@@ -9,14 +18,17 @@ from __future__ import annotations
 
 import json
 import struct
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import attrs
 import h11
+import pytest
 import trio
 
 from lmqd.daemon import LmqDaemon
+from lmqd.options import Options
 
 Address = tuple[str, int]
 
@@ -31,6 +43,34 @@ class Running:
 
 
 StartDaemon = Callable[..., Awaitable[Running]]
+
+# A daemon starts in milliseconds; the guard is for a listener that never comes up.
+START_TIMEOUT_S = 10.0
+
+
+@pytest.fixture(name="start_daemon")
+async def start_daemon_fixture(
+    nursery: trio.Nursery, tmp_path: Path
+) -> AsyncIterator[StartDaemon]:
+    daemons: list[LmqDaemon] = []
+
+    async def start(**overrides: Any) -> Running:
+        options = Options(
+            tcp_address="127.0.0.1:0",
+            http_address="127.0.0.1:0",
+            data_path=str(tmp_path),
+            **overrides,
+        )
+        daemon = LmqDaemon(options)
+        with trio.fail_after(START_TIMEOUT_S):
+            addresses = await nursery.start(daemon.run)
+        daemons.append(daemon)
+        assert addresses.http is not None
+        return Running(daemon, addresses.tcp, addresses.http)
+
+    yield start
+    for daemon in daemons:
+        daemon.shutdown()
 
 
 @attrs.frozen

@@ -14,7 +14,15 @@ import logging
 import struct
 
 import trio
-from httpwire import Running, StartDaemon, V2Client, eventually, http, http_headers_only
+from httpwire import (
+    Running,
+    StartDaemon,
+    V2Client,
+    eventually,
+    http,
+    http_headers_only,
+    start_daemon_fixture,  # noqa: F401 - the start_daemon fixture
+)
 
 from lmqd.protocol.names import MAX_NAME_LENGTH
 
@@ -130,7 +138,7 @@ async def test_pub_bad_requests(start_daemon: StartDaemon) -> None:
             r = await http(running.http, method, target, body)
             assert (r.status, r.json(), r.v1) == (status, {"message": message}, True), target
         r = await http(running.http, "GET", "/pub?topic=t")
-        assert r.headers["allow"] == "POST, OPTIONS"
+        assert r.headers["allow"] == "OPTIONS, POST"
         # exactly max-msg-size is fine
         r = await http(running.http, "POST", "/pub?topic=t", b"y" * 100)
         assert (r.status, r.body) == (200, b"OK")
@@ -366,7 +374,7 @@ async def test_config_get(start_daemon: StartDaemon) -> None:
             assert (r.status, r.json()) == (404, {"message": "NOT_FOUND"}), target
         r = await http(running.http, "POST", "/config/msg_timeout", b"1")
         assert (r.status, r.json()) == (405, {"message": "METHOD_NOT_ALLOWED"})
-        assert r.headers["allow"] == "GET, PUT, OPTIONS"
+        assert r.headers["allow"] == "GET, OPTIONS, PUT"
 
 
 async def test_config_put(start_daemon: StartDaemon) -> None:
@@ -421,7 +429,7 @@ async def test_routing_conventions(start_daemon: StartDaemon) -> None:
         r = await http(running.http, "POST", "/pub/?topic=t", b"x")
         assert (r.status, r.headers["location"]) == (307, "/pub?topic=t")
         r = await http(running.http, "OPTIONS", "/pub")
-        assert (r.status, r.body, r.headers["allow"]) == (200, b"", "POST, OPTIONS")
+        assert (r.status, r.body, r.headers["allow"]) == (200, b"", "OPTIONS, POST")
         # params come from the query string only, never from a form body
         r = await http(running.http, "POST", "/topic/create", b"topic=t",
                        headers=(("Content-Type", "application/x-www-form-urlencoded"),))

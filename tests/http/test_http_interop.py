@@ -21,7 +21,12 @@ from ansq.http.http_exceptions import NSQHTTPException
 from ansq.http.writer import NSQDHTTPWriter
 from gnsq import NsqdHTTPClient  # type: ignore[import-untyped]
 from gnsq.errors import NSQHttpError  # type: ignore[import-untyped]
-from httpwire import StartDaemon, V2Client, eventually
+from httpwire import (
+    StartDaemon,
+    V2Client,
+    eventually,
+    start_daemon_fixture,  # noqa: F401 - the start_daemon fixture
+)
 
 pytestmark = pytest.mark.interop
 

@@ -15,7 +15,14 @@ from typing import Any
 
 import attrs
 import trio
-from httpwire import Running, StartDaemon, V2Client, eventually, http
+from httpwire import (
+    Running,
+    StartDaemon,
+    V2Client,
+    eventually,
+    http,
+    start_daemon_fixture,  # noqa: F401 - the start_daemon fixture
+)
 from prometheus_client.parser import text_string_to_metric_families
 
 TIMEOUT = 15.0
