@@ -1,0 +1,131 @@
+"""``LmqDataSource``: the PySpark data source ``lmq`` (batch and streaming writers).
+
+Spark creates the data source and its writer on the driver (in a Python worker), checks the
+options and the schema there, pickles the writer to the executors, calls ``write`` once per task
+with that task's Arrow record batches, and finally ``commit`` (all tasks returned) or ``abort``
+(some failed) on the driver. ``commit`` has nothing left to do, since every row was answered
+``OK`` before its task returned; it only logs a summary. See ``docs/spark.md``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+from pyspark import TaskContext
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceArrowWriter,
+    DataSourceStreamArrowWriter,
+    WriterCommitMessage,
+)
+from pyspark.sql.types import StructType
+
+from lmq_client.spark.options import SinkOptions
+from lmq_client.spark.publish import LmqCommitMessage, summarize, write_partition
+
+__all__ = ["LmqBatchWriter", "LmqDataSource", "LmqStreamWriter"]
+
+log = logging.getLogger("lmq_client.spark")
+
+
+class LmqDataSource(DataSource):
+    """Writes a DataFrame's rows to an lmq (or nsqd) topic, one message per row.
+
+    Register it with ``spark.dataSource.register(LmqDataSource)``, then::
+
+        df.write.format("lmq").mode("append").option("address", "127.0.0.1:4150")
+            .option("topic", "events").option("bodyColumn", "value").save()
+        df.writeStream.format("lmq").option("address", ...).option("topic", ...)
+            .option("checkpointLocation", path).start()
+
+    Options (names case-insensitive): ``address`` (required; ``host:port[,host:port...]``),
+    ``topic`` (required), ``bodyColumn`` (string or binary column; without it each row is sent as
+    a JSON object), ``batchSize`` (messages per MPUB, 1000), ``batchBytes`` (bytes per MPUB body,
+    5 MiB), ``deferMs`` (DPUB every row with this delay), ``deferColumn`` (integer column of
+    per-row delays in ms), ``timeout`` (seconds to connect and for each answer, 10).
+    """
+
+    @classmethod
+    def name(cls) -> str:
+        """The format name: ``df.write.format("lmq")``."""
+        return "lmq"
+
+    def writer(self, schema: StructType, overwrite: bool) -> LmqBatchWriter:
+        """The batch writer; ``mode("overwrite")`` is refused (a topic cannot be replaced)."""
+        if overwrite:
+            raise ValueError(
+                "lmq sink: a topic is a stream of messages and cannot be overwritten; "
+                "use mode('append')"
+            )
+        return LmqBatchWriter(self._options(schema))
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> LmqStreamWriter:
+        """The streaming writer. In complete output mode every micro-batch republishes the
+        whole result table (a topic has nothing to truncate)."""
+        return LmqStreamWriter(self._options(schema))
+
+    def _options(self, schema: StructType) -> SinkOptions:
+        return SinkOptions.parse(self.options).resolve_columns(schema)
+
+
+def _task() -> tuple[int, int]:
+    context = TaskContext.get()
+    if context is None:
+        return 0, 0
+    return context.partitionId(), context.attemptNumber()
+
+
+def _write(options: SinkOptions, iterator: Iterator[Any]) -> LmqCommitMessage:
+    partition_id, attempt = _task()
+    return write_partition(options, iterator, partition_id=partition_id, attempt=attempt)
+
+
+class LmqBatchWriter(DataSourceArrowWriter):
+    """``df.write.format("lmq")``: each task publishes its partition (Arrow batches)."""
+
+    def __init__(self, options: SinkOptions) -> None:
+        self.options = options
+
+    def write(self, iterator: Iterator[Any]) -> LmqCommitMessage:
+        """Publish this task's rows; returns only once every MPUB/DPUB was answered ``OK``."""
+        return _write(self.options, iterator)
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        """All tasks succeeded: log what was published."""
+        rows, tasks, per_daemon = summarize(messages)
+        log.info("SPARK(%s): write committed: %d rows from %d tasks %s",
+                 self.options.topic, rows, tasks, per_daemon)
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        """Some task failed: the rows of the tasks that succeeded stay published."""
+        rows, tasks, per_daemon = summarize(messages)
+        log.warning("SPARK(%s): write aborted; %d rows from %d finished tasks stay published %s",
+                    self.options.topic, rows, tasks, per_daemon)
+
+
+class LmqStreamWriter(DataSourceStreamArrowWriter):
+    """``df.writeStream.format("lmq")``: each micro-batch's tasks publish their partitions."""
+
+    def __init__(self, options: SinkOptions) -> None:
+        self.options = options
+
+    def write(self, iterator: Iterator[Any]) -> LmqCommitMessage:
+        """Publish this task's rows; returns only once every MPUB/DPUB was answered ``OK``."""
+        return _write(self.options, iterator)
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        """All tasks of micro-batch ``batchId`` succeeded; Spark records it in the checkpoint
+        next, after which a restart never publishes it again."""
+        rows, tasks, per_daemon = summarize(messages)
+        log.info("SPARK(%s): batch %d committed: %d rows from %d tasks %s",
+                 self.options.topic, batchId, rows, tasks, per_daemon)
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        """Micro-batch ``batchId`` failed: its published rows are published again when the
+        query restarts from its checkpoint."""
+        rows, tasks, per_daemon = summarize(messages)
+        log.warning("SPARK(%s): batch %d aborted; %d rows from %d finished tasks stay published "
+                    "and are published again when the query restarts %s",
+                    self.options.topic, batchId, rows, tasks, per_daemon)

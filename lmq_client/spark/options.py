@@ -1,0 +1,185 @@
+"""The sink's options: parsed and checked once on the driver, shipped to executors as one object.
+
+Spark hands a data source its ``.option(...)`` values as a case-insensitive mapping of strings.
+``SinkOptions.parse`` turns them into typed fields and rejects anything it does not know, so a
+misspelt option fails the query at start instead of being silently ignored; ``resolve_columns``
+checks the named columns against the DataFrame's schema, also on the driver, before any task runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+from pyspark.sql.types import (
+    BinaryType,
+    ByteType,
+    IntegerType,
+    LongType,
+    ShortType,
+    StringType,
+    StructField,
+    StructType,
+)
+
+from lmq_client._util import address_list, check_name
+
+__all__ = ["DEFAULT_BATCH_BYTES", "DEFAULT_BATCH_SIZE", "SinkOptions"]
+
+DEFAULT_BATCH_SIZE = 1000
+"""Messages per MPUB. Past ~1000 the per-command cost (one round trip, ~100 µs here) is already
+under 1 % of the batch's own cost, while a bigger batch only makes a retried batch bigger."""
+
+DEFAULT_BATCH_BYTES = 5 * 1024 * 1024
+"""Largest MPUB body: nsqd's (and lmqd's) default ``--max-body-size``; a bigger body is refused."""
+
+DEFAULT_TIMEOUT_S = 10.0
+"""Connect and answer timeout of the executors' producer (the blocking client's default)."""
+
+_INTEGER_TYPES = (ByteType, ShortType, IntegerType, LongType)
+
+# Spark's option mapping is case-insensitive, but iterating over it yields the user's spelling:
+# the canonical spellings, keyed by their lower case.
+_KNOWN = {
+    name.lower(): name
+    for name in (
+        "address",
+        "topic",
+        "bodyColumn",
+        "batchSize",
+        "batchBytes",
+        "deferMs",
+        "deferColumn",
+        "timeout",
+        # Spark passes these through to every sink; they are Spark's, not ours.
+        "checkpointLocation",
+        "path",
+    )
+}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SinkOptions:
+    """Everything a write task needs to know (picklable: it travels to the executors).
+
+    ``addresses``: the daemons' TCP addresses; ``topic``; ``body_column``: the string/binary
+    column sent as each message's body, or None to send each row as a JSON object;
+    ``batch_size``/``batch_bytes``: limits of one MPUB; ``defer_ms``: DPUB delay for every row
+    (0: publish at once); ``defer_column``: an integer column of per-row delays in ms (null: use
+    ``defer_ms``); ``timeout_s``: the producer's connect and answer timeout.
+    """
+
+    addresses: tuple[str, ...]
+    topic: str
+    body_column: str | None = None
+    batch_size: int = DEFAULT_BATCH_SIZE
+    batch_bytes: int = DEFAULT_BATCH_BYTES
+    defer_ms: int = 0
+    defer_column: str | None = None
+    timeout_s: float = DEFAULT_TIMEOUT_S
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str]) -> SinkOptions:
+        """Options as given to ``.option(...)``; ``ValueError`` naming the bad one otherwise."""
+        given: dict[str, str] = {}
+        for key, value in options.items():
+            canonical = _KNOWN.get(key.lower())
+            if canonical is None:
+                raise ValueError(
+                    f"lmq sink: unknown option {key!r} (known: "
+                    f"{', '.join(sorted(v for v in _KNOWN.values() if v not in _SPARK_OWN))})"
+                )
+            given[canonical] = value
+        for required in ("address", "topic"):
+            if not given.get(required, "").strip():
+                raise ValueError(f"lmq sink: option {required!r} is required")
+        addresses = tuple(a.strip() for a in given["address"].split(",") if a.strip())
+        try:
+            address_list(list(addresses))
+        except ValueError as exc:
+            raise ValueError(f"lmq sink: option 'address': {exc}") from None
+        topic = given["topic"].strip()
+        try:
+            check_name("topic", topic)
+        except ValueError as exc:
+            raise ValueError(f"lmq sink: option 'topic': {exc}") from None
+        result = cls(
+            addresses=addresses,
+            topic=topic,
+            body_column=given.get("bodyColumn") or None,
+            batch_size=_int_option(given, "batchSize", DEFAULT_BATCH_SIZE, minimum=1),
+            batch_bytes=_int_option(given, "batchBytes", DEFAULT_BATCH_BYTES, minimum=1),
+            defer_ms=_int_option(given, "deferMs", 0, minimum=0),
+            defer_column=given.get("deferColumn") or None,
+            timeout_s=_float_option(given, "timeout", DEFAULT_TIMEOUT_S),
+        )
+        if result.body_column is not None and result.body_column == result.defer_column:
+            raise ValueError("lmq sink: bodyColumn and deferColumn must be different columns")
+        return result
+
+    def resolve_columns(self, schema: StructType) -> SinkOptions:
+        """These options with column names spelt as in ``schema``; ``ValueError`` if unusable.
+
+        Spark resolves column names case-insensitively by default, so ``bodyColumn=Body`` finds
+        ``body``; the executors look columns up in Arrow batches, which is case-sensitive.
+        """
+        body = defer = None
+        if self.body_column is not None:
+            field = _find_field(schema, self.body_column, "bodyColumn")
+            if not isinstance(field.dataType, StringType | BinaryType):
+                raise ValueError(
+                    f"lmq sink: bodyColumn {field.name!r} must be a string or binary column, "
+                    f"not {field.dataType.simpleString()} (cast it, or use to_json for a struct)"
+                )
+            body = field.name
+        if self.defer_column is not None:
+            field = _find_field(schema, self.defer_column, "deferColumn")
+            if not isinstance(field.dataType, _INTEGER_TYPES):
+                raise ValueError(
+                    f"lmq sink: deferColumn {field.name!r} must be an integer column "
+                    f"(milliseconds), not {field.dataType.simpleString()}"
+                )
+            defer = field.name
+        return dataclasses.replace(self, body_column=body, defer_column=defer)
+
+
+_SPARK_OWN = frozenset({"checkpointLocation", "path"})
+
+
+def _find_field(schema: StructType, name: str, option: str) -> StructField:
+    exact = [f for f in schema.fields if f.name == name]
+    if exact:
+        return exact[0]
+    folded = [f for f in schema.fields if f.name.lower() == name.lower()]
+    if len(folded) == 1:
+        return folded[0]
+    columns = ", ".join(schema.fieldNames()) or "none"
+    if folded:
+        raise ValueError(f"lmq sink: {option} {name!r} is ambiguous (columns: {columns})")
+    raise ValueError(f"lmq sink: {option} {name!r} is not a column (columns: {columns})")
+
+
+def _int_option(given: Mapping[str, str], name: str, default: int, *, minimum: int) -> int:
+    raw = given.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"lmq sink: option {name!r} must be an integer, not {raw!r}") from None
+    if value < minimum:
+        raise ValueError(f"lmq sink: option {name!r} must be at least {minimum}, not {value}")
+    return value
+
+
+def _float_option(given: Mapping[str, str], name: str, default: float) -> float:
+    raw = given.get(name)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"lmq sink: option {name!r} must be a number, not {raw!r}") from None
+    if not value > 0:
+        raise ValueError(f"lmq sink: option {name!r} must be positive, not {value}")
+    return value

@@ -1,0 +1,131 @@
+"""Fixtures for the Spark sink tests: one local SparkSession, real lmqd daemons, a checker.
+
+Rules for this package: daemons are ``lmqd`` subprocesses on 127.0.0.1 with port 0 (the
+``start_lmqd`` helper of tests/conftest.py), data in pytest's temporary directories; Spark runs
+``local[2]`` with loopback addresses, no UI and 2 shuffle partitions, and starts once per session
+(~15 s); every Spark job is bounded by ``spark_guard`` (jobs cancelled, test failed) and every
+wait for messages by a timeout, so a broken sink fails instead of hanging. Each test publishes to
+its own topic, so tests share daemons without seeing each other's messages.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import LmqdServer, start_lmqd, stop_lmqd
+from pyspark.sql import SparkSession
+
+from lmq_client.spark import local_session
+from lmq_client.sync import Consumer
+
+# A Spark job in these tests handles at most a few thousand rows: seconds on an idle machine.
+# The bound is generous for a loaded 2-core CI box, yet fails a hung job long before CI's limit.
+JOB_TIMEOUT_S = 90.0
+# After the expected messages arrived, how long to wait to be sure no extra one follows: lmqd
+# delivers a stored message within milliseconds, so a duplicate would show up well within this.
+QUIET_S = 0.5
+# Waiting for the first/next message of an expected set.
+RECEIVE_TIMEOUT_S = 20.0
+
+
+@pytest.fixture(scope="session")
+def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
+    """The session's one local SparkSession, ``lmq`` registered."""
+    saved = {k: os.environ.get(k) for k in ("SPARK_LOCAL_IP", "PYSPARK_PYTHON")}
+    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+    # Executors' Python workers must import lmq_client: this interpreter's venv has it.
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    warehouse = tmp_path_factory.mktemp("spark-warehouse")
+    session = local_session(
+        "lmq-tests",
+        conf={
+            "spark.sql.warehouse.dir": str(warehouse),
+            "spark.driver.extraJavaOptions": f"-Djava.io.tmpdir={warehouse}",
+        },
+        log_level="ERROR",  # failing jobs are the point of some tests; their stack traces are noise
+    )
+    try:
+        yield session
+    finally:
+        session.stop()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+@pytest.fixture(scope="session")
+def daemons(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[LmqdServer]]:
+    """Two lmqd daemons shared by the package (tests use their own topics)."""
+    started: list[LmqdServer] = []
+    try:
+        for i in range(2):
+            started.append(start_lmqd(tmp_path_factory.mktemp(f"lmqd{i}"), []))
+        yield started
+    finally:
+        for server in started:
+            stop_lmqd(server)
+
+
+@pytest.fixture
+def daemon(daemons: list[LmqdServer]) -> LmqdServer:
+    """The first shared daemon."""
+    return daemons[0]
+
+
+@pytest.fixture
+def topic() -> str:
+    """A fresh topic name for this test."""
+    return f"spark-{uuid.uuid4().hex[:12]}"
+
+
+@contextlib.contextmanager
+def spark_guard(spark: SparkSession, seconds: float = JOB_TIMEOUT_S) -> Iterator[None]:
+    """Cancel every Spark job still running after ``seconds`` and fail the test."""
+    fired = threading.Event()
+
+    def cancel() -> None:
+        fired.set()
+        spark.sparkContext.cancelAllJobs()
+
+    timer = threading.Timer(seconds, cancel)
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+        if fired.is_set():
+            pytest.fail(f"Spark job still running after {seconds:g}s: cancelled")
+
+
+def receive(address: str, topic: str, count: int, *, channel: str = "check") -> list[bytes]:
+    """Exactly ``count`` message bodies from ``topic`` on ``address`` (finished), in arrival
+    order; fails if fewer arrive in time or any more arrives within ``QUIET_S`` afterwards."""
+    bodies: list[bytes] = []
+    with Consumer(topic, channel, address, max_in_flight=max(1, min(count, 2500))) as consumer:
+        while len(bodies) < count:
+            message = consumer.get(RECEIVE_TIMEOUT_S)
+            assert message is not None, (
+                f"{topic} on {address}: {len(bodies)} of {count} messages arrived"
+            )
+            bodies.append(message.body)
+            message.finish()
+        extra = consumer.get(QUIET_S)
+        assert extra is None, f"{topic} on {address}: unexpected message {extra.body!r}"
+    return bodies
+
+
+def write_lines(directory: Path, name: str, lines: list[str]) -> None:
+    """One input file for a file-stream source, written whole before Spark can list it."""
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = directory / f".{name}.tmp"  # Spark's file source ignores names starting with "."
+    tmp.write_text("".join(f"{line}\n" for line in lines))
+    tmp.rename(directory / name)

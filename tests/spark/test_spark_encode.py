@@ -1,0 +1,122 @@
+"""RowEncoder: Arrow record batches (as Spark hands them to a task) -> bodies and delays.
+
+No Spark session: the batches are built with pyarrow in the types Spark's Arrow writer path
+uses (string, binary, int64, timestamp[us, tz], map<...> and so on).
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import decimal
+import json
+
+import pyarrow as pa  # type: ignore[import-untyped]
+import pytest
+
+from lmq_client.spark import SinkOptions
+from lmq_client.spark.encode import BadRowError, RowEncoder, json_default
+
+
+def _encoder(**kwargs: object) -> RowEncoder:
+    return RowEncoder(SinkOptions(addresses=("h:1",), topic="t", **kwargs))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("kind", [pa.string(), pa.large_string(), pa.binary(), pa.large_binary()])
+def test_body_column_becomes_bytes(kind: object) -> None:
+    values = ["a", "héllo", "x" * 300]
+    array = pa.array(values if str(kind).endswith("string") else [v.encode() for v in values],
+                     type=kind)
+    batch = pa.record_batch([pa.array([1, 2, 3]), array], names=["id", "v"])
+    bodies, delays = _encoder(body_column="v").encode(batch)
+    assert bodies == [b"a", "héllo".encode(), b"x" * 300]
+    assert all(type(body) is bytes for body in bodies)
+    assert delays is None
+
+
+def test_a_null_body_names_the_row_within_the_task() -> None:
+    batch = pa.record_batch([pa.array(["a", "b", None, None])], names=["v"])
+    with pytest.raises(BadRowError, match=r"^row 1002 has a null 'v': a message needs a body$"):
+        _encoder(body_column="v").encode(batch, first_row=1000)
+
+
+def test_an_empty_body_names_the_row() -> None:
+    batch = pa.record_batch([pa.array([b"a", b"b", b"c", b""])], names=["v"])
+    with pytest.raises(BadRowError, match=r"^row 3 has an empty 'v': NSQ accepts no empty mes"):
+        _encoder(body_column="v").encode(batch)
+
+
+def test_an_empty_batch_gives_no_bodies() -> None:
+    batch = pa.record_batch([pa.array([], type=pa.string())], names=["v"])
+    assert _encoder(body_column="v").encode(batch) == ([], None)
+    assert _encoder().encode(batch) == ([], None)
+
+
+def test_rows_as_json_objects_with_every_common_type() -> None:
+    utc = datetime.UTC
+    batch = pa.record_batch(
+        [
+            pa.array([1, None], type=pa.int64()),
+            pa.array(["ünï", "b\"q"]),
+            pa.array([1.5, None]),
+            pa.array([True, False]),
+            pa.array([datetime.datetime(2026, 1, 2, 3, 4, 5, 6000, tzinfo=utc), None],
+                     type=pa.timestamp("us", tz="Etc/UTC")),
+            pa.array([datetime.datetime(2026, 1, 2, 3, 4, 5), None], type=pa.timestamp("us")),
+            pa.array([datetime.date(2026, 1, 2), None], type=pa.date32()),
+            pa.array([decimal.Decimal("12.30"), None], type=pa.decimal128(10, 2)),
+            pa.array([b"\x00\xff", None], type=pa.binary()),
+            pa.array([[1, 2], []], type=pa.list_(pa.int32())),
+            pa.array([{"a": 1, "b": "x"}, None],
+                     type=pa.struct([("a", pa.int32()), ("b", pa.string())])),
+            pa.array([[("k", 1)], None], type=pa.map_(pa.string(), pa.int64())),
+        ],
+        names=["id", "s", "f", "ok", "ts", "ntz", "d", "dec", "bin", "arr", "st", "m"],
+    )
+    bodies, delays = _encoder().encode(batch)
+    assert delays is None
+    assert bodies[0] == (
+        '{"id":1,"s":"ünï","f":1.5,"ok":true,"ts":"2026-01-02T03:04:05.006000+00:00",'
+        '"ntz":"2026-01-02T03:04:05","d":"2026-01-02","dec":"12.30","bin":"AP8=",'
+        '"arr":[1,2],"st":{"a":1,"b":"x"},"m":{"k":1}}'
+    ).encode()
+    assert json.loads(bodies[1]) == {
+        "id": None, "s": 'b"q', "f": None, "ok": False, "ts": None, "ntz": None, "d": None,
+        "dec": None, "bin": None, "arr": [], "st": None, "m": None,
+    }
+
+
+def test_json_rows_leave_out_the_delay_column() -> None:
+    batch = pa.record_batch([pa.array(["a", "b"]), pa.array([5, None])], names=["v", "wait"])
+    bodies, delays = _encoder(defer_column="wait", defer_ms=7).encode(batch)
+    assert bodies == [b'{"v":"a"}', b'{"v":"b"}']
+    assert delays == [5, 7]  # null: the deferMs option
+
+
+def test_a_batch_with_only_the_delay_column_sends_empty_objects() -> None:
+    batch = pa.record_batch([pa.array([1, 2])], names=["wait"])
+    assert _encoder(defer_column="wait").encode(batch) == ([b"{}", b"{}"], [1, 2])
+
+
+def test_delays_from_a_column_next_to_a_body_column() -> None:
+    batch = pa.record_batch(
+        [pa.array(["a", "b", "c"]), pa.array([0, 250, None], type=pa.int32())],
+        names=["v", "wait"],
+    )
+    assert _encoder(body_column="v", defer_column="wait").encode(batch) == (
+        [b"a", b"b", b"c"], [0, 250, 0]
+    )
+
+
+def test_a_negative_delay_names_the_row() -> None:
+    batch = pa.record_batch([pa.array([3, None, -1])], names=["wait"])
+    with pytest.raises(BadRowError, match=r"^row 12 has a negative 'wait': delays are"):
+        _encoder(defer_column="wait").encode(batch, first_row=10)
+
+
+def test_json_default_for_what_json_lacks() -> None:
+    assert json_default(datetime.time(1, 2, 3)) == "01:02:03"
+    assert json_default(datetime.timedelta(days=1, milliseconds=5)) == 86400.005
+    assert json_default(memoryview(b"ab")) == base64.b64encode(b"ab").decode()
+    with pytest.raises(TypeError, match="cannot write object as JSON"):
+        json_default(object())

@@ -1,0 +1,228 @@
+"""The ``lmq`` data source through a real local Spark session into real lmqd daemons.
+
+Rules for this module (see conftest.py): one SparkSession for the whole package (``local[2]``,
+no UI, loopback only); daemons are subprocesses on 127.0.0.1, port 0; each test its own topic;
+every Spark job bounded by ``spark_guard``, every wait for messages by a timeout; consumers check
+that exactly the expected bodies arrive and nothing more follows. ``local[2]`` makes one attempt
+per task (no retries), so a failing task fails its job at once.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import LmqdServer, start_lmqd, stop_lmqd
+from pyspark.errors import PySparkException
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.streaming.query import StreamingQuery
+
+from .conftest import receive, spark_guard, write_lines
+
+
+def _run_available_now(query: StreamingQuery) -> None:
+    # processAllAvailable() would raise too, but waits without a bound on a stuck query.
+    finished = query.awaitTermination(60)
+    if not finished:
+        query.stop()
+        pytest.fail("streaming query still running after 60 s")
+
+
+def _closed_port_address() -> str:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{sock.getsockname()[1]}"
+
+
+def test_stream_publishes_each_row_once_and_restarts_from_the_checkpoint(
+    spark: SparkSession, daemon: LmqdServer, topic: str, tmp_path: Path
+) -> None:
+    source, checkpoint = tmp_path / "in", tmp_path / "checkpoint"
+    write_lines(source, "part-0.txt", [f"event {i}" for i in range(600)])
+    write_lines(source, "part-1.txt", [f"event {i}" for i in range(600, 1000)])
+
+    def start() -> StreamingQuery:
+        lines = spark.readStream.text(str(source))
+        upper = lines.select(F.upper(F.col("value")).alias("body"))
+        return (
+            upper.writeStream.format("lmq")
+            .option("address", daemon.tcp_address)
+            .option("topic", topic)
+            .option("bodyColumn", "body")
+            .option("batchSize", "128")
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(availableNow=True)
+            .start()
+        )
+
+    with spark_guard(spark):
+        _run_available_now(start())
+    first = receive(daemon.tcp_address, topic, 1000)
+    assert sorted(first) == sorted(f"EVENT {i}".encode() for i in range(1000))
+
+    # Restarted from its checkpoint, the query publishes only what arrived since.
+    write_lines(source, "part-2.txt", ["late 1", "late 2"])
+    with spark_guard(spark):
+        _run_available_now(start())
+    assert sorted(receive(daemon.tcp_address, topic, 2)) == [b"LATE 1", b"LATE 2"]
+
+
+def test_batch_write_of_a_binary_column(
+    spark: SparkSession, daemon: LmqdServer, topic: str
+) -> None:
+    df = spark.range(0, 3000, numPartitions=3).select(
+        F.concat(F.lit(b"\x00\x01"), F.col("id").cast("string").cast("binary")).alias("payload")
+    )
+    with spark_guard(spark):
+        df.write.format("lmq").mode("append").option("address", daemon.tcp_address).option(
+            "topic", topic
+        ).option("bodyColumn", "PAYLOAD").save()
+    bodies = receive(daemon.tcp_address, topic, 3000)
+    assert sorted(bodies) == sorted(b"\x00\x01%d" % i for i in range(3000))
+
+
+def test_rows_without_a_body_column_arrive_as_json(
+    spark: SparkSession, daemon: LmqdServer, topic: str
+) -> None:
+    df = spark.sql(
+        """SELECT * FROM VALUES
+             (1, 'ünï', 2.5D, TIMESTAMP'2026-01-02 03:04:05.5', DATE'2026-01-02', array(1, 2),
+              named_struct('a', 1, 'b', 'x'), map('k', 7L), CAST(12.30 AS DECIMAL(6,2))),
+             (2, NULL, NULL, NULL, NULL, array(), NULL, NULL, NULL)
+           AS t(id, name, score, at, day, tags, inner, counts, price)"""
+    )
+    with spark_guard(spark):
+        df.write.format("lmq").mode("append").option("address", daemon.tcp_address).option(
+            "topic", topic
+        ).save()
+    rows = sorted((json.loads(b) for b in receive(daemon.tcp_address, topic, 2)),
+                  key=lambda r: r["id"])
+    at = datetime.datetime(2026, 1, 2, 3, 4, 5, 500000)
+    zone = spark.conf.get("spark.sql.session.timeZone")
+    assert zone is not None
+    assert rows[0].pop("at") == (
+        at.replace(tzinfo=_zoneinfo(zone)).astimezone(_zoneinfo(zone)).isoformat()
+    )
+    assert rows == [
+        {"id": 1, "name": "ünï", "score": 2.5, "day": "2026-01-02", "tags": [1, 2],
+         "inner": {"a": 1, "b": "x"}, "counts": {"k": 7}, "price": "12.30"},
+        {"id": 2, "name": None, "score": None, "at": None, "day": None, "tags": [],
+         "inner": None, "counts": None, "price": None},
+    ]
+
+
+def _zoneinfo(name: str) -> datetime.tzinfo:
+    import zoneinfo
+
+    return zoneinfo.ZoneInfo(name)
+
+
+def test_partitions_spread_over_several_daemons(
+    spark: SparkSession, daemons: list[LmqdServer], topic: str
+) -> None:
+    addresses = ",".join(d.tcp_address for d in daemons)
+    df = spark.range(0, 400, numPartitions=4).select(F.col("id").cast("string").alias("v"))
+    with spark_guard(spark):
+        df.write.format("lmq").mode("append").option("address", addresses).option(
+            "topic", topic
+        ).option("bodyColumn", "v").save()
+    # spark.range splits 0..399 into 4 runs of 100; partition p publishes to daemon p % 2.
+    expected = {
+        daemons[0].tcp_address: [*range(0, 100), *range(200, 300)],
+        daemons[1].tcp_address: [*range(100, 200), *range(300, 400)],
+    }
+    for address, ids in expected.items():
+        bodies = receive(address, topic, len(ids))
+        assert sorted(int(b) for b in bodies) == ids
+
+
+def test_deferred_rows_from_a_delay_column(
+    spark: SparkSession, daemon: LmqdServer, topic: str
+) -> None:
+    df = spark.createDataFrame([("soon", 0), ("later", 1500)], "v string, wait_ms int")
+    with spark_guard(spark):
+        started = time.monotonic()
+        df.coalesce(1).write.format("lmq").mode("append").option(
+            "address", daemon.tcp_address
+        ).option("topic", topic).option("bodyColumn", "v").option("deferColumn", "wait_ms").save()
+    # The task sends the DPUB for "later" before the final MPUB holding "soon", yet "later"
+    # arrives second, no sooner than 1.5 s after the write began.
+    assert receive(daemon.tcp_address, topic, 2) == [b"soon", b"later"]
+    assert time.monotonic() - started >= 1.5
+
+
+def test_stream_fails_clearly_when_the_daemon_is_down(
+    spark: SparkSession, topic: str, tmp_path: Path
+) -> None:
+    dead = _closed_port_address()
+    write_lines(tmp_path / "in", "part-0.txt", ["a", "b"])
+    query = (
+        spark.readStream.text(str(tmp_path / "in"))
+        .writeStream.format("lmq")
+        .option("address", dead)
+        .option("topic", topic)
+        .option("bodyColumn", "value")
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    started = time.monotonic()
+    with spark_guard(spark), pytest.raises(PySparkException) as info:
+        _run_available_now(query)
+    assert time.monotonic() - started < 30
+    text = str(info.value)
+    assert f"lmq sink: publishing to topic '{topic}' on {dead} failed: {dead}: cannot connect" in (
+        text
+    )
+    assert not query.isActive
+
+
+@pytest.fixture
+def strict_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LmqdServer]:
+    server = start_lmqd(tmp_path_factory.mktemp("lmqd-strict"), ["--max-msg-size=100"])
+    try:
+        yield server
+    finally:
+        stop_lmqd(server)
+
+
+def test_batch_write_fails_clearly_when_the_daemon_rejects_a_publish(
+    spark: SparkSession, strict_daemon: LmqdServer, topic: str
+) -> None:
+    address = strict_daemon.tcp_address
+    df = spark.range(0, 10, numPartitions=1).select(
+        F.when(F.col("id") == 7, F.repeat(F.lit("x"), 101)).otherwise(F.lit("fine")).alias("v")
+    )
+    with spark_guard(spark), pytest.raises(PySparkException) as info:
+        df.write.format("lmq").mode("append").option("address", address).option(
+            "topic", topic
+        ).option("bodyColumn", "v").save()
+    assert (
+        f"lmq sink: publishing to topic '{topic}' on {address} failed: E_BAD_MESSAGE MPUB "
+        f"message too big 101 > 100 (from {address})"
+    ) in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("mode", "options", "message"),
+    [
+        ("append", {"address": "127.0.0.1:4150"}, "lmq sink: option 'topic' is required"),
+        ("append", {"address": "127.0.0.1:4150", "topic": "t", "bodyColumn": "id"},
+         "lmq sink: bodyColumn 'id' must be a string or binary column, not bigint"),
+        ("overwrite", {"address": "127.0.0.1:4150", "topic": "t"},
+         "lmq sink: a topic is a stream of messages and cannot be overwritten; use mode('append')"),
+    ],
+)
+def test_bad_options_fail_before_any_task_runs(
+    spark: SparkSession, mode: str, options: dict[str, str], message: str
+) -> None:
+    df = spark.range(3)
+    with spark_guard(spark), pytest.raises(PySparkException) as info:
+        df.write.format("lmq").mode(mode).options(**options).save()
+    assert message in str(info.value)
