@@ -76,8 +76,6 @@ class RowEncoder:
             column = column.cast(pa.binary())
         elif pa.types.is_large_string(kind):
             column = column.cast(pa.large_binary())
-        elif hasattr(pa.types, "is_string_view") and pa.types.is_string_view(kind):
-            column = column.cast(pa.binary())
         if column.null_count:
             row = first_row + _first_true(column.is_null())
             raise BadRowError(f"row {row} has a null {name!r}: a message needs a body")
