@@ -34,6 +34,8 @@ import random
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from functools import partial
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -44,7 +46,11 @@ from lmqd.message import Message
 from lmqd.options import Options
 from lmqd.protocol.names import is_ephemeral
 from lmqd.stats import NO_E2E_LATENCY, ChannelStats, E2eLatency, E2eRecorder
+from lmqd.storage import DiskQueue, StoredMessage
 from lmqd.subscriber import Subscriber
+
+if TYPE_CHECKING:
+    from lmqd.syncer import Syncer
 
 __all__ = [
     "Channel",
@@ -85,6 +91,8 @@ class Channel:
         backend: BackendQueue,
         on_last_client_removed: Callable[[Channel], None] | None = None,
         rng: random.Random | None = None,
+        syncer: Syncer | None = None,
+        on_health: Callable[[str | None], None] | None = None,
     ) -> None:
         self.topic_name = topic_name
         self.name = name
@@ -100,7 +108,14 @@ class Channel:
         self.last_backend_error: BackendError | None = None
         """The last error a backend write raised (None once a write succeeds again)."""
         self._on_last_client_removed = on_last_client_removed
+        self._on_health = on_health
         self._rng = rng if rng is not None else random.Random()
+        disk = backend if isinstance(backend, DiskQueue) else None
+        self._disk = disk if disk is not None and disk.ack_mode else None
+        """The queue to acknowledge FIN'd messages in (durable channels only)."""
+        self._dirty: Callable[[], None] | None = (
+            partial(syncer.note_dirty, disk) if syncer is not None and disk is not None else None
+        )
         self._memory: deque[Message] = deque()
         # nsqd gives ephemeral channels a memory queue even with --mem-queue-size 0 (an
         # unbuffered Go channel: a put succeeds only while a ready consumer is waiting).
@@ -130,6 +145,16 @@ class Channel:
         return self.backend.depth
 
     @property
+    def durable(self) -> bool:
+        """Whether every message is on disk until FIN (``--durable``, not ephemeral)."""
+        return self._disk is not None
+
+    @property
+    def durable_queue(self) -> DiskQueue | None:
+        """The acknowledgement-mode queue of a durable channel (the topic waits for its syncs)."""
+        return self._disk
+
+    @property
     def in_flight_count(self) -> int:
         return len(self._in_flight)
 
@@ -151,8 +176,18 @@ class Channel:
 
     def put_many(self, messages: Sequence[Message], now: float) -> None:
         """Take messages from the topic: deferred ones (``deliver_at > now``) into the deferred
-        queue, the rest onto the ready queue. Does not deliver (call ``deliver``)."""
+        queue, the rest onto the ready queue. Does not deliver (call ``deliver``).
+
+        A durable channel writes all of them (deferred ones too, with their time) to its queue
+        and raises ``BackendError`` having stored none of them.
+        """
         if self.exiting:
+            return
+        if self._disk is not None:
+            self._disk.put_many(messages)
+            self.message_count += len(messages)
+            if self._dirty is not None:
+                self._dirty()
             return
         self.message_count += len(messages)
         ready: Sequence[Message] = messages
@@ -178,6 +213,11 @@ class Channel:
     def _enqueue(self, messages: Sequence[Message]) -> None:
         """Append to the ready queue: memory while it has room and the backend is empty."""
         memory = self._memory
+        if self._disk is not None:
+            # Requeued, timed-out or due messages of a durable channel: still unacknowledged
+            # on disk, so memory holds them without risk (at most what was in flight/deferred).
+            memory.extend(messages)
+            return
         backend = self.backend
         if backend.depth == 0:
             room = self._memory_limit() - len(memory)
@@ -199,10 +239,16 @@ class Channel:
                 len(messages),
                 exc,
             )
+            if self.last_backend_error is None and self._on_health is not None:
+                self._on_health(str(exc))
             self.last_backend_error = exc
             memory.extend(messages)
         else:
+            if self.last_backend_error is not None and self._on_health is not None:
+                self._on_health(None)
             self.last_backend_error = None
+            if self._dirty is not None:
+                self._dirty()
 
     def _take(self, count: int, now: float) -> list[Message]:
         """Remove up to ``count`` ready messages, memory first, then the backend."""
@@ -227,6 +273,8 @@ class Channel:
                     self._deferred.push(m)
                 else:
                     out.append(m)
+        if self._dirty is not None:
+            self._dirty()
         if self._deferred:
             self._wake_at(self._deferred.next_deadline())
         return out
@@ -294,6 +342,10 @@ class Channel:
         msg = self._in_flight.remove_owned(msg_id, client.id)
         client.in_flight_count -= 1
         client.finish_count += 1
+        if self._disk is not None and isinstance(msg, StoredMessage):
+            self._disk.ack(msg.token)
+            if self._dirty is not None:
+                self._dirty()
         if self._e2e is not None:
             self._e2e.record(now, time.time_ns() - msg.timestamp)
 
@@ -314,6 +366,10 @@ class Channel:
                 failed.append((msg_id, exc))
         client.in_flight_count -= len(done)
         client.finish_count += len(done)
+        if self._disk is not None and done:
+            self._disk.ack_many([m.token for m in done if isinstance(m, StoredMessage)])
+            if self._dirty is not None:
+                self._dirty()
         e2e = self._e2e
         if e2e is not None:
             wall = time.time_ns()
@@ -380,6 +436,15 @@ class Channel:
                     kept = [m for m in chunk if randrange(100) <= rate]
                     if len(kept) < len(chunk):
                         dropped = True
+                        if self._disk is not None:  # sampled out = done, for this channel
+                            keep = set(map(id, kept))
+                            self._disk.ack_many(
+                                [
+                                    m.token
+                                    for m in chunk
+                                    if id(m) not in keep and isinstance(m, StoredMessage)
+                                ]
+                            )
                         chunk = kept
                     if not chunk:
                         continue
@@ -507,11 +572,16 @@ class Channel:
         for client in self.clients.values():
             client.in_flight_count = 0
 
-    def close(self) -> None:
+    def close(self) -> bool:
         """Shut down: stop the timer and write memory, in-flight and deferred messages (with
-        their ``deliver_at``) to the backend, then close it. Idempotent."""
+        their ``deliver_at`` and attempts) to the backend, then close it. Idempotent.
+
+        A durable channel writes them again and acknowledges the originals (no duplicate after a
+        restart). Returns False if something could not be written or synced (logged): a durable
+        topic then keeps its own copies of the messages unacknowledged.
+        """
         if self.exiting:
-            return
+            return True
         self.exiting = True
         self._run_scope.cancel()
         # After the backend's contents, as nsqd's flush: order across a restart is not kept.
@@ -519,10 +589,12 @@ class Channel:
         pending += self._in_flight.clear()
         pending += self._deferred.clear()
         self._memory.clear()
+        ok = True
         if pending:
             try:
                 self.backend.put_many(pending)
             except BackendError:
+                ok = False
                 log.error(
                     "CHANNEL(%s:%s): failed to flush %d messages to the backend at close",
                     self.topic_name,
@@ -530,8 +602,20 @@ class Channel:
                     len(pending),
                     exc_info=True,
                 )
+            else:
+                if self._disk is not None:
+                    self._disk.ack_many([m.token for m in pending if isinstance(m, StoredMessage)])
+        if isinstance(self.backend, DiskQueue):
+            try:
+                self.backend.sync()
+            except OSError:
+                ok = False
+                log.error(
+                    "CHANNEL(%s:%s): final sync failed", self.topic_name, self.name, exc_info=True
+                )
         self.backend.close()
         log.info("CHANNEL(%s:%s): closed", self.topic_name, self.name)
+        return ok
 
     def delete(self) -> None:
         """Delete: stop the timer, drop every message and the backend's storage, and close the

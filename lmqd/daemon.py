@@ -1,15 +1,43 @@
-"""LmqDaemon: the topic registry, the one publish path, and the service that runs everything.
+"""LmqDaemon: the topic registry, the one publish path, storage, and the service that runs it all.
 
-``LmqDaemon.run()`` owns the nursery in which every topic (with its pump and channel timers), the
-TCP server and the HTTP server run; ``task_status.started()`` reports the bound addresses once
-every listener is listening. ``run_daemon()`` is the blocking entry point used by the CLI: it
-adds signal handling (SIGINT/SIGTERM -> graceful shutdown).
+``LmqDaemon.run()`` holds the data directory (``DataDirLock``), restores the topics and channels
+stored there, then owns the nursery in which the syncer, every topic (with its pump and channel
+timers), the TCP server and the HTTP server run; ``task_status.started()`` reports the bound
+addresses once every listener is listening. ``run_daemon()`` is the blocking entry point used by
+the CLI: it adds signal handling (SIGINT/SIGTERM -> graceful shutdown).
+
+Storage
+-------
+Every topic and channel whose name is not ephemeral has a ``DiskQueue`` in ``--data-path``
+(acknowledgement mode with ``--durable``); ephemeral ones keep a ``DummyBackend``, and a
+non-ephemeral channel of an ephemeral topic a ``MemoryBackend`` (nothing of an ephemeral topic
+touches disk). Opening a queue runs its recovery, which blocks:
+
+* at start-up every stored queue is opened in one worker-thread call, before listening;
+* a topic or channel created at run time (``get_topic`` is a plain ``def`` called by the
+  server) opens its queue synchronously. For a new name that is a directory scan, a header write
+  and one positions file (temp, fsync, rename, fsync the directory): about 1-2 ms on the
+  development VM, the price of one topic creation, not of a message. A name whose files were
+  left on disk is restored at start-up, so run-time opens do not meet a backlog to verify.
+
+Queues found on disk but missing from the metadata file (a crash between creating a topic and
+writing the file, or a damaged file set aside) are restored too, unpaused: their messages may
+have been acknowledged to publishers.
+
+Shutdown (``shutdown()``, SIGTERM, SIGINT): held durable ``OK`` responses get their sync round and
+a moment to be sent; then the listeners and connections are cancelled (each connection requeues its
+in-flight messages), the metadata file is written, every topic is closed (channels first: memory,
+in-flight and deferred messages go to disk with their attempts and deadlines; each queue is
+synced), and the data directory is released.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import re
 import signal
+import sys
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -17,10 +45,25 @@ from typing import TYPE_CHECKING
 import attrs
 import trio
 
-from lmqd.backend import BackendQueue, DummyBackend, MemoryBackend
+from lmqd.backend import BackendError, BackendQueue, DummyBackend, MemoryBackend
 from lmqd.message import GuidFactory, Message
 from lmqd.options import Options
 from lmqd.stats import ClientStats, TopicStats
+from lmqd.storage import (
+    AnchoredTimeBase,
+    ChannelMetadata,
+    DataDirLock,
+    DataDirLocked,
+    DiskQueue,
+    Metadata,
+    TopicMetadata,
+    load_metadata,
+    metadata_path,
+    save_metadata,
+)
+from lmqd.storage.files import name_from_stem
+from lmqd.storage.metadata import is_durable_name
+from lmqd.syncer import DurableCallback, Syncer
 from lmqd.topic import Topic
 
 if TYPE_CHECKING:
@@ -29,6 +72,13 @@ if TYPE_CHECKING:
 log = logging.getLogger("lmqd.daemon")
 
 EPHEMERAL_SUFFIXES = ("#ephemeral", "#tmp")
+
+# At shutdown, how long held durable OKs may wait for their sync round, and then how long
+# connections get to send what is in their output buffers before they are cancelled.
+SHUTDOWN_SYNC_WAIT = 5.0
+SHUTDOWN_FLUSH_WAIT = 1.0
+
+_QUEUE_FILE = re.compile(r"(.+)\.lmq\.(?:pos\.json|\d+\.dat)")
 
 
 def is_ephemeral(name: str) -> bool:
@@ -52,8 +102,45 @@ def split_host_port(address: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def stored_queue_names(data_path: str) -> list[str]:
+    """Names of the queues that have files in ``data_path`` (topics and ``topic:channel``),
+    sorted; names that are not valid durable names are left out."""
+    names = set()
+    with os.scandir(data_path) as entries:
+        for entry in entries:
+            m = _QUEUE_FILE.fullmatch(entry.name)
+            if m is None:
+                continue
+            name = name_from_stem(m.group(1))
+            topic, _, channel = name.partition(":")
+            if is_durable_name(topic) and (not channel or is_durable_name(channel)):
+                names.add(name)
+    return sorted(names)
+
+
+def _restore_plan(metadata: Metadata, on_disk: Sequence[str]) -> list[TopicMetadata]:
+    """The metadata's topics and channels, plus those that only have files (unpaused)."""
+    topics = {t.name: t for t in metadata.topics}
+    for name in on_disk:
+        topic_name, _, channel_name = name.partition(":")
+        topic = topics.get(topic_name)
+        if topic is None:
+            log.warning("TOPIC(%s): not in the metadata file; restored from its files", topic_name)
+            topic = topics[topic_name] = TopicMetadata(topic_name)
+        if channel_name and all(c.name != channel_name for c in topic.channels):
+            log.warning(
+                "TOPIC(%s): channel(%s) not in the metadata file; restored from its files",
+                topic_name,
+                channel_name,
+            )
+            topics[topic_name] = attrs.evolve(
+                topic, channels=(*topic.channels, ChannelMetadata(channel_name))
+            )
+    return list(topics.values())
+
+
 class LmqDaemon:
-    """One lmqd: topics by name, connected TCP clients, health, and the services."""
+    """One lmqd: topics by name, connected TCP clients, health, storage and the services."""
 
     def __init__(self, options: Options) -> None:
         self.options = options
@@ -61,11 +148,21 @@ class LmqDaemon:
         self.clients: dict[int, TcpClient] = {}
         self.start_time = int(time.time())
         self.addresses: BoundAddresses | None = None
+        self.syncer = Syncer(
+            sync_every=options.sync_every,
+            sync_timeout=options.sync_timeout,
+            metadata_file=metadata_path(options.data_path),
+            metadata=self.metadata,
+            on_health=self.set_health,
+        )
         self._guid = GuidFactory(options.node_id)
         self._nursery: trio.Nursery | None = None
         self._health_error: str | None = None
         self._next_client_id = 0
         self._shutdown = trio.Event()
+        self._lock: DataDirLock | None = None
+        self._timebase: AnchoredTimeBase | None = None
+        self._preopened: dict[str, DiskQueue] = {}
 
     # -- health ------------------------------------------------------------------------------
 
@@ -86,22 +183,167 @@ class LmqDaemon:
                 log.error("health: %s", error)
         self._health_error = error
 
+    # -- storage -----------------------------------------------------------------------------
+
+    def _storage(self) -> AnchoredTimeBase:
+        """Take the data directory (once) and return the time base stored deadlines use."""
+        if self._lock is None:
+            os.makedirs(self.options.data_path, exist_ok=True)
+            lock = DataDirLock(self.options.data_path)
+            lock.acquire()  # DataDirLocked: another lmqd uses this data path
+            self._lock = lock
+        if self._timebase is None:
+            self._timebase = AnchoredTimeBase.now(trio.current_time())
+        return self._timebase
+
+    def _open_queue(self, name: str) -> DiskQueue:
+        """Open (recover) the disk queue ``name``; blocking, raises ``OSError``."""
+        assert self._timebase is not None
+        return DiskQueue(
+            name,
+            self.options.data_path,
+            timebase=self._timebase,
+            max_bytes_per_file=self.options.max_bytes_per_file,
+            ack_mode=self.options.durable,
+        )
+
+    def _disk_backend(self, name: str) -> DiskQueue:
+        queue = self._preopened.pop(name, None)
+        if queue is None:
+            self._storage()
+            try:
+                queue = self._open_queue(name)
+            except OSError as exc:
+                log.error("DISKQUEUE(%s): cannot open: %s", name, exc)
+                self.set_health(f"cannot open queue {name}: {exc}")
+                raise BackendError(f"cannot open queue {name}: {exc}") from exc
+        self.syncer.register(queue)
+        return queue
+
+    def _backend_for(self, name: str) -> BackendQueue:
+        if is_ephemeral(name):
+            return DummyBackend()
+        return self._disk_backend(name)
+
+    def _channel_backend(self, topic_name: str, channel_name: str) -> BackendQueue:
+        if is_ephemeral(channel_name):
+            return DummyBackend()
+        if is_ephemeral(topic_name):
+            return MemoryBackend()  # nothing of an ephemeral topic goes to disk
+        return self._disk_backend(f"{topic_name}:{channel_name}")
+
+    def metadata(self) -> Metadata:
+        """What the metadata file should say now (durable topics and channels, paused flags)."""
+        return Metadata(
+            tuple(
+                TopicMetadata(
+                    t.name,
+                    t.paused,
+                    tuple(
+                        ChannelMetadata(c.name, c.paused)
+                        for c in t.channels.values()
+                        if not c.ephemeral
+                    ),
+                )
+                for t in self.topics.values()
+                if not t.ephemeral
+            )
+        )
+
+    def persist_metadata(self) -> None:
+        """Write the metadata file soon, in a worker thread (bursts coalesce into one write).
+
+        Called on topic and channel creation and deletion and by the HTTP API after (un)pause.
+        """
+        self.syncer.metadata_changed()
+
+    async def _restore(self) -> None:
+        """Recreate the stored topics and channels (paused flags included) and their queues."""
+        data_path = self.options.data_path
+        path = metadata_path(data_path)
+
+        def scan() -> tuple[Metadata, list[str]]:
+            return load_metadata(path), stored_queue_names(data_path)
+
+        metadata, on_disk = await trio.to_thread.run_sync(scan)
+        plan = _restore_plan(metadata, on_disk)
+        if not plan:
+            return
+        wanted = [t.name for t in plan] + [f"{t.name}:{c.name}" for t in plan for c in t.channels]
+
+        def open_all() -> dict[str, DiskQueue | OSError]:
+            opened: dict[str, DiskQueue | OSError] = {}
+            for name in wanted:
+                try:
+                    opened[name] = self._open_queue(name)
+                except OSError as exc:
+                    opened[name] = exc
+            return opened
+
+        started = time.perf_counter()
+        opened = await trio.to_thread.run_sync(open_all)
+        failed = {n: e for n, e in opened.items() if isinstance(e, OSError)}
+        self._preopened = {n: q for n, q in opened.items() if isinstance(q, DiskQueue)}
+        for name, exc in failed.items():
+            log.error("DISKQUEUE(%s): cannot open, not restored: %s", name, exc)
+            self.set_health(f"cannot open queue {name}: {exc}")
+        for entry in plan:
+            if entry.name in failed or entry.name in self.topics:
+                continue
+            topic = self.get_topic(entry.name)
+            topic.paused = entry.paused
+            for c in entry.channels:
+                if f"{entry.name}:{c.name}" in failed:
+                    continue
+                channel = topic.get_channel(c.name)
+                channel.paused = c.paused
+        for queue in self._preopened.values():  # a topic that failed: its channels' queues
+            queue.close()
+        self._preopened.clear()
+        log.info(
+            "restored %d topic(s), %d channel(s) in %.2fs",
+            len(self.topics),
+            sum(len(t.channels) for t in self.topics.values()),
+            time.perf_counter() - started,
+        )
+
+    def _close_storage(self) -> None:
+        """Shutdown, blocking: metadata file, then every topic (channels first), then the lock."""
+        try:
+            if self._lock is not None:
+                try:
+                    save_metadata(metadata_path(self.options.data_path), self.metadata())
+                except OSError:
+                    log.error("METADATA: final write failed", exc_info=True)
+            for topic in list(self.topics.values()):
+                try:
+                    topic.close()
+                except Exception:
+                    log.error("TOPIC(%s): close failed", topic.name, exc_info=True)
+            stats = self.syncer.statistics()
+            log.info(
+                "SYNCER: %d rounds, %d queue syncs (%d failed), %d metadata writes",
+                stats.rounds,
+                stats.queue_syncs,
+                stats.failed_syncs,
+                stats.metadata_writes,
+            )
+        finally:
+            if self._lock is not None:
+                self._lock.release()
+                self._lock = None
+
     # -- registry ----------------------------------------------------------------------------
 
     def new_client_id(self) -> int:
         self._next_client_id += 1
         return self._next_client_id
 
-    def _backend_for(self, name: str) -> BackendQueue:
-        if is_ephemeral(name):
-            return DummyBackend()
-        return MemoryBackend()
-
-    def _channel_backend(self, topic_name: str, channel_name: str) -> BackendQueue:
-        return self._backend_for(channel_name)
-
     def get_topic(self, name: str) -> Topic:
-        """The topic called ``name``, created (and started) if it doesn't exist yet."""
+        """The topic called ``name``, created (and started) if it doesn't exist yet.
+
+        Raises ``BackendError`` if its disk queue cannot be opened.
+        """
         topic = self.topics.get(name)
         if topic is None:
             topic = Topic(
@@ -111,9 +353,14 @@ class LmqDaemon:
                 channel_backend_factory=self._channel_backend,
                 on_deleted_ephemeral=self._forget_topic,
                 guid=self._guid,
+                syncer=self.syncer,
+                on_change=self.syncer.metadata_changed,
+                on_health=self.set_health,
             )
             self.topics[name] = topic
             log.info("TOPIC(%s): created", name)
+            if not topic.ephemeral:
+                self.syncer.metadata_changed()
             if self._nursery is not None:
                 self._nursery.start_soon(topic.run)
         return topic
@@ -126,6 +373,8 @@ class LmqDaemon:
         topic = self.topics.pop(name)
         topic.delete()
         log.info("TOPIC(%s): deleted", name)
+        if not topic.ephemeral:
+            self.syncer.metadata_changed()
 
     def _forget_topic(self, topic: Topic) -> None:
         # An ephemeral topic whose last channel went away (nsqd deletes it then).
@@ -142,18 +391,54 @@ class LmqDaemon:
         """Put ``bodies`` on the topic (created if needed), deferred by ``defer`` seconds.
 
         Raises ``lmqd.backend.BackendError`` (nothing stored; health turns NOK) or
-        ``lmqd.topic.TopicExiting``.
+        ``lmqd.topic.TopicExiting``. With ``--durable`` the messages are written but not yet
+        fsynced: answer the publisher after ``after_durable``.
         """
-        from lmqd.backend import BackendError
-
         topic = self.get_topic(topic_name)
         try:
             messages = topic.publish(bodies, trio.current_time(), defer)
         except BackendError as exc:
             self.set_health(str(exc))
             raise
-        if self._health_error is not None:
-            self.set_health(None)
+        if self._health_error is not None and topic.wrote_backend:
+            self.set_health(None)  # nsqd: a backend write that succeeds clears the health error
+        return messages
+
+    def after_durable(self, topic_name: str, callback: DurableCallback) -> bool:
+        """``--durable``: call ``callback(error)`` once everything published to the topic so far
+        is fsynced (``None``) or its sync failed (the ``OSError``).
+
+        Returns False, and never calls back, when there is nothing to wait for (not durable
+        mode, an ephemeral topic, no such topic).
+        """
+        topic = self.topics.get(topic_name)
+        queue = topic.durable_queue if topic is not None else None
+        if queue is None:
+            return False
+        self.syncer.when_durable(queue, callback, urgent=True)
+        return True
+
+    async def publish_durable(
+        self, topic_name: str, bodies: Sequence[bytes], defer: float = 0.0
+    ) -> list[Message]:
+        """``publish``, then (``--durable``) wait until the messages are fsynced.
+
+        For publishers that can wait (HTTP ``/pub``, ``/mpub``). Raises ``BackendError`` if the
+        write or the sync failed.
+        """
+        messages = self.publish(topic_name, bodies, defer)
+        done = trio.Event()
+        failure: list[OSError] = []
+
+        def synced(error: OSError | None) -> None:
+            if error is not None:
+                failure.append(error)
+            done.set()
+
+        if self.after_durable(topic_name, synced):
+            await done.wait()
+            if failure:
+                raise BackendError(f"sync failed: {failure[0]}")
         return messages
 
     # -- statistics --------------------------------------------------------------------------
@@ -187,12 +472,19 @@ class LmqDaemon:
     async def run(
         self, *, task_status: trio.TaskStatus[BoundAddresses] = trio.TASK_STATUS_IGNORED
     ) -> None:
-        """Listen and serve until ``shutdown()``; then close every topic."""
+        """Take the data directory, restore, listen and serve until ``shutdown()``; then close
+        every topic (to disk) and release the data directory.
+
+        Raises ``DataDirLocked`` if another lmqd holds ``--data-path``.
+        """
         from lmqd.server.tcp import serve_tcp
 
+        self._storage()
         try:
+            await self._restore()
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
+                await nursery.start(self.syncer.run)
                 for topic in self.topics.values():
                     nursery.start_soon(topic.run)
                 tcp = await nursery.start(serve_tcp, self)
@@ -205,11 +497,21 @@ class LmqDaemon:
                 task_status.started(self.addresses)
                 await self._shutdown.wait()
                 log.info("shutting down")
+                await self._drain_responses()
                 nursery.cancel_scope.cancel()
         finally:
             self._nursery = None
-            for topic in list(self.topics.values()):
-                topic.close()
+            self._close_storage()
+
+    async def _drain_responses(self) -> None:
+        # Held durable OKs get their sync round, and every connection a moment to send what it
+        # owes, before the connections are cancelled.
+        with trio.move_on_after(SHUTDOWN_SYNC_WAIT):
+            await self.syncer.wait_idle()
+        with trio.move_on_after(SHUTDOWN_FLUSH_WAIT):
+            async with trio.open_nursery() as nursery:
+                for client in list(self.clients.values()):
+                    nursery.start_soon(client.wait_sent)
 
     def shutdown(self) -> None:
         """Ask ``run()`` to stop: listeners close, connections end, topics are closed."""
@@ -220,7 +522,6 @@ async def _main(options: Options) -> None:
     daemon = LmqDaemon(options)
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
-            await nursery.start(daemon.run)
 
             async def watch_signals() -> None:
                 async for signum in signals:
@@ -229,10 +530,30 @@ async def _main(options: Options) -> None:
                     return
 
             nursery.start_soon(watch_signals)
-            await daemon._shutdown.wait()
+            await daemon.run()
             nursery.cancel_scope.cancel()
 
 
+def _sole_exception(error: BaseException) -> BaseException:
+    # trio wraps even a single failure in an ExceptionGroup; the CLI reports the failure itself.
+    while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
+        error = error.exceptions[0]
+    return error
+
+
 def run_daemon(options: Options) -> None:
-    """Run lmqd until SIGINT/SIGTERM (the CLI's entry point)."""
-    trio.run(_main, options)
+    """Run lmqd until SIGINT/SIGTERM (the CLI's entry point).
+
+    Raises ``OSError`` if it cannot start (a listen address in use, an unusable data path);
+    exits with status 1 if another lmqd holds the data directory.
+    """
+    try:
+        trio.run(_main, options)
+    except BaseException as exc:
+        error = _sole_exception(exc)
+        if isinstance(error, DataDirLocked):
+            log.critical("failed to start: %s", error)
+            sys.exit(1)
+        if isinstance(error, OSError) and error is not exc:
+            raise error from None
+        raise

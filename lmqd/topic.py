@@ -10,6 +10,16 @@ or has no channels keeps its backlog; the first channel created gets it (nsqd).
 
 ``run`` owns a nursery holding the pump and every channel's timer task; channels created later
 are started into it, and each channel cancels its own task when deleted.
+
+Durable topics (``--durable``: the backend is a ``DiskQueue`` in acknowledgement mode)
+------------------------------------------------------------------------------------------
+Every publish goes to the queue (no memory queue: the publisher's ``OK`` waits for the fsync of
+exactly these records, see ``lmqd.syncer``). The pump reads ``StoredMessage`` objects and writes a
+copy to every channel's own queue; the topic acknowledges a batch only once every durable channel's
+copy has been fsynced (``Syncer.when_durable``, on the channels' normal sync schedule), so the
+topic's persisted read position never passes a message that exists nowhere else on disk. A
+channel whose write or sync failed gets the batch again later (``_redo``, retried every
+``RETRY_DELAY``); the others are not written twice.
 """
 
 from __future__ import annotations
@@ -19,14 +29,20 @@ import random
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from functools import partial
+from typing import TYPE_CHECKING
 
 import trio
 
-from lmqd.backend import BackendQueue, DummyBackend
+from lmqd.backend import BackendError, BackendQueue, DummyBackend
 from lmqd.channel import Channel, TopicExiting, is_ephemeral
 from lmqd.message import GuidFactory, Message
 from lmqd.options import Options
 from lmqd.stats import NO_E2E_LATENCY, E2eLatency, TopicStats
+from lmqd.storage import DiskQueue, StoredMessage
+
+if TYPE_CHECKING:
+    from lmqd.syncer import Syncer
 
 __all__ = ["Topic", "TopicExiting"]
 
@@ -36,6 +52,36 @@ log = logging.getLogger("lmqd.topic")
 # put_many and one delivery round per channel) vanish per message; small enough that one busy
 # topic yields to the network tasks often (a batch of 2048 takes roughly a millisecond).
 PUMP_BATCH = 2048
+# A durable topic whose channel write failed (disk full, I/O error) tries again this much later:
+# often enough to resume soon after the disk recovers, rarely enough not to flood the log.
+RETRY_DELAY = 1.0
+
+
+class _Pending:
+    """One batch a durable topic pumped: acknowledged once every channel's copy is durable."""
+
+    __slots__ = ("messages", "redo", "tokens", "waiting")
+
+    def __init__(self, messages: list[Message]) -> None:
+        self.messages = messages
+        self.tokens = [m.token for m in messages if isinstance(m, StoredMessage)]
+        self.waiting = 0
+        """Channel copies written and not yet fsynced."""
+        self.redo = 0
+        """Retry batches queued for channels whose write or sync failed."""
+
+
+class _Batch:
+    """Messages to (re)send to some channels: ``targets`` None means every channel."""
+
+    __slots__ = ("messages", "pending", "targets")
+
+    def __init__(
+        self, messages: list[Message], targets: list[Channel] | None, pending: _Pending
+    ) -> None:
+        self.messages = messages
+        self.targets = targets
+        self.pending = pending
 
 
 class Topic:
@@ -51,6 +97,9 @@ class Topic:
         on_deleted_ephemeral: Callable[[Topic], None] | None = None,
         guid: GuidFactory | None = None,
         rng: random.Random | None = None,
+        syncer: Syncer | None = None,
+        on_change: Callable[[], None] | None = None,
+        on_health: Callable[[str | None], None] | None = None,
     ) -> None:
         self.name = name
         self.options = options
@@ -65,10 +114,25 @@ class Topic:
         self._on_deleted_ephemeral = on_deleted_ephemeral
         self._guid = guid if guid is not None else GuidFactory(options.node_id)
         self._rng = rng
+        self._syncer = syncer
+        self._on_change = on_change
+        self._on_health = on_health
+        disk = backend if isinstance(backend, DiskQueue) else None
+        self._disk = disk if disk is not None and disk.ack_mode else None
+        """The acknowledgement-mode queue of a durable topic."""
+        self._dirty: Callable[[], None] | None = (
+            partial(syncer.note_dirty, disk) if syncer is not None and disk is not None else None
+        )
         self._memory: deque[Message] = deque()
         # nsqd makes no memory queue for a topic with --mem-queue-size 0, ephemeral or not (an
-        # ephemeral topic then drops everything into its dummy backend).
-        self._mem_size = options.mem_queue_size
+        # ephemeral topic then drops everything into its dummy backend). A durable topic has
+        # none either: its publishers' OKs wait for the fsync of the records.
+        self._mem_size = 0 if self._disk is not None else options.mem_queue_size
+        self._redo: deque[_Batch] = deque()
+        self._pendings: set[_Pending] = set()
+        self._retry_at = 0.0
+        self.wrote_backend = False
+        """Whether the last publish wrote to the backend (a success there clears bad health)."""
         self._wakeup = trio.Event()
         self._nursery: trio.Nursery | None = None
         self._run_scope = trio.CancelScope()
@@ -84,6 +148,16 @@ class Topic:
     @property
     def backend_depth(self) -> int:
         return self.backend.depth
+
+    @property
+    def durable(self) -> bool:
+        """Whether publishes go to an acknowledgement-mode disk queue (``--durable``)."""
+        return self._disk is not None
+
+    @property
+    def durable_queue(self) -> DiskQueue | None:
+        """The queue whose fsync a durable publisher waits for (None: not durable)."""
+        return self._disk
 
     # -- publishing --------------------------------------------------------------------------
 
@@ -122,9 +196,12 @@ class Topic:
                 head, tail = messages, ()
             elif room > 0:
                 head, tail = messages[:room], messages[room:]
+        self.wrote_backend = bool(tail)
         if tail:
             # The backend first: if it fails nothing has been queued yet (all or none).
             backend.put_many(tail)
+            if self._dirty is not None:
+                self._dirty()
         if head:
             memory.extend(head)
         self.message_count += len(messages)
@@ -141,20 +218,40 @@ class Topic:
             out = [popleft() for _ in range(count)]
         if len(out) < count and self.backend.depth > 0:
             out += self.backend.read_many(count - len(out))
+            if self._dirty is not None:
+                self._dirty()
         return out
 
     # -- the pump ----------------------------------------------------------------------------
 
     def _pump_ready(self) -> bool:
-        return not self.paused and bool(self.channels) and self.depth > 0
+        return (
+            not self.paused
+            and bool(self.channels)
+            and (self.depth > 0 or (bool(self._redo) and trio.current_time() >= self._retry_at))
+        )
 
     async def _pump(self) -> None:
         while True:
             if not self._pump_ready():
                 self._wakeup = trio.Event()
-                await self._wakeup.wait()
+                # A retry batch waits for its delay; anything else wakes the pump earlier.
+                deadline = self._retry_at if self._redo else float("inf")
+                with trio.move_on_at(deadline):
+                    await self._wakeup.wait()
                 continue
-            self._fan_out(self._take(PUMP_BATCH), trio.current_time())
+            now = trio.current_time()
+            if self._disk is None:
+                self._fan_out(self._take(PUMP_BATCH), now)
+            elif self._redo and now >= self._retry_at:
+                self._resend(self._redo.popleft(), now)
+            elif self.backend.depth > 0:
+                messages = self._take(PUMP_BATCH)
+                if messages:
+                    pending = _Pending(messages)
+                    self._pendings.add(pending)
+                    self._send(_Batch(messages, None, pending), now)
+                    self._settle(pending)
             # One checkpoint per batch: lets the connections run between batches.
             await trio.lowlevel.checkpoint()
 
@@ -168,6 +265,81 @@ class Topic:
         channels[0].put_many(messages, now)
         for channel in channels:
             channel.deliver(now)
+
+    # -- the durable pump ----------------------------------------------------------------------
+
+    def _send(self, batch: _Batch, now: float) -> None:
+        """Write a copy of the batch to each target channel; schedule retries for failures."""
+        pending = batch.pending
+        targets = batch.targets
+        if targets is None:
+            targets = list(self.channels.values())
+        failed: list[Channel] = []
+        error: BackendError | None = None
+        syncer = self._syncer
+        for channel in targets:
+            if channel.exiting or self.channels.get(channel.name) is not channel:
+                continue  # deleted meanwhile: its copy no longer matters
+            # Copies for every channel, even the first: a retry must start from the originals.
+            try:
+                channel.put_many([m.copy() for m in batch.messages], now)
+            except BackendError as exc:
+                failed.append(channel)
+                error = exc
+                continue
+            channel.deliver(now)
+            queue = channel.durable_queue
+            if queue is not None and syncer is not None:
+                pending.waiting += 1
+                syncer.when_durable(
+                    queue, partial(self._copy_synced, pending, channel), urgent=False
+                )
+        if failed:
+            log.error(
+                "TOPIC(%s): writing %d messages to %d channel(s) failed, retrying in %.0fs - %s",
+                self.name,
+                len(batch.messages),
+                len(failed),
+                RETRY_DELAY,
+                error,
+            )
+            if self._on_health is not None:
+                self._on_health(str(error))
+            self._retry(_Batch(batch.messages, failed, pending))
+
+    def _retry(self, batch: _Batch) -> None:
+        batch.pending.redo += 1
+        if not self._redo:
+            self._retry_at = trio.current_time() + RETRY_DELAY
+        self._redo.append(batch)
+        self._wakeup.set()
+
+    def _resend(self, batch: _Batch, now: float) -> None:
+        batch.pending.redo -= 1
+        self._send(batch, now)
+        self._settle(batch.pending)
+
+    def _copy_synced(self, pending: _Pending, channel: Channel, error: OSError | None) -> None:
+        # Syncer callback: one channel's copy of a batch is durable (or its fsync failed).
+        if self.exiting:
+            return
+        pending.waiting -= 1
+        if error is not None:
+            # The copy may be lost: write it again (a duplicate at worst, never a loss).
+            self._retry(_Batch(pending.messages, [channel], pending))
+            return
+        self._settle(pending)
+
+    def _settle(self, pending: _Pending) -> None:
+        """Acknowledge a batch at the topic once every channel's copy is durable."""
+        if pending.waiting or pending.redo or pending not in self._pendings:
+            return
+        self._pendings.discard(pending)
+        disk = self._disk
+        if disk is not None and not self.exiting:
+            disk.ack_many(pending.tokens)
+            if self._dirty is not None:
+                self._dirty()
 
     # -- channels ----------------------------------------------------------------------------
 
@@ -191,9 +363,13 @@ class Topic:
             backend=backend,
             on_last_client_removed=self._on_last_client_removed,
             rng=self._rng,
+            syncer=self._syncer,
+            on_health=self._on_health,
         )
         self.channels[name] = channel
         log.info("TOPIC(%s): new channel(%s)", self.name, name)
+        if not channel.ephemeral and self._on_change is not None:
+            self._on_change()
         if self._nursery is not None:
             self._nursery.start_soon(channel.run)
         self._wakeup.set()  # the first channel takes the backlog
@@ -208,6 +384,8 @@ class Topic:
         channel = self.channels.pop(name)
         channel.delete()
         log.info("TOPIC(%s): deleted channel(%s)", self.name, name)
+        if not channel.ephemeral and self._on_change is not None:
+            self._on_change()
         if self.ephemeral and not self.channels and not self.exiting:
             self.delete()
             if self._on_deleted_ephemeral is not None:
@@ -223,26 +401,43 @@ class Topic:
     def pause(self) -> None:
         """Stop the pump: messages accumulate at the topic."""
         self.paused = True
+        if self._on_change is not None:
+            self._on_change()
 
     def unpause(self) -> None:
         """Restart the pump."""
         self.paused = False
         self._wakeup.set()
+        if self._on_change is not None:
+            self._on_change()
 
     def empty(self) -> None:
         """Drop the topic's own queued messages (channels keep theirs, as nsqd)."""
         self._memory.clear()
+        self._redo.clear()
+        self._pendings.clear()
         self.backend.empty()
 
     def close(self) -> None:
         """Shut down: close every channel (flushing them), write the memory queue to the
-        backend, close it and end ``run``. Idempotent."""
+        backend, close it and end ``run``. Idempotent.
+
+        A durable topic then acknowledges the batches whose channel copies the channels' close
+        made durable; batches waiting for a retry stay unacknowledged (read again at the next
+        start, so no channel misses them).
+        """
         if self.exiting:
             return
         self.exiting = True
         self._run_scope.cancel()
+        channels_ok = True
         for channel in self.channels.values():
-            channel.close()
+            if not channel.close():
+                channels_ok = False
+        if self._disk is not None and channels_ok:
+            self._disk.ack_many([t for p in self._pendings if not p.redo for t in p.tokens])
+        self._pendings.clear()
+        self._redo.clear()
         if self._memory:
             pending = list(self._memory)
             self._memory.clear()
@@ -269,6 +464,8 @@ class Topic:
         for channel in channels:
             channel.delete()
         self._memory.clear()
+        self._redo.clear()
+        self._pendings.clear()
         self.backend.delete()
         log.info("TOPIC(%s): deleted", self.name)
 

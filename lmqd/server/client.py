@@ -19,6 +19,14 @@ be sent, so a client that publishes without reading its responses cannot grow ou
 A fatal protocol error queues its error frame after the responses already due; the writer flushes
 them and the connection closes. When the connection ends for any reason its in-flight messages are
 requeued at once (nsqd waits for their timeout).
+
+With ``--durable`` a publish's ``OK`` must wait for the fsync of its records. The reader does not
+wait (it goes on applying the buffer and reading, so one connection pipelining many publishes
+shares an fsync, and other connections are never blocked): the publish opens a *hold*, a segment
+of output that starts with its ``OK`` frames and collects everything written after it (responses
+stay FIFO, as clients match them in order). ``Syncer.when_durable`` resolves holds in order; a
+resolved hold's frames move to the output, and a failed sync turns the ``OK`` into nsqd's fatal
+``E_PUB_FAILED`` / ``E_MPUB_FAILED`` / ``E_DPUB_FAILED`` and closes the connection.
 """
 
 from __future__ import annotations
@@ -26,7 +34,9 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections import deque
 from collections.abc import Sequence
+from functools import partial
 from typing import TYPE_CHECKING
 
 import trio
@@ -81,6 +91,19 @@ READ_PAUSE_WATER = 2 * OUTPUT_HIGH_WATER
 CLOSE_FLUSH_TIMEOUT = 5.0
 
 
+class _Hold:
+    """Output held until a durable publish's records are fsynced (see the module docstring)."""
+
+    __slots__ = ("done", "error", "frames", "kind", "nbytes")
+
+    def __init__(self, kind: str, frames: list[bytes]) -> None:
+        self.kind = kind
+        self.frames = frames
+        self.nbytes = sum(map(len, frames))
+        self.done = False
+        self.error: OSError | None = None
+
+
 class TcpClient:
     """A connected V2 client; implements ``lmqd.subscriber.Subscriber`` once subscribed."""
 
@@ -111,9 +134,12 @@ class TcpClient:
         # Output side.
         self._output: list[bytes] = []
         self._output_bytes = 0
+        self._holds: deque[_Hold] = deque()
+        self._held_bytes = 0
         self._wake_writer = trio.Event()
         self._drained = trio.Event()
         self._closing = False
+        self._writer_done = False
         self._reader_scope = trio.CancelScope()
         self._heartbeat_interval = options.default_heartbeat_interval
         self._next_heartbeat = trio.current_time() + self._heartbeat_interval
@@ -137,7 +163,7 @@ class TcpClient:
 
     def write_messages(self, messages: Sequence[Message]) -> None:
         self._write(encode_messages(messages))
-        if self._output_bytes > OUTPUT_HIGH_WATER:
+        if self._output_bytes + self._held_bytes > OUTPUT_HIGH_WATER:
             self._stalled = True
 
     def statistics(self) -> ClientStats:
@@ -168,15 +194,70 @@ class TcpClient:
     # -- output ------------------------------------------------------------------------------
 
     def _write(self, frame: bytes) -> None:
+        if self._holds:
+            hold = self._holds[-1]
+            hold.frames.append(frame)
+            hold.nbytes += len(frame)
+            self._held_bytes += len(frame)
+            return
         self._output.append(frame)
         self._output_bytes += len(frame)
         self._wake_writer.set()
+
+    def _write_oks(self, kind: str, topic: str, count: int) -> None:
+        """Answer ``count`` publishes to ``topic``: now, or (durable) once they are fsynced."""
+        frames = [OK_FRAME] * count
+        hold = _Hold(kind, frames)
+        if self.daemon.after_durable(topic, partial(self._synced, hold)):
+            self._holds.append(hold)
+            self._held_bytes += hold.nbytes
+            return
+        if self._holds:
+            self._holds[-1].frames.extend(frames)
+            self._holds[-1].nbytes += hold.nbytes
+            self._held_bytes += hold.nbytes
+            return
+        self._output.extend(frames)
+        self._output_bytes += hold.nbytes
+        self._wake_writer.set()
+
+    def _synced(self, hold: _Hold, error: OSError | None) -> None:
+        # Syncer callback: release every hold resolved so far, in order.
+        hold.done = True
+        hold.error = error
+        holds = self._holds
+        while holds and holds[0].done:
+            first = holds.popleft()
+            self._held_bytes -= first.nbytes
+            if first.error is not None:
+                exc = errors.publish_failed(first.kind, str(first.error))
+                log.error("CLIENT(%s): %s", self.remote_address, exc)
+                # Fatal, as nsqd's: nothing after it is sent and the connection closes.
+                holds.clear()
+                self._held_bytes = 0
+                self._output.append(exc.frame())
+                self._closing = True
+                self._reader_scope.cancel()
+                break
+            self._output.extend(first.frames)
+            self._output_bytes += first.nbytes
+        self._wake_writer.set()
+
+    @property
+    def has_unsent_output(self) -> bool:
+        """Whether responses or messages wait to be sent (or for a durable publish's fsync)."""
+        return bool(self._output or self._holds)
+
+    async def wait_sent(self) -> None:
+        """Return once nothing waits to be sent (or the connection has ended)."""
+        while self.has_unsent_output and not self._writer_done:
+            await self._drained.wait()
 
     async def _writer(self, cancel_reader: trio.CancelScope) -> None:
         try:
             while True:
                 if not self._output:
-                    if self._closing:
+                    if self._closing and not self._holds:
                         return
                     deadline = self._next_heartbeat if self._heartbeat_interval > 0 else math.inf
                     with trio.move_on_at(deadline):
@@ -205,7 +286,7 @@ class TcpClient:
                     return
                 self._drained.set()
                 self._drained = trio.Event()
-                if self._stalled and self._output_bytes <= OUTPUT_HIGH_WATER:
+                if self._stalled and self._output_bytes + self._held_bytes <= OUTPUT_HIGH_WATER:
                     self._stalled = False
                     channel = self.channel
                     if channel is not None:
@@ -216,6 +297,7 @@ class TcpClient:
         finally:
             # The writer is done: nothing more can be sent, so the reader must stop too.
             self._closing = True
+            self._writer_done = True
             self._drained.set()
             cancel_reader.cancel()
 
@@ -264,7 +346,7 @@ class TcpClient:
                 return
             if not data:
                 return
-            if self._output_bytes > READ_PAUSE_WATER:
+            if self._output_bytes + self._held_bytes > READ_PAUSE_WATER:
                 await self._drained.wait()
 
     def _apply_buffer(self) -> bool:
@@ -310,9 +392,7 @@ class TcpClient:
                 pub_topic, pub_count = None, 0
                 self._publish(pub_kind, topic, pub_bodies, 0.0)
                 pub_bodies.clear()
-                self._output.extend([OK_FRAME] * count)
-                self._output_bytes += len(OK_FRAME) * count
-                self._wake_writer.set()
+                self._write_oks(pub_kind, topic, count)
 
         for event in events:
             if isinstance(event, Fin):
@@ -343,7 +423,7 @@ class TcpClient:
                     pass
                 case Dpub(topic=topic, defer_ms=defer_ms, body=body):
                     self._publish("DPUB", topic, [body], defer_ms / 1000)
-                    self._write(OK_FRAME)
+                    self._write_oks("DPUB", topic, 1)
                 case Sub(topic=topic, channel=channel):
                     self._subscribe(topic, channel)
                 case Identify():
@@ -394,6 +474,8 @@ class TcpClient:
             raise errors.sub_failed(str(exc)) from exc
         except TopicExiting as exc:
             raise errors.sub_failed("exiting") from exc
+        except BackendError as exc:  # its disk queue could not be opened
+            raise errors.sub_failed(str(exc)) from exc
         self.channel = channel
         self._write(OK_FRAME)
 
