@@ -263,21 +263,41 @@ class Channel:
         out = list(memory)
         memory.clear()
         backend = self.backend
+        in_flight = self._in_flight
+        seen: set[bytes] | None = None
         while len(out) < count and backend.depth > 0:
             got = backend.read_many(count - len(out))
             if not got:
                 break
+            if seen is None:
+                seen = {m.id for m in out}
             # Messages written to disk while deferred (shutdown flush, restart) keep their time.
             for m in got:
-                if m.deliver_at > now:
+                msg_id = m.id
+                if msg_id in in_flight or msg_id in seen:
+                    # A second copy (stored again after a crash: at-least-once) while the first
+                    # is in flight: one id can be in flight only once, and this copy is redundant.
+                    self._drop_duplicate(m)
+                elif m.deliver_at > now:
                     self._deferred.push(m)
                 else:
+                    seen.add(msg_id)
                     out.append(m)
         if self._dirty is not None:
             self._dirty()
         if self._deferred:
             self._wake_at(self._deferred.next_deadline())
         return out
+
+    def _drop_duplicate(self, m: Message) -> None:
+        log.debug(
+            "CHANNEL(%s:%s): dropping a duplicate of %s read from disk while it is in flight",
+            self.topic_name,
+            self.name,
+            m.id.decode("ascii", "replace"),
+        )
+        if self._disk is not None and isinstance(m, StoredMessage):
+            self._disk.ack(m.token)
 
     # -- clients -----------------------------------------------------------------------------
 

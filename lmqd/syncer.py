@@ -127,6 +127,7 @@ class Syncer:
         self._wake = trio.Event()
         self._round_done = trio.Event()
         self._running = False
+        self._in_round = False
         self._rounds = 0
         self._queue_syncs = 0
         self._failed_syncs = 0
@@ -171,8 +172,8 @@ class Syncer:
 
     @property
     def busy(self) -> bool:
-        """Whether urgent work is waiting (a durable publisher, a metadata change)."""
-        return bool(self._urgent) or self._metadata_dirty
+        """Whether a round runs or urgent work waits (a durable publisher, a metadata change)."""
+        return bool(self._urgent) or self._metadata_dirty or self._in_round
 
     def statistics(self) -> SyncerStats:
         return SyncerStats(
@@ -254,9 +255,13 @@ class Syncer:
         metadata_error = None
         if jobs or metadata is not None:
             # Not abandoned on cancel: a job owns descriptors and must finish (or never start).
-            metadata_error, errors = await trio.to_thread.run_sync(
-                _run_round, self._metadata_file, metadata, jobs
-            )
+            self._in_round = True
+            try:
+                metadata_error, errors = await trio.to_thread.run_sync(
+                    _run_round, self._metadata_file, metadata, jobs
+                )
+            finally:
+                self._in_round = False
             self._rounds += 1
             self._queue_syncs += len(jobs)
         if metadata is not None:

@@ -1,0 +1,317 @@
+"""``--durable`` in process: OK after fsync, group commit, failures, crash snapshots, restarts.
+
+Rules for this module (STYLE.md):
+- Real ``LmqDaemon``\\ s in the test's nursery on 127.0.0.1 port 0, ``data_path`` in ``tmp_path``;
+  raw V2 clients (``wire.Wire``). Real clock: the daemon's fsyncs run in worker threads, and a
+  publisher's ``OK`` waits for them, which a jumping clock would reorder with heartbeats.
+- Faults are injected by wrapping ``os.fsync`` / ``os.pwrite`` (the calls a full or failing disk
+  fails); a "gate" holds the worker thread's fsyncs to show what waits for them. The event-loop
+  thread (opening a queue) is never held or failed.
+- A ``kill -9`` is simulated by copying the data directory from the event-loop thread between two
+  steps of the daemon (an instant at which no worker thread is running): the copy is exactly what
+  the OS would hold if the process died there. A new daemon on the copy is the restart.
+- Every test has a ``fail_after`` guard.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from lmqd.backend import BackendError
+from lmqd.protocol import Error, Response
+from lmqd.storage import DiskQueue
+
+from .conftest import Connect
+from .wire import ConnectionClosed, Running, eventually, start_daemon
+
+TIMEOUT = 20
+OK = Response(data=b"OK")
+
+
+def _in_worker_thread() -> bool:
+    return threading.current_thread() is not threading.main_thread()
+
+
+class FsyncFault:
+    """``os.fsync`` that, in worker threads, can be held (``hold``) or can fail (``fail``)."""
+
+    def __init__(self, real: Callable[[int], None]) -> None:
+        self.real = real
+        self.hold = False
+        self.fail = False
+        self.released = threading.Event()
+        self.held = threading.Event()
+        self.calls = 0
+
+    def __call__(self, fd: int) -> None:
+        if _in_worker_thread():
+            if self.hold:
+                self.held.set()
+                self.released.wait(TIMEOUT)
+            if self.fail:
+                raise OSError(errno.EIO, "Input/output error")
+            self.calls += 1
+        self.real(fd)
+
+
+@pytest.fixture
+def fsync(monkeypatch: pytest.MonkeyPatch) -> Iterator[FsyncFault]:
+    fault = FsyncFault(os.fsync)
+    monkeypatch.setattr(os, "fsync", fault)
+    yield fault
+    fault.released.set()
+
+
+async def durable(nursery: trio.Nursery, path: Path, **options: Any) -> Running:
+    running = await start_daemon(nursery, path, durable=True, **options)
+    await eventually(lambda: not running.daemon.syncer.busy)
+    return running
+
+
+async def test_ok_is_sent_only_after_the_fsync(
+    nursery: trio.Nursery, tmp_path: Path, connect: Connect, fsync: FsyncFault
+) -> None:
+    with trio.fail_after(TIMEOUT):
+        running = await durable(nursery, tmp_path)
+        producer = await connect(running.address)
+        assert await producer.pub("t", b"first") == OK  # creates the topic
+        await eventually(lambda: not running.daemon.syncer.busy)
+        fsync.hold = True
+        await producer.send(b"PUB t\n\x00\x00\x00\x06second")
+        await trio.to_thread.run_sync(fsync.held.wait, TIMEOUT)
+        with trio.move_on_after(0.3) as waited:
+            await producer.frame()
+        assert waited.cancelled_caught, "OK sent before the fsync completed"
+        fsync.hold = False
+        fsync.released.set()
+        assert await producer.frame() == OK
+
+
+async def test_publishers_on_many_connections_share_fsyncs(
+    nursery: trio.Nursery, tmp_path: Path, connect: Connect, fsync: FsyncFault
+) -> None:
+    with trio.fail_after(TIMEOUT):
+        running = await durable(nursery, tmp_path)
+        producers = [await connect(running.address) for _ in range(20)]
+        for i, p in enumerate(producers[:2]):
+            assert await p.pub(f"t{i}", b"warm-up") == OK
+        await eventually(lambda: not running.daemon.syncer.busy)
+        before = running.daemon.syncer.statistics().rounds
+        fsync.hold = True
+        for i, p in enumerate(producers):
+            await p.send(b"PUB t%d\n\x00\x00\x00\x01x" % (i % 2))
+        await trio.to_thread.run_sync(fsync.held.wait, TIMEOUT)
+        await trio.sleep(0.2)  # every PUB has arrived while the first round is held
+        fsync.hold = False
+        fsync.released.set()
+        for p in producers:
+            assert await p.frame() == OK
+        rounds = running.daemon.syncer.statistics().rounds - before
+        # The held round took the first publisher(s); every other one shared the next round.
+        assert rounds <= 2, rounds
+
+
+@pytest.mark.parametrize(
+    ("command", "code"),
+    [
+        (b"PUB t\n\x00\x00\x00\x01x", "E_PUB_FAILED"),
+        (b"MPUB t\n\x00\x00\x00\x09\x00\x00\x00\x01\x00\x00\x00\x01x", "E_MPUB_FAILED"),
+        (b"DPUB t 100\n\x00\x00\x00\x01x", "E_DPUB_FAILED"),
+    ],
+)
+async def test_failed_fsync_fails_the_publish_and_health_recovers(
+    nursery: trio.Nursery,
+    tmp_path: Path,
+    connect: Connect,
+    fsync: FsyncFault,
+    command: bytes,
+    code: str,
+) -> None:
+    with trio.fail_after(TIMEOUT):
+        running = await durable(nursery, tmp_path)
+        daemon = running.daemon
+        producer = await connect(running.address)
+        assert await producer.pub("t", b"stored") == OK
+        await eventually(lambda: not daemon.syncer.busy)
+        fsync.fail = True
+        await producer.send(command)
+        error = await producer.error()
+        assert error.code == code
+        kind = code.split("_")[1]
+        assert error.text == f"{kind} failed [Errno 5] Input/output error"
+        with pytest.raises(ConnectionClosed):  # fatal, as nsqd's E_PUB_FAILED
+            await producer.frame()
+        assert daemon.health.startswith("NOK - sync failed")
+        fsync.fail = False
+        again = await connect(running.address)
+        assert await again.pub("t", b"after") == OK
+        assert daemon.health == "OK"
+        consumer = await connect(running.address)
+        await consumer.sub("t", "c", rdy=10)
+        bodies = set()
+        with trio.move_on_after(0.5):
+            while True:
+                bodies.add((await consumer.message()).body)
+        # Nothing stored was lost; the failed one may be delivered too (it was never OK'd).
+        assert {b"stored", b"after"} <= bodies <= {b"stored", b"after", b"x"}
+
+
+async def test_failed_write_answers_at_once_and_loses_nothing_stored(
+    nursery: trio.Nursery, tmp_path: Path, connect: Connect, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with trio.fail_after(TIMEOUT):
+        running = await durable(nursery, tmp_path)
+        producer = await connect(running.address)
+        assert await producer.pub("t", b"stored") == OK
+        real_pwrite = os.pwrite
+        full = True
+
+        def pwrite(fd: int, data: Any, offset: int) -> int:
+            if full:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return real_pwrite(fd, data, offset)
+
+        monkeypatch.setattr(os, "pwrite", pwrite)
+        error = await producer.pub("t", b"lost")
+        assert isinstance(error, Error) and error.code == "E_PUB_FAILED"
+        assert "No space left on device" in error.text
+        assert running.daemon.health.startswith("NOK - ")
+        full = False
+        again = await connect(running.address)
+        assert await again.pub("t", b"after") == OK
+        assert running.daemon.health == "OK"
+        consumer = await connect(running.address)
+        await consumer.sub("t", "c", rdy=10)
+        assert [(await consumer.message()).body for _ in range(2)] == [b"stored", b"after"]
+
+
+def snapshot(source: Path, target: Path) -> None:
+    """What the OS holds for the data directory right now (the daemon's state at a kill -9)."""
+    shutil.copytree(source, target)
+
+
+async def test_kill9_snapshot_keeps_every_ok_and_every_unfinished_message(
+    nursery: trio.Nursery, tmp_path: Path, connect: Connect
+) -> None:
+    with trio.fail_after(TIMEOUT):
+        live = tmp_path / "live"
+        running = await durable(nursery, live, sync_timeout=60.0)
+        daemon = running.daemon
+        consumer = await connect(running.address, msg_timeout=60000)
+        await consumer.sub("t", "c", rdy=20)
+        other = await connect(running.address)
+        await other.sub("t", "d")  # a second channel, never read: it must hold everything
+        producer = await connect(running.address)
+        published = [b"m%03d" % i for i in range(200)]
+        for i in range(0, 200, 20):
+            assert await producer.mpub("t", published[i : i + 20]) == OK
+        got = [await consumer.message() for _ in range(20)]
+        await consumer.send(b"RDY 0\n")
+        for m in got[:15]:
+            await consumer.fin(m.id)
+        finished = {m.body for m in got[:15]}
+        in_flight = [m.body for m in got[15:]]
+        await eventually(lambda: daemon.topics["t"].channels["c"].in_flight_count == 5)
+        await eventually(lambda: not daemon.syncer.busy)
+        snapshot(live, tmp_path / "crashed")  # no await: the event loop stands still
+
+        restarted = await durable(nursery, tmp_path / "crashed")
+        consumer = await connect(restarted.address)
+        await consumer.sub("t", "c", rdy=300)
+        delivered: list[bytes] = []
+        with trio.move_on_after(1.0):
+            while True:
+                m = await consumer.message()
+                delivered.append(m.body)
+                await consumer.fin(m.id)
+        # At least once: everything not finished, in flight included; finished ones may return.
+        assert set(delivered) >= set(published) - finished
+        assert set(in_flight) <= set(delivered)
+        reader = await connect(restarted.address)
+        await reader.sub("t", "d", rdy=300)
+        got = {(await reader.message()).body for _ in range(200)}
+        assert got == set(published)
+        await running.stop()
+
+
+async def test_clean_restart_delivers_exactly_the_unfinished_messages(
+    nursery: trio.Nursery, tmp_path: Path, connect: Connect
+) -> None:
+    with trio.fail_after(TIMEOUT):
+        first = await durable(nursery, tmp_path)
+        consumer = await connect(first.address, msg_timeout=60000)
+        await consumer.sub("t", "c", rdy=5)
+        producer = await connect(first.address)
+        published = [b"m%d" % i for i in range(10)]
+        assert await producer.mpub("t", published) == OK
+        got = [await consumer.message() for _ in range(5)]
+        await consumer.send(b"RDY 0\n")
+        for m in got[:3]:
+            await consumer.fin(m.id)
+        await consumer.req(got[3].id, 60_000)  # deferred a minute
+        assert await producer.dpub("t", 60_000, b"later") == OK  # stays on the channel's disk
+        channel = first.daemon.topics["t"].channels["c"]
+        await eventually(lambda: channel.deferred_count == 1 and channel.in_flight_count == 1)
+        await first.stop()
+
+        second = await durable(nursery, tmp_path)
+        channel_queue = second.daemon.topics["t"].channels["c"].backend
+        assert isinstance(channel_queue, DiskQueue)
+        consumer = await connect(second.address)
+        await consumer.sub("t", "c", rdy=20)
+        delivered = []
+        with trio.move_on_after(1.0):
+            while True:
+                m = await consumer.message()
+                delivered.append((m.body, m.attempts))
+                await consumer.fin(m.id)
+        # Exactly once each: FIN'd ones never, in-flight one again (attempt 2), the rest once;
+        # the two deferred ones keep their deadline (a minute away) and are not due yet.
+        assert sorted(delivered) == sorted([(b"m4", 2), *((b"m%d" % i, 1) for i in range(5, 10))])
+        assert second.daemon.topics["t"].channels["c"].deferred_count == 2
+        assert second.daemon.topics["t"].depth == 0
+
+
+async def test_a_failed_channel_write_is_retried_for_that_channel_only(
+    nursery: trio.Nursery, tmp_path: Path, connect: Connect, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with trio.fail_after(TIMEOUT):
+        running = await durable(nursery, tmp_path, sync_timeout=0.2)
+        daemon = running.daemon
+        ok_reader = await connect(running.address, heartbeat_interval=30000)
+        await ok_reader.sub("t", "ok", rdy=10)
+        bad_reader = await connect(running.address, heartbeat_interval=30000)
+        await bad_reader.sub("t", "bad", rdy=10)
+        bad_queue = daemon.topics["t"].channels["bad"].backend
+        assert isinstance(bad_queue, DiskQueue)
+        real_put = bad_queue.put_many
+        failing = True
+
+        def put_many(messages: Any) -> None:
+            if failing:
+                raise BackendError("DISKQUEUE(t:bad): write failed: disk full")
+            real_put(messages)
+
+        monkeypatch.setattr(bad_queue, "put_many", put_many)
+        producer = await connect(running.address)
+        assert await producer.mpub("t", [b"a", b"b"]) == OK
+        assert [(await ok_reader.message()).body for _ in range(2)] == [b"a", b"b"]
+        await eventually(lambda: daemon.health.startswith("NOK"))
+        topic_queue = daemon.topics["t"].backend
+        assert isinstance(topic_queue, DiskQueue) and topic_queue.unacked_count == 2
+        failing = False
+        assert [(await bad_reader.message()).body for _ in range(2)] == [b"a", b"b"]
+        await eventually(lambda: topic_queue.unacked_count == 0)  # acknowledged once synced
+        await eventually(lambda: daemon.health == "OK")
+        with trio.move_on_after(0.3):
+            extra = await ok_reader.frame()
+            pytest.fail(f"channel 'ok' got the batch twice: {extra}")

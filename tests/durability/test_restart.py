@@ -1,0 +1,274 @@
+"""Default mode across a graceful restart: spill, metadata, nothing lost, deferred keep their time.
+
+Rules for this module (STYLE.md):
+- Real ``LmqDaemon``\\ s run in the test's nursery on 127.0.0.1 port 0 with ``data_path`` in
+  ``tmp_path``; "restart" is a graceful shutdown (what SIGTERM does) and a new daemon on the same
+  directory. Clients speak raw V2 through ``wire.Wire``.
+- Timing tests run on ``clock`` (a ``MockClock`` that jumps only after 0.1 s of real idleness, so
+  the daemon's worker-thread calls finish before virtual time moves) with the wall clock the
+  storage reads tied to virtual time (``fake_wall``): stored deadlines are then exact, and tests
+  assert exact virtual times. A ticker task bounds any jump to ``TICK`` seconds.
+- Every test has a ``fail_after`` guard.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+import trio
+import trio.testing
+
+from lmqd.protocol import MessageFrame, Response
+from lmqd.storage import DataDirLocked, DiskQueue
+
+from .conftest import Connect
+from .wire import Running, eventually, start_daemon
+
+TIMEOUT = 300.0  # virtual seconds (the clock below jumps)
+TICK = 10.0
+WALL0_NS = 1_750_000_000 * 10**9
+OK = Response(data=b"OK")
+
+
+@pytest.fixture
+def clock() -> trio.testing.MockClock:
+    return trio.testing.MockClock(autojump_threshold=0.1)
+
+
+class FakeWall:
+    """``time`` for ``lmqd.storage.timebase``: wall clock = ``WALL0_NS`` + virtual time."""
+
+    @staticmethod
+    def time_ns() -> int:
+        return WALL0_NS + round(trio.current_time() * 1e9)
+
+
+@pytest.fixture
+def fake_wall(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setattr("lmqd.storage.timebase.time", FakeWall)
+    yield
+
+
+@pytest.fixture
+async def ticker(nursery: trio.Nursery) -> AsyncIterator[None]:
+    async def tick() -> None:
+        for _ in range(int(TIMEOUT / TICK) + 1):  # a deadline every TICK bounds every jump
+            await trio.sleep(TICK)
+
+    nursery.start_soon(tick)
+    yield
+
+
+def body_set(n: int, prefix: bytes = b"m") -> set[bytes]:
+    return {prefix + b"%d" % i for i in range(n)}
+
+
+async def test_graceful_restart_loses_nothing_and_deferred_keep_their_time(
+    nursery: trio.Nursery,
+    tmp_path: Path,
+    connect: Connect,
+    clock: trio.testing.MockClock,
+    fake_wall: None,
+    ticker: None,
+) -> None:
+    with trio.fail_after(TIMEOUT):
+        first = await start_daemon(nursery, tmp_path, mem_queue_size=4)
+        consumer = await connect(first.address, msg_timeout=60000)
+        await consumer.sub("t", "c", rdy=3)
+        producer = await connect(first.address)
+        bodies = [b"m%d" % i for i in range(20)]
+        assert await producer.mpub("t", bodies) == OK
+        held = [await consumer.message() for _ in range(3)]  # in flight at the shutdown
+        assert [m.body for m in held] == bodies[:3]
+        channel = first.daemon.topics["t"].channels["c"]
+        assert channel.backend_depth > 0  # past --mem-queue-size: spilled to disk
+        assert channel.depth == 17
+        await consumer.req(held[0].id, 10_000)
+        requeued_at = trio.current_time()
+        assert await producer.dpub("t", 30_000, b"late") == OK
+        deferred_at = trio.current_time()
+        # A topic with no channel keeps its messages: memory (4) and disk (2).
+        assert await producer.mpub("kept", [b"k%d" % i for i in range(6)]) == OK
+        await trio.sleep(1)
+        await first.stop()
+
+        second = await start_daemon(nursery, tmp_path, mem_queue_size=4)
+        restarted = trio.current_time()
+        assert set(second.daemon.topics) == {"t", "kept"}
+        consumer = await connect(second.address, msg_timeout=60000)
+        await consumer.sub("t", "c", rdy=100)
+        got: dict[bytes, MessageFrame] = {}
+        while len(got) < 19:  # 17 never delivered + 2 that were in flight
+            m = await consumer.message()
+            got[m.body] = m
+            await consumer.fin(m.id)
+        assert trio.current_time() == restarted
+        assert set(got) == set(bodies) - {b"m0"}
+        assert [got[b.body].attempts for b in held[1:]] == [2, 2]  # delivered once before
+        again = await consumer.message()
+        assert (again.body, again.attempts) == (b"m0", 2)
+        assert trio.current_time() == pytest.approx(requeued_at + 10.0, abs=1e-6)
+        await consumer.fin(again.id)
+        late = await consumer.message()
+        assert (late.body, late.attempts) == (b"late", 1)
+        assert trio.current_time() == pytest.approx(deferred_at + 30.0, abs=1e-6)
+        await consumer.fin(late.id)
+
+        other = await connect(second.address)
+        await other.sub("kept", "c", rdy=10)
+        kept = {(await other.message()).body for _ in range(6)}
+        # Order across a restart is not kept (nsqd's flush: memory after the disk's contents).
+        assert kept == body_set(6, b"k")
+        await second.stop()
+
+
+@pytest.mark.parametrize("mem_queue_size", [0, 10])
+async def test_topic_and_channel_spill_to_disk_in_order(
+    nursery: trio.Nursery, tmp_path: Path, connect: Connect, mem_queue_size: int
+) -> None:
+    with trio.fail_after(30):
+        running = await start_daemon(nursery, tmp_path, mem_queue_size=mem_queue_size)
+        producer = await connect(running.address)
+        bodies = [b"s%d" % i for i in range(100)]
+        assert await producer.mpub("spill", bodies) == OK
+        topic = running.daemon.topics["spill"]
+        assert isinstance(topic.backend, DiskQueue)
+        assert (topic.depth, topic.backend_depth) == (100, 100 - mem_queue_size)
+        consumer = await connect(running.address)
+        await consumer.sub("spill", "c")
+        channel = topic.channels["c"]
+        await eventually(lambda: topic.depth == 0)
+        assert (channel.depth, channel.backend_depth) == (100, 100 - mem_queue_size)
+        await consumer.send(b"RDY 7\n")
+        received = []
+        for _ in range(100):
+            m = await consumer.message()
+            received.append(m.body)
+            await consumer.fin(m.id)
+        assert received == bodies
+        await running.stop()
+
+
+async def test_metadata_restores_topics_channels_and_paused_flags(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    with trio.fail_after(30):
+        first = await start_daemon(nursery, tmp_path)
+        daemon = first.daemon
+        a = daemon.get_topic("a")
+        a.get_channel("x").pause()
+        a.get_channel("y")
+        a.pause()
+        b = daemon.get_topic("b")
+        b.get_channel("z")
+        b.get_channel("gone#ephemeral")
+        daemon.get_topic("e#ephemeral").get_channel("c")
+        daemon.get_topic("deleted").get_channel("c")
+        daemon.delete_topic("deleted")
+        daemon.persist_metadata()
+        await first.stop()
+
+        saved = json.loads((tmp_path / "lmqd.dat").read_text())
+        assert saved["topics"] == [
+            {
+                "name": "a",
+                "paused": True,
+                "channels": [{"name": "x", "paused": True}, {"name": "y", "paused": False}],
+            },
+            {"name": "b", "paused": False, "channels": [{"name": "z", "paused": False}]},
+        ]
+        assert not any(
+            p.name.startswith(("deleted", "e%23")) for p in await trio.Path(tmp_path).iterdir()
+        )
+
+        second = await start_daemon(nursery, tmp_path)
+        topics = second.daemon.topics
+        assert set(topics) == {"a", "b"}
+        assert topics["a"].paused and not topics["b"].paused
+        assert set(topics["a"].channels) == {"x", "y"}
+        assert topics["a"].channels["x"].paused and not topics["a"].channels["y"].paused
+        assert set(topics["b"].channels) == {"z"}
+        await second.stop()
+
+
+async def test_a_burst_of_creations_costs_few_metadata_writes(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    with trio.fail_after(30):
+        running = await start_daemon(nursery, tmp_path)
+        syncer = running.daemon.syncer
+        await eventually(lambda: not syncer.busy)
+        before = syncer.statistics().metadata_writes
+        for i in range(50):
+            running.daemon.get_topic(f"burst{i}").get_channel("c")
+        await eventually(lambda: not syncer.busy)
+        writes = syncer.statistics().metadata_writes - before
+        assert 1 <= writes <= 2  # one, or two if a round had started during the burst
+        saved = json.loads((tmp_path / "lmqd.dat").read_text())
+        assert len(saved["topics"]) == 50
+        await running.stop()
+
+
+async def test_damaged_metadata_file_does_not_stop_the_daemon(
+    nursery: trio.Nursery, tmp_path: Path, connect: Connect
+) -> None:
+    with trio.fail_after(30):
+        first = await start_daemon(nursery, tmp_path)
+        producer = await connect(first.address)
+        assert await producer.pub("orders", b"one") == OK
+        consumer = await connect(first.address)
+        await consumer.sub("orders", "archive")
+        first.daemon.topics["orders"].pause()
+        assert await producer.pub("orders", b"two") == OK
+        await first.stop()
+        (tmp_path / "lmqd.dat").write_bytes(b'{"topics": [{"name": ')  # torn
+
+        second = await start_daemon(nursery, tmp_path)
+        # Restored from the queues' files (unpaused: the flag was only in the damaged file).
+        assert (tmp_path / "lmqd.dat.bad").exists()
+        topic = second.daemon.topics["orders"]
+        assert set(topic.channels) == {"archive"}
+        consumer = await connect(second.address)
+        await consumer.sub("orders", "archive", rdy=5)
+        assert {(await consumer.message()).body for _ in range(2)} == {b"one", b"two"}
+        await second.stop()
+
+
+async def test_corrupt_segment_does_not_stop_the_daemon(
+    nursery: trio.Nursery, tmp_path: Path, connect: Connect
+) -> None:
+    with trio.fail_after(30):
+        first = await start_daemon(nursery, tmp_path, mem_queue_size=0)
+        producer = await connect(first.address)
+        for i in range(3):
+            assert await producer.pub("t", b"message-%d" % i) == OK
+        await first.stop()
+        (segment,) = [p for p in os.listdir(tmp_path) if p.startswith("t.lmq.0")]
+        data = bytearray((tmp_path / segment).read_bytes())
+        data[data.index(b"message-1")] ^= 0xFF  # damage the second record's body
+        (tmp_path / segment).write_bytes(bytes(data))
+
+        second = await start_daemon(nursery, tmp_path, mem_queue_size=0)
+        topic = second.daemon.topics["t"]
+        assert isinstance(topic.backend, DiskQueue) and topic.backend.corrupt_count == 1
+        consumer = await connect(second.address)
+        await consumer.sub("t", "c", rdy=5)
+        assert [(await consumer.message()).body for _ in range(2)] == [b"message-0", b"message-2"]
+        await second.stop()
+
+
+async def test_second_daemon_on_the_same_data_path_fails_to_start(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    with trio.fail_after(30):
+        first: Running = await start_daemon(nursery, tmp_path)
+        with pytest.raises(DataDirLocked, match="in use by another lmqd"):
+            await start_daemon(nursery, tmp_path)
+        assert first.daemon.addresses is not None  # the first one is unaffected
+        await first.stop()
+        again = await start_daemon(nursery, tmp_path)  # released at shutdown
+        await again.stop()
