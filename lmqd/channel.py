@@ -93,6 +93,7 @@ class Channel:
         rng: random.Random | None = None,
         syncer: Syncer | None = None,
         on_health: Callable[[str | None], None] | None = None,
+        deferred_store: Callable[[bool], BackendQueue | None] | None = None,
     ) -> None:
         self.topic_name = topic_name
         self.name = name
@@ -116,6 +117,12 @@ class Channel:
         self._dirty: Callable[[], None] | None = (
             partial(syncer.note_dirty, disk) if syncer is not None and disk is not None else None
         )
+        self._syncer = syncer
+        self._deferred_store_factory = deferred_store
+        self._dq: BackendQueue | None = None
+        """The deferred store, once opened (``deferred_store(create)`` opens it)."""
+        self._dq_messages: dict[int, Message] = {}
+        """Durable: messages whose token belongs to the deferred store, by ``id()``."""
         self._memory: deque[Message] = deque()
         # nsqd gives ephemeral channels a memory queue even with --mem-queue-size 0 (an
         # unbuffered Go channel: a put succeeds only while a ready consumer is waiting).
@@ -129,6 +136,10 @@ class Channel:
         )
         self._run_scope = trio.CancelScope()
         self._sleep_scope: trio.CancelScope | None = None
+        if deferred_store is not None:
+            self._dq = deferred_store(False)  # an existing store: restore what it holds
+            if self._dq is not None and self._dq.depth:
+                self._load_deferred()
 
     def __repr__(self) -> str:
         return f"<Channel {self.topic_name}:{self.name}>"
@@ -150,9 +161,14 @@ class Channel:
         return self._disk is not None
 
     @property
-    def durable_queue(self) -> DiskQueue | None:
-        """The acknowledgement-mode queue of a durable channel (the topic waits for its syncs)."""
-        return self._disk
+    def durable_queues(self) -> tuple[DiskQueue, ...]:
+        """A durable channel's queues (main, and the deferred store once open): the topic waits
+        for their syncs before it acknowledges what it copied here."""
+        if self._disk is None:
+            return ()
+        if isinstance(self._dq, DiskQueue):
+            return (self._disk, self._dq)
+        return (self._disk,)
 
     @property
     def in_flight_count(self) -> int:
@@ -184,10 +200,8 @@ class Channel:
         if self.exiting:
             return
         if self._disk is not None:
-            self._disk.put_many(messages)
+            self._put_durable(messages, now)
             self.message_count += len(messages)
-            if self._dirty is not None:
-                self._dirty()
             return
         self.message_count += len(messages)
         ready: Sequence[Message] = messages
@@ -202,6 +216,79 @@ class Channel:
                 break
         if ready:
             self._enqueue(ready)
+
+    def _put_durable(self, messages: Sequence[Message], now: float) -> None:
+        assert self._disk is not None
+        deferred = [m for m in messages if m.deliver_at > now]
+        ready = [m for m in messages if m.deliver_at <= now] if deferred else messages
+        if deferred:
+            # First, so that a failure here stores nothing (a failure of the main write below
+            # leaves these stored: the topic's retry duplicates them, never loses them).
+            self._store_deferred(deferred)
+        if ready:
+            self._disk.put_many(ready)
+            if self._dirty is not None:
+                self._dirty()
+
+    # -- the deferred store --------------------------------------------------------------------
+
+    def _open_deferred_store(self) -> BackendQueue:
+        if self._dq is None:
+            if self._deferred_store_factory is None:
+                raise BackendError("no deferred store")
+            self._dq = self._deferred_store_factory(True)
+            if self._dq is None:
+                raise BackendError("no deferred store")
+        return self._dq
+
+    def _store_deferred(self, messages: Sequence[Message]) -> None:
+        """Write deferred messages to the deferred store and hold what it reads back.
+
+        Raises ``BackendError`` having stored none of them.
+        """
+        dq = self._open_deferred_store()
+        dq.put_many(messages)
+        self._load_deferred()
+
+    def _load_deferred(self) -> None:
+        """Read the whole deferred store into the deferred heap (it is always read to its end)."""
+        dq = self._dq
+        assert dq is not None
+        durable = self._disk is not None
+        while dq.depth:
+            got = dq.read_many(dq.depth)
+            if not got:
+                break  # unreadable bytes were set aside or reading paused: see the storage log
+            for m in got:
+                if durable:
+                    self._dq_messages[id(m)] = m
+                self._deferred.push(m)
+        if self._syncer is not None and isinstance(dq, DiskQueue):
+            self._syncer.note_dirty(dq)
+        self._wake_at(self._deferred.next_deadline())
+
+    def _ack(self, messages: Sequence[Message]) -> None:
+        """Durable: acknowledge finished (or superseded) messages in the queue of their token."""
+        disk = self._disk
+        if disk is None:
+            return
+        side = self._dq_messages
+        if side:
+            main: list[int] = []
+            other: list[int] = []
+            for m in messages:
+                if isinstance(m, StoredMessage):
+                    (other if side.pop(id(m), None) is not None else main).append(m.token)
+            if other and isinstance(self._dq, DiskQueue):
+                self._dq.ack_many(other)
+                if self._syncer is not None:
+                    self._syncer.note_dirty(self._dq)
+        else:
+            main = [m.token for m in messages if isinstance(m, StoredMessage)]
+        if main:
+            disk.ack_many(main)
+            if self._dirty is not None:
+                self._dirty()
 
     def _memory_limit(self) -> int:
         if not self._unbuffered:
@@ -296,8 +383,7 @@ class Channel:
             self.name,
             m.id.decode("ascii", "replace"),
         )
-        if self._disk is not None and isinstance(m, StoredMessage):
-            self._disk.ack(m.token)
+        self._ack((m,))
 
     # -- clients -----------------------------------------------------------------------------
 
@@ -362,10 +448,8 @@ class Channel:
         msg = self._in_flight.remove_owned(msg_id, client.id)
         client.in_flight_count -= 1
         client.finish_count += 1
-        if self._disk is not None and isinstance(msg, StoredMessage):
-            self._disk.ack(msg.token)
-            if self._dirty is not None:
-                self._dirty()
+        if self._disk is not None:
+            self._ack((msg,))
         if self._e2e is not None:
             self._e2e.record(now, time.time_ns() - msg.timestamp)
 
@@ -387,9 +471,7 @@ class Channel:
         client.in_flight_count -= len(done)
         client.finish_count += len(done)
         if self._disk is not None and done:
-            self._disk.ack_many([m.token for m in done if isinstance(m, StoredMessage)])
-            if self._dirty is not None:
-                self._dirty()
+            self._ack(done)
         e2e = self._e2e
         if e2e is not None:
             wall = time.time_ns()
@@ -406,6 +488,22 @@ class Channel:
         self.requeue_count += 1
         if delay > 0:
             msg.deliver_at = now + delay
+            if self._disk is not None:
+                # Durable: into the deferred store (so a long delay does not hold the main
+                # queue's read position back), and the original acknowledged.
+                try:
+                    self._store_deferred((msg,))
+                except BackendError as exc:
+                    log.warning(
+                        "CHANNEL(%s:%s): cannot store a deferred message (kept unacknowledged "
+                        "in memory): %s",
+                        self.topic_name,
+                        self.name,
+                        exc,
+                    )
+                else:
+                    self._ack((msg,))
+                    return
             self._deferred.push(msg)
             self._wake_at(msg.deliver_at)
         else:
@@ -458,13 +556,7 @@ class Channel:
                         dropped = True
                         if self._disk is not None:  # sampled out = done, for this channel
                             keep = set(map(id, kept))
-                            self._disk.ack_many(
-                                [
-                                    m.token
-                                    for m in chunk
-                                    if id(m) not in keep and isinstance(m, StoredMessage)
-                                ]
-                            )
+                            self._ack([m for m in chunk if id(m) not in keep])
                         chunk = kept
                     if not chunk:
                         continue
@@ -587,6 +679,9 @@ class Channel:
         counts (nsqd ``Channel.Empty``)."""
         self._memory.clear()
         self.backend.empty()
+        if self._dq is not None:
+            self._dq.empty()
+        self._dq_messages.clear()
         self._in_flight.clear()
         self._deferred.clear()
         for client in self.clients.values():
@@ -605,36 +700,63 @@ class Channel:
         self.exiting = True
         self._run_scope.cancel()
         # After the backend's contents, as nsqd's flush: order across a restart is not kept.
-        pending = list(self._memory)
-        pending += self._in_flight.clear()
-        pending += self._deferred.clear()
+        ready = list(self._memory)
+        ready += self._in_flight.clear()
+        deferred = self._deferred.clear()
         self._memory.clear()
+        ok = self._flush(ready, deferred)
+        for queue in (self.backend, self._dq):
+            if isinstance(queue, DiskQueue):
+                try:
+                    queue.sync()
+                except OSError:
+                    ok = False
+                    log.error(
+                        "CHANNEL(%s:%s): final sync of %s failed",
+                        self.topic_name,
+                        self.name,
+                        queue.name,
+                        exc_info=True,
+                    )
+        self.backend.close()
+        if self._dq is not None:
+            self._dq.close()
+        log.info("CHANNEL(%s:%s): closed", self.topic_name, self.name)
+        return ok
+
+    def _flush(self, ready: list[Message], deferred: list[Message]) -> bool:
+        """``close``: ready and in-flight messages to the main queue, deferred ones (with their
+        deadlines) to the deferred store; a durable channel acknowledges the originals."""
         ok = True
-        if pending:
+        if deferred:
             try:
-                self.backend.put_many(pending)
+                self._open_deferred_store().put_many(deferred)
+            except BackendError as exc:
+                # Kept, if not on time: with the others in the main queue (nsqd's way).
+                log.warning(
+                    "CHANNEL(%s:%s): deferred store unavailable, deferred messages go to the "
+                    "main queue: %s",
+                    self.topic_name,
+                    self.name,
+                    exc,
+                )
+                ready += deferred
+            else:
+                self._ack(deferred)
+        if ready:
+            try:
+                self.backend.put_many(ready)
             except BackendError:
                 ok = False
                 log.error(
                     "CHANNEL(%s:%s): failed to flush %d messages to the backend at close",
                     self.topic_name,
                     self.name,
-                    len(pending),
+                    len(ready),
                     exc_info=True,
                 )
             else:
-                if self._disk is not None:
-                    self._disk.ack_many([m.token for m in pending if isinstance(m, StoredMessage)])
-        if isinstance(self.backend, DiskQueue):
-            try:
-                self.backend.sync()
-            except OSError:
-                ok = False
-                log.error(
-                    "CHANNEL(%s:%s): final sync failed", self.topic_name, self.name, exc_info=True
-                )
-        self.backend.close()
-        log.info("CHANNEL(%s:%s): closed", self.topic_name, self.name)
+                self._ack(ready)
         return ok
 
     def delete(self) -> None:
@@ -649,7 +771,10 @@ class Channel:
         self._memory.clear()
         self._in_flight.clear()
         self._deferred.clear()
+        self._dq_messages.clear()
         self.backend.delete()
+        if self._dq is not None:
+            self._dq.delete()
         log.info("CHANNEL(%s:%s): deleted", self.topic_name, self.name)
 
     # -- statistics --------------------------------------------------------------------------

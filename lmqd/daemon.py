@@ -24,11 +24,12 @@ Queues found on disk but missing from the metadata file (a crash between creatin
 writing the file, or a damaged file set aside) are restored too, unpaused: their messages may
 have been acknowledged to publishers.
 
-Shutdown (``shutdown()``, SIGTERM, SIGINT): held durable ``OK`` responses get their sync round and
-a moment to be sent; then the listeners and connections are cancelled (each connection requeues its
-in-flight messages), the metadata file is written, every topic is closed (channels first: memory,
-in-flight and deferred messages go to disk with their attempts and deadlines; each queue is
-synced), and the data directory is released.
+Shutdown (``shutdown()``, SIGTERM, SIGINT): connections stop reading, held durable ``OK``
+responses get their sync round and every connection a moment to send what it owes; then the
+listeners and connections are cancelled (each connection requeues its in-flight messages), the
+metadata file is written, every topic is closed (channels first: memory and in-flight messages go
+to the main queue, deferred ones to the deferred store, with their attempts and deadlines; each
+queue is synced), and the data directory is released.
 """
 
 from __future__ import annotations
@@ -78,6 +79,8 @@ EPHEMERAL_SUFFIXES = ("#ephemeral", "#tmp")
 SHUTDOWN_SYNC_WAIT = 5.0
 SHUTDOWN_FLUSH_WAIT = 1.0
 
+DEFERRED_SUFFIX = "#deferred"
+
 _QUEUE_FILE = re.compile(r"(.+)\.lmq\.(?:pos\.json|\d+\.dat)")
 
 
@@ -102,9 +105,14 @@ def split_host_port(address: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def deferred_store_name(topic: str, channel: str) -> str:
+    """The queue holding a channel's deferred messages (``#`` is in no valid name: no clash)."""
+    return f"{topic}:{channel}{DEFERRED_SUFFIX}"
+
+
 def stored_queue_names(data_path: str) -> list[str]:
-    """Names of the queues that have files in ``data_path`` (topics and ``topic:channel``),
-    sorted; names that are not valid durable names are left out."""
+    """Names of the queues that have files in ``data_path`` (topics, ``topic:channel`` and
+    deferred stores), sorted; names of no durable topic or channel are left out."""
     names = set()
     with os.scandir(data_path) as entries:
         for entry in entries:
@@ -113,6 +121,7 @@ def stored_queue_names(data_path: str) -> list[str]:
                 continue
             name = name_from_stem(m.group(1))
             topic, _, channel = name.partition(":")
+            channel = channel.removesuffix(DEFERRED_SUFFIX)
             if is_durable_name(topic) and (not channel or is_durable_name(channel)):
                 names.add(name)
     return sorted(names)
@@ -122,6 +131,8 @@ def _restore_plan(metadata: Metadata, on_disk: Sequence[str]) -> list[TopicMetad
     """The metadata's topics and channels, plus those that only have files (unpaused)."""
     topics = {t.name: t for t in metadata.topics}
     for name in on_disk:
+        if name.endswith(DEFERRED_SUFFIX):
+            continue  # restored with its channel
         topic_name, _, channel_name = name.partition(":")
         topic = topics.get(topic_name)
         if topic is None:
@@ -232,6 +243,15 @@ class LmqDaemon:
             return MemoryBackend()  # nothing of an ephemeral topic goes to disk
         return self._disk_backend(f"{topic_name}:{channel_name}")
 
+    def _deferred_store(self, topic_name: str, channel_name: str, create: bool) -> DiskQueue | None:
+        # A channel's deferred store: opened when first needed, or at start-up if it has files.
+        if is_ephemeral(topic_name) or is_ephemeral(channel_name):
+            return None
+        name = deferred_store_name(topic_name, channel_name)
+        if not create and name not in self._preopened:
+            return None
+        return self._disk_backend(name)
+
     def metadata(self) -> Metadata:
         """What the metadata file should say now (durable topics and channels, paused flags)."""
         return Metadata(
@@ -270,6 +290,13 @@ class LmqDaemon:
         if not plan:
             return
         wanted = [t.name for t in plan] + [f"{t.name}:{c.name}" for t in plan for c in t.channels]
+        stored = set(on_disk)
+        wanted += [
+            deferred_store_name(t.name, c.name)
+            for t in plan
+            for c in t.channels
+            if deferred_store_name(t.name, c.name) in stored
+        ]
 
         def open_all() -> dict[str, DiskQueue | OSError]:
             opened: dict[str, DiskQueue | OSError] = {}
@@ -351,6 +378,7 @@ class LmqDaemon:
                 self.options,
                 backend=self._backend_for(name),
                 channel_backend_factory=self._channel_backend,
+                deferred_store_factory=self._deferred_store,
                 on_deleted_ephemeral=self._forget_topic,
                 guid=self._guid,
                 syncer=self.syncer,
@@ -504,13 +532,17 @@ class LmqDaemon:
             self._close_storage()
 
     async def _drain_responses(self) -> None:
-        # Held durable OKs get their sync round, and every connection a moment to send what it
-        # owes, before the connections are cancelled.
+        # Connections stop reading (no command is applied from here on), held durable OKs get
+        # their sync round, and every connection a moment to send what it owes; then run()
+        # cancels whatever is left.
+        clients = list(self.clients.values())
+        for client in clients:
+            client.close()
         with trio.move_on_after(SHUTDOWN_SYNC_WAIT):
             await self.syncer.wait_idle()
         with trio.move_on_after(SHUTDOWN_FLUSH_WAIT):
             async with trio.open_nursery() as nursery:
-                for client in list(self.clients.values()):
+                for client in clients:
                     nursery.start_soon(client.wait_sent)
 
     def shutdown(self) -> None:

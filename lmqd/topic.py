@@ -100,6 +100,7 @@ class Topic:
         syncer: Syncer | None = None,
         on_change: Callable[[], None] | None = None,
         on_health: Callable[[str | None], None] | None = None,
+        deferred_store_factory: Callable[[str, str, bool], BackendQueue | None] | None = None,
     ) -> None:
         self.name = name
         self.options = options
@@ -115,6 +116,7 @@ class Topic:
         self._guid = guid if guid is not None else GuidFactory(options.node_id)
         self._rng = rng
         self._syncer = syncer
+        self._deferred_store_factory = deferred_store_factory
         self._on_change = on_change
         self._on_health = on_health
         disk = backend if isinstance(backend, DiskQueue) else None
@@ -288,12 +290,12 @@ class Topic:
                 error = exc
                 continue
             channel.deliver(now)
-            queue = channel.durable_queue
-            if queue is not None and syncer is not None:
-                pending.waiting += 1
-                syncer.when_durable(
-                    queue, partial(self._copy_synced, pending, channel), urgent=False
-                )
+            if syncer is not None:
+                for queue in channel.durable_queues:
+                    pending.waiting += 1
+                    syncer.when_durable(
+                        queue, partial(self._copy_synced, pending, channel), urgent=False
+                    )
         if failed:
             log.error(
                 "TOPIC(%s): writing %d messages to %d channel(s) failed, retrying in %.0fs - %s",
@@ -325,8 +327,11 @@ class Topic:
             return
         pending.waiting -= 1
         if error is not None:
-            # The copy may be lost: write it again (a duplicate at worst, never a loss).
-            self._retry(_Batch(pending.messages, [channel], pending))
+            # The copy may be lost: write it again (a duplicate at worst, never a loss). A
+            # channel with two queues can fail twice for one batch: one retry is enough.
+            if not any(channel in (b.targets or ()) and b.pending is pending for b in self._redo):
+                self._retry(_Batch(pending.messages, [channel], pending))
+            self._settle(pending)
             return
         self._settle(pending)
 
@@ -365,6 +370,11 @@ class Topic:
             rng=self._rng,
             syncer=self._syncer,
             on_health=self._on_health,
+            deferred_store=(
+                None
+                if self._deferred_store_factory is None
+                else partial(self._deferred_store_factory, self.name, name)
+            ),
         )
         self.channels[name] = channel
         log.info("TOPIC(%s): new channel(%s)", self.name, name)

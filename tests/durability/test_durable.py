@@ -263,14 +263,15 @@ async def test_clean_restart_delivers_exactly_the_unfinished_messages(
         for m in got[:3]:
             await consumer.fin(m.id)
         await consumer.req(got[3].id, 60_000)  # deferred a minute
-        assert await producer.dpub("t", 60_000, b"later") == OK  # stays on the channel's disk
+        assert await producer.dpub("t", 60_000, b"later") == OK
         channel = first.daemon.topics["t"].channels["c"]
-        await eventually(lambda: channel.deferred_count == 1 and channel.in_flight_count == 1)
+        await eventually(lambda: channel.deferred_count == 2 and channel.in_flight_count == 1)
         await first.stop()
 
         second = await durable(nursery, tmp_path)
-        channel_queue = second.daemon.topics["t"].channels["c"].backend
-        assert isinstance(channel_queue, DiskQueue)
+        channel = second.daemon.topics["t"].channels["c"]
+        assert isinstance(channel.backend, DiskQueue)
+        assert channel.deferred_count == 2  # read back from the deferred store at start-up
         consumer = await connect(second.address)
         await consumer.sub("t", "c", rdy=20)
         delivered = []
@@ -320,3 +321,29 @@ async def test_a_failed_channel_write_is_retried_for_that_channel_only(
         with trio.move_on_after(0.3):
             extra = await ok_reader.frame()
             pytest.fail(f"channel 'ok' got the batch twice: {extra}")
+
+
+async def test_deferred_messages_are_due_on_time_behind_a_backlog(
+    nursery: trio.Nursery, tmp_path: Path, connect: Connect
+) -> None:
+    with trio.fail_after(TIMEOUT):
+        running = await durable(nursery, tmp_path)
+        consumer = await connect(running.address, msg_timeout=60000)
+        await consumer.sub("t", "c", rdy=1)
+        producer = await connect(running.address)
+        assert await producer.mpub("t", [b"backlog%d" % i for i in range(500)]) == OK
+        assert await producer.dpub("t", 300, b"soon") == OK
+        first = await consumer.message()
+        channel = running.daemon.topics["t"].channels["c"]
+        main = channel.backend
+        assert isinstance(main, DiskQueue)
+        await eventually(lambda: channel.deferred_count == 1)  # held in memory, not on main
+        await consumer.req(first.id, 60_000)  # a long REQ: moved to the deferred store
+        await eventually(lambda: channel.deferred_count == 2)
+        second = await consumer.message()
+        assert second.body == b"backlog1"
+        assert main.unacked_count == 1  # only what is in flight holds the main queue back
+        await trio.sleep(0.4)
+        await consumer.fin(second.id)
+        third = await consumer.message()
+        assert third.body == b"soon"  # due: ahead of the 498 still on disk

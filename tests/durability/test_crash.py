@@ -1,0 +1,279 @@
+"""Crash tests on a real ``lmqd`` subprocess: SIGTERM under load, and ``kill -9`` with --durable.
+
+Rules for this module (STYLE.md):
+- The daemon is ``python -m lmqd`` (``tests/conftest.py``'s ``start_lmqd``) on 127.0.0.1 port 0
+  with its data in ``tmp_path``; clients speak raw V2 (``wire.Wire``) from trio tasks.
+- A message counts as acknowledged only when its ``OK`` frame was read; FINs are sent only until
+  a moment well before the signal, so every FIN counted was applied.
+- Bodies carry their own checksum (``body``/``check``): content is verified, not just counted.
+- Bounded: each test well under 30 s; every wait has a ``fail_after``/``move_on_after``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import time
+from collections import deque
+from pathlib import Path
+
+import trio
+from conftest import LmqdServer, start_lmqd, stop_lmqd
+
+from lmqd.protocol import Dpub, Error, Mpub, Pub, Response
+
+from .wire import ConnectionClosed, Wire, eventually
+
+OK = Response(data=b"OK")
+WINDOW = 8  # commands in flight per publisher: pipelining, as real producers do
+
+
+def body(tag: str) -> bytes:
+    """A message body that proves its own integrity: ``<tag>:<32 hex digits of its hash>``."""
+    return f"{tag}:{hashlib.blake2b(tag.encode(), digest_size=16).hexdigest()}".encode()
+
+
+def check(data: bytes) -> str:
+    """The tag of a body made by ``body``; fails the test if the content is damaged."""
+    tag, _, digest = data.decode().rpartition(":")
+    assert hashlib.blake2b(tag.encode(), digest_size=16).hexdigest() == digest, data
+    return tag
+
+
+def address(server: LmqdServer) -> tuple[str, int]:
+    return server.tcp_host_port
+
+
+async def start(data_path: Path, flags: list[str]) -> LmqdServer:
+    return await trio.to_thread.run_sync(start_lmqd, data_path, flags)
+
+
+async def kill9(server: LmqdServer) -> None:
+    server.process.kill()
+    await trio.to_thread.run_sync(server.process.wait)
+    server.terminate()  # already dead: only collects its output
+    assert "Traceback" not in server.output(), server.output()
+
+
+class Publisher:
+    """Pipelines PUB/MPUB (and DPUB) commands and records what was answered ``OK``."""
+
+    def __init__(self, name: str, topic: str, acked: set[bytes], rng: random.Random) -> None:
+        self.name = name
+        self.topic = topic
+        self.acked = acked
+        self.rng = rng
+        self.seq = 0
+        self.deferred: dict[bytes, tuple[float, float]] = {}
+        """DPUB'd body -> (wall time sent, delay s), for the timing checks."""
+        self.dpub_every = 0
+        self.dpub_delay_ms = 0
+        self.dpub_topic = topic
+
+    def _next(self) -> tuple[bytes, list[bytes]]:
+        self.seq += 1
+        if self.dpub_every and self.seq % self.dpub_every == 0:
+            b = body(f"{self.name}.{self.seq}.d")
+            self.deferred[b] = (time.time(), self.dpub_delay_ms / 1000)
+            return Dpub(topic=self.dpub_topic, defer_ms=self.dpub_delay_ms, body=b).encode(), [b]
+        n = self.rng.choice([1, 1, 5, 20])
+        bodies = [body(f"{self.name}.{self.seq}.{i}") for i in range(n)]
+        if n == 1:
+            return Pub(topic=self.topic, body=bodies[0]).encode(), bodies
+        return Mpub(topic=self.topic, bodies=bodies).encode(), bodies
+
+    async def run(self, wire: Wire, stop: trio.Event) -> None:
+        pending: deque[list[bytes]] = deque()
+        try:
+            while not (stop.is_set() and not pending):
+                while len(pending) < WINDOW and not stop.is_set():
+                    command, bodies = self._next()
+                    await wire.send(command)
+                    pending.append(bodies)
+                event = await wire.frame()
+                bodies = pending.popleft()
+                assert event == OK, event
+                self.acked.update(bodies)
+        except ConnectionClosed:
+            pass
+
+
+class Reader:
+    """Consumes a channel, FINs what it gets until ``hold`` is set, then only records."""
+
+    def __init__(self) -> None:
+        self.finished: set[bytes] = set()
+        self.received: list[tuple[bytes, float, int]] = []
+        """(body, wall time, attempts) of every delivery."""
+        self.hold = trio.Event()
+
+    async def run(self, wire: Wire) -> None:
+        try:
+            while True:
+                event = await wire.frame()
+                assert not isinstance(event, Error), event
+                if isinstance(event, Response):
+                    continue
+                check(event.body)
+                self.received.append((event.body, time.time(), event.attempts))
+                if not self.hold.is_set():
+                    await wire.fin(event.id)
+                    self.finished.add(event.body)
+        except ConnectionClosed:
+            pass
+
+    @property
+    def bodies(self) -> set[bytes]:
+        return {b for b, _, _ in self.received}
+
+
+async def drain(
+    server: LmqdServer, topic: str, channel: str, want: set[bytes], limit: float
+) -> Reader:
+    """Consume (and FIN) until ``want`` has been delivered or ``limit`` seconds passed."""
+    reader = Reader()
+    wire = await Wire.connect(address(server))
+    try:
+        await wire.sub(topic, channel, rdy=500)
+        with trio.move_on_after(limit):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(reader.run, wire)
+                await eventually(lambda: want <= reader.bodies)
+                nursery.cancel_scope.cancel()
+    finally:
+        await wire.aclose()
+    return reader
+
+
+async def test_sigterm_under_load_loses_nothing_and_deferred_keep_their_time(
+    tmp_path: Path,
+) -> None:
+    flags = ["--mem-queue-size=50", "--msg-timeout=60s"]
+    acked: set[bytes] = set()
+    rng = random.Random(7)
+    with trio.fail_after(25):
+        server = await start(tmp_path, flags)
+        try:
+            reader = Reader()
+            consumer = await Wire.connect(address(server), msg_timeout=60000)
+            await consumer.sub("load", "c", rdy=40)
+            idle = await Wire.connect(address(server))
+            await idle.sub("later", "c")  # no backlog: the deferred ones' timing shows
+            publishers = [Publisher(f"p{i}", "load", acked, rng) for i in range(4)]
+            for publisher, topic in zip(publishers[:2], ("load", "later"), strict=True):
+                publisher.dpub_every = 25
+                publisher.dpub_delay_ms = 4500
+                publisher.dpub_topic = topic
+            wires = [idle] + [await Wire.connect(address(server)) for _ in publishers]
+            stop = trio.Event()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(reader.run, consumer)
+                for publisher, wire in zip(publishers, wires[1:], strict=True):
+                    nursery.start_soon(publisher.run, wire, stop)
+                await trio.sleep(1.0)
+                reader.hold.set()  # from here on, what the reader gets stays in flight
+                await trio.sleep(0.3)
+                # SIGTERM while publishers are still sending (under load).
+                clean = await trio.to_thread.run_sync(server.terminate)
+                stop.set()
+            assert clean, server.output()
+            assert "Traceback" not in server.output(), server.output()
+        finally:
+            server.terminate()
+        for wire in [consumer, *wires]:
+            await wire.aclose()
+        in_flight = reader.bodies - reader.finished
+        assert in_flight, "the reader should have held some messages in flight"
+        deferred = {b: t for p in publishers for b, t in p.deferred.items() if b in acked}
+        later = {b for b in deferred if b in publishers[1].deferred}
+        assert later and len(deferred) > len(later), "DPUBs to both topics should be acknowledged"
+
+        server = await start(tmp_path, flags)
+        try:
+            want = acked - reader.finished - later
+            drained: dict[str, Reader] = {}
+
+            async def drain_into(topic: str, want: set[bytes]) -> None:
+                drained[topic] = await drain(server, topic, "c", want, limit=15)
+
+            async with trio.open_nursery() as nursery:  # both at once: "later" is not held up
+                nursery.start_soon(drain_into, "load", want)
+                nursery.start_soon(drain_into, "later", later)
+            after, on_time = drained["load"], drained["later"]
+            missing = want - after.bodies
+            assert not missing, f"{len(missing)} acknowledged messages lost, e.g. {min(missing)!r}"
+            assert in_flight <= after.bodies
+            assert later <= on_time.bodies
+            for b, when, _ in after.received + on_time.received:
+                if b in deferred:
+                    sent, delay = deferred[b]
+                    # Kept its deadline across the restart (nsqd delivers it at once, #1107).
+                    assert when >= sent + delay - 0.05, (b, when - sent)
+                    if b in later:  # and on time where no backlog is in front of it
+                        assert when <= sent + delay + 1.0, (b, when - sent)
+            stop_lmqd(server)
+        finally:
+            server.terminate()
+
+
+async def test_kill9_in_durable_mode_never_loses_an_acknowledged_message(
+    tmp_path: Path,
+) -> None:
+    flags = ["--durable", "--mem-queue-size=100", "--sync-timeout=300ms"]
+    rng = random.Random()
+    seed = rng.randrange(1 << 30)
+    rng.seed(seed)
+    acked: set[bytes] = set()
+    channels = ("a", "b")
+    delivered: dict[str, set[bytes]] = {c: set() for c in channels}
+    kill_moments = []
+    with trio.fail_after(60):
+        for round_number in range(4):
+            server = await start(tmp_path, flags)
+            try:
+                wires = []
+                readers = []
+                for channel in channels:
+                    wire = await Wire.connect(address(server))
+                    await wire.sub("crash", channel, rdy=100)
+                    readers.append(Reader())
+                    wires.append(wire)
+                publishers = [
+                    Publisher(f"r{round_number}p{i}", "crash", acked, rng) for i in range(4)
+                ]
+                publishers[0].dpub_every = 10
+                publishers[0].dpub_delay_ms = 200
+                pub_wires = [await Wire.connect(address(server)) for _ in publishers]
+                stop = trio.Event()
+                moment = rng.uniform(0.2, 1.5)
+                kill_moments.append(round(moment, 3))
+                async with trio.open_nursery() as nursery:
+                    for reader, wire in zip(readers, wires, strict=True):
+                        nursery.start_soon(reader.run, wire)
+                    for publisher, wire in zip(publishers, pub_wires, strict=True):
+                        nursery.start_soon(publisher.run, wire, stop)
+                    await trio.sleep(moment)
+                    await kill9(server)  # mid-publish and mid-consume
+                    stop.set()
+                for channel, reader in zip(channels, readers, strict=True):
+                    delivered[channel] |= reader.bodies
+                for wire in wires + pub_wires:
+                    await wire.aclose()
+            finally:
+                server.terminate()
+        assert len(acked) > 100, f"too little traffic to test anything ({len(acked)})"
+
+        server = await start(tmp_path, flags)
+        try:
+            for channel in channels:
+                want = acked - delivered[channel]
+                reader = await drain(server, "crash", channel, want, limit=15)
+                delivered[channel] |= reader.bodies
+                missing = acked - delivered[channel]
+                assert not missing, (
+                    f"channel {channel}: {len(missing)} of {len(acked)} acknowledged messages "
+                    f"lost (seed {seed}, kill moments {kill_moments}), e.g. {min(missing)!r}"
+                )
+            stop_lmqd(server)
+        finally:
+            server.terminate()
