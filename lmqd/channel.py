@@ -232,13 +232,11 @@ class Channel:
 
     # -- the deferred store --------------------------------------------------------------------
 
-    def _open_deferred_store(self) -> BackendQueue:
-        if self._dq is None:
-            if self._deferred_store_factory is None:
-                raise BackendError("no deferred store")
+    def _open_deferred_store(self) -> BackendQueue | None:
+        """The deferred store, opened if needed; None if this channel has none (not stored on
+        disk). Raises ``BackendError`` if it cannot be opened."""
+        if self._dq is None and self._deferred_store_factory is not None:
             self._dq = self._deferred_store_factory(True)
-            if self._dq is None:
-                raise BackendError("no deferred store")
         return self._dq
 
     def _store_deferred(self, messages: Sequence[Message]) -> None:
@@ -247,6 +245,8 @@ class Channel:
         Raises ``BackendError`` having stored none of them.
         """
         dq = self._open_deferred_store()
+        if dq is None:
+            raise BackendError(f"CHANNEL({self.topic_name}:{self.name}): no deferred store")
         dq.put_many(messages)
         self._load_deferred()
 
@@ -728,9 +728,19 @@ class Channel:
         """``close``: ready and in-flight messages to the main queue, deferred ones (with their
         deadlines) to the deferred store; a durable channel acknowledges the originals."""
         ok = True
+        dq: BackendQueue | None = None
         if deferred:
             try:
-                self._open_deferred_store().put_many(deferred)
+                dq = self._open_deferred_store()
+            except BackendError as exc:
+                log.warning("CHANNEL(%s:%s): %s", self.topic_name, self.name, exc)
+            if dq is None:
+                ready += deferred  # nsqd's way: with the others (due at once after a restart)
+                deferred = []
+        if deferred:
+            assert dq is not None
+            try:
+                dq.put_many(deferred)
             except BackendError as exc:
                 # Kept, if not on time: with the others in the main queue (nsqd's way).
                 log.warning(

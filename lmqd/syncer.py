@@ -24,6 +24,13 @@ if its fsync failed. Waiters are resolved in order; a callback may register new 
 belong to a later generation). A queue that was closed or deleted resolves its waiters with
 ``None``: close syncs (blocking) and delete drops the messages anyway.
 
+**Gathering.** Publishers that each wait for their ``OK`` before sending again arrive just after
+a round started (they were answered by the previous one), so rounds would alternate between a
+few and most of them. A round started by durable publishers alone therefore waits, for at most
+the duration of the previous round (and ``MAX_GATHER``), until as many publishers are waiting as
+the previous round served. A lone publisher never waits (the previous round served one); a
+busier load costs at most one round's latency while it grows.
+
 The metadata file rides along: ``metadata_changed()`` asks for a round, and the round writes the
 snapshot taken when it was prepared before it syncs the queues, so a burst of topic and channel
 creations costs one write.
@@ -48,6 +55,9 @@ __all__ = ["DurableCallback", "Syncer", "SyncerStats"]
 log = logging.getLogger("lmqd.syncer")
 
 _EVERY_GENERATION = 1 << 62
+
+MAX_GATHER = 0.005
+"""Longest a round waits for more durable publishers (seconds): a few fsyncs' worth."""
 
 DurableCallback = Callable[[OSError | None], None]
 """Called with ``None`` once the writes it waited for are durable, or with the sync's error."""
@@ -128,6 +138,12 @@ class Syncer:
         self._round_done = trio.Event()
         self._running = False
         self._in_round = False
+        self._waiting = 0
+        """Urgent waiters registered since the last round was prepared."""
+        self._last_served = 0
+        self._last_round_s = 0.0
+        self._gather_target = 0
+        self._gathered = trio.Event()
         self._rounds = 0
         self._queue_syncs = 0
         self._failed_syncs = 0
@@ -163,6 +179,9 @@ class Syncer:
         state.waiters.append((state.gen + 1, callback))
         if urgent:
             self._urgent.add(state)
+            self._waiting += 1
+            if self._waiting >= self._gather_target:
+                self._gathered.set()
             self._wake.set()
 
     def metadata_changed(self) -> None:
@@ -201,6 +220,8 @@ class Syncer:
                     self._wake = trio.Event()
                     with trio.move_on_at(next_tick):
                         await self._wake.wait()
+                if not (self._due or self._metadata_dirty) and self._waiting < self._last_served:
+                    await self._gather(next_tick)
                 now = trio.current_time()
                 tick = now >= next_tick
                 if tick:
@@ -212,10 +233,21 @@ class Syncer:
             self._running = False
             self._round_done.set()
 
+    async def _gather(self, next_tick: float) -> None:
+        # Wait (briefly) for as many durable publishers as the previous round served.
+        self._gather_target = self._last_served
+        self._gathered = trio.Event()
+        limit = min(self._last_round_s, MAX_GATHER)
+        with trio.move_on_at(min(trio.current_time() + limit, next_tick)):
+            await self._gathered.wait()
+        self._gather_target = 0
+
     def _select(self, tick: bool) -> list[_QueueState]:
         selected = self._urgent | self._due
         self._urgent = set()
         self._due = set()
+        self._last_served = self._waiting
+        self._waiting = 0
         if tick:
             if self._metadata_failed:
                 self._metadata_failed = False
@@ -256,12 +288,14 @@ class Syncer:
         if jobs or metadata is not None:
             # Not abandoned on cancel: a job owns descriptors and must finish (or never start).
             self._in_round = True
+            started = trio.current_time()
             try:
                 metadata_error, errors = await trio.to_thread.run_sync(
                     _run_round, self._metadata_file, metadata, jobs
                 )
             finally:
                 self._in_round = False
+            self._last_round_s = trio.current_time() - started
             self._rounds += 1
             self._queue_syncs += len(jobs)
         if metadata is not None:

@@ -243,17 +243,23 @@ class Topic:
                     await self._wakeup.wait()
                 continue
             now = trio.current_time()
-            if self._disk is None:
-                self._fan_out(self._take(PUMP_BATCH), now)
-            elif self._redo and now >= self._retry_at:
+            if self._redo and now >= self._retry_at:
                 self._resend(self._redo.popleft(), now)
-            elif self.backend.depth > 0:
-                messages = self._take(PUMP_BATCH)
-                if messages:
-                    pending = _Pending(messages)
-                    self._pendings.add(pending)
-                    self._send(_Batch(messages, None, pending), now)
-                    self._settle(pending)
+                await trio.lowlevel.checkpoint()
+                continue
+            messages = self._take(PUMP_BATCH)
+            if not messages:
+                # The backend holds messages it cannot read now (a corrupt region it could not
+                # set aside yet): try again later rather than spin.
+                await trio.sleep(RETRY_DELAY)
+                continue
+            if self._disk is None:
+                self._fan_out(messages, now)
+            else:
+                pending = _Pending(messages)
+                self._pendings.add(pending)
+                self._send(_Batch(messages, None, pending), now)
+                self._settle(pending)
             # One checkpoint per batch: lets the connections run between batches.
             await trio.lowlevel.checkpoint()
 
@@ -311,8 +317,8 @@ class Topic:
 
     def _retry(self, batch: _Batch) -> None:
         batch.pending.redo += 1
-        if not self._redo:
-            self._retry_at = trio.current_time() + RETRY_DELAY
+        # Every failure postpones all retries: a disk that fails once likely fails again soon.
+        self._retry_at = trio.current_time() + RETRY_DELAY
         self._redo.append(batch)
         self._wakeup.set()
 

@@ -1,0 +1,218 @@
+"""Benchmark ``--durable`` publishing: acknowledged messages/s and fsync rounds/s, group commit
+against nsqd-style per-message fsync.
+
+    .venv/bin/python scripts/bench_durable.py [--publishers 1,8,32,64] [--seconds 5] [--runs 3]
+
+For each publisher count, starts a fresh ``lmqd --durable`` (``python -m lmqd``, 127.0.0.1,
+port 0, data in a temporary directory under ``--dir``, which should be on the disk you care
+about), opens that many connections and has each publish ``--size``-byte messages to one topic
+with ``--window`` PUBs outstanding (1: send, wait for ``OK``, send the next, as a careful
+producer does), for ``--seconds``. Then SIGTERM, and the daemon's shutdown line
+``SYNCER: <rounds> rounds, <queue syncs> queue syncs ...`` gives the sync rounds.
+
+One publisher with one PUB outstanding is the **baseline**: every message waits for its own
+fsync round, as nsqd with ``--sync-every=1`` would (nsqd fsyncs per message, lmqd per round).
+More publishers share rounds: a round covers every PUB that arrived while the previous one ran.
+
+Each round costs, per queue it syncs, one fsync of the segment and one of the positions file
+(written temp -> fsync -> rename), plus one fsync of the directory: ``fsyncs = 2 * queue syncs +
+rounds`` (metadata writes at topic creation aside). Prints one line per run and the medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import trio
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from lmqd.protocol import ClientConnection, Pub, Response  # noqa: E402
+
+_TCP = re.compile(r"TCP: listening on (\S+)")
+_SYNCER = re.compile(r"SYNCER: (\d+) rounds, (\d+) queue syncs")
+
+
+class Daemon:
+    """``python -m lmqd --durable`` in a subprocess, its output collected by a thread."""
+
+    def __init__(self, data_path: str, extra: list[str]) -> None:
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "lmqd",
+                "--durable",
+                "--tcp-address=127.0.0.1:0",
+                "--http-address=",
+                f"--data-path={data_path}",
+                *extra,
+            ],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+        self.lines: list[str] = []
+        self.address: tuple[str, int] | None = None
+        self._listening = threading.Event()
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+        if not self._listening.wait(20) or self.address is None:
+            self.process.kill()
+            raise RuntimeError("lmqd did not start:\n" + "\n".join(self.lines))
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for raw in self.process.stdout:
+            line = raw.decode(errors="replace").rstrip()
+            self.lines.append(line)
+            m = _TCP.search(line)
+            if m and self.address is None:
+                host, _, port = m.group(1).rpartition(":")
+                self.address = (host.strip("[]"), int(port))
+                self._listening.set()
+        self._listening.set()
+
+    def stop(self) -> tuple[int, int]:
+        """SIGTERM; returns (sync rounds, queue syncs) from the shutdown log line."""
+        self.process.send_signal(signal.SIGTERM)
+        self.process.wait(60)
+        self._thread.join(5)
+        for line in reversed(self.lines):
+            m = _SYNCER.search(line)
+            if m:
+                return int(m.group(1)), int(m.group(2))
+        raise RuntimeError("no SYNCER line in the daemon's output:\n" + "\n".join(self.lines))
+
+
+async def publisher(
+    address: tuple[str, int],
+    topic: str,
+    body: bytes,
+    window: int,
+    start: trio.Event,
+    stop: trio.Event,
+    counts: list[int],
+    latencies: list[float],
+) -> None:
+    stream = await trio.open_tcp_stream(*address)
+    codec = ClientConnection()
+    await stream.send_all(codec.initial_bytes())
+    command = Pub(topic=topic, body=body).encode()
+    await start.wait()
+    sent: list[float] = []
+    acked = 0
+    try:
+        while not stop.is_set():
+            while len(sent) - acked < window:
+                sent.append(time.perf_counter())
+                await stream.send_all(command)
+            data = await stream.receive_some(65536)
+            if not data:
+                raise RuntimeError("lmqd closed the connection")
+            codec.receive_data(data)
+            now = time.perf_counter()
+            for event in codec.next_events():
+                if not isinstance(event, Response) or event.data != b"OK":
+                    raise RuntimeError(f"unexpected answer {event!r}")
+                latencies.append(now - sent[acked])
+                acked += 1
+    finally:
+        counts.append(acked)
+        await stream.aclose()
+
+
+async def measure(
+    address: tuple[str, int], publishers: int, window: int, size: int, seconds: float
+) -> tuple[int, list[float]]:
+    body = b"x" * size
+    counts: list[int] = []
+    latencies: list[float] = []
+    start = trio.Event()
+    stop = trio.Event()
+    async with trio.open_nursery() as nursery:
+        for _ in range(publishers):
+            nursery.start_soon(
+                publisher, address, "bench", body, window, start, stop, counts, latencies
+            )
+        await trio.sleep(0.2)  # connections open
+        start.set()
+        await trio.sleep(seconds)
+        stop.set()
+    return sum(counts), latencies
+
+
+def run_once(
+    directory: str, publishers: int, window: int, size: int, seconds: float
+) -> dict[str, float]:
+    with tempfile.TemporaryDirectory(dir=directory, prefix="bench-durable-") as data:
+        daemon = Daemon(data, [])
+        assert daemon.address is not None
+        try:
+            acked, latencies = trio.run(measure, daemon.address, publishers, window, size, seconds)
+        finally:
+            rounds, queue_syncs = daemon.stop()
+    latencies.sort()
+    return {
+        "msgs_per_s": acked / seconds,
+        "rounds_per_s": rounds / seconds,
+        "fsyncs_per_s": (2 * queue_syncs + rounds) / seconds,
+        "msgs_per_round": acked / max(rounds, 1),
+        "p50_ms": 1000 * latencies[len(latencies) // 2] if latencies else 0.0,
+        "p99_ms": 1000 * latencies[int(len(latencies) * 0.99)] if latencies else 0.0,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--publishers", default="1,8,32,64", help="comma-separated counts")
+    parser.add_argument("--window", type=int, default=1, help="PUBs outstanding per publisher")
+    parser.add_argument("--size", type=int, default=100, help="message body bytes")
+    parser.add_argument("--seconds", type=float, default=5.0, help="measured time per run")
+    parser.add_argument("--runs", type=int, default=3, help="runs per publisher count")
+    parser.add_argument("--dir", default=tempfile.gettempdir(), help="where the data goes")
+    args = parser.parse_args()
+    print(
+        f"lmqd --durable, {args.size}-byte PUBs, window {args.window}, {args.seconds:g}s x "
+        f"{args.runs} runs, data in {args.dir} ({os.cpu_count()} CPUs)"
+    )
+    header = (
+        f"{'publishers':>10} {'msgs/s':>9} {'rounds/s':>9} {'fsyncs/s':>9} "
+        f"{'msgs/round':>10} {'p50 ms':>7} {'p99 ms':>7}"
+    )
+    medians = []
+    for n in (int(x) for x in args.publishers.split(",")):
+        results = []
+        for _ in range(args.runs):
+            r = run_once(args.dir, n, args.window, args.size, args.seconds)
+            results.append(r)
+            print(
+                f"  run: {n:>4} publishers: {r['msgs_per_s']:9.0f} msgs/s "
+                f"{r['rounds_per_s']:7.0f} rounds/s {r['fsyncs_per_s']:7.0f} fsyncs/s "
+                f"p50 {r['p50_ms']:.2f} ms p99 {r['p99_ms']:.2f} ms",
+                flush=True,
+            )
+        medians.append((n, {k: statistics.median(r[k] for r in results) for k in results[0]}))
+    print("\nmedians")
+    print(header)
+    for n, m in medians:
+        print(
+            f"{n:>10} {m['msgs_per_s']:9.0f} {m['rounds_per_s']:9.0f} {m['fsyncs_per_s']:9.0f} "
+            f"{m['msgs_per_round']:10.1f} {m['p50_ms']:7.2f} {m['p99_ms']:7.2f}"
+        )
+
+
+if __name__ == "__main__":
+    main()
