@@ -46,7 +46,7 @@ from lmqd.message import Message
 from lmqd.options import Options
 from lmqd.protocol.names import is_ephemeral
 from lmqd.stats import NO_E2E_LATENCY, ChannelStats, E2eLatency, E2eRecorder
-from lmqd.storage import DiskQueue, StoredMessage
+from lmqd.storage import DiskQueue, StoredMessage, run_sync_jobs
 from lmqd.subscriber import Subscriber
 
 if TYPE_CHECKING:
@@ -123,6 +123,8 @@ class Channel:
         """The deferred store, once opened (``deferred_store(create)`` opens it)."""
         self._dq_messages: dict[int, Message] = {}
         """Durable: messages whose token belongs to the deferred store, by ``id()``."""
+        self._superseded: dict[int, Message] = {}
+        """Durable: originals to acknowledge once their deferred-store copy is fsynced."""
         self._memory: deque[Message] = deque()
         # nsqd gives ephemeral channels a memory queue even with --mem-queue-size 0 (an
         # unbuffered Go channel: a put succeeds only while a ready consumer is waiting).
@@ -266,6 +268,22 @@ class Channel:
         if self._syncer is not None and isinstance(dq, DiskQueue):
             self._syncer.note_dirty(dq)
         self._wake_at(self._deferred.next_deadline())
+
+    def _ack_once_durable(self, original: Message) -> None:
+        """Acknowledge a message superseded by its copy in the deferred store, once that copy
+        is fsynced (acknowledging first could lose it to a power failure in between)."""
+        dq = self._dq
+        if self._syncer is None or not isinstance(dq, DiskQueue):
+            self._ack((original,))
+            return
+        self._superseded[id(original)] = original
+        self._syncer.when_durable(dq, partial(self._copy_durable, original), urgent=False)
+
+    def _copy_durable(self, original: Message, error: OSError | None) -> None:
+        # Syncer callback for _ack_once_durable. After a failed sync the original stays
+        # unacknowledged: read again after a restart (a duplicate, never a loss).
+        if self._superseded.pop(id(original), None) is not None and error is None:
+            self._ack((original,))
 
     def _ack(self, messages: Sequence[Message]) -> None:
         """Durable: acknowledge finished (or superseded) messages in the queue of their token."""
@@ -502,7 +520,7 @@ class Channel:
                         exc,
                     )
                 else:
-                    self._ack((msg,))
+                    self._ack_once_durable(msg)
                     return
             self._deferred.push(msg)
             self._wake_at(msg.deliver_at)
@@ -682,6 +700,7 @@ class Channel:
         if self._dq is not None:
             self._dq.empty()
         self._dq_messages.clear()
+        self._superseded.clear()
         self._in_flight.clear()
         self._deferred.clear()
         for client in self.clients.values():
@@ -705,19 +724,26 @@ class Channel:
         deferred = self._deferred.clear()
         self._memory.clear()
         ok = self._flush(ready, deferred)
-        for queue in (self.backend, self._dq):
-            if isinstance(queue, DiskQueue):
-                try:
-                    queue.sync()
-                except OSError:
-                    ok = False
-                    log.error(
-                        "CHANNEL(%s:%s): final sync of %s failed",
-                        self.topic_name,
-                        self.name,
-                        queue.name,
-                        exc_info=True,
-                    )
+        if self._superseded:  # their copies are made durable by the sync below
+            self._ack(list(self._superseded.values()))
+            self._superseded.clear()
+        # One group of jobs: every queue's data is fsynced before any positions file is written,
+        # so an acknowledgement in one queue never becomes durable before the copy in the other.
+        jobs = [
+            job
+            for queue in (self.backend, self._dq)
+            if isinstance(queue, DiskQueue) and (job := queue.prepare_sync()) is not None
+        ]
+        for job, error in zip(jobs, run_sync_jobs(jobs), strict=True):
+            if error is not None:
+                ok = False
+                log.error(
+                    "CHANNEL(%s:%s): final sync of %s failed: %s",
+                    self.topic_name,
+                    self.name,
+                    job.name,
+                    error,
+                )
         self.backend.close()
         if self._dq is not None:
             self._dq.close()
@@ -782,6 +808,7 @@ class Channel:
         self._in_flight.clear()
         self._deferred.clear()
         self._dq_messages.clear()
+        self._superseded.clear()
         self.backend.delete()
         if self._dq is not None:
             self._dq.delete()
