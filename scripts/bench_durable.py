@@ -10,6 +10,9 @@ with ``--window`` PUBs outstanding (1: send, wait for ``OK``, send the next, as 
 producer does), for ``--seconds``. Then SIGTERM, and the daemon's shutdown line
 ``SYNCER: <rounds> rounds, <queue syncs> queue syncs ...`` gives the sync rounds.
 
+``--default-mode`` runs the same load without ``--durable`` (``OK`` once the message is in
+memory): the ceiling that the clients' and the daemon's CPU put on this load.
+
 One publisher with one PUB outstanding is the **baseline**: every message waits for its own
 fsync round, as nsqd with ``--sync-every=1`` would (nsqd fsyncs per message, lmqd per round).
 More publishers share rounds: a round covers every PUB that arrived while the previous one ran.
@@ -53,7 +56,6 @@ class Daemon:
                 sys.executable,
                 "-m",
                 "lmqd",
-                "--durable",
                 "--tcp-address=127.0.0.1:0",
                 "--http-address=",
                 f"--data-path={data_path}",
@@ -155,10 +157,10 @@ async def measure(
 
 
 def run_once(
-    directory: str, publishers: int, window: int, size: int, seconds: float
+    directory: str, publishers: int, window: int, size: int, seconds: float, durable: bool
 ) -> dict[str, float]:
     with tempfile.TemporaryDirectory(dir=directory, prefix="bench-durable-") as data:
-        daemon = Daemon(data, [])
+        daemon = Daemon(data, ["--durable"] if durable else [])
         assert daemon.address is not None
         try:
             acked, latencies = trio.run(measure, daemon.address, publishers, window, size, seconds)
@@ -183,9 +185,15 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0, help="measured time per run")
     parser.add_argument("--runs", type=int, default=3, help="runs per publisher count")
     parser.add_argument("--dir", default=tempfile.gettempdir(), help="where the data goes")
+    parser.add_argument(
+        "--default-mode",
+        action="store_true",
+        help="without --durable (OK once written to memory): the same load's CPU ceiling",
+    )
     args = parser.parse_args()
+    mode = "lmqd" if args.default_mode else "lmqd --durable"
     print(
-        f"lmqd --durable, {args.size}-byte PUBs, window {args.window}, {args.seconds:g}s x "
+        f"{mode}, {args.size}-byte PUBs, window {args.window}, {args.seconds:g}s x "
         f"{args.runs} runs, data in {args.dir} ({os.cpu_count()} CPUs)"
     )
     header = (
@@ -196,7 +204,7 @@ def main() -> None:
     for n in (int(x) for x in args.publishers.split(",")):
         results = []
         for _ in range(args.runs):
-            r = run_once(args.dir, n, args.window, args.size, args.seconds)
+            r = run_once(args.dir, n, args.window, args.size, args.seconds, not args.default_mode)
             results.append(r)
             print(
                 f"  run: {n:>4} publishers: {r['msgs_per_s']:9.0f} msgs/s "
