@@ -11,14 +11,17 @@ Rules for this module (STYLE.md):
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import random
+import re
+import subprocess
 import time
 from collections import deque
 from pathlib import Path
 
 import trio
-from conftest import LmqdServer, start_lmqd, stop_lmqd
+from conftest import REPO_ROOT, LmqdServer, lmqd_command, start_lmqd, stop_lmqd
 
 from lmqd.protocol import Dpub, Error, Mpub, Pub, Response
 
@@ -275,5 +278,33 @@ async def test_kill9_in_durable_mode_never_loses_an_acknowledged_message(
                     f"lost (seed {seed}, kill moments {kill_moments}), e.g. {min(missing)!r}"
                 )
             stop_lmqd(server)
+        finally:
+            server.terminate()
+
+
+async def test_a_second_lmqd_on_the_same_data_path_exits_1_with_a_clear_error(
+    tmp_path: Path,
+) -> None:
+    with trio.fail_after(25):
+        server = await start(tmp_path, [])
+        try:
+            second = await trio.to_thread.run_sync(
+                functools.partial(
+                    subprocess.run,
+                    lmqd_command(tmp_path),
+                    capture_output=True,
+                    text=True,
+                    timeout=20,
+                    cwd=REPO_ROOT,
+                )
+            )
+            assert second.returncode == 1
+            last = second.stderr.splitlines()[-1]
+            assert re.fullmatch(
+                r"\[lmqd\] \S+ \S+ FATAL: failed to start: data path \S+ is in use by another "
+                r"lmqd \(lock file \S+lmqd\.lock\)",
+                last,
+            ), last
+            stop_lmqd(server)  # the first one was not disturbed
         finally:
             server.terminate()
