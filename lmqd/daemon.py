@@ -428,8 +428,10 @@ class LmqDaemon:
         except BackendError as exc:
             self.set_health(str(exc))
             raise
-        if self._health_error is not None and topic.wrote_backend:
-            self.set_health(None)  # nsqd: a backend write that succeeds clears the health error
+        if self._health_error is not None and topic.wrote_backend and not topic.durable:
+            # nsqd: a backend write that succeeds clears the health error. A durable write is
+            # only good once fsynced: the syncer's next successful round clears it.
+            self.set_health(None)
         return messages
 
     def after_durable(self, topic_name: str, callback: DurableCallback) -> bool:
