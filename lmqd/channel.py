@@ -41,11 +41,12 @@ import trio
 
 from lmqd.backend import BackendError, BackendQueue
 from lmqd.deferred import DeferredQueue
+from lmqd.e2e import E2eLatencyStream, new_stream
 from lmqd.inflight import ChannelError, InFlightQueue, NotInFlight, NotOwner
 from lmqd.message import Message
 from lmqd.options import Options
 from lmqd.protocol.names import is_ephemeral
-from lmqd.stats import NO_E2E_LATENCY, ChannelStats, E2eLatency, E2eRecorder
+from lmqd.stats import NO_E2E_LATENCY, ChannelStats, E2eLatency
 from lmqd.storage import DiskQueue, StoredMessage, run_sync_jobs
 from lmqd.subscriber import Subscriber
 
@@ -133,9 +134,12 @@ class Channel:
         self._unbuffered = self.ephemeral and self._mem_size == 0
         self._in_flight = InFlightQueue()
         self._deferred = DeferredQueue()
-        self._e2e: E2eRecorder | None = (
-            E2eRecorder() if options.e2e_processing_latency_percentiles else None
+        self.e2e_stream: E2eLatencyStream | None = (
+            new_stream(options, trio.current_time())
+            if options.e2e_processing_latency_percentiles
+            else None
         )
+        """FIN latencies over nsqd's rolling window; None without configured percentiles."""
         self._run_scope = trio.CancelScope()
         self._sleep_scope: trio.CancelScope | None = None
         if deferred_store is not None:
@@ -468,8 +472,8 @@ class Channel:
         client.finish_count += 1
         if self._disk is not None:
             self._ack((msg,))
-        if self._e2e is not None:
-            self._e2e.record(now, time.time_ns() - msg.timestamp)
+        if self.e2e_stream is not None:
+            self.e2e_stream.record(now, time.time_ns() - msg.timestamp)
 
     def finish_many(
         self, client: Subscriber, msg_ids: Sequence[bytes], now: float
@@ -490,7 +494,7 @@ class Channel:
         client.finish_count += len(done)
         if self._disk is not None and done:
             self._ack(done)
-        e2e = self._e2e
+        e2e = self.e2e_stream
         if e2e is not None:
             wall = time.time_ns()
             for m in done:
@@ -817,8 +821,9 @@ class Channel:
     # -- statistics --------------------------------------------------------------------------
 
     def e2e_latency(self) -> E2eLatency:
-        """The E2E processing latency snapshot (count only until percentiles are built)."""
-        return NO_E2E_LATENCY if self._e2e is None else self._e2e.snapshot()
+        """The E2E processing latency percentiles over the window (nsqd's shape)."""
+        stream = self.e2e_stream
+        return NO_E2E_LATENCY if stream is None else stream.result(trio.current_time())
 
     def statistics(self, *, include_clients: bool = True) -> ChannelStats:
         """A frozen snapshot for /stats; client snapshots come from ``client.statistics()``."""

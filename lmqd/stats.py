@@ -5,10 +5,8 @@ the Prometheus collector only serialise them, so every consumer sees one consist
 none of them reaches into live queue state. ``to_dict()`` gives nsqd's JSON object (key order
 and ``omitempty`` rules included).
 
-End-to-end processing latency: ``E2eRecorder`` is the live hook a channel feeds on every FIN
-(``now_wall_ns - message.timestamp``). Percentiles are not computed yet (a later issue): a channel
-reports ``E2eLatency(count=0, percentiles=None)`` exactly as nsqd does when
-``--e2e-processing-latency-percentile`` is unset, and the recorder's count once it is set.
+End-to-end processing latency percentiles are computed by ``lmqd.e2e`` and reported here as
+``E2eLatency``.
 """
 
 from __future__ import annotations
@@ -58,27 +56,6 @@ class E2eLatency:
 
 NO_E2E_LATENCY = E2eLatency()
 """What nsqd reports when no percentiles are configured."""
-
-
-class E2eRecorder:
-    """Live end-to-end latency samples of one channel (FIN time minus publish time, in ns).
-
-    Only counts for now; the rolling-window quantile streams (nsq-reference §4.8) will live here.
-    ``record`` is O(1) and runs once per FIN, so it must stay tiny.
-    """
-
-    __slots__ = ("count",)
-
-    def __init__(self) -> None:
-        self.count = 0
-
-    def record(self, now: float, latency_ns: int) -> None:
-        """Add one sample at trio time ``now`` (only counted until percentiles exist; ``now``
-        is for the rolling window)."""
-        self.count += 1
-
-    def snapshot(self) -> E2eLatency:
-        return E2eLatency(count=self.count, percentiles=None)
 
 
 @attrs.frozen(kw_only=True)

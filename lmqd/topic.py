@@ -36,6 +36,7 @@ import trio
 
 from lmqd.backend import BackendError, BackendQueue, DummyBackend
 from lmqd.channel import Channel, TopicExiting, is_ephemeral
+from lmqd.e2e import E2eLatencyStream
 from lmqd.message import GuidFactory, Message
 from lmqd.options import Options
 from lmqd.stats import NO_E2E_LATENCY, E2eLatency, TopicStats
@@ -501,11 +502,11 @@ class Topic:
     # -- statistics --------------------------------------------------------------------------
 
     def e2e_latency(self) -> E2eLatency:
-        """The channels' E2E latency merged (count only until percentiles are built)."""
+        """The channels' E2E latency streams merged (nsqd's topic percentiles)."""
         if not self.options.e2e_processing_latency_percentiles:
             return NO_E2E_LATENCY
-        return E2eLatency(
-            count=sum(c.e2e_latency().count for c in self.channels.values()), percentiles=None
+        return E2eLatencyStream.combined(
+            (c.e2e_stream for c in self.channels.values()), trio.current_time()
         )
 
     def statistics(self, *, include_clients: bool = True) -> TopicStats:

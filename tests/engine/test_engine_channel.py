@@ -662,7 +662,8 @@ def test_statistics_snapshot_counts() -> None:
     assert "pub_counts" not in d["clients"][0]  # omitempty
 
 
-def test_fin_feeds_the_e2e_hook_when_percentiles_are_configured() -> None:
+async def test_fin_feeds_the_e2e_stream_when_percentiles_are_configured() -> None:
+    # Inside trio: the stream's rolling window starts at the trio clock.
     ch = make_channel(e2e_processing_latency_percentiles=(0.99,))
     client = FakeClient(1, ready=5)
     ch.add_client(client)
@@ -695,7 +696,7 @@ def test_shares_respect_windows_and_stay_even() -> None:
         assert ch.depth == max(0, n - room)
 
 
-def test_finish_many_matches_finish_and_reports_failures_in_order() -> None:
+async def test_finish_many_matches_finish_and_reports_failures_in_order() -> None:
     ch = make_channel(e2e_processing_latency_percentiles=(0.5,))
     a = FakeClient(1, ready=3)
     b = FakeClient(2, ready=1)

@@ -3,6 +3,7 @@
 Rules for this module (STYLE.md):
 - Pure queue logic: time is passed in as ``now`` (trio-clock seconds), so windows are exact.
 - Every window boundary is asserted at its exact time (stale strictly after ``window / 2``).
+- The last test runs a real daemon on 127.0.0.1 port 0 (``start_daemon``) under a fail_after.
 - Random sampling uses a seeded ``random.Random``; estimates are checked against exact answers.
 """
 
@@ -12,6 +13,13 @@ import random
 
 import pytest
 import trio
+from httpwire import (
+    StartDaemon,
+    V2Client,
+    eventually,
+    http,
+    start_daemon_fixture,  # noqa: F401 - the start_daemon fixture
+)
 
 from lmqd.e2e import E2eLatencyStream, new_stream
 from lmqd.options import Options
@@ -67,8 +75,7 @@ def test_window_rolls_in_halves_at_exact_times() -> None:
 
 def test_estimate_beyond_the_sample_size_is_close() -> None:
     rng = random.Random(42)
-    stream = E2eLatencyStream((0.5, 0.99), 600.0, now=0.0, sample_size=512,
-                              rng=random.Random(7))
+    stream = E2eLatencyStream((0.5, 0.99), 600.0, now=0.0, sample_size=512, rng=random.Random(7))
     data = [rng.randrange(1_000_000) for _ in range(50_000)]
     for v in data:
         stream.record(1.0, v)
@@ -107,8 +114,9 @@ def test_merge_and_combined_equal_the_union_of_the_samples() -> None:
 def test_new_stream_follows_the_options() -> None:
     assert new_stream(Options(), 0.0) is None
     stream = new_stream(
-        Options(e2e_processing_latency_percentiles=(0.95,),
-                e2e_processing_latency_window_time=120.0),
+        Options(
+            e2e_processing_latency_percentiles=(0.95,), e2e_processing_latency_window_time=120.0
+        ),
         0.0,
     )
     assert stream is not None
@@ -137,3 +145,31 @@ async def test_window_on_the_trio_clock(autojump_clock: trio.testing.MockClock) 
     await trio.sleep(30)  # 60.5 s: the older half (holding the first sample) is reset
     assert trio.current_time() - start == 60.5
     assert values(stream.result(trio.current_time())) == [9.0]
+
+
+async def test_stats_report_percentiles_of_finished_messages(start_daemon: StartDaemon) -> None:
+    """Through the real daemon: FINs over TCP feed the channel's stream; /stats shows the
+    configured percentiles for the channel and, merged, for its topic."""
+    with trio.fail_after(10):
+        running = await start_daemon(e2e_processing_latency_percentiles=(0.5, 0.99))
+        consumer = await V2Client.connect(running.tcp)
+        await consumer.subscribe("lat", "c", rdy=10)
+        producer = await V2Client.connect(running.tcp)
+        for i in range(5):
+            await producer.publish("lat", b"m%d" % i)
+        for _ in range(5):
+            message = await consumer.message()
+            await consumer.send(b"FIN " + message.id + b"\n")
+        channel = running.daemon.topics["lat"].channels["c"]
+        await eventually(lambda: channel.in_flight_count == 0)
+        stats = (await http(running.http, "GET", "/stats?format=json")).json()
+        await consumer.aclose()
+        await producer.aclose()
+    topic = stats["topics"][0]
+    for latency in (
+        topic["channels"][0]["e2e_processing_latency"],
+        topic["e2e_processing_latency"],
+    ):
+        assert latency["count"] == 5
+        assert [p["quantile"] for p in latency["percentiles"]] == [0.5, 0.99]
+        assert all(p["value"] > 0 for p in latency["percentiles"])
