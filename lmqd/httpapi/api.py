@@ -142,15 +142,20 @@ class HttpApi(AsgiApp):
         return channel
 
     def _persist_metadata(self) -> None:
-        # nsqd persists metadata right after (un)pausing so a crash cannot undo it; the daemon
-        # grows persist_metadata() with storage.
-        persist = getattr(self.daemon, "persist_metadata", None)
-        if callable(persist):
-            persist()
+        # nsqd persists metadata right after (un)pausing so a crash cannot undo it.
+        self.daemon.persist_metadata()
 
-    def _publish(self, topic: str, bodies: list[bytes], defer_s: float = 0.0) -> None:
+    def _get_topic(self, name: str) -> Topic:
         try:
-            self.daemon.publish(topic, bodies, defer_s)
+            return self.daemon.get_topic(name)
+        except BackendError:  # its disk queue could not be opened
+            raise HttpError(500, "INTERNAL_ERROR") from None
+
+    async def _publish(self, topic: str, bodies: list[bytes], defer_s: float = 0.0) -> None:
+        # The one publish path shared with TCP; with --durable it returns once fsynced, so the
+        # OK below means what a TCP OK means.
+        try:
+            await self.daemon.publish_durable(topic, bodies, defer_s)
         except (BackendError, TopicExiting):
             # nsqd answers every PutMessage(s) failure (exiting or a failed backend write) so.
             raise HttpError(503, "EXITING") from None
@@ -198,7 +203,7 @@ class HttpApi(AsgiApp):
         if not body:
             raise HttpError(400, "MSG_EMPTY")
         query, name = self._new_topic_name(request)
-        self.daemon.get_topic(name)  # nsqd creates the topic before it looks at defer
+        self._get_topic(name)  # nsqd creates the topic before it looks at defer
         defer_ms = 0
         raw_defer = query.get("defer")
         if raw_defer is not None:
@@ -207,7 +212,7 @@ class HttpApi(AsgiApp):
             defer_ms = int(raw_defer)
             if defer_ms < 0 or defer_ms * 1_000_000 > _ns(options.max_req_timeout):
                 raise HttpError(400, "INVALID_DEFER")
-        self._publish(name, [body], defer_ms / 1000)
+        await self._publish(name, [body], defer_ms / 1000)
         return OK
 
     async def mpub(self, request: Request) -> Response:
@@ -216,7 +221,7 @@ class HttpApi(AsgiApp):
         if request.content_length is not None and request.content_length > max_body:
             raise HttpError(413, "BODY_TOO_BIG")
         query, name = self._new_topic_name(request)
-        self.daemon.get_topic(name)
+        self._get_topic(name)
         binary = False
         raw_binary = query.get("binary")
         if raw_binary is not None:
@@ -233,7 +238,7 @@ class HttpApi(AsgiApp):
         else:
             bodies = _parse_text_mpub(body, options.max_msg_size, max_body + 1)
         if bodies:
-            self._publish(name, bodies)
+            await self._publish(name, bodies)
         return OK
 
     @staticmethod
@@ -284,7 +289,7 @@ class HttpApi(AsgiApp):
 
     async def topic_create(self, request: Request) -> Response:
         _, name = self._new_topic_name(request)
-        self.daemon.get_topic(name)
+        self._get_topic(name)
         return EMPTY
 
     async def topic_delete(self, request: Request) -> Response:
@@ -330,6 +335,8 @@ class HttpApi(AsgiApp):
             topic.get_channel(name)
         except TopicExiting:
             raise HttpError(503, "EXITING") from None
+        except BackendError:  # its disk queue could not be opened
+            raise HttpError(500, "INTERNAL_ERROR") from None
         return EMPTY
 
     async def channel_delete(self, request: Request) -> Response:

@@ -96,6 +96,41 @@ async def test_ok_is_sent_only_after_the_fsync(
         assert await producer.frame() == OK
 
 
+async def test_http_pub_answers_only_after_the_fsync(
+    nursery: trio.Nursery, tmp_path: Path, fsync: FsyncFault
+) -> None:
+    """/pub shares the durable path: its 200 OK, like a TCP OK, waits for the fsync."""
+    with trio.fail_after(TIMEOUT):
+        running = await durable(nursery, tmp_path, http_address="127.0.0.1:0")
+        assert running.daemon.addresses is not None and running.daemon.addresses.http
+        host, port = running.daemon.addresses.http
+        request = b"POST /pub?topic=h HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n\r\nbody"
+        answers: list[bytes] = []
+
+        async def post() -> None:
+            async with await trio.open_tcp_stream(host, port) as stream:
+                await stream.send_all(request)
+                answer = b""
+                while not answer.endswith(b"\r\n\r\nOK"):  # headers and body may come apart
+                    answer += await stream.receive_some(65536)
+                answers.append(answer)
+
+        async with trio.open_nursery() as posts:
+            posts.start_soon(post)  # creates the topic (and its queue)
+        assert answers[0].startswith(b"HTTP/1.1 200")
+        await eventually(lambda: not running.daemon.syncer.busy)
+        fsync.hold = True
+        async with trio.open_nursery() as posts:
+            posts.start_soon(post)
+            await trio.to_thread.run_sync(fsync.held.wait, TIMEOUT)
+            await trio.sleep(0.3)
+            assert len(answers) == 1, "/pub answered before the fsync completed"
+            fsync.hold = False
+            fsync.released.set()
+        assert answers[1].startswith(b"HTTP/1.1 200")
+        assert running.daemon.topics["h"].depth == 2
+
+
 async def test_publishers_on_many_connections_share_fsyncs(
     nursery: trio.Nursery, tmp_path: Path, connect: Connect, fsync: FsyncFault
 ) -> None:

@@ -145,10 +145,10 @@ class Running:
 
 
 async def start_daemon(nursery: trio.Nursery, data_path: Path, **overrides: Any) -> Running:
-    """Start an ``LmqDaemon`` on 127.0.0.1 port 0 (no HTTP) with ``data_path``."""
-    options = Options(
-        tcp_address="127.0.0.1:0", http_address="", data_path=str(data_path), **overrides
-    )
+    """Start an ``LmqDaemon`` on 127.0.0.1 port 0 (no HTTP unless overridden) in ``data_path``."""
+    settings: dict[str, Any] = {"tcp_address": "127.0.0.1:0", "http_address": ""}
+    settings.update(overrides)
+    options = Options(data_path=str(data_path), **settings)
     daemon = LmqDaemon(options)
     done = trio.Event()
 
