@@ -32,11 +32,24 @@ lmqd_client_finished_messages_total                   counter   topic, channel, 
 lmqd_client_requeued_messages_total                   counter   topic, channel, client
 lmqd_client_in_flight / lmqd_client_ready             gauge     topic, channel, client
 lmqd_producer_published_messages_total                counter   client, topic
+lmqd_sync_rounds_total (syncer rounds run)            counter
+lmqd_sync_failures_total (failed queue syncs)         counter
+lmqd_fsync_duration_seconds (per round)               histogram
+lmqd_queue_disk_bytes                                 gauge     topic, channel
 ===================================================== ========= ===========================
 
 ``client`` labels are ``client_id`` (IDENTIFY's, not unique) and ``remote_address`` (unique per
 live connection). The e2e latency is nsqd's rolling-window percentile (``lmqd.e2e``) in seconds;
 ``_samples`` is the number of FINs in that window (it falls as the window rolls, so it is a gauge).
+The storage metrics come from the syncer's snapshot (``Syncer.statistics()``) and the disk
+queues' running byte counts: ``lmqd_fsync_duration_seconds`` times each syncer round's
+worker-thread call (the metadata write, if any, and one fsync per file and directory; its count
+equals ``lmqd_sync_rounds_total``). ``lmqd_queue_disk_bytes`` has one series per queue stored on
+disk: ``channel=""`` for a topic's own queue, and a channel's series sums its queue and, with
+``--durable``, its ``#deferred`` store (``Channel.durable_queues``; without ``--durable`` the
+channel does not expose that store, so it is not counted yet). Ephemeral topics and channels (no
+files) have no series.
+
 The registry also carries prometheus-client's standard ``process_*``, ``python_gc_*`` and
 ``python_info`` collectors.
 """
@@ -47,11 +60,18 @@ from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 from lmqd import NSQD_COMPAT_VERSION, __version__
 from lmqd.stats import ChannelStats, ClientStats, E2eLatency, TopicStats
+from lmqd.storage import DiskQueue
+from lmqd.syncer import FSYNC_BUCKETS, SyncerStats
 
 if TYPE_CHECKING:
     from lmqd.daemon import LmqDaemon
@@ -90,6 +110,8 @@ class LmqCollector(Collector):
         yield from self._topic_metrics(topics)
         yield from self._channel_metrics(topics)
         yield from self._client_metrics(topics, producers)
+        yield from _sync_metrics(daemon.syncer.statistics())
+        yield _disk_bytes(daemon)
 
     def _daemon_metrics(self, daemon: LmqDaemon, topics: list[TopicStats]) -> Iterator[Metric]:
         info = GaugeMetricFamily(
@@ -184,6 +206,46 @@ class LmqCollector(Collector):
             for count in p.pub_counts:
                 published.add_metric([p.client_id, p.remote_address, count.topic], count.count)
         yield from (delivered, finished, requeued, in_flight, ready, published)
+
+
+def _sync_metrics(stats: SyncerStats) -> Iterator[Metric]:
+    yield CounterMetricFamily(
+        "lmqd_sync_rounds", "syncer rounds run (each: one fsync per file and per directory)",
+        value=stats.rounds,
+    )
+    yield CounterMetricFamily(
+        "lmqd_sync_failures", "queue syncs that failed (or could not be prepared)",
+        value=stats.failed_syncs,
+    )
+    buckets: list[tuple[str, float]] = []
+    cumulative = 0
+    for bound, count in zip((*FSYNC_BUCKETS, float("inf")), stats.fsync_bucket_counts,
+                            strict=True):
+        cumulative += count
+        buckets.append(("+Inf" if bound == float("inf") else repr(bound), cumulative))
+    yield HistogramMetricFamily(
+        "lmqd_fsync_duration_seconds",
+        "duration of each syncer round's worker-thread call (metadata write and fsyncs)",
+        buckets=buckets,
+        sum_value=stats.fsync_seconds_total,
+    )
+
+
+def _disk_bytes(daemon: LmqDaemon) -> GaugeMetricFamily:
+    gauge = _gauge("lmqd_queue_disk_bytes",
+                   "bytes of a queue's segment files (channel \"\": the topic's own queue; "
+                   "a channel's includes its deferred store)", _CHANNEL)
+    for topic in list(daemon.topics.values()):
+        if isinstance(topic.backend, DiskQueue):
+            gauge.add_metric([topic.name, ""], topic.backend.bytes_on_disk)
+        for channel in list(topic.channels.values()):
+            # Identity, not equality: a durable channel's backend is also its first durable queue.
+            queues = {id(q): q for q in (channel.backend, *channel.durable_queues)
+                      if isinstance(q, DiskQueue)}
+            if queues:
+                total = sum(q.bytes_on_disk for q in queues.values())
+                gauge.add_metric([topic.name, channel.name], total)
+    return gauge
 
 
 def _clients(channel: ChannelStats) -> tuple[ClientStats, ...]:

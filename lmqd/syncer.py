@@ -35,6 +35,11 @@ The metadata file rides along: ``metadata_changed()`` asks for a round, and the 
 snapshot taken when it was prepared before it syncs the queues, so a burst of topic and channel
 creations costs one write.
 
+**Statistics.** ``statistics()`` counts rounds and failures and times each round's worker-thread
+call (metadata write plus fsyncs, measured with ``trio.current_time()`` around ``to_thread``) into
+a cumulative sum and fixed buckets (``FSYNC_BUCKETS``): plain counters, which ``lmqd.metrics``
+turns into the ``lmqd_fsync_duration_seconds`` histogram at scrape time.
+
 Every callback is a plain ``def`` run in the syncer task: it only changes state (releases held
 responses, acknowledges a topic's messages), as everywhere else in lmqd.
 """
@@ -42,6 +47,7 @@ responses, acknowledges a topic's messages), as everywhere else in lmqd.
 from __future__ import annotations
 
 import logging
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Sequence
 
@@ -50,7 +56,7 @@ import trio
 
 from lmqd.storage import DiskQueue, Metadata, SyncJob, run_sync_jobs, save_metadata
 
-__all__ = ["DurableCallback", "Syncer", "SyncerStats"]
+__all__ = ["FSYNC_BUCKETS", "DurableCallback", "Syncer", "SyncerStats"]
 
 log = logging.getLogger("lmqd.syncer")
 
@@ -58,6 +64,11 @@ _EVERY_GENERATION = 1 << 62
 
 MAX_GATHER = 0.005
 """Longest a round waits for more durable publishers (seconds): a few fsyncs' worth."""
+
+FSYNC_BUCKETS: tuple[float, ...] = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+)
+"""Upper bounds (seconds, inclusive) of the round-duration histogram; +Inf is implied after them."""
 
 DurableCallback = Callable[[OSError | None], None]
 """Called with ``None`` once the writes it waited for are durable, or with the sync's error."""
@@ -73,6 +84,12 @@ class SyncerStats:
     """Sync jobs run (one per queue per round it was in)."""
     failed_syncs: int
     metadata_writes: int
+    fsync_seconds_total: float = 0.0
+    """Time spent in the rounds' worker-thread calls (metadata write and fsyncs), seconds."""
+    fsync_bucket_counts: tuple[int, ...] = (0,) * (len(FSYNC_BUCKETS) + 1)
+    """Rounds per duration bucket, *not* cumulative: ``[i]`` counts rounds that took at most
+    ``FSYNC_BUCKETS[i]`` and more than the bound before it; the last entry counts the rest
+    (+Inf). They sum to ``rounds``."""
 
 
 class _QueueState:
@@ -148,6 +165,8 @@ class Syncer:
         self._queue_syncs = 0
         self._failed_syncs = 0
         self._metadata_writes = 0
+        self._fsync_seconds = 0.0
+        self._fsync_buckets = [0] * (len(FSYNC_BUCKETS) + 1)
 
     # -- what the queues' owners call (plain def, never blocks) --------------------------------
 
@@ -195,11 +214,14 @@ class Syncer:
         return bool(self._urgent) or self._metadata_dirty or self._in_round
 
     def statistics(self) -> SyncerStats:
+        """A snapshot of the counters (``/metrics`` reads one per scrape)."""
         return SyncerStats(
             rounds=self._rounds,
             queue_syncs=self._queue_syncs,
             failed_syncs=self._failed_syncs,
             metadata_writes=self._metadata_writes,
+            fsync_seconds_total=self._fsync_seconds,
+            fsync_bucket_counts=tuple(self._fsync_buckets),
         )
 
     # -- the task ----------------------------------------------------------------------------
@@ -295,7 +317,11 @@ class Syncer:
                 )
             finally:
                 self._in_round = False
-            self._last_round_s = trio.current_time() - started
+            elapsed = trio.current_time() - started
+            self._last_round_s = elapsed
+            # Recorded with ``_rounds`` so the histogram's count always equals the round counter.
+            self._fsync_seconds += elapsed
+            self._fsync_buckets[bisect_left(FSYNC_BUCKETS, elapsed)] += 1
             self._rounds += 1
             self._queue_syncs += len(jobs)
         if metadata is not None:

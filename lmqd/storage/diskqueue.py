@@ -167,6 +167,8 @@ class DiskQueue:
         """Records read from the reader's segment (for recounting after a corrupt region)."""
         self._depth = 0
         self._dirty = 0
+        self._bytes = 0
+        """Bytes of the segment files not yet handed to a sync job to unlink (``bytes_on_disk``)."""
         self._outstanding: set[int] = set()
         self._order: deque[int] = deque()
         """Tokens handed out, oldest first; acknowledged ones are dropped only from the front."""
@@ -193,6 +195,16 @@ class DiskQueue:
     def depth(self) -> int:
         """Messages stored and not yet read."""
         return self._depth
+
+    @property
+    def bytes_on_disk(self) -> int:
+        """Bytes of this queue's segment files (headers and records up to each segment's end).
+
+        Kept as a running sum (writes add, unlinks subtract), so reading it costs no system call.
+        A segment stops counting once a sync job is given it to unlink; the small positions file
+        and set-aside ``.bad`` copies are not counted.
+        """
+        return self._bytes
 
     @property
     def dirty_count(self) -> int:
@@ -316,7 +328,9 @@ class DiskQueue:
         unlink = []
         retired = self._retired
         while retired and retired[0].number < positions.read_segment:
-            unlink.append(retired.popleft().path)
+            seg = retired.popleft()
+            unlink.append(seg.path)
+            self._bytes -= seg.end
         if not fds and not unlink and positions == self._last_positions:
             self._dirty = 0
             return None
@@ -364,6 +378,7 @@ class DiskQueue:
         self._next_number = number + 1
         self._segments = deque([self._new_segment_entry(number)])
         self._retired.clear()
+        self._bytes = SEGMENT_HEADER_SIZE
         self._wfd = fd
         self._truncate_to = -1
         self._reset_reader(SEGMENT_HEADER_SIZE, 0)
@@ -388,6 +403,7 @@ class DiskQueue:
             log.warning("DISKQUEUE(%s): fsync of %s failed", self.name, self._dir, exc_info=True)
         self._segments.clear()
         self._retired.clear()
+        self._bytes = 0
         self._depth = 0
         self._closed = True
 
@@ -491,6 +507,7 @@ class DiskQueue:
             first, end, size = chunks[0]
             seg.end = start_end + size
             seg.records += end - first
+            self._bytes += size
             self._wdirty = True
         for (number, cfd, path), (first, end, size) in zip(
             created, chunks[len(chunks) - len(created) :], strict=True
@@ -529,6 +546,7 @@ class DiskQueue:
         self._wfd = fd
         self._wdirty = True
         self._segments.append(seg)
+        self._bytes += seg.end
         self._next_number = seg.number + 1
 
     def _create_segment(self, number: int) -> int:
@@ -793,6 +811,7 @@ class DiskQueue:
             self._wfd = self._create_segment(number)
             self._segments.append(self._new_segment_entry(number))
             self._next_number = number + 1
+        self._bytes = sum(seg.end for seg in self._segments)
         # Persist what recovery found at once, so a crash now does not redo the repairs.
         self._last_positions = self._positions()
         self._persist_now(self._last_positions)
