@@ -177,6 +177,12 @@ class Channel:
         return (self._disk,)
 
     @property
+    def disk_queues(self) -> tuple[DiskQueue, ...]:
+        """Every queue of this channel stored on disk (its backend, and its deferred store once
+        open), durable or not: what it costs on disk."""
+        return tuple(q for q in (self.backend, self._dq) if isinstance(q, DiskQueue))
+
+    @property
     def in_flight_count(self) -> int:
         return len(self._in_flight)
 

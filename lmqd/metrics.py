@@ -45,10 +45,9 @@ The storage metrics come from the syncer's snapshot (``Syncer.statistics()``) an
 queues' running byte counts: ``lmqd_fsync_duration_seconds`` times each syncer round's
 worker-thread call (the metadata write, if any, and one fsync per file and directory; its count
 equals ``lmqd_sync_rounds_total``). ``lmqd_queue_disk_bytes`` has one series per queue stored on
-disk: ``channel=""`` for a topic's own queue, and a channel's series sums its queue and, with
-``--durable``, its ``#deferred`` store (``Channel.durable_queues``; without ``--durable`` the
-channel does not expose that store, so it is not counted yet). Ephemeral topics and channels (no
-files) have no series.
+disk: ``channel=""`` for a topic's own queue, and a channel's series sums its queue and its
+``#deferred`` store once open (``Channel.disk_queues``). Ephemeral topics and channels (no files)
+have no series.
 
 The registry also carries prometheus-client's standard ``process_*``, ``python_gc_*`` and
 ``python_info`` collectors.
@@ -239,11 +238,9 @@ def _disk_bytes(daemon: LmqDaemon) -> GaugeMetricFamily:
         if isinstance(topic.backend, DiskQueue):
             gauge.add_metric([topic.name, ""], topic.backend.bytes_on_disk)
         for channel in list(topic.channels.values()):
-            # Identity, not equality: a durable channel's backend is also its first durable queue.
-            queues = {id(q): q for q in (channel.backend, *channel.durable_queues)
-                      if isinstance(q, DiskQueue)}
+            queues = channel.disk_queues
             if queues:
-                total = sum(q.bytes_on_disk for q in queues.values())
+                total = sum(q.bytes_on_disk for q in queues)
                 gauge.add_metric([topic.name, channel.name], total)
     return gauge
 

@@ -112,7 +112,9 @@ async def test_http_pub_answers_only_after_the_fsync(
                 await stream.send_all(request)
                 answer = b""
                 while not answer.endswith(b"\r\n\r\nOK"):  # headers and body may come apart
-                    answer += await stream.receive_some(65536)
+                    chunk = await stream.receive_some(65536)
+                    assert chunk, f"connection closed after {answer!r}"
+                    answer += chunk
                 answers.append(answer)
 
         async with trio.open_nursery() as posts:
