@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -43,3 +44,19 @@ def run_client(
     result: dict[str, Any] = json.loads(lines[-1])
     result["stderr"] = stderr
     return result
+
+
+def assert_every_message_once(
+    result: dict[str, Any], *, prefix: str, count: int, batch: int, single: int, per: str
+) -> None:
+    """Check a ``pubsub`` scenario's result: every publish answered OK (the MPUBs of ``batch``
+    messages and the ``single`` PUBs), each of the ``count`` bodies ``<prefix>-NNNNNN`` delivered
+    exactly once and on its first attempt, and every consumer (``result[per]``) took part."""
+    assert result["responses"] == {"OK": -(-(count - single) // batch) + single}, result["stderr"]
+    bodies = result["bodies"]
+    duplicates = [b for b, n in Counter(bodies).items() if n > 1]
+    assert not duplicates, f"{len(duplicates)} delivered twice, e.g. {duplicates[:5]}"
+    assert set(bodies) == {f"{prefix}-{i:06d}" for i in range(count)}
+    assert len(bodies) == count
+    assert all(n > 0 for n in result[per]), result[per]
+    assert result["attempts"] == {"1": count}

@@ -9,12 +9,11 @@ Rules for this module (see STYLE.md, Tests):
 from __future__ import annotations
 
 import itertools
-from collections import Counter
 from typing import TYPE_CHECKING
 
 import pytest
 
-from .runner import run_client
+from .runner import assert_every_message_once, run_client
 
 if TYPE_CHECKING:
     from conftest import LmqdServer
@@ -39,15 +38,9 @@ def test_2000_messages_across_three_consumers(lmqd_server: LmqdServer) -> None:
         consume_timeout_s=40,
         quiet_s=0.5,
     )
-    assert result["responses"] == {"OK": (count - single + batch - 1) // batch + single}, result[
-        "stderr"
-    ]
-    bodies = result["bodies"]
-    assert not [b for b, n in Counter(bodies).items() if n > 1]
-    assert set(bodies) == {f"g-{i:06d}" for i in range(count)}
-    assert len(bodies) == count
-    assert all(n > 0 for n in result["per_consumer"]), result["per_consumer"]
-    assert result["attempts"] == {"1": count}
+    assert_every_message_once(
+        result, prefix="g", count=count, batch=batch, single=single, per="per_consumer"
+    )
 
 
 def test_invalid_command_surfaces_as_nsqinvalid(lmqd_server: LmqdServer) -> None:
