@@ -442,7 +442,8 @@ class TcpClient:
             self.daemon.publish(topic, bodies, defer)
         except (BackendError, TopicExiting) as exc:
             raise errors.publish_failed(kind, str(exc) or "exiting") from exc
-        self.pub_counts[topic] = self.pub_counts.get(topic, 0) + 1
+        # Messages, as nsqd counts them (an MPUB adds its length), however the run was coalesced.
+        self.pub_counts[topic] = self.pub_counts.get(topic, 0) + len(bodies)
 
     def _identify(self, event: Identify, now: float) -> None:
         settings = event.settings

@@ -351,3 +351,14 @@ async def test_a_buffer_of_fins_with_one_unknown_id(
     assert await consumer.error() == b"E_FIN_FAILED FIN ffffffffffffffff failed ID not in flight"
     await trio.testing.wait_all_tasks_blocked()
     assert daemon.topics["t"].channels["c"].in_flight_count == 0
+
+
+async def test_pub_counts_count_messages_in_a_coalesced_buffer(
+    daemon: LmqDaemon, nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    producer = await connect(daemon, nursery)
+    mpub = b"MPUB t\n" + struct.pack(">ii", 4 + 2 * 5, 2) + (struct.pack(">i", 1) + b"m") * 2
+    await producer.send(pub("t", b"a") + pub("t", b"b") + mpub)  # one buffer, one publish
+    for _ in range(3):
+        assert await producer.response() == b"OK"
+    assert [p.to_dict() for p in daemon.producers()[0].pub_counts] == [{"topic": "t", "count": 4}]
