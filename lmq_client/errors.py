@@ -7,6 +7,8 @@ catch ``BadTopicError`` or test ``exc.code == "E_MPUB_FAILED"``); a network fail
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 __all__ = [
     "AuthError",
     "BadBodyError",
@@ -178,6 +180,16 @@ class ConnectionFailed(LmqClientError, ConnectionError):
         super().__init__(f"{address}: {reason}")
         self.address = address
         self.reason = reason
+
+
+def all_addresses_failed(failures: Sequence[ConnectionFailed]) -> ConnectionFailed:
+    """The error to raise once failing over through every address failed: the only failure
+    itself, or one naming every address tried and why each failed."""
+    if len(failures) == 1:
+        return failures[0]
+    return ConnectionFailed(
+        ", ".join(f.address for f in failures), "; ".join(f.reason for f in failures)
+    )
 
 
 class InvalidNameError(LmqClientError, ValueError):

@@ -19,7 +19,7 @@ import trio
 
 from lmq_client._util import address_list, check_name
 from lmq_client.connection import Connection, StreamOpener, open_tcp_stream
-from lmq_client.errors import ConnectionFailed, LmqClientError
+from lmq_client.errors import ConnectionFailed, LmqClientError, all_addresses_failed
 from lmqd.protocol import Dpub, Mpub, Pub
 
 __all__ = ["Producer"]
@@ -132,11 +132,7 @@ class Producer:
                 self._next = index
                 self._conn = conn
                 return conn
-            if len(failures) == 1:
-                raise failures[0]
-            raise ConnectionFailed(
-                ", ".join(self.addresses), "; ".join(f.reason for f in failures)
-            )
+            raise all_addresses_failed(failures)
 
     # -- publishing ------------------------------------------------------------------------------
 

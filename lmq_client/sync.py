@@ -29,7 +29,13 @@ from lmq_client._util import (
     parse_identify_response,
     split_address,
 )
-from lmq_client.errors import ConnectionFailed, LmqClientError, NSQError, error_from_frame
+from lmq_client.errors import (
+    ConnectionFailed,
+    LmqClientError,
+    NSQError,
+    all_addresses_failed,
+    error_from_frame,
+)
 from lmq_client.message import Message
 from lmqd.protocol import (
     ClientConnection,
@@ -269,9 +275,7 @@ class Producer:
             self._next = index
             self._conn = conn
             return conn
-        if len(failures) == 1:
-            raise failures[0]
-        raise ConnectionFailed(", ".join(self.addresses), "; ".join(f.reason for f in failures))
+        raise all_addresses_failed(failures)
 
     def _command(self, data: bytes) -> bytes:
         conn = self._connection()
