@@ -487,15 +487,7 @@ class Channel:
         """FIN several messages of one client (a buffer's worth); same effect as calling
         ``finish`` for each in order, at less cost per message. Returns the failures as
         ``(msg_id, error)`` in order instead of raising."""
-        remove_owned = self._in_flight.remove_owned
-        cid = client.id
-        failed: list[tuple[bytes, ChannelError]] = []
-        done: list[Message] = []
-        for msg_id in msg_ids:
-            try:
-                done.append(remove_owned(msg_id, cid))
-            except ChannelError as exc:
-                failed.append((msg_id, exc))
+        done, failed = self._in_flight.remove_many_owned(msg_ids, client.id)
         client.in_flight_count -= len(done)
         client.finish_count += len(done)
         if self._disk is not None and done:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 from lmqd.message import Message
 
@@ -147,6 +147,24 @@ class InFlightQueue:
             raise NotOwner()
         del messages[msg_id]
         return msg
+
+    def remove_many_owned(
+        self, msg_ids: Iterable[bytes], client_id: int
+    ) -> tuple[list[Message], list[tuple[bytes, ChannelError]]]:
+        """``remove_owned`` for each id in order: returns the messages taken out of flight and
+        the ``(id, error)`` of those that were not (nothing changes for them). O(1) each."""
+        messages = self._messages
+        get = messages.get
+        done: list[Message] = []
+        failed: list[tuple[bytes, ChannelError]] = []
+        for msg_id in msg_ids:
+            msg = get(msg_id)
+            if msg is not None and msg.client_id == client_id:
+                del messages[msg_id]
+                done.append(msg)
+            else:
+                failed.append((msg_id, NotInFlight() if msg is None else NotOwner()))
+        return done, failed
 
     def set_deadline(self, msg: Message, deadline: float) -> None:
         """Move an in-flight message's deadline (TOUCH). O(log n) amortised."""

@@ -189,7 +189,7 @@ def main() -> None:
         print("| run | load | " + " | ".join(label for label, _, _ in COLUMNS) + " |")
         print("| --- | --- | " + " | ".join("---:" for _ in COLUMNS) + " |")
         for i, r in enumerate(results, 1):
-            cells = [fmt.format(r[key]) if r[key] is not None else "–" for _, key, fmt in COLUMNS]
+            cells = [fmt.format(r[key]) if r[key] is not None else "-" for _, key, fmt in COLUMNS]
             print(f"| {i} | {r['load']} | " + " | ".join(cells) + " |")
         print("| **median** | | "
               + " | ".join(f"**{fmt.format(medians[key])}**" for _, key, fmt in COLUMNS) + " |")

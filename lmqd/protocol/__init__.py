@@ -15,6 +15,7 @@ from lmqd.protocol.events import (
     Dpub,
     Event,
     Fin,
+    Fins,
     Identify,
     Mpub,
     Nop,
@@ -24,6 +25,7 @@ from lmqd.protocol.events import (
     Sub,
     Touch,
     encode_identify,
+    one_per_command,
 )
 from lmqd.protocol.frames import (
     CLOSE_WAIT_FRAME,
@@ -71,6 +73,7 @@ __all__ = [
     "Error",
     "Event",
     "Fin",
+    "Fins",
     "FrameEvent",
     "Identify",
     "IdentifySettings",
@@ -97,6 +100,7 @@ __all__ = [
     "identify_response",
     "is_ephemeral",
     "negotiate",
+    "one_per_command",
     "parse_uint",
     "valid_name",
 ]

@@ -36,13 +36,14 @@ from lmqd.protocol.events import (
     Cls,
     Dpub,
     Event,
-    Fin,
+    Fins,
     Identify,
     Nop,
     Rdy,
     Req,
     Sub,
     Touch,
+    make_fins,
     make_mpub,
     make_pub,
 )
@@ -62,8 +63,6 @@ _UINT64_MASK = (1 << 64) - 1
 # "\r" would lose it to the line-ending strip, so those take the line-by-line path).
 _FIN_RUN = re.compile(rb"(?:FIN [^ \r\n]{16}\n)+")
 _FIN_LINE_LENGTH = 21
-_new = object.__new__
-_set_fin_id = Fin.__dict__["id"].__set__
 _NOP = Nop()
 _CLS = Cls()
 
@@ -245,21 +244,20 @@ class ServerConnection:
         msg_id = params[1]
         if len(msg_id) != MSG_ID_LENGTH:
             raise errors.invalid_message_id()
-        append = events.append
-        # make_fin() inlined: this is the parser's hottest line.
-        fin = _new(Fin)
-        _set_fin_id(fin, msg_id)
-        append(fin)
         # A consumer sends one FIN per message, so FINs come in runs: take the rest of the run
-        # with one regex match instead of line by line.
+        # with one regex match instead of line by line, and give consecutive FINs as one event.
+        last = events[-1] if events else None
+        if type(last) is Fins:
+            ids = last.ids
+        else:
+            ids = []
+            events.append(make_fins(ids))
+        ids.append(msg_id)
         run = _FIN_RUN.match(buf, p)
         if run is None:
             return p
         run_end = run.end()
-        for i in range(p + 4, run_end, _FIN_LINE_LENGTH):
-            fin = _new(Fin)
-            _set_fin_id(fin, buf[i : i + MSG_ID_LENGTH])
-            append(fin)
+        ids += [buf[i : i + MSG_ID_LENGTH] for i in range(p + 4, run_end, _FIN_LINE_LENGTH)]
         return run_end
 
     def _req(self, params: list[bytes], buf: bytes, p: int, events: list[Event]) -> int:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import struct
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, TypeAlias
 
 import attrs
@@ -136,6 +136,21 @@ class Fin:
 
 
 @attrs.frozen(kw_only=True, slots=True)
+class Fins:
+    """A run of consecutive FIN commands, as ``ServerConnection`` gives them: one event per run.
+
+    A consumer sends one FIN per message, so FINs arrive in runs of hundreds; one event holding
+    the ids keeps the server's per-message work to a slice of the buffer.
+    """
+
+    ids: list[bytes]
+
+    def encode(self) -> bytes:
+        """The commands on the wire, one ``FIN`` line per id."""
+        return b"".join([b"FIN " + i + b"\n" for i in self.ids])
+
+
+@attrs.frozen(kw_only=True, slots=True)
 class Req:
     """REQ: requeue the message after ``timeout_ms``.
 
@@ -180,11 +195,25 @@ class Nop:
         return b"NOP\n"
 
 
-Command: TypeAlias = Identify | Auth | Sub | Pub | Mpub | Dpub | Rdy | Fin | Req | Touch | Cls | Nop
-"""Any command event."""
+Command: TypeAlias = (
+    Identify | Auth | Sub | Pub | Mpub | Dpub | Rdy | Fin | Fins | Req | Touch | Cls | Nop
+)
+"""Any command event (``ServerConnection`` gives FINs as ``Fins``, clients may send either)."""
 
 Event: TypeAlias = Command
 """What ``ServerConnection.next_events()`` returns."""
+
+
+def one_per_command(events: Iterable[Event]) -> list[Event]:
+    """``events`` with each ``Fins`` replaced by one ``Fin`` per id: one event per command, for
+    code that handles commands one at a time (tests, fakes)."""
+    out: list[Event] = []
+    for event in events:
+        if isinstance(event, Fins):
+            out += [Fin(id=i) for i in event.ids]
+        else:
+            out.append(event)
+    return out
 
 
 # -- fast constructors for the parser's hot paths ----------------------------------------------
@@ -196,6 +225,7 @@ Event: TypeAlias = Command
 
 _new = object.__new__
 _set_fin_id = Fin.__dict__["id"].__set__
+_set_fins_ids = Fins.__dict__["ids"].__set__
 _set_pub_topic = Pub.__dict__["topic"].__set__
 _set_pub_body = Pub.__dict__["body"].__set__
 _set_mpub_topic = Mpub.__dict__["topic"].__set__
@@ -206,6 +236,13 @@ def make_fin(msg_id: bytes) -> Fin:
     """``Fin(id=msg_id)``, faster."""
     event: Fin = _new(Fin)
     _set_fin_id(event, msg_id)
+    return event
+
+
+def make_fins(ids: list[bytes]) -> Fins:
+    """``Fins(ids=ids)``, faster."""
+    event: Fins = _new(Fins)
+    _set_fins_ids(event, ids)
     return event
 
 

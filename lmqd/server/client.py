@@ -53,7 +53,7 @@ from lmqd.protocol import (
     Cls,
     Dpub,
     Event,
-    Fin,
+    Fins,
     Identify,
     Limits,
     Mpub,
@@ -374,8 +374,9 @@ class TcpClient:
 
     def _apply(self, events: Sequence[Event], now: float) -> None:
         # Runs of consecutive PUB/MPUBs to one topic become one publish, their OKs written only
-        # once it succeeded (a failure answers with the error and closes); runs of FINs become
-        # one finish_many. Everything else is applied in order between the runs.
+        # once it succeeded (a failure answers with the error and closes); FINs (the parser
+        # gives each run as one Fins event) become one finish_many. Everything else is applied
+        # in order between the runs.
         pub_topic: str | None = None
         pub_kind = "PUB"
         pub_bodies: list[bytes] = []
@@ -395,10 +396,10 @@ class TcpClient:
                 self._write_oks(pub_kind, topic, count)
 
         for event in events:
-            if isinstance(event, Fin):
+            if isinstance(event, Fins):
                 if pub_topic is not None:
                     flush()
-                fins.append(event.id)
+                fins += event.ids
                 continue
             if isinstance(event, Pub | Mpub):
                 if fins or event.topic != pub_topic:

@@ -25,6 +25,7 @@ from lmqd.protocol import (
     encode_error,
     encode_message,
     encode_response,
+    one_per_command,
 )
 
 IDENTIFY_RESPONSE: dict[str, Any] = {
@@ -66,7 +67,7 @@ class FakeDaemon:
                 if not data:
                     self.eof = True
                 now = trio.current_time()
-                for event in self.codec.next_events():
+                for event in one_per_command(self.codec.next_events()):
                     self.log.append((now, event))
                     self._pending.append(event)
         return self._pending.pop(0)

@@ -10,11 +10,10 @@ import random
 import pytest
 
 from lmq_client._util import split_address
-from lmq_client.admin.bench import LatencyHistogram, encode_fins
+from lmq_client.admin.bench import LatencyHistogram
 from lmq_client.backoff import Backoff
 from lmq_client.errors import NSQError, SubFailedError, error_from_frame
 from lmq_client.rdy import choose_active, even_split, rdy_targets
-from lmqd.protocol import Fin
 
 
 def test_backoff_exponential_capped_and_jittered() -> None:
@@ -72,11 +71,6 @@ def test_latency_histogram_percentiles_within_one_percent() -> None:
     assert (small.percentile(0.5), small.percentile(1.0)) == (3.0, 7.0)
     # a few thousand buckets at most, however many samples
     assert len(hist.buckets) < 2000
-
-
-def test_encode_fins_matches_the_codec() -> None:
-    ids = [b"%016x" % i for i in (0, 1, 2**63)]
-    assert encode_fins(ids) == b"".join(Fin(id=i).encode() for i in ids)
 
 
 def test_error_from_frame_and_addresses() -> None:

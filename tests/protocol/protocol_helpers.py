@@ -16,6 +16,7 @@ from lmqd.protocol import (
     Nop,
     ProtocolError,
     ServerConnection,
+    one_per_command,
 )
 
 MAGIC = b"  V2"
@@ -55,7 +56,9 @@ def server(setup: bytes = b"", limits: Limits | None = None) -> ServerConnection
 def feed(
     conn: ServerConnection, data: bytes, mode: str
 ) -> tuple[list[Event], ProtocolError | None]:
-    """Feed ``data`` in ``mode``; the events parsed and the error raised (if any).
+    """Feed ``data`` in ``mode``; the events parsed (one per command: ``Fins`` runs are split
+    into ``Fin`` events, as their grouping depends on the receive boundaries) and the error
+    raised (if any).
 
     In "trailing" mode the trailing NOP's event is checked and removed, so every mode must give
     the same result.
@@ -67,11 +70,11 @@ def feed(
             events.extend(conn.next_events())
         events.extend(conn.next_events())
     except ProtocolError as exc:
-        return events, exc
+        return one_per_command(events), exc
     if mode == "trailing":
         assert events[-1] == Nop(), events
         events.pop()
-    return events, None
+    return one_per_command(events), None
 
 
 def parse(
@@ -111,5 +114,5 @@ def client_feed(
             events.extend(conn.next_events())
         events.extend(conn.next_events())
     except ProtocolError as exc:
-        return events, exc
+        return one_per_command(events), exc
     return events, None

@@ -13,6 +13,7 @@ from lmqd.protocol import (
     Cls,
     Dpub,
     Fin,
+    Fins,
     Identify,
     Limits,
     Mpub,
@@ -97,6 +98,25 @@ def test_fin_run_mixed_with_other_commands() -> None:
         Req(id=ids[5], timeout_ms=10),
         Fin(id=b"0123\r56789abcdef"),
     ]
+
+
+def test_consecutive_fins_in_one_buffer_are_one_event() -> None:
+    ids = [b"%016x" % i for i in range(6)]
+    conn = server(SUBSCRIBED)
+    conn.receive_data(
+        b"FIN " + ids[0] + b"\nFIN " + ids[1] + b"\r\nFIN " + ids[2] + b"\n"  # CRLF: line path
+        b"RDY 3\nFIN " + ids[3] + b"\nFIN " + ids[4] + b"\nNOP\nFIN " + ids[5] + b"\n"
+    )
+    events = conn.next_events()
+    assert events == [
+        Fins(ids=ids[:3]),
+        Rdy(count=3),
+        Fins(ids=ids[3:5]),
+        Nop(),
+        Fins(ids=ids[5:]),
+    ]
+    assert all(type(i) is bytes for e in events if isinstance(e, Fins) for i in e.ids)
+    assert Fins(ids=ids[:3]).encode() == b"".join(Fin(id=i).encode() for i in ids[:3])
 
 
 @pytest.mark.parametrize("mode", MODES)
