@@ -26,6 +26,8 @@ MESSAGE_HEADER_SIZE = 26
 
 # A message frame's fixed part up to the ID: frame size, frame type, timestamp, attempts.
 _MESSAGE_PREFIX = struct.Struct(">iiqH")
+# The same with the 16-byte ID: a message frame up to its body.
+_MESSAGE_HEAD = struct.Struct(">iiqH16s")
 _MESSAGE_OVERHEAD = 4 + MESSAGE_HEADER_SIZE  # frame type + message header
 
 
@@ -55,13 +57,13 @@ def encode_messages(msgs: Iterable[Message]) -> bytes:
     """Many message frames as one ``bytes``, ready for a single send.
 
     The daemon's hottest path. Measured with scripts/bench_protocol.py (100-byte bodies, the
-    2-core target machine): appending the three parts of every frame to one list and joining once
-    takes ~230 ns per frame, against ~300 ns for a join of ``encode_message`` results (each body
-    is copied twice) and ~300 ns for a nested list comprehension of the parts.
+    2-core target machine): packing each frame's header with its id and appending it and the
+    body to one list, joined once, is about a third cheaper than three parts per frame, and
+    cheaper again than a join of ``encode_message`` results (each body copied twice).
     """
     parts: list[bytes] = []
     append = parts.append
-    pack = _MESSAGE_PREFIX.pack
+    pack = _MESSAGE_HEAD.pack
     for msg in msgs:
         body = msg.body
         append(
@@ -70,9 +72,9 @@ def encode_messages(msgs: Iterable[Message]) -> bytes:
                 FRAME_TYPE_MESSAGE,
                 msg.timestamp,
                 msg.attempts & 0xFFFF,
+                msg.id,
             )
         )
-        append(msg.id)
         append(body)
     return b"".join(parts)
 
