@@ -22,6 +22,7 @@ from lmqd.protocol.frames import (
     Error,
     MessageFrame,
     Response,
+    make_message_frame,
 )
 
 FrameEvent: TypeAlias = Response | Error | MessageFrame
@@ -33,7 +34,7 @@ DEFAULT_MAX_FRAME_SIZE = 16 * 1024 * 1024
 corrupt size field. Raise it for a server with a larger ``--max-msg-size``."""
 
 _unpack_size = struct.Struct(">i").unpack_from
-_unpack_message = struct.Struct(">iiqH").unpack_from
+_unpack_message = struct.Struct(">iiqH16s").unpack_from
 
 
 class ClientConnection:
@@ -144,14 +145,9 @@ class ClientConnection:
                 if frame_type == FRAME_TYPE_MESSAGE:
                     if size < 4 + MESSAGE_HEADER_SIZE:
                         raise ProtocolError("E_BAD_PROTOCOL", f"message frame too short ({size})")
-                    _, _, timestamp, attempts = _unpack_message(buf, pos)
+                    _, _, timestamp, attempts, msg_id = _unpack_message(buf, pos)
                     events.append(
-                        MessageFrame(
-                            id=buf[pos + 18 : pos + 34],
-                            timestamp=timestamp,
-                            attempts=attempts,
-                            body=buf[pos + 34 : frame_end],
-                        )
+                        make_message_frame(msg_id, timestamp, attempts, buf[pos + 34 : frame_end])
                     )
                 elif frame_type == FRAME_TYPE_RESPONSE:
                     events.append(Response(data=buf[pos + 8 : frame_end]))

@@ -123,3 +123,22 @@ class MessageFrame:
     attempts: int
     """Deliveries so far, this one included."""
     body: bytes
+
+
+# attrs' frozen __init__ sets each field through object.__setattr__ (see events.py): a consumer
+# decodes one MessageFrame per message, so the decoder sets the slots directly instead.
+_new = object.__new__
+_set_frame_id = MessageFrame.__dict__["id"].__set__
+_set_frame_timestamp = MessageFrame.__dict__["timestamp"].__set__
+_set_frame_attempts = MessageFrame.__dict__["attempts"].__set__
+_set_frame_body = MessageFrame.__dict__["body"].__set__
+
+
+def make_message_frame(msg_id: bytes, timestamp: int, attempts: int, body: bytes) -> MessageFrame:
+    """``MessageFrame(id=msg_id, timestamp=timestamp, attempts=attempts, body=body)``, faster."""
+    frame: MessageFrame = _new(MessageFrame)
+    _set_frame_id(frame, msg_id)
+    _set_frame_timestamp(frame, timestamp)
+    _set_frame_attempts(frame, attempts)
+    _set_frame_body(frame, body)
+    return frame
