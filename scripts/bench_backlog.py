@@ -15,7 +15,8 @@ queue goes to disk. Reports the RSS as the backlog passes each million, min/max/
 growth from the first sample with the memory queue full (depth >= ``--mem-queue-size``) to the end:
 "flat" means max and last within 10% of that baseline. Also the bytes on disk. ``--drain`` then
 consumes the backlog with ``lmqadmin bench --writers 0 --readers R --count N`` and reports its rate
-and RSS.
+and RSS. Both phases report the daemon's CPU time per message (``/proc/<pid>/stat``), which moves
+much less than the rates with the machine's load.
 
 **Per-message overhead**. A fresh daemon with a memory queue larger than ``--overhead-messages``
 gets that many messages, once into a topic without channels (they stay in the topic's memory
@@ -167,21 +168,25 @@ def run_backlog(args: argparse.Namespace) -> dict[str, Any]:
             http(daemon, "POST", "/channel/create", topic=TOPIC, channel=CHANNEL)
             with Sampler(daemon, TOPIC, CHANNEL, args.interval) as sampler:
                 start = sampler.sample()
+                cpu0 = daemon.cpu_seconds()
                 publish = bench(daemon, SECONDS_PER_MILLION * (1 + n / 1e6),
                                 "--topic", TOPIC, "--writers", str(args.writers), "--readers", "0",
                                 "--count", str(n), "--size", str(args.size))["publish"]
                 settled = wait_depth(sampler, n, 0)
+                publish["daemon_cpu_us"] = (daemon.cpu_seconds() - cpu0) / n * 1e6
                 time.sleep(args.settle)
                 end = sampler.sample()
                 on_disk = disk_bytes(data)
                 drain = None
                 if args.drain:
                     mark = len(sampler.samples)
+                    cpu0 = daemon.cpu_seconds()
                     report = bench(daemon, SECONDS_PER_MILLION * (1 + n / 1e6),
                                    "--topic", TOPIC, "--channel", CHANNEL, "--writers", "0",
                                    "--readers", str(args.readers), "--count", str(n))
                     drained = wait_depth(sampler, 0, 0)
                     drain = {"consume": report["consume"], "errors": report["errors"],
+                             "daemon_cpu_us": (daemon.cpu_seconds() - cpu0) / n * 1e6,
                              "samples": sampler.samples[mark:], "first": mark, "end": drained}
         finally:
             daemon.stop()
@@ -197,7 +202,7 @@ def run_backlog(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def report_backlog(r: dict[str, Any], args: argparse.Namespace) -> None:
-    mb = 1 / 1024
+    mib = 1 / 1024
     full, after, end = r["full"], r["after"], r["end"]
     base = full.rss_kb if full else 0
     peak = max(s.rss_kb for s in after) if after else 0
@@ -206,7 +211,8 @@ def report_backlog(r: dict[str, Any], args: argparse.Namespace) -> None:
     md = args.markdown
     print(f"{'## ' if md else ''}Backlog: {r['messages']:,} x {args.size} B into "
           f"{TOPIC}/{CHANNEL}, no consumer, --mem-queue-size={args.mem_queue_size}\n")
-    print(f"published at {pub['msgs_per_s']:,.0f} msgs/s ({args.writers} writer(s), "
+    print(f"published at {pub['msgs_per_s']:,.0f} msgs/s, daemon CPU "
+          f"{pub['daemon_cpu_us']:.2f} µs/msg ({args.writers} writer(s), "
           f"{pub['seconds']:.0f} s); load {r['start'].load} at start, {end.load} at the end")
     print(f"on disk: {r['disk_bytes'] / 1e6:,.0f} MB "
           f"({r['disk_bytes'] / r['messages']:.0f} B per message)\n")
@@ -216,29 +222,31 @@ def report_backlog(r: dict[str, Any], args: argparse.Namespace) -> None:
     rows += [(f"backlog passed {m:,}", s) for m, s in r["milestones"] if s]
     rows.append(("end (publish done, settled)", end))
     if md:
-        print("| point | t (s) | channel depth | RSS (MB) | vs full | load |")
+        print("| point | t (s) | channel depth | RSS (MiB) | vs full | load |")
         print("| --- | ---: | ---: | ---: | ---: | --- |")
     for label, s in rows:
         vs = f"{(s.rss_kb - base) / base * 100:+.1f}%" if base else "-"
         if md:
-            print(f"| {label} | {s.t:.0f} | {s.depth:,} | {s.rss_kb * mb:.1f} | {vs} | {s.load} |")
+            print(f"| {label} | {s.t:.0f} | {s.depth:,} | {s.rss_kb * mib:.1f} | {vs} | {s.load} |")
         else:
-            print(f"  {label:38} t={s.t:6.0f}s depth={s.depth:>11,} RSS {s.rss_kb * mb:7.1f} MB "
+            print(f"  {label:38} t={s.t:6.0f}s depth={s.depth:>11,} RSS {s.rss_kb * mib:7.1f} MiB "
                   f"{vs:>7}  load {s.load}")
     if base:
         growth_end = (end.rss_kb - base) / base * 100
         growth_max = (peak - base) / base * 100
         flat = max(growth_end, growth_max) <= 10
-        print(f"\nRSS after the memory queue filled: min {low * mb:.1f} MB, max {peak * mb:.1f} MB,"
-              f" last {end.rss_kb * mb:.1f} MB; growth {growth_end:+.1f}% (last), "
+        print(f"\nRSS after the memory queue filled: min {low * mib:.1f} MiB, "
+              f"max {peak * mib:.1f} MiB, last {end.rss_kb * mib:.1f} MiB; "
+              f"growth {growth_end:+.1f}% (last), "
               f"{growth_max:+.1f}% (max) -> {'FLAT' if flat else 'NOT FLAT'} (within 10%)")
     drain = r["drain"]
     if drain:
-        c, ds = drain["consume"], drain["samples"]
+        c, rss = drain["consume"], [s.rss_kb * mib for s in drain["samples"]]
         print(f"\ndrain: {c['messages']:,} msgs in {c['seconds']:.1f} s = {c['msgs_per_s']:,.0f} "
-              f"msgs/s (reader CPU {c['client_cpu_pct_per_process']:.0f}%); RSS during drain "
-              f"min {min(s.rss_kb for s in ds) * mb:.1f} / max {max(s.rss_kb for s in ds) * mb:.1f}"
-              f" MB, after {drain['end'].rss_kb * mb:.1f} MB; load {drain['end'].load}"
+              f"msgs/s, daemon CPU {drain['daemon_cpu_us']:.2f} µs/msg (reader CPU "
+              f"{c['client_cpu_pct_per_process']:.0f}%); RSS during drain "
+              f"min {min(rss):.1f} / max {max(rss):.1f} MiB, "
+              f"after {drain['end'].rss_kb * mib:.1f} MiB; load {drain['end'].load}"
               + (f"; errors {drain['errors']}" if drain["errors"] else ""))
 
 
@@ -274,7 +282,8 @@ def report_overhead(results: dict[str, list[dict[str, Any]]], args: argparse.Nam
           f"{args.overhead_messages:,} x {args.size} B, --mem-queue-size="
           f"{2 * args.overhead_messages:,}, no consumer\n")
     if md:
-        print("| where | run | RSS before (MB) | RSS after (MB) | B/message | beyond body | load |")
+        print("| where | run | RSS before (MiB) | RSS after (MiB) | B/message | beyond body "
+              "| load |")
         print("| --- | ---: | ---: | ---: | ---: | ---: | --- |")
     for where, runs in results.items():
         for i, r in enumerate(runs, 1):
@@ -283,7 +292,7 @@ def report_overhead(results: dict[str, list[dict[str, Any]]], args: argparse.Nam
             if md:
                 print(f"| {where} | {i} | " + " | ".join(cells) + f" | {r['load']} |")
             else:
-                print(f"  {where:22} run {i}: RSS {cells[0]} -> {cells[1]} MB, {cells[2]} B/msg, "
+                print(f"  {where:22} run {i}: RSS {cells[0]} -> {cells[1]} MiB, {cells[2]} B/msg, "
                       f"{cells[3]} B beyond the body  (load {r['load']})")
         med = statistics.median(r["overhead"] for r in runs)
         if md:
