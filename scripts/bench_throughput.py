@@ -19,100 +19,28 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import re
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
-from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-_TCP = re.compile(r"TCP: listening on (\S+)")
-_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-
-
-class Daemon:
-    """``python -m lmqd`` in a subprocess; its output is collected by a thread."""
-
-    def __init__(self, data_path: str, flags: list[str]) -> None:
-        self.process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "lmqd",
-                "--tcp-address=127.0.0.1:0",
-                "--http-address=",
-                f"--data-path={data_path}",
-                *flags,
-            ],
-            cwd=REPO,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-        )
-        self.lines: list[str] = []
-        self.address = ""
-        self._listening = threading.Event()
-        self._thread = threading.Thread(target=self._read, daemon=True)
-        self._thread.start()
-        if not self._listening.wait(30) or not self.address:
-            self.process.kill()
-            raise RuntimeError("lmqd did not start:\n" + "\n".join(self.lines))
-
-    def _read(self) -> None:
-        assert self.process.stdout is not None
-        for raw in self.process.stdout:
-            line = raw.decode(errors="replace").rstrip()
-            self.lines.append(line)
-            m = _TCP.search(line)
-            if m and not self.address:
-                self.address = m.group(1)
-                self._listening.set()
-        self._listening.set()
-
-    def cpu_seconds(self) -> float:
-        """User + system CPU time of the daemon process so far (every thread)."""
-        stat = Path(f"/proc/{self.process.pid}/stat").read_text()
-        fields = stat[stat.rindex(")") + 2 :].split()
-        return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
-
-    def memory_kb(self) -> tuple[int, int]:
-        """(VmRSS, VmHWM) in kB: resident now and its peak."""
-        found: dict[str, int] = {}
-        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key in ("VmRSS", "VmHWM"):
-                found[key] = int(value.split()[0])
-        return found["VmRSS"], found["VmHWM"]
-
-    def stop(self) -> None:
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(120)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-        self._thread.join(5)
+from lmqd_process import REPO, Daemon, lmqadmin_command, load_average
 
 
 def run_once(args: argparse.Namespace, index: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="lmq-bench-", dir=args.dir) as data:
         daemon = Daemon(data, args.lmqd_flag)
         try:
-            load = Path("/proc/loadavg").read_text().split()[0]
-            command = [
-                sys.executable, "-m", "lmq_client.admin",
-                "--tcp-address", daemon.address,
+            load = load_average()
+            command = lmqadmin_command(
+                daemon.address,
                 "bench", "--json", "-q",
                 "--topic", f"bench{index}",
                 "--writers", str(args.writers), "--readers", str(args.readers),
                 "--size", str(args.size), "--batch-size", str(args.batch_size),
                 "--rdy", str(args.rdy), "--duration", str(args.duration),
-            ]  # fmt: skip
+            )  # fmt: skip
             cpu0 = daemon.cpu_seconds()
             done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, check=False)
             cpu1 = daemon.cpu_seconds()

@@ -4,10 +4,12 @@ Theory of operation
 -------------------
 Readers start first (each subscribes to ``topic``/``channel`` on every daemon with ``RDY rdy``)
 and report ready; then writers publish ``MPUB`` batches, ``pipeline`` of them in flight per
-connection, until ``duration`` has passed or their share of ``count`` is sent. Every message
-carries its send time (``time.time_ns()``, 8 bytes big-endian) at the start of its body, so a
-reader computes end-to-end latency on arrival; the wall clock is shared by processes on one
-machine, so this is valid as long as writers and readers run on the same host.
+connection, until ``duration`` has passed or their share of ``count`` is sent. Readers stop once
+they have consumed what was published; with no writers they drain an existing backlog, exactly
+``count`` messages if it is given, else until nothing arrives for ``DRAIN_IDLE_TIMEOUT``.
+Every message carries its send time (``time.time_ns()``, 8 bytes big-endian) at the start of
+its body, so a reader computes end-to-end latency on arrival; the wall clock is shared by
+processes on one machine, so this is valid as long as writers and readers run on the same host.
 
 The client must not be the bottleneck when this measures a daemon: a batch shares one body
 object (the time stamp is per batch), a reader handles each received buffer in one call, answers
@@ -178,12 +180,15 @@ def _reader_main(
     config: BenchConfig,
     index: int,
     consumed: Any,
+    claimed: Any,
     stop: multiprocessing.synchronize.Event,
     results: multiprocessing.Queue[Any],
 ) -> None:
     cpu0 = time.process_time()
     try:
-        first, last, received, hist = trio.run(_read, config, index, consumed, stop, results)
+        first, last, received, hist = trio.run(
+            _read, config, index, consumed, claimed, stop, results
+        )
         results.put(("reader", {"start": first, "end": last, "messages": received,
                                 "cpu": time.process_time() - cpu0, "latency": dict(hist.buckets),
                                 "latency_count": hist.count}))
@@ -195,6 +200,7 @@ async def _read(
     config: BenchConfig,
     index: int,
     consumed: Any,
+    claimed: Any,
     stop: multiprocessing.synchronize.Event,
     results: multiprocessing.Queue[Any],
 ) -> tuple[float, float, int, LatencyHistogram]:
@@ -204,8 +210,20 @@ async def _read(
     hist = LatencyHistogram()
     state = {"first": 0.0, "last": 0.0, "received": 0}
     unpack = _STAMP.unpack_from
+    quota = config.count or 0  # only used with ``claimed``
 
     def on_messages(conn: Connection, frames: list[MessageFrame]) -> None:
+        if claimed is not None:
+            # Draining to a count: FIN only what is left of it; the rest stays in flight and
+            # goes back to the channel when the connection closes.
+            with claimed.get_lock():
+                take = max(0, min(len(frames), quota - claimed.value))
+                claimed.value += take
+            if take < len(frames):
+                conn.write(Rdy(count=0).encode())
+                frames = frames[:take]
+            if not frames:
+                return
         now_ns = time.time_ns()
         now = now_ns / 1e9
         if not state["first"]:
@@ -241,6 +259,8 @@ def run_bench(config: BenchConfig, console: Console | None = None) -> dict[str, 
     stop = ctx.Event()
     published = [ctx.Value("q", 0, lock=False) for _ in range(config.writers)]
     consumed = [ctx.Value("q", 0, lock=False) for _ in range(config.readers)]
+    # Without writers, readers share ``count``: one locked counter, taken once per buffer.
+    claimed = ctx.Value("q", 0) if not config.writers and config.count is not None else None
     errors: list[str] = []
     writer_results: list[dict[str, Any]] = []
     reader_results: list[dict[str, Any]] = []
@@ -265,7 +285,7 @@ def run_bench(config: BenchConfig, console: Console | None = None) -> dict[str, 
 
     ready: set[int] = set()
     readers = [
-        ctx.Process(target=_reader_main, args=(config, i, consumed[i], stop, results),
+        ctx.Process(target=_reader_main, args=(config, i, consumed[i], claimed, stop, results),
                     name=f"lmq-bench-reader-{i}", daemon=True)
         for i in range(config.readers)
     ]
@@ -303,19 +323,23 @@ def run_bench(config: BenchConfig, console: Console | None = None) -> dict[str, 
                 collect(0.1)
                 progress.update(pub_task, completed=sum(v.value for v in published))
                 progress.update(sub_task, completed=sum(v.value for v in consumed))
-            total = sum(r["messages"] for r in writer_results)
+            # Readers stop at what the writers published or, with no writers (draining a
+            # backlog), at ``count``; with neither, when nothing arrives for a while.
+            target = sum(r["messages"] for r in writer_results) if writers else config.count
             if readers and unreachable is None and not errors:
                 last_seen, last_change = -1, time.monotonic()
                 while True:
                     got = sum(v.value for v in consumed)
                     progress.update(sub_task, completed=got)
-                    if writers and got >= total:
+                    if target is not None and got >= target:
                         break
                     if got != last_seen:
                         last_seen, last_change = got, time.monotonic()
                     elif time.monotonic() - last_change > DRAIN_IDLE_TIMEOUT:
                         if writers:
-                            errors.append(f"consumed {got} of {total} messages published")
+                            errors.append(f"consumed {got} of {target} messages published")
+                        elif target is not None:
+                            errors.append(f"consumed {got} of the {target} messages asked for")
                         break
                     collect(0.1)
             stop.set()

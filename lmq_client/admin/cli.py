@@ -446,7 +446,8 @@ async def _tail(
               help="Message size in bytes (the first 8 carry the send time).")
 @click.option("--duration", type=click.FloatRange(min=0.1),
               help="Seconds to publish for [default: 10 unless --count].")
-@click.option("--count", type=click.IntRange(min=1), help="Messages to publish in total.")
+@click.option("--count", type=click.IntRange(min=1),
+              help="Messages to publish in total (with --writers 0: to consume).")
 @click.option("--pipeline", default=4, show_default=True, type=click.IntRange(min=1),
               help="MPUBs in flight per writer.")
 @click.option("--keep-topic", is_flag=True, help="Don't delete the bench topic afterwards.")

@@ -244,6 +244,32 @@ def test_bench_text_report_with_duration(lmqd_module_server: LmqdServer) -> None
     assert topic_stats(lmqd_module_server, "benchtext")["channels"][0]["depth"] == 0
 
 
+def test_bench_without_writers_drains_a_backlog_to_count(
+    lmqd_module_server: LmqdServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server = lmqd_module_server
+    result = run(server, "--json", "bench", "--topic", "backlog", "--writers", "1",
+                 "--readers", "0", "--count", "500", "--batch-size", "100")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["consume"] is None
+    # The reader's SUB creates the first channel, which takes the topic's backlog.
+    result = run(server, "--json", "bench", "--topic", "backlog", "--writers", "0",
+                 "--readers", "1", "--count", "300", "--rdy", "1")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    assert report["publish"] is None and report["errors"] == []
+    assert report["consume"]["messages"] == 300
+    # Asking for more than is left: the idle timeout ends the drain, and says so.
+    monkeypatch.setattr("lmq_client.admin.bench.DRAIN_IDLE_TIMEOUT", 0.5)
+    result = run(server, "--json", "bench", "--topic", "backlog", "--writers", "0",
+                 "--readers", "1", "--count", "1000")
+    assert result.exit_code == 1, result.output
+    report = json.loads(result.output)
+    assert report["consume"]["messages"] == 200
+    assert report["errors"] == ["consumed 200 of the 1000 messages asked for"]
+    assert topic_stats(server, "backlog")["channels"][0]["depth"] == 0
+
+
 def test_bench_unreachable_daemon_exit_code(lmqd_module_server: LmqdServer) -> None:
     dead = free_address()
     result = run(lmqd_module_server, "--tcp-address", dead, "bench", "--count", "10")
