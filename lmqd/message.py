@@ -23,7 +23,7 @@ _TS_SHIFT = _NODE_ID_BITS + _SEQUENCE_BITS
 MSG_ID_LENGTH = 16
 
 
-@attrs.define(slots=True, eq=False, repr=False)
+@attrs.define(slots=True, eq=False, repr=False, weakref_slot=False)
 class Message:
     """One message as a topic or channel holds it.
 
