@@ -11,8 +11,9 @@ messages consumed, so it covers publish, delivery and FIN of every message (the 
 the channel before it returns). CPU per message is the robust figure on a shared machine:
 the rates move with whatever else runs, CPU time much less.
 
-Prints one line per run (rates, daemon CPU per message, the daemon's peak RSS, the load average
-when the run began) and the medians, as a Markdown table with ``--markdown``.
+Prints one line per run (rates, daemon CPU per message, the daemon's peak RSS, the bytes it wrote
+to files -- about 0 unless the backlog spilled to disk -- and the load average when the run began)
+and the medians, as a Markdown table with ``--markdown``.
 """
 
 from __future__ import annotations
@@ -42,9 +43,12 @@ def run_once(args: argparse.Namespace, index: int) -> dict[str, Any]:
                 "--rdy", str(args.rdy), "--duration", str(args.duration),
             )  # fmt: skip
             cpu0 = daemon.cpu_seconds()
+            written0 = daemon.bytes_written()
             done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, check=False)
             cpu1 = daemon.cpu_seconds()
             rss, hwm = daemon.memory_kb()
+            # What the daemon wrote to files (segments, positions): ~0 unless the backlog spilled.
+            spilled = daemon.bytes_written() - written0
         finally:
             daemon.stop()
     if done.returncode != 0:
@@ -67,6 +71,7 @@ def run_once(args: argparse.Namespace, index: int) -> dict[str, Any]:
         "p99_ms": report["latency_ms"].get("p99"),
         "rss_mb": rss / 1024,
         "peak_rss_mb": hwm / 1024,
+        "spilled_mb": spilled / 1e6,
         "load": load,
     }
 
@@ -79,6 +84,7 @@ COLUMNS = [
     ("reader CPU", "reader_cpu_pct", "{:.0f}%"),
     ("p99 latency", "p99_ms", "{:.1f} ms"),
     ("peak RSS", "peak_rss_mb", "{:.1f} MB"),
+    ("written to disk", "spilled_mb", "{:.0f} MB"),
 ]
 
 

@@ -91,6 +91,15 @@ class Daemon:
         fields = stat[stat.rindex(")") + 2 :].split()
         return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
 
+    def bytes_written(self) -> int:
+        """Bytes the daemon has passed to write calls on files (``wchar`` in ``/proc/<pid>/io``;
+        socket sends are not counted)."""
+        for line in Path(f"/proc/{self.process.pid}/io").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key == "wchar":
+                return int(value)
+        raise RuntimeError("no wchar in /proc/<pid>/io")
+
     def memory_kb(self) -> tuple[int, int]:
         """(VmRSS, VmHWM) in kB: resident now and its peak."""
         found: dict[str, int] = {}
