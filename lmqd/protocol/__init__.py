@@ -41,6 +41,7 @@ from lmqd.protocol.frames import (
     encode_message,
     encode_messages,
     encode_response,
+    message_frame_parts,
 )
 from lmqd.protocol.identify import (
     IdentifySettings,
@@ -99,6 +100,7 @@ __all__ = [
     "errors",
     "identify_response",
     "is_ephemeral",
+    "message_frame_parts",
     "negotiate",
     "one_per_command",
     "parse_uint",

@@ -53,29 +53,30 @@ def encode_message(msg: Message) -> bytes:
     )
 
 
-def encode_messages(msgs: Iterable[Message]) -> bytes:
-    """Many message frames as one ``bytes``, ready for a single send.
+def message_frame_parts(msgs: Iterable[Message], parts: list[bytes]) -> int:
+    """Append the frames of ``msgs`` to ``parts``, two pieces each (the header with the id, and
+    the body), and return their total size in bytes.
 
-    The daemon's hottest path. Measured with scripts/bench_protocol.py (100-byte bodies, the
-    2-core target machine): packing each frame's header with its id and appending it and the
-    body to one list, joined once, is about a third cheaper than three parts per frame, and
-    cheaper again than a join of ``encode_message`` results (each body copied twice).
+    The daemon's hottest path. Its writer joins every part pending into one send, so a body is
+    copied once on its way out, not twice (a join here and another there). One ``struct.pack``
+    per frame, header and id together (~30% cheaper than packing them apart).
     """
-    parts: list[bytes] = []
     append = parts.append
     pack = _MESSAGE_HEAD.pack
+    size = 0
     for msg in msgs:
         body = msg.body
-        append(
-            pack(
-                len(body) + _MESSAGE_OVERHEAD,
-                FRAME_TYPE_MESSAGE,
-                msg.timestamp,
-                msg.attempts & 0xFFFF,
-                msg.id,
-            )
-        )
+        frame_size = len(body) + _MESSAGE_OVERHEAD
+        append(pack(frame_size, FRAME_TYPE_MESSAGE, msg.timestamp, msg.attempts & 0xFFFF, msg.id))
         append(body)
+        size += 4 + frame_size
+    return size
+
+
+def encode_messages(msgs: Iterable[Message]) -> bytes:
+    """Many message frames as one ``bytes`` (``message_frame_parts`` joined)."""
+    parts: list[bytes] = []
+    message_frame_parts(msgs, parts)
     return b"".join(parts)
 
 

@@ -65,9 +65,9 @@ from lmqd.protocol import (
     ServerConnection,
     Sub,
     Touch,
-    encode_messages,
     errors,
     identify_response,
+    message_frame_parts,
 )
 from lmqd.stats import ClientStats, PubCount
 from lmqd.topic import TopicExiting
@@ -162,7 +162,8 @@ class TcpClient:
         self._wake_writer.set()
 
     def write_messages(self, messages: Sequence[Message]) -> None:
-        self._write(encode_messages(messages))
+        parts: list[bytes] = []
+        self._write_parts(parts, message_frame_parts(messages, parts))
         if self._output_bytes + self._held_bytes > OUTPUT_HIGH_WATER:
             self._stalled = True
 
@@ -194,14 +195,18 @@ class TcpClient:
     # -- output ------------------------------------------------------------------------------
 
     def _write(self, frame: bytes) -> None:
+        self._write_parts([frame], len(frame))
+
+    def _write_parts(self, parts: list[bytes], nbytes: int) -> None:
+        """Queue ``parts`` (``nbytes`` in all) for the writer, behind any durable hold."""
         if self._holds:
             hold = self._holds[-1]
-            hold.frames.append(frame)
-            hold.nbytes += len(frame)
-            self._held_bytes += len(frame)
+            hold.frames += parts
+            hold.nbytes += nbytes
+            self._held_bytes += nbytes
             return
-        self._output.append(frame)
-        self._output_bytes += len(frame)
+        self._output += parts
+        self._output_bytes += nbytes
         self._wake_writer.set()
 
     def _write_oks(self, kind: str, topic: str, count: int) -> None:

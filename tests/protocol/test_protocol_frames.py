@@ -23,6 +23,7 @@ from lmqd.protocol import (
     encode_messages,
     encode_response,
     errors,
+    message_frame_parts,
 )
 
 TS = 1_700_000_000_123_456_789
@@ -68,6 +69,15 @@ def test_encode_messages_is_the_concatenation() -> None:
     assert encode_messages(msgs) == b"".join(encode_message(m) for m in msgs)
     assert encode_messages([]) == b""
     assert encode_messages(iter(msgs[:2])) == encode_message(msgs[0]) + encode_message(msgs[1])
+
+
+def test_message_frame_parts_appends_and_counts_bytes() -> None:
+    msgs = [Message(b"%016x" % i, b"m" * (i + 1), TS + i, i + 1) for i in range(5)]
+    parts = [OK_FRAME]  # appended to, after what is already there
+    size = message_frame_parts(msgs, parts)
+    assert parts[0] == OK_FRAME and len(parts) == 1 + 2 * len(msgs)
+    assert b"".join(parts[1:]) == encode_messages(msgs)
+    assert size == len(encode_messages(msgs))
 
 
 # -- decoding --------------------------------------------------------------------------------------
