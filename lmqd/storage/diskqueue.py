@@ -84,7 +84,6 @@ from lmqd.storage.record import (
     FormatError,
     decode_batch_records,
     encode_segment_header,
-    frame_batch,
     parse_optional_fields,
 )
 from lmqd.storage.recovery import recover_queue
@@ -105,6 +104,8 @@ _OFFSET_BITS = 40
 _OFFSET_MASK = (1 << _OFFSET_BITS) - 1
 _INDEX_MASK = (1 << _INDEX_BITS) - 1
 _LENGTH = struct.Struct(">I")
+_NO_CRC = bytes(4)
+"""Room for a batch's CRC, filled in once the batch's bytes are joined."""
 _MAX_REPAIRS_PER_READ = 64
 """Bound on corrupt regions handled in one read_many call, so damage never becomes a busy loop."""
 
@@ -510,9 +511,10 @@ class DiskQueue:
             bodies = [m.body for m in messages]
         return entries, bodies
 
-    def _plan(self, bodies: list[bytes], start_pos: int) -> list[list[tuple[int, int]]]:
+    def _plan(self, bodies: list[bytes], start_pos: int) -> list[list[tuple[int, int, int]]]:
         """Split messages into batch records: per segment (the write segment first, possibly
-        empty, then new ones), the (first, end) message ranges of its batches.
+        empty, then new ones), its batches as (first, end, payload bytes): the message range and
+        the bytes of its entries and bodies.
 
         A batch ends where the segment is full or at ``MAX_BATCH_BYTES``; a segment always takes
         at least one message, and a batch holds at least one, however large.
@@ -524,14 +526,14 @@ class DiskQueue:
         parts = -(-total // cap)
         if start_pos + parts * BATCH_OVERHEAD + total <= max_bytes:
             if parts == 1:
-                return [[(0, n)]]
+                return [[(0, n, total)]]
             # The common large call: equal counts per batch fit the cap unless sizes are skewed.
             bounds = [n * k // parts for k in range(parts + 1)]
-            even = list(pairwise(bounds))
-            if all(
-                BATCH_ENTRY_SIZE * (end - first) + sum(map(len, bodies[first:end])) <= cap
-                for first, end in even
-            ):
+            even = [
+                (first, end, BATCH_ENTRY_SIZE * (end - first) + sum(map(len, bodies[first:end])))
+                for first, end in pairwise(bounds)
+            ]
+            if all(size <= cap for _, _, size in even):
                 return [even]
         # The general case (segment boundary, skewed sizes): cum[k] is the bytes of the entries
         # and bodies of messages 0..k-1 (C loops, no per-message bytecode).
@@ -542,8 +544,8 @@ class DiskQueue:
                 range(0, BATCH_ENTRY_SIZE * (n + 1), BATCH_ENTRY_SIZE),
             )
         )
-        chunks: list[list[tuple[int, int]]] = []
-        batches: list[tuple[int, int]] = []
+        chunks: list[list[tuple[int, int, int]]] = []
+        batches: list[tuple[int, int, int]] = []
         pos = start_pos
         i = 0
         while i < n:
@@ -556,20 +558,49 @@ class DiskQueue:
                     pos = SEGMENT_HEADER_SIZE
                     continue
                 j = i + 1
-            batches.append((i, j))
+            batches.append((i, j, cum[j] - cum[i]))
             pos += BATCH_OVERHEAD + cum[j] - cum[i]
             i = j
         chunks.append(batches)
         return chunks
 
+    @staticmethod
+    def _frame(
+        entries: list[bytes], bodies: list[bytes], batches: list[tuple[int, int, int]]
+    ) -> bytearray:
+        """The batch records of one segment's share of a call, in one buffer.
+
+        One join copies every body once (no per-batch buffers joined again); the CRC of each
+        batch is then computed over its bytes in place and written into its last four bytes.
+        """
+        n = len(bodies)
+        parts: list[bytes] = []
+        for first, end, payload in batches:
+            length = BATCH_OVERHEAD - 4 + payload
+            parts.append(BATCH_HEADER.pack(length, TYPE_BATCH, 0, end - first))
+            if first == 0 and end == n:
+                parts += entries
+                parts += bodies
+            else:
+                parts += entries[first:end]
+                parts += bodies[first:end]
+            parts.append(_NO_CRC)
+        data = bytearray().join(parts)
+        pos = 0
+        with memoryview(data) as view:
+            for _, _, payload in batches:
+                crc_at = pos + BATCH_OVERHEAD - 4 + payload
+                _LENGTH.pack_into(data, crc_at, crc32c(view[pos + 4 : crc_at]))
+                pos = crc_at + 4
+        return data
+
     def _write_chunks(
-        self, entries: list[bytes], bodies: list[bytes], chunks: list[list[tuple[int, int]]]
+        self, entries: list[bytes], bodies: list[bytes], chunks: list[list[tuple[int, int, int]]]
     ) -> None:
         seg = self._segments[-1]
         start_end = seg.end
         fd = self._wfd
         pos = start_end
-        n = len(bodies)
         created: list[tuple[int, int, str]] = []  # (number, fd, path)
         written: list[tuple[int, int]] = []  # (bytes, messages) per chunk
         wrote_current = False
@@ -587,15 +618,7 @@ class DiskQueue:
                     pos = SEGMENT_HEADER_SIZE
                 else:
                     wrote_current = True
-                parts: list[bytes] = []
-                for first, end in batches:
-                    if first == 0 and end == n:
-                        sections = (b"".join(entries), b"".join(bodies))
-                    else:
-                        sections = (b"".join(entries[first:end]), b"".join(bodies[first:end]))
-                    head, crc = frame_batch(end - first, 0, sections)
-                    parts += (head, *sections, crc)
-                data = b"".join(parts)
+                data = self._frame(entries, bodies, batches)
                 pwrite_all(fd, data, pos)
                 pos += len(data)
                 written.append((len(data), batches[-1][1] - batches[0][0]))
