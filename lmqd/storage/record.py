@@ -4,7 +4,7 @@ Every integer is big-endian. A segment file is one 32-byte header followed by re
 
     segment header (32 bytes)
       0   8  magic  b"\\x89LMQSEG\\n"
-      8   2  format version (1)
+      8   2  format version (2; version 1 segments hold only "M" records, still read)
      10   2  header length (32; a later version may grow the header, readers skip to this offset)
      12   8  segment number
      20   8  created, wall-clock nanoseconds
@@ -60,7 +60,10 @@ from crc32c import crc32c
 from lmqd.message import MSG_ID_LENGTH
 
 SEGMENT_MAGIC = b"\x89LMQSEG\n"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""The version this build writes: 2 since batch records. An older build reads version 1 only, so
+it leaves a version-2 segment untouched instead of taking its batches for corruption."""
+READABLE_VERSIONS = (1, 2)
 SEGMENT_HEADER_SIZE = 32
 
 TYPE_MESSAGE = 0x4D
@@ -171,8 +174,10 @@ def decode_segment_header(data: bytes) -> SegmentHeader:
     (crc,) = _U32.unpack_from(data, _CRC_ABOUT_HEADER)
     if crc != crc32c(data[:_CRC_ABOUT_HEADER]):
         raise FormatError("segment header checksum mismatch")
-    if version != FORMAT_VERSION:
-        raise UnsupportedVersion(f"segment format version {version} (this build reads 1)")
+    if version not in READABLE_VERSIONS:
+        raise UnsupportedVersion(
+            f"segment format version {version} (this build reads {READABLE_VERSIONS})"
+        )
     if header_length != SEGMENT_HEADER_SIZE:
         raise FormatError(f"bad segment header length {header_length}")
     return SegmentHeader(version, header_length, segment, created_ns)

@@ -25,6 +25,8 @@ got its header, by writing the header). Older segments are read-only: a region f
 reported again at the next start (its set-aside copy is reused, not duplicated) until the reader
 has consumed the segment and it is deleted.
 
+A segment of format version 1 (written before batch records) is read but never appended to: the
+writer starts a new segment, so an older build never finds a batch in a segment it can read.
 A segment whose header names a newer format version is left untouched: not read, not deleted,
 not appended to. A segment whose header is damaged is treated as a corrupt region from offset 0
 to its first valid record.
@@ -48,6 +50,7 @@ from lmqd.storage.files import (
 )
 from lmqd.storage.positions import Positions, decode_positions
 from lmqd.storage.record import (
+    FORMAT_VERSION,
     SEGMENT_HEADER_SIZE,
     FormatError,
     decode_segment_header,
@@ -76,7 +79,8 @@ class RecoveredSegment:
     floor_count: int
     """Messages in the valid record at ``floor`` (0 if none)."""
     appendable: bool
-    """False when the header is unusable: the writer must start a new segment instead."""
+    """False when the header is unusable or of an older version: the writer must start a new
+    segment instead."""
     unsupported: bool = False
     corrupt_count: int = 0
     corrupt_bytes: int = 0
@@ -133,7 +137,7 @@ def _recover(
         records_from=scan.records.records_from,
         floor=scan.records.floor,
         floor_count=scan.records.floor_count,
-        appendable=newest and scan.header_ok,
+        appendable=newest and scan.header_ok and scan.version == FORMAT_VERSION,
         unsupported=scan.unsupported,
     )
     if scan.unsupported:

@@ -89,6 +89,8 @@ class SegmentScan:
     valid_end: int
     """Offset after the last valid record, or where the bad tail begins."""
     records: RecordScan
+    version: int = 0
+    """The header's format version (0 if the header is damaged)."""
 
 
 def scan_segment(buf: bytes | mmap.mmap, size: int, count_from: int = 0) -> SegmentScan:
@@ -101,8 +103,9 @@ def scan_segment(buf: bytes | mmap.mmap, size: int, count_from: int = 0) -> Segm
             records.regions.append((0, size, torn))
         return SegmentScan(size, header_ok=False, unsupported=False, valid_end=0, records=records)
     header_ok = True
+    version = 0
     try:
-        decode_segment_header(bytes(buf[:SEGMENT_HEADER_SIZE]))
+        version = decode_segment_header(bytes(buf[:SEGMENT_HEADER_SIZE])).version
     except UnsupportedVersion:
         return SegmentScan(size, False, True, SEGMENT_HEADER_SIZE, RecordScan())
     except FormatError:
@@ -120,4 +123,4 @@ def scan_segment(buf: bytes | mmap.mmap, size: int, count_from: int = 0) -> Segm
             records.records_from = records.records
     last = records.regions[-1] if records.regions else None
     valid_end = last[0] if last is not None and last[1] == size else size
-    return SegmentScan(size, header_ok, False, valid_end, records)
+    return SegmentScan(size, header_ok, False, valid_end, records, version)

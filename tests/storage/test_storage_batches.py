@@ -17,6 +17,7 @@ from itertools import pairwise
 from pathlib import Path
 
 import pytest
+from crc32c import crc32c
 from storage_helpers import (
     FakeTimeBase,
     bad_files,
@@ -358,7 +359,10 @@ def _old_format_queue(path: Path, count: int, read_record: int) -> list[Message]
     tb = FakeTimeBase()
     msgs[1].deliver_at = 12.5
     wall = [tb.to_wall_ns(m.deliver_at) if m.deliver_at else 0 for m in msgs]
-    data = encode_segment_header(0, 0) + encode_records(
+    header = bytearray(encode_segment_header(0, 0))
+    header[8:10] = b"\x00\x01"  # version 1, as written before batch records
+    header[28:32] = crc32c(bytes(header[:28])).to_bytes(4, "big")
+    data = bytes(header) + encode_records(
         [Record(m.id, m.timestamp, m.attempts, w, m.body) for m, w in zip(msgs, wall, strict=True)]
     )
     (path / "t%3Ac.lmq.000000.dat").write_bytes(data)
@@ -381,9 +385,11 @@ def test_an_old_format_segment_is_read_and_appended_to(tmp_path: Path, ack_mode:
     assert (q.depth, q.corrupt_count, q.rebuilt_positions) == (4, 0, False)
     assert keys(q.read_many(1)) == keys(msgs[2:3])
     more = make_messages(3, start=50, body_size=BODY)
-    q.put_many(more)  # a batch after the single-message records, in the same segment
+    q.put_many(more)  # batches go to a new segment of version 2; the old one is never appended to
     q.close()
     assert _positions(tmp_path / "q")["version"] == 2
+    old, new = segment_paths(tmp_path / "q")
+    assert old.read_bytes()[8:10] == b"\x00\x01" and new.read_bytes()[8:10] == b"\x00\x02"
     q = open_queue(tmp_path / "q", ack_mode=ack_mode)
     start = 2 if ack_mode else 3  # nothing was acknowledged
     assert keys(drain(q, batch=2)) == keys(msgs[start:] + more)

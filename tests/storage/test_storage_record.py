@@ -161,7 +161,7 @@ def test_segment_header_round_trip_and_layout() -> None:
     assert header[20:28] == struct.pack(">q", 123456789)
     assert header[28:] == struct.pack(">I", crc32c(header[:28]))
     decoded = decode_segment_header(header)
-    assert (decoded.version, decoded.segment, decoded.created_ns) == (1, 42, 123456789)
+    assert (decoded.version, decoded.segment, decoded.created_ns) == (2, 42, 123456789)
 
 
 def test_segment_header_rejects_damage_and_newer_versions() -> None:
@@ -174,7 +174,10 @@ def test_segment_header_rejects_damage_and_newer_versions() -> None:
     flipped[15] ^= 1
     with pytest.raises(FormatError):
         decode_segment_header(bytes(flipped))
-    newer = header[:8] + struct.pack(">H", 2) + header[10:28]
+    older = header[:8] + struct.pack(">H", 1) + header[10:28]
+    older += struct.pack(">I", crc32c(older))
+    assert decode_segment_header(older).version == 1  # before batch records: still read
+    newer = header[:8] + struct.pack(">H", 3) + header[10:28]
     newer += struct.pack(">I", crc32c(newer))
     with pytest.raises(UnsupportedVersion):
         decode_segment_header(newer)

@@ -354,7 +354,7 @@ def test_segment_of_a_newer_format_is_left_untouched(tmp_path: Path) -> None:
     q.put_many(msgs)
     q.close()
     head = encode_segment_header(5, 0)[:28]
-    head = head[:8] + struct.pack(">H", 2) + head[10:]
+    head = head[:8] + struct.pack(">H", 3) + head[10:]
     future = head + struct.pack(">I", crc32c(head)) + b"future records"
     future_path = tmp_path / "t%3Ac.lmq.000005.dat"
     future_path.write_bytes(future)
