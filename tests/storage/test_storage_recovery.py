@@ -174,13 +174,19 @@ def test_set_aside_bytes_can_be_inspected_as_documented(tmp_path: Path) -> None:
     q.close()
     (aside,) = bad_files(d)
     assert aside.name.endswith(f".bad-{_record_offset(3)}")
-    raw = aside.read_bytes()
-    _, kind, flags, count = BATCH_HEADER.unpack_from(raw)
+    data = aside.read_bytes()
+    _, kind, flags, count = BATCH_HEADER.unpack_from(data)
     assert (chr(kind), flags, count) == ("B", 0, 1)
-    size, msg_id, timestamp, attempts, _ = BATCH_ENTRY.unpack_from(raw, BATCH_HEADER_SIZE)
-    assert (msg_id, timestamp, attempts) == (msgs[3].id, msgs[3].timestamp, msgs[3].attempts)
+    found = []
     body_at = BATCH_HEADER_SIZE + count * BATCH_ENTRY_SIZE
-    assert raw[body_at : body_at + size] == msgs[3].body
+    for i in range(count):
+        size, msg_id, timestamp, attempts, _ = BATCH_ENTRY.unpack_from(
+            data, BATCH_HEADER_SIZE + i * BATCH_ENTRY_SIZE
+        )
+        found.append((msg_id, timestamp, attempts, data[body_at : body_at + size]))
+        body_at += size
+    m = msgs[3]
+    assert found == [(m.id, m.timestamp, m.attempts, m.body)]
 
 
 def _three_segments(path: Path) -> tuple[list[Message], int]:
