@@ -17,10 +17,10 @@ before the record's CRC has matched. A record that fails is handled like recover
 start-up (``recovery.py``): the bad bytes are copied aside, counted and skipped. A batch that is
 only partly returned stays decoded in the reader (``_pending``); the read position is then the
 batch's offset plus the index of the next message in it (``_rpos``, ``_ridx``), and that pair is
-what the positions file stores, so a close and reopen resumes exactly there.
-A segment the reader has left is *retired*; it is unlinked by the sync job
-that persists a read position past it (``sync.py``), never before, so a crash cannot leave a
-positions file pointing into a deleted segment.
+what the positions file stores, so a close and reopen resumes exactly there. A segment the reader
+has left is *retired*; it is unlinked by the sync job that persists a read position past it
+(``sync.py``), never before, so a crash cannot leave a positions file pointing into a deleted
+segment.
 
 Positions (``<stem>.lmq.pos.json``, ``positions.py``) are persisted only by sync jobs
 (``prepare_sync`` in the event-loop thread, ``SyncJob.run`` in a worker thread) and by

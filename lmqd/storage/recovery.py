@@ -5,10 +5,10 @@ Theory of operation
 A segment is scanned record by record, each one checked for a plausible length, its type byte
 (a batch of messages, or one message in the format before batches), its CRC32C and, for a
 batch, its structure. A batch is all or nothing: a damaged one is one bad region, whatever the
-number of messages in it; counts (depth, records) are in messages.
-Where a check fails the scanner resynchronises: it searches forward for the
-next offset where a complete record with a matching CRC begins (``find_next_record``). That
-splits the file into valid records and *bad regions*:
+number of messages in it; counts (depth, records) are in messages. Where a check fails the
+scanner resynchronises: it searches forward for the next offset where a complete record with a
+matching CRC begins (``find_next_record``). That splits the file into valid records and *bad
+regions*:
 
 * a **torn tail**: the last bytes of the newest segment are the beginning of a record whose end
   is missing, and they lie past the last fsynced write position. This is what a crash in the

@@ -31,8 +31,7 @@ from storage_helpers import (
 )
 
 from lmqd.message import Message
-from lmqd.storage import StoredMessage, token_position
-from lmqd.storage.diskqueue import token_index
+from lmqd.storage import StoredMessage, token_index, token_position
 from lmqd.storage.record import (
     BATCH_ENTRY_SIZE,
     BATCH_OVERHEAD,
