@@ -346,8 +346,16 @@ class DiskQueue:
         return True
 
     def ack_many(self, tokens: Iterable[int]) -> int:
-        """Acknowledge many messages; returns how many tokens were known."""
-        return sum(self.ack(t) for t in tokens)
+        """Acknowledge many messages; returns how many tokens were known (each counted once)."""
+        outstanding = self._outstanding
+        before = len(outstanding)
+        outstanding.difference_update(tokens)  # one C loop, not an ``ack`` call per token
+        known = before - len(outstanding)
+        order = self._order
+        while order and order[0] not in outstanding:
+            order.popleft()
+        self._dirty += known
+        return known
 
     def prepare_sync(self) -> SyncJob | None:
         """Snapshot what a sync must make durable; ``None`` if nothing changed since the last one.

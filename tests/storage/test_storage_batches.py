@@ -413,3 +413,15 @@ def test_a_version_1_positions_file_with_a_bad_field_is_rebuilt(tmp_path: Path) 
     assert q.rebuilt_positions
     assert keys(drain(q)) == keys(msgs)
     q.close()
+
+
+def test_ack_many_counts_each_known_token_once(tmp_path: Path) -> None:
+    q = open_queue(tmp_path, ack_mode=True)
+    q.put_many(make_messages(4))
+    got = [m for m in q.read_many(4) if isinstance(m, StoredMessage)]
+    dirty = q.dirty_count
+    assert q.ack_many([got[1].token, got[1].token, 12345, got[2].token]) == 2
+    assert (q.unacked_count, q.dirty_count) == (2, dirty + 2)
+    assert q.ack_many(iter([got[0].token, got[3].token])) == 2
+    assert q.unacked_count == 0 and not q.ack(got[0].token)
+    q.close()
