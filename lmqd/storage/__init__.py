@@ -5,7 +5,7 @@ the blocking parts (opening a queue, ``SyncJob.run``, ``run_sync_jobs``) in work
 The format and the recovery rules are documented in docs/storage.md.
 """
 
-from lmqd.storage.diskqueue import DiskQueue, StoredMessage, token_position
+from lmqd.storage.diskqueue import DiskQueue, StoredMessage, token_index, token_position
 from lmqd.storage.metadata import (
     ChannelMetadata,
     DataDirLock,
@@ -34,5 +34,6 @@ __all__ = [
     "metadata_path",
     "run_sync_jobs",
     "save_metadata",
+    "token_index",
     "token_position",
 ]

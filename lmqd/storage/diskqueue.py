@@ -3,25 +3,32 @@
 Theory of operation
 -------------------
 A queue is a sequence of segment files ``<stem>.lmq.<number>.dat`` (``files.queue_stem``) in the
-data directory, each a header and records (``record.py``). ``put_many`` encodes a batch and hands
-it to the OS with one ``pwrite`` per segment it touches, at the write position; a batch that does
-not fit in ``max_bytes_per_file`` rolls to a new segment. If any write fails, whatever the batch
-wrote is truncated away or unlinked and ``BackendError`` is raised: the batch is stored whole or
-not at all, and the positions never move over a partial write.
+data directory, each a header and records (``record.py``). ``put_many`` encodes its messages as
+*batch records* (one CRC32C per batch, one ``struct.pack`` per message), split where a segment
+fills up and at ``record.MAX_BATCH_BYTES``, and hands them to the OS with one ``pwrite`` per
+segment it touches, at the write position; what does not fit in ``max_bytes_per_file`` rolls to
+a new segment. If any write fails, whatever the call wrote is truncated away or unlinked and
+``BackendError`` is raised: the call is stored whole or not at all, and the positions never move
+over a partial write.
 
-``read_many`` reads ahead ``read_ahead`` bytes per ``pread`` and decodes every complete record in
-the buffer, checking each CRC again (the disk may have rotted since start-up). A record that
-fails is handled like recovery does at start-up (``recovery.py``): the bad bytes are copied aside,
-counted and skipped. A segment the reader has left is *retired*; it is unlinked by the sync job
-that persists a read position past it (``sync.py``), never before, so a crash cannot leave a
-positions file pointing into a deleted segment.
+``read_many`` reads ahead ``read_ahead`` bytes per ``pread`` and decodes whole records, checking
+each CRC again (the disk may have rotted since start-up); no message of a record is returned
+before the record's CRC has matched. A record that fails is handled like recovery does at
+start-up (``recovery.py``): the bad bytes are copied aside, counted and skipped. A batch that is
+only partly returned stays decoded in the reader (``_pending``); the read position is then the
+batch's offset plus the index of the next message in it (``_rpos``, ``_ridx``), and that pair is
+what the positions file stores, so a close and reopen resumes exactly there. A segment the reader
+has left is *retired*; it is unlinked by the sync job that persists a read position past it
+(``sync.py``), never before, so a crash cannot leave a positions file pointing into a deleted
+segment.
 
 Positions (``<stem>.lmq.pos.json``, ``positions.py``) are persisted only by sync jobs
 (``prepare_sync`` in the event-loop thread, ``SyncJob.run`` in a worker thread) and by
 ``close``/``empty``. In acknowledgement mode (``ack_mode=True``) ``read_many`` returns
-``StoredMessage`` objects carrying a ``token``; the persisted read position is the position of
-the oldest record not yet ``ack``-ed, so after a crash everything not acknowledged is read again
-(at-least-once), along with any acknowledged records that followed it.
+``StoredMessage`` objects carrying a ``token`` (segment, record offset and index in the record);
+the persisted read position is the position of the oldest message not yet ``ack``-ed, so after a
+crash everything not acknowledged is read again (at-least-once), along with any acknowledged
+messages that followed it.
 
 Opening a queue recovers it: every segment from the persisted read position on is verified;
 consumed segments left behind by a crash are removed; a damaged or missing positions file is
@@ -36,8 +43,11 @@ import mmap
 import os
 import struct
 import time
+from bisect import bisect_right
 from collections import deque
 from collections.abc import Iterable, Sequence
+from itertools import accumulate, pairwise
+from operator import add
 
 import attrs
 from crc32c import crc32c
@@ -55,15 +65,24 @@ from lmqd.storage.files import (
 )
 from lmqd.storage.positions import Positions, encode_positions
 from lmqd.storage.record import (
+    BATCH_ENTRY,
+    BATCH_ENTRY_SIZE,
+    BATCH_HEADER,
+    BATCH_HEADER_SIZE,
+    BATCH_OVERHEAD,
     MAX_ATTEMPTS,
+    MAX_BATCH_BYTES,
+    MAX_BATCH_COUNT,
     MAX_RECORD_LENGTH,
     MIN_RECORD_LENGTH,
     RECORD_OVERHEAD,
     RECORD_PREFIX,
     RECORD_PREFIX_SIZE,
     SEGMENT_HEADER_SIZE,
+    TYPE_BATCH,
     TYPE_MESSAGE,
     FormatError,
+    decode_batch_records,
     encode_segment_header,
     parse_optional_fields,
 )
@@ -80,16 +99,31 @@ MiB = 1024 * KiB
 DEFAULT_READ_AHEAD = 256 * KiB
 """Bytes per read syscall: ~2,000 small messages, small enough not to hold much memory per queue."""
 
-_TOKEN_SHIFT = 40
-_TOKEN_MASK = (1 << _TOKEN_SHIFT) - 1
+_INDEX_BITS = 24  # >= record.MAX_BATCH_COUNT
+_OFFSET_BITS = 40
+_OFFSET_MASK = (1 << _OFFSET_BITS) - 1
+_INDEX_MASK = (1 << _INDEX_BITS) - 1
 _LENGTH = struct.Struct(">I")
+_NO_CRC = bytes(4)
+"""Room for a batch's CRC, filled in once the batch's bytes are joined."""
 _MAX_REPAIRS_PER_READ = 64
 """Bound on corrupt regions handled in one read_many call, so damage never becomes a busy loop."""
 
 
 def token_position(token: int) -> tuple[int, int]:
-    """The (segment, offset) of the record a ``StoredMessage.token`` stands for."""
-    return token >> _TOKEN_SHIFT, token & _TOKEN_MASK
+    """The (segment, offset) of the record holding the message a ``StoredMessage.token`` is for."""
+    record = token >> _INDEX_BITS
+    return record >> _OFFSET_BITS, record & _OFFSET_MASK
+
+
+def token_index(token: int) -> int:
+    """The index, inside its record, of the message a ``StoredMessage.token`` stands for."""
+    return token & _INDEX_MASK
+
+
+def _record_token(segment: int, offset: int) -> int:
+    """The token of message 0 of the record at (segment, offset); message k's is this + k."""
+    return ((segment << _OFFSET_BITS) | offset) << _INDEX_BITS
 
 
 @attrs.define(slots=True, eq=False, repr=False)
@@ -112,7 +146,7 @@ class _Segment:
         self.skips = skips
         """Corrupt regions (start, end) the reader jumps over, sorted."""
         self.records = records
-        """Valid records in the file."""
+        """Messages in the file's valid records."""
 
 
 class DiskQueue:
@@ -163,8 +197,17 @@ class DiskQueue:
         self._rbuf = b""
         self._rbuf_start = 0
         self._rpos = SEGMENT_HEADER_SIZE
+        """Offset of the record holding the next message to read (a record boundary)."""
+        self._ridx = 0
+        """Messages of the record at ``_rpos`` already returned (or consumed before a restart)."""
+        self._pending: list[Message] | None = None
+        """The decoded messages of the record at ``_rpos`` while it is partly returned."""
+        self._pending_end = 0
+        """Offset after the record ``_pending`` came from."""
+        self._pending_token = 0
+        """Acknowledgement mode: the token of ``_pending[0]``."""
         self._rconsumed = 0
-        """Records read from the reader's segment (for recounting after a corrupt region)."""
+        """Messages read from the reader's segment (for recounting after a corrupt region)."""
         self._depth = 0
         self._dirty = 0
         self._bytes = 0
@@ -236,16 +279,8 @@ class DiskQueue:
             return
         if self._truncate_to >= 0:
             self._truncate_tail()
-        parts = self._encode(messages)
-        total = sum(len(p) for p in parts)
-        seg = self._segments[-1]
-        if seg.end + total <= self._max_bytes or (
-            len(messages) == 1 and seg.end == SEGMENT_HEADER_SIZE
-        ):
-            chunks = [(0, len(messages), total)]
-        else:
-            chunks = self._split(parts, seg.end)
-        self._write_chunks(parts, chunks)
+        entries, bodies = self._encode(messages)
+        self._write_chunks(entries, bodies, self._plan(bodies, self._segments[-1].end))
         self._depth += len(messages)
         self._dirty += len(messages)
 
@@ -257,11 +292,15 @@ class DiskQueue:
         out: list[Message] = []
         if self._closed or max_count <= 0:
             return out
+        if self._pending is not None:
+            self._take(max_count, out)
         repairs = 0
         while len(out) < max_count and self._depth > 0:
             seg = self._segments[0]
             pos, stop = self._bounds(seg, self._rpos)
-            self._rpos = pos
+            if pos != self._rpos:
+                self._rpos = pos
+                self._ridx = 0
             if pos >= seg.end:
                 if len(self._segments) == 1:
                     break
@@ -307,8 +346,16 @@ class DiskQueue:
         return True
 
     def ack_many(self, tokens: Iterable[int]) -> int:
-        """Acknowledge many messages; returns how many tokens were known."""
-        return sum(self.ack(t) for t in tokens)
+        """Acknowledge many messages; returns how many tokens were known (each counted once)."""
+        outstanding = self._outstanding
+        before = len(outstanding)
+        outstanding.difference_update(tokens)  # one C loop, not an ``ack`` call per token
+        known = before - len(outstanding)
+        order = self._order
+        while order and order[0] not in outstanding:
+            order.popleft()
+        self._dirty += known
+        return known
 
     def prepare_sync(self) -> SyncJob | None:
         """Snapshot what a sync must make durable; ``None`` if nothing changed since the last one.
@@ -423,66 +470,154 @@ class DiskQueue:
 
     # -- writing ------------------------------------------------------------------------------
 
-    def _encode(self, messages: Sequence[Message]) -> list[bytes]:
-        """Three pieces per record (prefix, body, CRC), for one join per segment written.
+    def _encode(self, messages: Sequence[Message]) -> tuple[list[bytes], list[bytes]]:
+        """Each message's batch entry (``record.BATCH_ENTRY``) and its body, in two lists.
 
-        ``record.record_parts`` inlined: this loop runs once per message spilled to disk.
+        This loop runs once per message spilled to disk: one ``pack`` and two appends.
         """
         to_wall_ns = self._timebase.to_wall_ns
-        pack = RECORD_PREFIX.pack
-        pack_crc = _LENGTH.pack
-        parts: list[bytes] = []
-        append = parts.append
-        for m in messages:
-            msg_id = m.id
-            if len(msg_id) != MSG_ID_LENGTH:
-                raise ValueError(f"message id must be {MSG_ID_LENGTH} bytes, not {msg_id!r}")
-            body = m.body
-            attempts = m.attempts
-            deliver = m.deliver_at
-            prefix = pack(
-                MIN_RECORD_LENGTH + len(body),
-                TYPE_MESSAGE,
-                0,
-                msg_id,
-                m.timestamp,
-                attempts if attempts < MAX_ATTEMPTS else MAX_ATTEMPTS,
-                to_wall_ns(deliver) if deliver else 0,
-            )
-            append(prefix)
-            append(body)
-            append(pack_crc(crc32c(body, crc32c(prefix[4:]))))
-        return parts
+        pack = BATCH_ENTRY.pack
+        entries: list[bytes] = []
+        bodies: list[bytes] = []
+        add_entry = entries.append
+        add_body = bodies.append
+        try:
+            for m in messages:
+                msg_id = m.id
+                if len(msg_id) != MSG_ID_LENGTH:
+                    raise ValueError(f"message id must be {MSG_ID_LENGTH} bytes, not {msg_id!r}")
+                body = m.body
+                deliver = m.deliver_at
+                add_entry(
+                    pack(
+                        len(body),
+                        msg_id,
+                        m.timestamp,
+                        m.attempts,
+                        to_wall_ns(deliver) if deliver else 0,
+                    )
+                )
+                add_body(body)
+        except struct.error:
+            # Attempts past the field's width: saturate (rare, so not in the loop above).
+            entries = []
+            for m in messages:
+                if len(m.id) != MSG_ID_LENGTH:
+                    raise ValueError(
+                        f"message id must be {MSG_ID_LENGTH} bytes, not {m.id!r}"
+                    ) from None
+                deliver = m.deliver_at
+                entries.append(
+                    pack(
+                        len(m.body),
+                        m.id,
+                        m.timestamp,
+                        min(m.attempts, MAX_ATTEMPTS),
+                        to_wall_ns(deliver) if deliver else 0,
+                    )
+                )
+            bodies = [m.body for m in messages]
+        return entries, bodies
 
-    def _split(self, parts: list[bytes], start_pos: int) -> list[tuple[int, int, int]]:
-        """Group records (3 parts each) into per-segment chunks (first, end, bytes)."""
-        chunks = []
-        first = 0
+    def _plan(self, bodies: list[bytes], start_pos: int) -> list[list[tuple[int, int, int]]]:
+        """Split messages into batch records: per segment (the write segment first, possibly
+        empty, then new ones), its batches as (first, end, payload bytes): the message range and
+        the bytes of its entries and bodies.
+
+        A batch ends where the segment is full or at ``MAX_BATCH_BYTES``; a segment always takes
+        at least one message, and a batch holds at least one, however large.
+        """
+        n = len(bodies)
+        cap = MAX_BATCH_BYTES - BATCH_OVERHEAD
+        max_bytes = self._max_bytes
+        total = n * BATCH_ENTRY_SIZE + sum(map(len, bodies))
+        parts = -(-total // cap)
+        if start_pos + parts * BATCH_OVERHEAD + total <= max_bytes:
+            if parts == 1:
+                return [[(0, n, total)]]
+            # The common large call: equal counts per batch fit the cap unless sizes are skewed.
+            bounds = [n * k // parts for k in range(parts + 1)]
+            even = [
+                (first, end, BATCH_ENTRY_SIZE * (end - first) + sum(map(len, bodies[first:end])))
+                for first, end in pairwise(bounds)
+            ]
+            if all(size <= cap for _, _, size in even):
+                return [even]
+        # The general case (segment boundary, skewed sizes): cum[k] is the bytes of the entries
+        # and bodies of messages 0..k-1 (C loops, no per-message bytecode).
+        cum = list(
+            map(
+                add,
+                accumulate(map(len, bodies), initial=0),
+                range(0, BATCH_ENTRY_SIZE * (n + 1), BATCH_ENTRY_SIZE),
+            )
+        )
+        chunks: list[list[tuple[int, int, int]]] = []
+        batches: list[tuple[int, int, int]] = []
         pos = start_pos
-        size = 0
-        for i in range(len(parts) // 3):
-            n = len(parts[3 * i]) + len(parts[3 * i + 1]) + 4
-            if pos > SEGMENT_HEADER_SIZE and pos + n > self._max_bytes:
-                if i > first:
-                    chunks.append((first, i, size))
-                first = i
-                size = 0
-                pos = SEGMENT_HEADER_SIZE
-            pos += n
-            size += n
-        chunks.append((first, len(parts) // 3, size))
+        i = 0
+        while i < n:
+            room = max_bytes - pos - BATCH_OVERHEAD
+            j = bisect_right(cum, cum[i] + min(room, cap), i + 1) - 1
+            if j == i:
+                if pos > SEGMENT_HEADER_SIZE and cum[i + 1] - cum[i] > room:
+                    chunks.append(batches)  # this segment is full
+                    batches = []
+                    pos = SEGMENT_HEADER_SIZE
+                    continue
+                j = i + 1
+            batches.append((i, j, cum[j] - cum[i]))
+            pos += BATCH_OVERHEAD + cum[j] - cum[i]
+            i = j
+        chunks.append(batches)
         return chunks
 
-    def _write_chunks(self, parts: list[bytes], chunks: list[tuple[int, int, int]]) -> None:
+    @staticmethod
+    def _frame(
+        entries: list[bytes], bodies: list[bytes], batches: list[tuple[int, int, int]]
+    ) -> bytearray:
+        """The batch records of one segment's share of a call, in one buffer.
+
+        One join copies every body once (no per-batch buffers joined again); the CRC of each
+        batch is then computed over its bytes in place and written into its last four bytes.
+        """
+        n = len(bodies)
+        parts: list[bytes] = []
+        for first, end, payload in batches:
+            length = BATCH_OVERHEAD - 4 + payload
+            parts.append(BATCH_HEADER.pack(length, TYPE_BATCH, 0, end - first))
+            if first == 0 and end == n:
+                parts += entries
+                parts += bodies
+            else:
+                parts += entries[first:end]
+                parts += bodies[first:end]
+            parts.append(_NO_CRC)
+        data = bytearray().join(parts)
+        pos = 0
+        with memoryview(data) as view:
+            for _, _, payload in batches:
+                crc_at = pos + BATCH_OVERHEAD - 4 + payload
+                _LENGTH.pack_into(data, crc_at, crc32c(view[pos + 4 : crc_at]))
+                pos = crc_at + 4
+        return data
+
+    def _write_chunks(
+        self, entries: list[bytes], bodies: list[bytes], chunks: list[list[tuple[int, int, int]]]
+    ) -> None:
         seg = self._segments[-1]
         start_end = seg.end
         fd = self._wfd
         pos = start_end
         created: list[tuple[int, int, str]] = []  # (number, fd, path)
+        written: list[tuple[int, int]] = []  # (bytes, messages) per chunk
         wrote_current = False
         try:
-            for n, (first, end, size) in enumerate(chunks):
-                if n > 0 or (pos > SEGMENT_HEADER_SIZE and pos + size > self._max_bytes):
+            for k, batches in enumerate(chunks):
+                if not batches:
+                    written.append((0, 0))
+                    continue
+                if k > 0:
                     number = self._next_number + len(created)
                     fd = self._create_segment(number)
                     created.append(
@@ -491,8 +626,10 @@ class DiskQueue:
                     pos = SEGMENT_HEADER_SIZE
                 else:
                     wrote_current = True
-                pwrite_all(fd, b"".join(parts[3 * first : 3 * end]), pos)
-                pos += size
+                data = self._frame(entries, bodies, batches)
+                pwrite_all(fd, data, pos)
+                pos += len(data)
+                written.append((len(data), batches[-1][1] - batches[0][0]))
         except OSError as exc:
             for number, cfd, path in created:
                 self._discard_new_segment(number, cfd, path)
@@ -504,15 +641,13 @@ class DiskQueue:
             raise BackendError(f"DISKQUEUE({self.name}): write failed: {exc}") from exc
         # Commit: only now do the positions move.
         if wrote_current:
-            first, end, size = chunks[0]
+            size, count = written[0]
             seg.end = start_end + size
-            seg.records += end - first
+            seg.records += count
             self._bytes += size
             self._wdirty = True
-        for (number, cfd, path), (first, end, size) in zip(
-            created, chunks[len(chunks) - len(created) :], strict=True
-        ):
-            self._roll_to(cfd, _Segment(number, path, SEGMENT_HEADER_SIZE + size, [], end - first))
+        for (number, cfd, path), (size, count) in zip(created, written[1:], strict=True):
+            self._roll_to(cfd, _Segment(number, path, SEGMENT_HEADER_SIZE + size, [], count))
 
     def _truncate_tail(self) -> None:
         """Cut a failed write's bytes off the write segment; raises ``BackendError`` if it can't.
@@ -593,7 +728,8 @@ class DiskQueue:
         return self._rfd
 
     def _decode(self, seg: _Segment, stop: int, want: int, out: list[Message]) -> bool:
-        """Decode up to ``want`` records from ``self._rpos`` to ``stop``; False at a bad one."""
+        """Decode records from ``self._rpos`` (up to ``stop``) until ``want`` more messages are in
+        ``out``; False at a bad record. Only whole records whose CRC matched are decoded."""
         buf = self._rbuf
         base = self._rbuf_start
         pos = self._rpos
@@ -602,24 +738,25 @@ class DiskQueue:
             base = pos
         i = pos - base
         avail = min(stop, base + len(buf)) - base
-        ack_mode = self._ack_mode
-        from_wall_ns = self._timebase.from_wall_ns
-        unpack = RECORD_PREFIX.unpack_from
         view = memoryview(buf)
-        number_bits = seg.number << _TOKEN_SHIFT
-        got = 0
+        unpack_u32 = _LENGTH.unpack_from
+        target = len(out) + want
         ok = True
-        while got < want:
-            if i + RECORD_OVERHEAD > avail:
-                if base + i >= stop:
+        while len(out) < target:
+            length = -1
+            if i + 5 <= avail:
+                length = unpack_u32(buf, i)[0]
+                typ = buf[i + 4]
+                if not MIN_RECORD_LENGTH <= length <= MAX_RECORD_LENGTH or (
+                    typ != TYPE_BATCH and typ != TYPE_MESSAGE
+                ):
+                    ok = False
                     break
-                need = RECORD_OVERHEAD
-                if i + 4 <= avail:
-                    (length,) = _LENGTH.unpack_from(buf, i)
-                    if not MIN_RECORD_LENGTH <= length <= MAX_RECORD_LENGTH:
-                        ok = False
-                        break
-                    need = 4 + length
+            elif base + i >= stop:
+                break
+            rec_end = i + 4 + length
+            if length < 0 or rec_end > avail:
+                need = 4 + length if length >= 0 else RECORD_OVERHEAD
                 if base + i + need > stop:
                     ok = False
                     break
@@ -628,51 +765,137 @@ class DiskQueue:
                     ok = False  # the file is shorter than the queue thinks
                     break
                 continue
-            length, typ, flags, msg_id, timestamp, attempts, deliver = unpack(buf, i)
-            rec_end = i + 4 + length
-            if not MIN_RECORD_LENGTH <= length <= MAX_RECORD_LENGTH or typ != TYPE_MESSAGE:
-                ok = False
-                break
-            if rec_end > avail:
-                if base + rec_end > stop:
-                    ok = False
-                    break
-                base, buf, i, avail, view = self._refill(seg, base + i, 4 + length, stop)
-                if i + 4 + length > avail:
-                    ok = False
-                    break
-                continue
             crc_at = rec_end - 4
-            if crc32c(view[i + 4 : crc_at]) != _LENGTH.unpack_from(buf, crc_at)[0]:
+            if crc32c(view[i + 4 : crc_at]) != unpack_u32(buf, crc_at)[0]:
                 ok = False
                 break
-            body_at = i + RECORD_PREFIX_SIZE
-            if flags:
-                try:
-                    _, _, body_at = parse_optional_fields(buf, body_at, crc_at, flags)
-                except FormatError:
-                    ok = False
-                    break
-            body = buf[body_at:crc_at]
-            deliver_at = from_wall_ns(deliver) if deliver else 0.0
-            if ack_mode:
-                token = number_bits | (base + i)
-                out.append(
-                    StoredMessage(msg_id, body, timestamp, attempts, deliver_at, token=token)
-                )
-                self._outstanding.add(token)
-                self._order.append(token)
+            token = _record_token(seg.number, base + i)
+            if typ == TYPE_BATCH:
+                msgs = self._decode_batch(buf, view, i, rec_end, token)
             else:
-                out.append(Message(msg_id, body, timestamp, attempts, deliver_at))
-            got += 1
+                msgs = self._decode_message(buf, i, rec_end, token)
+            if msgs is None:
+                ok = False
+                break
+            # The record at _rpos (base + i): hand out what is wanted, keep the rest pending.
+            self._pending = msgs
+            self._pending_end = base + rec_end
+            self._pending_token = token
             i = rec_end
+            self._take(target - len(out), out)
         # A fully consumed buffer is dropped: an idle queue should not pin its read-ahead.
         self._rbuf = buf if i < len(buf) else b""
         self._rbuf_start = base + i if i >= len(buf) else base
-        self._rpos = base + i
+        return ok
+
+    def _decode_batch(
+        self, buf: bytes, view: memoryview, i: int, rec_end: int, token: int
+    ) -> list[Message] | None:
+        """The messages of the batch at ``buf[i:rec_end]`` (CRC already checked); None if its
+        structure is inconsistent. The hot path: one ``iter_unpack`` for all the entries, then
+        per message one slice and one message object."""
+        _, _, flags, count = BATCH_HEADER.unpack_from(buf, i)
+        crc_at = rec_end - 4
+        at = i + BATCH_HEADER_SIZE + count * BATCH_ENTRY_SIZE
+        if flags or not 1 <= count <= MAX_BATCH_COUNT or at > crc_at:
+            return self._decode_batch_slowly(buf, i, rec_end, token)
+        from_wall_ns = self._timebase.from_wall_ns
+        entries = BATCH_ENTRY.iter_unpack(view[i + BATCH_HEADER_SIZE : at])
+        msgs: list[Message] = []
+        add = msgs.append
+        if self._ack_mode:
+            for n, msg_id, timestamp, attempts, deliver in entries:
+                end = at + n
+                add(
+                    StoredMessage(
+                        msg_id,
+                        buf[at:end],
+                        timestamp,
+                        attempts,
+                        from_wall_ns(deliver) if deliver else 0.0,
+                        token=token,
+                    )
+                )
+                token += 1
+                at = end
+        else:
+            for n, msg_id, timestamp, attempts, deliver in entries:
+                end = at + n
+                add(
+                    Message(
+                        msg_id, buf[at:end], timestamp, attempts,
+                        from_wall_ns(deliver) if deliver else 0.0,
+                    )
+                )  # fmt: skip
+                at = end
+        # Slices stop at the buffer's end, so a lying length shows here (only a writer bug can
+        # make one: the CRC matched).
+        return msgs if at == crc_at else None
+
+    def _decode_batch_slowly(
+        self, buf: bytes, i: int, rec_end: int, token: int
+    ) -> list[Message] | None:
+        """A batch with option blocks (or a bad count): the general decoder. Optional fields
+        are not kept (``Message`` has none yet)."""
+        try:
+            records = decode_batch_records(buf, i, rec_end)
+        except FormatError:
+            return None
+        from_wall_ns = self._timebase.from_wall_ns
+        msgs: list[Message] = []
+        for k, r in enumerate(records):
+            deliver_at = from_wall_ns(r.deliver_after_ns) if r.deliver_after_ns else 0.0
+            if self._ack_mode:
+                msgs.append(
+                    StoredMessage(
+                        r.id, r.body, r.timestamp, r.attempts, deliver_at, token=token + k
+                    )
+                )
+            else:
+                msgs.append(Message(r.id, r.body, r.timestamp, r.attempts, deliver_at))
+        return msgs
+
+    def _decode_message(self, buf: bytes, i: int, rec_end: int, token: int) -> list[Message] | None:
+        """A single-message record (the format before batches; CRC already checked)."""
+        crc_at = rec_end - 4
+        if i + RECORD_PREFIX_SIZE > crc_at:
+            return None
+        _, _, flags, msg_id, timestamp, attempts, deliver = RECORD_PREFIX.unpack_from(buf, i)
+        body_at = i + RECORD_PREFIX_SIZE
+        if flags:
+            try:
+                _, _, body_at = parse_optional_fields(buf, body_at, crc_at, flags)
+            except FormatError:
+                return None
+        deliver_at = self._timebase.from_wall_ns(deliver) if deliver else 0.0
+        body = buf[body_at:crc_at]
+        if self._ack_mode:
+            return [StoredMessage(msg_id, body, timestamp, attempts, deliver_at, token=token)]
+        return [Message(msg_id, body, timestamp, attempts, deliver_at)]
+
+    def _take(self, want: int, out: list[Message]) -> None:
+        """Move up to ``want`` messages of the pending record to ``out``; past its end, the read
+        position moves to the next record."""
+        pending = self._pending
+        assert pending is not None
+        first = self._ridx
+        end = first + want
+        if end >= len(pending):
+            end = len(pending)
+            out.extend(pending if first == 0 else pending[first:])
+            self._pending = None
+            self._rpos = self._pending_end
+            self._ridx = 0
+        else:
+            out.extend(pending[first:end])
+            self._ridx = end
+        got = end - first
+        if self._ack_mode and got > 0:
+            tokens = range(self._pending_token + first, self._pending_token + end)
+            self._outstanding.update(tokens)
+            self._order.extend(tokens)
         self._rconsumed += got
         self._depth -= got
-        return ok
 
     def _refill(
         self, seg: _Segment, pos: int, need: int, stop: int
@@ -745,10 +968,12 @@ class DiskQueue:
         self._retired.append(self._segments.popleft())
         self._reset_reader(SEGMENT_HEADER_SIZE, 0)
 
-    def _reset_reader(self, pos: int, consumed: int) -> None:
+    def _reset_reader(self, pos: int, consumed: int, index: int = 0) -> None:
         self._rbuf = b""
         self._rbuf_start = pos
         self._rpos = pos
+        self._ridx = index
+        self._pending = None
         self._rconsumed = consumed
 
     def _close_reader(self) -> None:
@@ -763,11 +988,19 @@ class DiskQueue:
     def _positions(self) -> Positions:
         write = self._segments[-1]
         if self._order:
-            read_segment, read_offset = token_position(self._order[0])
+            oldest = self._order[0]
+            read_segment, read_offset = token_position(oldest)
+            read_index = token_index(oldest)
         else:
             read_segment, read_offset = self._segments[0].number, self._rpos
+            read_index = self._ridx
         return Positions(
-            read_segment, read_offset, write.number, write.end, self._depth + len(self._order)
+            read_segment,
+            read_offset,
+            write.number,
+            write.end,
+            self._depth + len(self._order),
+            read_index,
         )
 
     def _persist_now(self, positions: Positions) -> None:
@@ -801,7 +1034,7 @@ class DiskQueue:
         self.rebuilt_positions = state.rebuilt_positions
         for r in state.segments:
             self._segments.append(_Segment(r.number, r.path, r.end, r.skips, r.records))
-        self._reset_reader(state.read_offset, state.read_consumed)
+        self._reset_reader(state.read_offset, state.read_consumed, state.read_index)
         self._depth = state.depth
         self._next_number = state.next_number
         if state.appendable:

@@ -80,7 +80,7 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def pwrite_all(fd: int, data: bytes, offset: int) -> None:
+def pwrite_all(fd: int, data: bytes | bytearray, offset: int) -> None:
     """Write all of ``data`` at ``offset`` (``pwrite`` may write less than asked)."""
     view = memoryview(data)
     try:

@@ -2,12 +2,15 @@
 
 One small JSON object, replaced atomically (temp -> fsync -> rename -> fsync the directory)::
 
-    {"version": 1, "name": "orders:archive", "depth": 12,
-     "read": [3, 4096], "write": [4, 65568]}
+    {"version": 2, "name": "orders:archive", "depth": 12,
+     "read": [3, 4096, 17], "write": [4, 65568]}
 
-``read`` is the (segment, offset) of the first record not yet consumed (in acknowledgement mode:
-not yet acknowledged); ``write`` is where the next record goes; ``depth`` is the number of records
-between them when the file was written (recovery recounts it, so it is a cross-check).
+``read`` is the (segment, offset, index) of the first message not yet consumed (in
+acknowledgement mode: not yet acknowledged): the record at ``offset`` and the message's index in
+it (a batch record holds many; 0 for a single-message record). ``write`` is where the next
+record goes; ``depth`` is the number of messages between them when the file was written
+(recovery recounts it, so it is a cross-check). Version 1 files (written before batch records,
+``"read": [segment, offset]``) are still read, with index 0.
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ from typing import Any
 
 import attrs
 
-POSITIONS_VERSION = 1
+POSITIONS_VERSION = 2
+_READABLE_VERSIONS = (1, 2)
 
 
 @attrs.frozen
@@ -29,6 +33,8 @@ class Positions:
     write_segment: int
     write_offset: int
     depth: int
+    read_index: int = 0
+    """Messages of the record at the read position already consumed (batch records)."""
 
     @property
     def read(self) -> tuple[int, int]:
@@ -45,20 +51,20 @@ def encode_positions(name: str, positions: Positions) -> bytes:
         "version": POSITIONS_VERSION,
         "name": name,
         "depth": positions.depth,
-        "read": [positions.read_segment, positions.read_offset],
+        "read": [positions.read_segment, positions.read_offset, positions.read_index],
         "write": [positions.write_segment, positions.write_offset],
     }
     return json.dumps(doc, separators=(",", ":")).encode() + b"\n"
 
 
-def _position(value: Any) -> tuple[int, int]:
+def _position(value: Any, size: int = 2) -> tuple[int, ...]:
     if (
         not isinstance(value, list)
-        or len(value) != 2
+        or len(value) != size
         or not all(type(v) is int and v >= 0 for v in value)
     ):
         raise ValueError(f"bad position {value!r}")
-    return value[0], value[1]
+    return tuple(value)
 
 
 def decode_positions(name: str, data: bytes) -> Positions:
@@ -69,15 +75,17 @@ def decode_positions(name: str, data: bytes) -> Positions:
         raise ValueError(f"not JSON: {exc}") from None
     if not isinstance(doc, dict):
         raise ValueError("not a JSON object")
-    if doc.get("version") != POSITIONS_VERSION:
-        raise ValueError(f"unknown version {doc.get('version')!r}")
+    version = doc.get("version")
+    if type(version) is not int or version not in _READABLE_VERSIONS:
+        raise ValueError(f"unknown version {version!r}")
     if doc.get("name") != name:
         raise ValueError(f"written for queue {doc.get('name')!r}")
     depth = doc.get("depth")
     if type(depth) is not int or depth < 0:
         raise ValueError(f"bad depth {depth!r}")
-    read = _position(doc.get("read"))
+    read = _position(doc.get("read"), 2 if version == 1 else 3)
     write = _position(doc.get("write"))
-    if read > write:
+    if read[:2] > write:
         raise ValueError(f"read position {read} is past write position {write}")
-    return Positions(read[0], read[1], write[0], write[1], depth)
+    index = read[2] if version > 1 else 0
+    return Positions(read[0], read[1], write[0], write[1], depth, index)

@@ -2,10 +2,13 @@
 
 Theory of operation
 -------------------
-A segment is scanned record by record, each one checked for a plausible length, the message type
-byte and its CRC32C. Where a check fails the scanner resynchronises: it searches forward for the
-next offset where a complete record with a matching CRC begins (``find_next_record``). That
-splits the file into valid records and *bad regions*:
+A segment is scanned record by record, each one checked for a plausible length, its type byte
+(a batch of messages, or one message in the format before batches), its CRC32C and, for a
+batch, its structure. A batch is all or nothing: a damaged one is one bad region, whatever the
+number of messages in it; counts (depth, records) are in messages. Where a check fails the
+scanner resynchronises: it searches forward for the next offset where a complete record with a
+matching CRC begins (``find_next_record``). That splits the file into valid records and *bad
+regions*:
 
 * a **torn tail**: the last bytes of the newest segment are the beginning of a record whose end
   is missing, and they lie past the last fsynced write position. This is what a crash in the
@@ -22,6 +25,8 @@ got its header, by writing the header). Older segments are read-only: a region f
 reported again at the next start (its set-aside copy is reused, not duplicated) until the reader
 has consumed the segment and it is deleted.
 
+A segment of format version 1 (written before batch records) is read but never appended to: the
+writer starts a new segment, so an older build never finds a batch in a segment it can read.
 A segment whose header names a newer format version is left untouched: not read, not deleted,
 not appended to. A segment whose header is damaged is treated as a corrupt region from offset 0
 to its first valid record.
@@ -45,6 +50,7 @@ from lmqd.storage.files import (
 )
 from lmqd.storage.positions import Positions, decode_positions
 from lmqd.storage.record import (
+    FORMAT_VERSION,
     SEGMENT_HEADER_SIZE,
     FormatError,
     decode_segment_header,
@@ -70,8 +76,11 @@ class RecoveredSegment:
     """Valid records at or after the requested read offset."""
     floor: int
     """Record boundary at or before the requested read offset (where reading resumes)."""
+    floor_count: int
+    """Messages in the valid record at ``floor`` (0 if none)."""
     appendable: bool
-    """False when the header is unusable: the writer must start a new segment instead."""
+    """False when the header is unusable or of an older version: the writer must start a new
+    segment instead."""
     unsupported: bool = False
     corrupt_count: int = 0
     corrupt_bytes: int = 0
@@ -127,7 +136,8 @@ def _recover(
         records=scan.records.records,
         records_from=scan.records.records_from,
         floor=scan.records.floor,
-        appendable=newest and scan.header_ok,
+        floor_count=scan.records.floor_count,
+        appendable=newest and scan.header_ok and scan.version == FORMAT_VERSION,
         unsupported=scan.unsupported,
     )
     if scan.unsupported:
@@ -174,6 +184,7 @@ def _recover(
         os.fsync(fd)
         result.end = SEGMENT_HEADER_SIZE
         result.floor = SEGMENT_HEADER_SIZE
+        result.floor_count = 0
         result.skips = []
         result.appendable = True
     elif truncate_at >= 0:
@@ -195,9 +206,11 @@ class RecoveredQueue:
     segments: list[RecoveredSegment]
     """Readable segments, oldest first; the reader starts in the first."""
     read_offset: int
-    """Where the reader starts in ``segments[0]``."""
+    """Where the reader starts in ``segments[0]``: a record boundary."""
+    read_index: int
+    """Messages of the record at ``read_offset`` already consumed (skipped on reading)."""
     read_consumed: int
-    """Records in ``segments[0]`` before ``read_offset``."""
+    """Messages in ``segments[0]`` before the read position (``read_index`` included)."""
     depth: int
     next_number: int
     """The lowest segment number above every segment file seen (the next one to create)."""
@@ -260,6 +273,7 @@ def recover_queue(directory: str, name: str) -> RecoveredQueue:
     state = RecoveredQueue(
         segments=[],
         read_offset=SEGMENT_HEADER_SIZE,
+        read_index=0,
         read_consumed=0,
         depth=0,
         next_number=max([*numbers, positions.write_segment if positions else -1]) + 1,
@@ -313,7 +327,9 @@ def recover_queue(directory: str, name: str) -> RecoveredQueue:
     first = state.segments[0] if state.segments else None
     if first is not None and first.number == read_segment and positions is not None:
         state.read_offset = first.floor
-        state.read_consumed = first.records - first.records_from
+        if first.floor == read_offset:
+            state.read_index = min(positions.read_index, first.floor_count)
+        state.read_consumed = first.records - first.records_from + state.read_index
         state.depth -= state.read_consumed
         if first.floor != read_offset:
             log.warning(

@@ -1,6 +1,7 @@
 """Verification of segment bytes, without I/O: which records are valid, which regions are bad.
 
-Each record is checked for a plausible length, the message type byte and its CRC32C. Where a
+Each record is checked for a plausible length, its type byte (batch or single message), its
+CRC32C and, for a batch, its structure; counts are in messages, not records. Where a
 check fails the scanner resynchronises: it searches forward for the next offset where a complete
 record with a matching CRC begins (``record.find_next_record``). The result splits the bytes into
 valid records and *bad regions*; what to do with the regions is ``recovery.py``'s business.
@@ -17,9 +18,9 @@ from lmqd.storage.record import (
     SEGMENT_MAGIC,
     FormatError,
     UnsupportedVersion,
-    check_record,
     decode_segment_header,
     find_next_record,
+    verify_record,
 )
 
 
@@ -28,11 +29,13 @@ class RecordScan:
     """What ``scan_records`` found between two offsets."""
 
     records: int = 0
-    """Valid records."""
+    """Messages in valid records."""
     records_from: int = 0
-    """Valid records at or after the ``floor``."""
+    """Messages in valid records at or after the ``floor``."""
     floor: int = 0
     """The greatest record boundary <= ``count_from`` (a record or region start, or the end)."""
+    floor_count: int = 0
+    """Messages in the valid record that starts at ``floor`` (0 if none does)."""
     regions: list[tuple[int, int, bool]] = attrs.field(factory=list)
     """Bad regions ``(start, end, torn)`` in order; ``torn``: the last record runs past the end."""
 
@@ -49,10 +52,13 @@ def scan_records(buf: bytes | mmap.mmap, start: int, end: int, count_from: int =
         while pos < end:
             if pos <= count_from:
                 scan.floor = pos
+                scan.floor_count = 0
                 before_floor = seen
-            nxt = check_record(view, pos, end)
+            nxt, count = verify_record(view, pos, end)
             if nxt > 0:
-                seen += 1
+                if pos == scan.floor:
+                    scan.floor_count = count
+                seen += count
                 pos = nxt
                 continue
             resync = find_next_record(buf, pos + 1, end)
@@ -64,6 +70,7 @@ def scan_records(buf: bytes | mmap.mmap, start: int, end: int, count_from: int =
         else:
             if pos <= count_from:
                 scan.floor = pos
+                scan.floor_count = 0
                 before_floor = seen
     finally:
         view.release()
@@ -82,6 +89,8 @@ class SegmentScan:
     valid_end: int
     """Offset after the last valid record, or where the bad tail begins."""
     records: RecordScan
+    version: int = 0
+    """The header's format version (0 if the header is damaged)."""
 
 
 def scan_segment(buf: bytes | mmap.mmap, size: int, count_from: int = 0) -> SegmentScan:
@@ -94,8 +103,9 @@ def scan_segment(buf: bytes | mmap.mmap, size: int, count_from: int = 0) -> Segm
             records.regions.append((0, size, torn))
         return SegmentScan(size, header_ok=False, unsupported=False, valid_end=0, records=records)
     header_ok = True
+    version = 0
     try:
-        decode_segment_header(bytes(buf[:SEGMENT_HEADER_SIZE]))
+        version = decode_segment_header(bytes(buf[:SEGMENT_HEADER_SIZE])).version
     except UnsupportedVersion:
         return SegmentScan(size, False, True, SEGMENT_HEADER_SIZE, RecordScan())
     except FormatError:
@@ -109,7 +119,8 @@ def scan_segment(buf: bytes | mmap.mmap, size: int, count_from: int = 0) -> Segm
         records.regions.insert(0, (0, start, False))
         if count_from < start:
             records.floor = 0
+            records.floor_count = 0
             records.records_from = records.records
     last = records.regions[-1] if records.regions else None
     valid_end = last[0] if last is not None and last[1] == size else size
-    return SegmentScan(size, header_ok, False, valid_end, records)
+    return SegmentScan(size, header_ok, False, valid_end, records, version)

@@ -79,6 +79,13 @@ def crash_copy(src: Path, dst: Path) -> Path:
     return dst
 
 
+def put_each(q: DiskQueue, messages: Sequence[Message]) -> None:
+    """One ``put_many`` per message: each message in a batch record of its own, so records sit at
+    predictable offsets (``SEGMENT_HEADER_SIZE + i * (BATCH_OF_ONE_OVERHEAD + body)``)."""
+    for m in messages:
+        q.put_many([m])
+
+
 def drain(q: DiskQueue, batch: int = 1000) -> list[Message]:
     out: list[Message] = []
     while True:

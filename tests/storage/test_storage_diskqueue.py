@@ -37,7 +37,12 @@ from lmqd.storage import (
     token_position,
 )
 from lmqd.storage.files import name_from_stem, queue_stem
-from lmqd.storage.record import RECORD_OVERHEAD, SEGMENT_HEADER_SIZE
+from lmqd.storage.record import (
+    BATCH_ENTRY_SIZE,
+    BATCH_OF_ONE_OVERHEAD,
+    BATCH_OVERHEAD,
+    SEGMENT_HEADER_SIZE,
+)
 
 
 def test_importing_storage_does_not_import_trio() -> None:
@@ -92,7 +97,7 @@ def test_closed_queue_refuses_writes(tmp_path: Path) -> None:
 
 
 def test_segments_roll_at_max_bytes_per_file(tmp_path: Path) -> None:
-    record = RECORD_OVERHEAD + 100
+    record = BATCH_OF_ONE_OVERHEAD + 100
     per_file = 4
     q = open_queue(tmp_path, max_bytes_per_file=SEGMENT_HEADER_SIZE + per_file * record)
     msgs = make_messages(10, body_size=100)
@@ -105,7 +110,7 @@ def test_segments_roll_at_max_bytes_per_file(tmp_path: Path) -> None:
 
 
 def test_one_batch_spanning_several_segments(tmp_path: Path) -> None:
-    record = RECORD_OVERHEAD + 100
+    record = BATCH_OF_ONE_OVERHEAD + 100
     q = open_queue(tmp_path, max_bytes_per_file=SEGMENT_HEADER_SIZE + 3 * record)
     msgs = make_messages(10, body_size=100)
     q.put_many(msgs[:1])
@@ -128,7 +133,7 @@ def test_a_record_larger_than_a_segment_gets_a_segment_of_its_own(tmp_path: Path
 
 
 def test_consumed_segments_are_deleted_by_the_next_sync(tmp_path: Path) -> None:
-    record = RECORD_OVERHEAD + 100
+    record = BATCH_OF_ONE_OVERHEAD + 100
     q = open_queue(tmp_path, max_bytes_per_file=SEGMENT_HEADER_SIZE + 2 * record)
     q.put_many(make_messages(6, body_size=100))
     q.sync()
@@ -158,7 +163,7 @@ def test_read_ahead_reads_many_records_per_syscall(
 
     monkeypatch.setattr(os, "pread", counting_pread)
     assert len(drain(q, batch=100)) == 2000
-    # 2000 * 144 bytes = 288,000 bytes: two 256 KiB read-aheads.
+    # 2000 * 138 bytes = 276,000 bytes: two batch records, one read each.
     assert len(calls) == 2
     q.close()
 
@@ -235,16 +240,16 @@ def test_positions_file_is_written_by_sync(tmp_path: Path) -> None:
     q.put_many(make_messages(3))
     q.read_many(1)
     before = _positions(tmp_path)
-    assert before["read"] == [0, SEGMENT_HEADER_SIZE] and before["depth"] == 0
+    assert before["read"] == [0, SEGMENT_HEADER_SIZE, 0] and before["depth"] == 0
     q.sync()
     after = _positions(tmp_path)
-    record = RECORD_OVERHEAD + len(b"m0.")
+    batch = BATCH_OVERHEAD + 3 * (BATCH_ENTRY_SIZE + len(b"m0."))
     assert after == {
-        "version": 1,
+        "version": 2,
         "name": "t:c",
         "depth": 2,
-        "read": [0, SEGMENT_HEADER_SIZE + record],
-        "write": [0, SEGMENT_HEADER_SIZE + 3 * record],
+        "read": [0, SEGMENT_HEADER_SIZE, 1],  # the batch at 32, its message 1 next
+        "write": [0, SEGMENT_HEADER_SIZE + batch],
     }
     q.close()
 
@@ -429,7 +434,7 @@ def test_ack_mode_persisted_position_follows_the_oldest_unacked(tmp_path: Path) 
 
 
 def test_ack_mode_keeps_a_segment_until_all_its_records_are_acked(tmp_path: Path) -> None:
-    record = RECORD_OVERHEAD + 100
+    record = BATCH_OF_ONE_OVERHEAD + 100
     q = open_queue(tmp_path, ack_mode=True, max_bytes_per_file=SEGMENT_HEADER_SIZE + 2 * record)
     q.put_many(make_messages(6, body_size=100))
     got = [m for m in q.read_many(4) if isinstance(m, StoredMessage)]

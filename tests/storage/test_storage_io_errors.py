@@ -13,13 +13,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from storage_helpers import drain, keys, make_messages, open_queue, segment_paths
+from storage_helpers import drain, keys, make_messages, open_queue, put_each, segment_paths
 
 from lmqd.backend import BackendError
-from lmqd.storage.record import RECORD_OVERHEAD, SEGMENT_HEADER_SIZE
+from lmqd.storage.record import BATCH_OF_ONE_OVERHEAD, SEGMENT_HEADER_SIZE
 
 BODY = 30
-RECORD = RECORD_OVERHEAD + BODY
+RECORD = BATCH_OF_ONE_OVERHEAD + BODY
+"""A message in a batch record of its own (``put_each``)."""
 
 
 def _disk_full() -> OSError:
@@ -219,7 +220,7 @@ def test_open_fails_rather_than_skip_what_it_cannot_set_aside(
 ) -> None:
     q = open_queue(tmp_path)
     msgs = make_messages(3, body_size=BODY)
-    q.put_many(msgs)
+    put_each(q, msgs)
     q.close()
     (segment,) = segment_paths(tmp_path)
     _flip(segment, SEGMENT_HEADER_SIZE + RECORD + 50)
@@ -240,7 +241,7 @@ def test_reading_stops_at_a_bad_record_it_cannot_set_aside(
 ) -> None:
     q = open_queue(tmp_path)
     msgs = make_messages(3, body_size=BODY)
-    q.put_many(msgs)
+    put_each(q, msgs)
     (segment,) = segment_paths(tmp_path)
     _flip(segment, SEGMENT_HEADER_SIZE + RECORD + 50)  # damaged after start-up
     _fail_set_aside(monkeypatch)

@@ -31,7 +31,9 @@ from storage_helpers import WALL_EPOCH_NS, key, memory_dir, open_queue
 from lmqd.message import Message
 from lmqd.storage import DiskQueue, StoredMessage
 
-MAX_BYTES = 300  # a record is 44 bytes + body: a new segment every 2-6 records
+MAX_BYTES = 300
+"""A batch is 14 bytes + 38 per message + bodies: a new segment every 1-6 messages, so batches are
+often split at segment boundaries, and reads of 0-12 stop inside batches."""
 
 
 class DiskQueueMachine(RuleBasedStateMachine):

@@ -26,20 +26,24 @@ from storage_helpers import (
     make_messages,
     memory_dir,
     open_queue,
+    put_each,
     segment_paths,
 )
 
 from lmqd.message import Message
 from lmqd.storage.record import (
-    RECORD_OVERHEAD,
-    RECORD_PREFIX,
-    RECORD_PREFIX_SIZE,
+    BATCH_ENTRY,
+    BATCH_ENTRY_SIZE,
+    BATCH_HEADER,
+    BATCH_HEADER_SIZE,
+    BATCH_OF_ONE_OVERHEAD,
     SEGMENT_HEADER_SIZE,
     encode_segment_header,
 )
 
 BODY = 30
-RECORD = RECORD_OVERHEAD + BODY
+RECORD = BATCH_OF_ONE_OVERHEAD + BODY
+"""A message in a batch record of its own (``put_each``): these tests damage whole records."""
 POSITIONS = "t%3Ac.lmq.pos.json"
 
 
@@ -51,9 +55,9 @@ def _five_records(path: Path, *, sync_last: bool) -> list[Message]:
     """A queue in ``path`` with five records in one segment, left open "crashed"."""
     msgs = make_messages(5, body_size=BODY)
     q = open_queue(path / "live")
-    q.put_many(msgs[:4])
+    put_each(q, msgs[:4])
     q.sync()
-    q.put_many(msgs[4:])
+    put_each(q, msgs[4:])
     if sync_last:
         q.sync()
     crash_copy(path / "live", path / "base")
@@ -150,7 +154,7 @@ def test_a_corrupt_region_is_reported_again_but_copied_once(
         assert q.corrupt_count == 1
         q.close()
     assert len(bad_files(d)) == 1
-    assert "corrupt region of 74 bytes at offset 106 set aside" in caplog.text
+    assert "corrupt region of 82 bytes at offset 114 set aside" in caplog.text
     assert caplog.records[0].name == "lmqd.storage"
     q = open_queue(d)
     assert keys(drain(q)) == keys(msgs[:1] + msgs[2:])
@@ -170,23 +174,26 @@ def test_set_aside_bytes_can_be_inspected_as_documented(tmp_path: Path) -> None:
     q.close()
     (aside,) = bad_files(d)
     assert aside.name.endswith(f".bad-{_record_offset(3)}")
-    raw = aside.read_bytes()
-    length, kind, flags, msg_id, timestamp, attempts, _ = RECORD_PREFIX.unpack_from(raw)
-    assert (chr(kind), flags, msg_id, timestamp, attempts) == (
-        "M",
-        0,
-        msgs[3].id,
-        msgs[3].timestamp,
-        msgs[3].attempts,
-    )
-    assert raw[RECORD_PREFIX_SIZE:length] == msgs[3].body
+    data = aside.read_bytes()
+    _, kind, flags, count = BATCH_HEADER.unpack_from(data)
+    assert (chr(kind), flags, count) == ("B", 0, 1)
+    found = []
+    body_at = BATCH_HEADER_SIZE + count * BATCH_ENTRY_SIZE
+    for i in range(count):
+        size, msg_id, timestamp, attempts, _ = BATCH_ENTRY.unpack_from(
+            data, BATCH_HEADER_SIZE + i * BATCH_ENTRY_SIZE
+        )
+        found.append((msg_id, timestamp, attempts, data[body_at : body_at + size]))
+        body_at += size
+    m = msgs[3]
+    assert found == [(m.id, m.timestamp, m.attempts, m.body)]
 
 
 def _three_segments(path: Path) -> tuple[list[Message], int]:
     max_bytes = SEGMENT_HEADER_SIZE + 3 * RECORD
     msgs = make_messages(9, body_size=BODY)
     q = open_queue(path, max_bytes_per_file=max_bytes)
-    q.put_many(msgs)
+    put_each(q, msgs)
     q.close()
     assert len(segment_paths(path)) == 3
     return msgs, max_bytes
@@ -222,7 +229,7 @@ def test_damaged_segment_header_is_set_aside_and_its_records_kept(tmp_path: Path
 def test_corruption_found_while_reading_is_set_aside(tmp_path: Path) -> None:
     q = open_queue(tmp_path)
     msgs = make_messages(5, body_size=BODY)
-    q.put_many(msgs)
+    put_each(q, msgs)
     # The disk rots after start-up: record 2's body changes under the running queue.
     segment = segment_paths(tmp_path)[0]
     with open(segment, "r+b") as f:
@@ -304,8 +311,8 @@ def test_read_position_off_a_record_boundary_resumes_at_the_record_before(tmp_pa
     q.read_many(2)
     q.close()
     doc = json.loads((tmp_path / POSITIONS).read_bytes())
-    assert doc["read"] == [0, _record_offset(2)]
-    doc["read"] = [0, _record_offset(2) + 5]
+    assert doc["read"] == [0, _record_offset(2), 0]
+    doc["read"] = [0, _record_offset(2) + 5, 0]
     (tmp_path / POSITIONS).write_text(json.dumps(doc))
     q = open_queue(tmp_path, max_bytes_per_file=max_bytes)
     assert keys(drain(q)) == keys(msgs[2:])
@@ -353,7 +360,7 @@ def test_segment_of_a_newer_format_is_left_untouched(tmp_path: Path) -> None:
     q.put_many(msgs)
     q.close()
     head = encode_segment_header(5, 0)[:28]
-    head = head[:8] + struct.pack(">H", 2) + head[10:]
+    head = head[:8] + struct.pack(">H", 3) + head[10:]
     future = head + struct.pack(">I", crc32c(head)) + b"future records"
     future_path = tmp_path / "t%3Ac.lmq.000005.dat"
     future_path.write_bytes(future)
