@@ -126,7 +126,7 @@ def _record_token(segment: int, offset: int) -> int:
     return ((segment << _OFFSET_BITS) | offset) << _INDEX_BITS
 
 
-@attrs.define(slots=True, eq=False, repr=False)
+@attrs.define(slots=True, eq=False, repr=False, weakref_slot=False)
 class StoredMessage(Message):
     """A message read in acknowledgement mode: ``token`` is what ``DiskQueue.ack`` takes."""
 
