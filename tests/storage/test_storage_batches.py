@@ -296,7 +296,8 @@ def test_a_torn_batch_at_the_tail_is_truncated_at_every_offset(scratch: Path) ->
 
 
 def test_rot_found_while_reading_loses_one_batch(tmp_path: Path) -> None:
-    q = open_queue(tmp_path, read_ahead=1)  # one read per record: rot is seen when read
+    # One read per record, and none from the write cache: rot is seen when read.
+    q = open_queue(tmp_path, read_ahead=1, write_cache=0)
     msgs = make_messages(9, body_size=BODY)
     for i in range(0, 9, 3):
         q.put_many(msgs[i : i + 3])
@@ -327,7 +328,7 @@ def test_depth_counts_messages_at_recovery(tmp_path: Path) -> None:
 
 
 def test_attempts_beyond_the_field_saturate(tmp_path: Path) -> None:
-    q = open_queue(tmp_path)
+    q = open_queue(tmp_path, write_cache=0)
     msgs = make_messages(3)
     msgs[1].attempts = 70_000
     q.put_many(msgs)

@@ -152,7 +152,7 @@ def test_consumed_segments_are_deleted_by_the_next_sync(tmp_path: Path) -> None:
 def test_read_ahead_reads_many_records_per_syscall(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    q = open_queue(tmp_path)
+    q = open_queue(tmp_path, write_cache=0)
     q.put_many(make_messages(2000, body_size=100))
     calls = []
     real_pread = os.pread

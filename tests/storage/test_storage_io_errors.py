@@ -239,7 +239,7 @@ def test_open_fails_rather_than_skip_what_it_cannot_set_aside(
 def test_reading_stops_at_a_bad_record_it_cannot_set_aside(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    q = open_queue(tmp_path)
+    q = open_queue(tmp_path, write_cache=0)
     msgs = make_messages(3, body_size=BODY)
     put_each(q, msgs)
     (segment,) = segment_paths(tmp_path)

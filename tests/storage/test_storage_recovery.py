@@ -227,7 +227,7 @@ def test_damaged_segment_header_is_set_aside_and_its_records_kept(tmp_path: Path
 
 
 def test_corruption_found_while_reading_is_set_aside(tmp_path: Path) -> None:
-    q = open_queue(tmp_path)
+    q = open_queue(tmp_path, write_cache=0)
     msgs = make_messages(5, body_size=BODY)
     put_each(q, msgs)
     # The disk rots after start-up: record 2's body changes under the running queue.
