@@ -27,76 +27,25 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import signal
 import statistics
-import subprocess
-import sys
 import tempfile
-import threading
 import time
-from pathlib import Path
 
 import trio
+from lmqd_process import Daemon
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from lmqd.protocol import ClientConnection, Pub, Response
 
-from lmqd.protocol import ClientConnection, Pub, Response  # noqa: E402
-
-_TCP = re.compile(r"TCP: listening on (\S+)")
 _SYNCER = re.compile(r"SYNCER: (\d+) rounds, (\d+) queue syncs")
 
 
-class Daemon:
-    """``python -m lmqd --durable`` in a subprocess, its output collected by a thread."""
-
-    def __init__(self, data_path: str, extra: list[str]) -> None:
-        self.process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "lmqd",
-                "--tcp-address=127.0.0.1:0",
-                "--http-address=",
-                f"--data-path={data_path}",
-                *extra,
-            ],
-            cwd=REPO,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-        )
-        self.lines: list[str] = []
-        self.address: tuple[str, int] | None = None
-        self._listening = threading.Event()
-        self._thread = threading.Thread(target=self._read, daemon=True)
-        self._thread.start()
-        if not self._listening.wait(20) or self.address is None:
-            self.process.kill()
-            raise RuntimeError("lmqd did not start:\n" + "\n".join(self.lines))
-
-    def _read(self) -> None:
-        assert self.process.stdout is not None
-        for raw in self.process.stdout:
-            line = raw.decode(errors="replace").rstrip()
-            self.lines.append(line)
-            m = _TCP.search(line)
-            if m and self.address is None:
-                host, _, port = m.group(1).rpartition(":")
-                self.address = (host.strip("[]"), int(port))
-                self._listening.set()
-        self._listening.set()
-
-    def stop(self) -> tuple[int, int]:
-        """SIGTERM; returns (sync rounds, queue syncs) from the shutdown log line."""
-        self.process.send_signal(signal.SIGTERM)
-        self.process.wait(60)
-        self._thread.join(5)
-        for line in reversed(self.lines):
-            m = _SYNCER.search(line)
-            if m:
-                return int(m.group(1)), int(m.group(2))
-        raise RuntimeError("no SYNCER line in the daemon's output:\n" + "\n".join(self.lines))
+def sync_rounds(daemon: Daemon) -> tuple[int, int]:
+    """(sync rounds, queue syncs) from a stopped daemon's shutdown log line."""
+    for line in reversed(daemon.lines):
+        m = _SYNCER.search(line)
+        if m:
+            return int(m.group(1)), int(m.group(2))
+    raise RuntimeError("no SYNCER line in the daemon's output:\n" + "\n".join(daemon.lines))
 
 
 async def publisher(
@@ -161,11 +110,14 @@ def run_once(
 ) -> dict[str, float]:
     with tempfile.TemporaryDirectory(dir=directory, prefix="bench-durable-") as data:
         daemon = Daemon(data, ["--durable"] if durable else [])
-        assert daemon.address is not None
+        host, _, port = daemon.address.rpartition(":")
         try:
-            acked, latencies = trio.run(measure, daemon.address, publishers, window, size, seconds)
+            acked, latencies = trio.run(
+                measure, (host.strip("[]"), int(port)), publishers, window, size, seconds
+            )
         finally:
-            rounds, queue_syncs = daemon.stop()
+            daemon.stop()
+        rounds, queue_syncs = sync_rounds(daemon)
     latencies.sort()
     return {
         "msgs_per_s": acked / seconds,

@@ -94,7 +94,7 @@ class Daemon:
     def bytes_written(self) -> int:
         """Bytes the daemon has passed to write calls on files (``wchar`` in ``/proc/<pid>/io``;
         socket sends are not counted)."""
-        for line in Path(f"/proc/{self.process.pid}/io").read_text().splitlines():
+        for line in Path(f"/proc/{self.pid}/io").read_text().splitlines():
             key, _, value = line.partition(":")
             if key == "wchar":
                 return int(value)
