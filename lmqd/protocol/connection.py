@@ -246,7 +246,7 @@ class ServerConnection:
         if len(msg_id) != MSG_ID_LENGTH:
             raise errors.invalid_message_id()
         # A consumer sends one FIN per message, so FINs come in runs: take the rest of the run
-        # with one regex match instead of line by line, and give consecutive FINs as one event.
+        # at once (``_fin_run``) instead of line by line, and give consecutive FINs as one event.
         last = events[-1] if events else None
         if type(last) is Fins:
             ids = last.ids

@@ -224,19 +224,11 @@ def one_per_command(events: Iterable[Event]) -> list[Event]:
 # validator to skip).
 
 _new = object.__new__
-_set_fin_id = Fin.__dict__["id"].__set__
 _set_fins_ids = Fins.__dict__["ids"].__set__
 _set_pub_topic = Pub.__dict__["topic"].__set__
 _set_pub_body = Pub.__dict__["body"].__set__
 _set_mpub_topic = Mpub.__dict__["topic"].__set__
 _set_mpub_bodies = Mpub.__dict__["bodies"].__set__
-
-
-def make_fin(msg_id: bytes) -> Fin:
-    """``Fin(id=msg_id)``, faster."""
-    event: Fin = _new(Fin)
-    _set_fin_id(event, msg_id)
-    return event
 
 
 def make_fins(ids: list[bytes]) -> Fins:
