@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Iterator
 from itertools import pairwise
 from pathlib import Path
 
@@ -25,7 +24,6 @@ from storage_helpers import (
     drain,
     keys,
     make_messages,
-    memory_dir,
     open_queue,
     segment_paths,
 )
@@ -69,12 +67,6 @@ def _records(segment: Path) -> list[tuple[int, int, int]]:
 def _positions(path: Path) -> dict[str, object]:
     doc: dict[str, object] = json.loads((path / POSITIONS).read_bytes())
     return doc
-
-
-@pytest.fixture
-def scratch() -> Iterator[Path]:
-    with memory_dir() as path:
-        yield path
 
 
 def test_one_put_many_is_one_batch_record(tmp_path: Path) -> None:

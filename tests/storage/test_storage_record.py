@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import struct
+from typing import Any
 
 import pytest
 from crc32c import crc32c
@@ -87,25 +88,22 @@ def test_message_id_must_be_16_bytes() -> None:
         encode_record(b"short", 1, 0, 0, b"")
 
 
-@given(
-    st.binary(min_size=16, max_size=16),
-    st.integers(-(2**63), 2**63 - 1),
-    st.integers(0, 0xFFFF),
-    st.integers(-(2**63), 2**63 - 1),
-    st.binary(max_size=300),
-    st.none() | st.integers(-(2**63), 2**63 - 1),
-    st.none() | st.binary(max_size=50),
-)
-def test_record_round_trip(
-    msg_id: bytes,
-    timestamp: int,
-    attempts: int,
-    deliver: int,
-    body: bytes,
-    expires: int | None,
-    headers: bytes | None,
-) -> None:
-    original = Record(msg_id, timestamp, attempts, deliver, body, expires, headers)
+def record_fields(body_size: int, header_size: int) -> st.SearchStrategy[tuple[Any, ...]]:
+    """A ``Record``'s fields: id, timestamp, attempts, deliver-after, body, expiry, headers."""
+    return st.tuples(
+        st.binary(min_size=16, max_size=16),
+        st.integers(-(2**63), 2**63 - 1),
+        st.integers(0, 0xFFFF),
+        st.integers(-(2**63), 2**63 - 1),
+        st.binary(max_size=body_size),
+        st.none() | st.integers(-(2**63), 2**63 - 1),
+        st.none() | st.binary(max_size=header_size),
+    )
+
+
+@given(record_fields(300, 50))
+def test_record_round_trip(fields: tuple[Any, ...]) -> None:
+    original = Record(*fields)
     encoded = encode_record(*original)
     decoded, end = decode_record(encoded)
     assert decoded == original
@@ -125,14 +123,19 @@ def test_batch_encode_and_scan_decode() -> None:
     assert end == len(buf) - len(encode_record(*records[-1]))
 
 
-def test_every_truncation_is_torn_and_every_byte_flip_is_invalid() -> None:
-    rec = encode_record(ID, 7, 1, 0, b"some body bytes")
+def _assert_every_truncation_torn_and_every_flip_invalid(rec: bytes) -> None:
     for cut in range(len(rec)):
         assert check_record(rec, 0, cut) == -1, cut
     for i in range(len(rec)):
         damaged = bytearray(rec)
         damaged[i] ^= 0x10
         assert check_record(bytes(damaged), 0, len(rec)) < 0, i
+
+
+def test_every_truncation_is_torn_and_every_byte_flip_is_invalid() -> None:
+    _assert_every_truncation_torn_and_every_flip_invalid(
+        encode_record(ID, 7, 1, 0, b"some body bytes")
+    )
 
 
 def test_impossible_lengths_are_invalid_not_torn() -> None:
@@ -232,22 +235,8 @@ def test_batch_option_blocks_follow_the_bodies() -> None:
     assert decode_any(rec) == (records, len(rec))
 
 
-@given(
-    st.lists(
-        st.tuples(
-            st.binary(min_size=16, max_size=16),
-            st.integers(-(2**63), 2**63 - 1),
-            st.integers(0, 0xFFFF),
-            st.integers(-(2**63), 2**63 - 1),
-            st.binary(max_size=200),
-            st.none() | st.integers(-(2**63), 2**63 - 1),
-            st.none() | st.binary(max_size=20),
-        ),
-        min_size=1,
-        max_size=20,
-    )
-)
-def test_batch_round_trip(fields: list[tuple[bytes, int, int, int, bytes, int, bytes]]) -> None:
+@given(st.lists(record_fields(200, 20), min_size=1, max_size=20))
+def test_batch_round_trip(fields: list[tuple[Any, ...]]) -> None:
     records = [Record(*f) for f in fields]
     rec = encode_batch(records)
     assert decode_any(rec) == (records, len(rec))
@@ -264,13 +253,9 @@ def test_records_of_both_types_decode_in_order() -> None:
 
 
 def test_every_truncation_of_a_batch_is_torn_and_every_byte_flip_is_invalid() -> None:
-    rec = encode_batch([Record(b"%016d" % i, i, 1, 0, b"body %d" % i) for i in range(4)])
-    for cut in range(len(rec)):
-        assert check_record(rec, 0, cut) == -1, cut
-    for i in range(len(rec)):
-        damaged = bytearray(rec)
-        damaged[i] ^= 0x10
-        assert check_record(bytes(damaged), 0, len(rec)) < 0, i
+    _assert_every_truncation_torn_and_every_flip_invalid(
+        encode_batch([Record(b"%016d" % i, i, 1, 0, b"body %d" % i) for i in range(4)])
+    )
 
 
 def _framed(count: int, *sections: bytes, flags: int = 0) -> bytes:

@@ -11,7 +11,6 @@ import json
 import os
 import shutil
 import struct
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -68,13 +67,6 @@ def _five_records(path: Path, *, sync_last: bool) -> list[Message]:
 def _copy(src: Path, dst: Path) -> Path:
     shutil.copytree(src, dst)
     return dst
-
-
-@pytest.fixture
-def scratch() -> Iterator[Path]:
-    """A tmpfs directory for the loops that reopen a queue once per byte offset."""
-    with memory_dir() as path:
-        yield path
 
 
 def test_torn_tail_at_every_offset_of_the_last_record_is_truncated(scratch: Path) -> None:
