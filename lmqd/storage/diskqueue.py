@@ -697,10 +697,11 @@ class DiskQueue:
             self._cache_open = False  # the reader is behind: it reads the files from here on
             return
         cache = self._cache
+        listed = messages if isinstance(messages, list) else list(messages)  # a deque can't slice
         for number, pos, batches in placed:
             for first, end, payload in batches:
                 rec_end = pos + BATCH_OVERHEAD + payload
-                cache.append((number, pos, rec_end, list(messages[first:end])))
+                cache.append((number, pos, rec_end, listed[first:end]))
                 pos = rec_end
         self._cache_bytes += size
 

@@ -7,6 +7,7 @@ the files whenever the reader falls behind or the queue changes under it.
 
 from __future__ import annotations
 
+from collections import deque
 from pathlib import Path
 
 from storage_helpers import keys, make_messages, open_queue, segment_paths
@@ -36,6 +37,15 @@ def test_a_reader_that_keeps_up_gets_the_objects_written(tmp_path: Path) -> None
     assert scan_records(data, SEGMENT_HEADER_SIZE, len(data)).records == 10
     q = open_queue(tmp_path)
     assert (q.depth, q.read_many(5)) == (0, [])
+    q.close()
+
+
+def test_any_sequence_of_messages_is_cached(tmp_path: Path) -> None:
+    q = open_queue(tmp_path)
+    msgs = make_messages(6, body_size=BODY)
+    q.put_many(tuple(msgs[:3]))
+    q.put_many(deque(msgs[3:]))
+    assert all(a is b for a, b in zip(q.read_many(6), msgs, strict=True))
     q.close()
 
 
