@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from lmq_client.errors import InvalidNameError
-from lmqd.protocol.names import valid_name
+from lmqd.names import valid_name
 
 USER_AGENT = "lmq_client/0.1.0"
 

@@ -205,7 +205,7 @@ def _run(*, config: str | None, version: bool, **values: Any) -> None:
         log.warning("%s", warning)
 
     # Imported here so that --help, --version and bad flags answer without loading the daemon.
-    from lmqd.daemon import run_daemon
+    from lmqd.service import run_daemon
 
     try:
         run_daemon(resolved.options)

@@ -1,7 +1,7 @@
 """Prometheus metrics for ``GET /metrics``, read from the same snapshots as ``/stats``.
 
 There is no second set of counters: ``LmqCollector`` is a prometheus-client custom collector
-whose ``collect()`` runs at scrape time, takes one ``daemon.statistics()`` snapshot (and the
+whose ``collect()`` runs at scrape time, takes one ``broker.statistics()`` snapshot (and the
 producers' snapshots) and turns each field into a sample. So ``/metrics`` and ``/stats`` can
 never disagree about what a counter means, and an idle daemon pays nothing between scrapes.
 
@@ -39,8 +39,9 @@ lmqd_queue_disk_bytes                                 gauge     topic, channel
 ===================================================== ========= ===========================
 
 ``client`` labels are ``client_id`` (IDENTIFY's, not unique) and ``remote_address`` (unique per
-live connection). The e2e latency is nsqd's rolling-window percentile (``lmqd.e2e``) in seconds;
-``_samples`` is the number of FINs in that window (it falls as the window rolls, so it is a gauge).
+live connection). The e2e latency is nsqd's rolling-window percentile (``lmqd.engine.e2e``) in
+seconds; ``_samples`` is the number of FINs in that window (it falls as the window rolls, so it
+is a gauge).
 The storage metrics come from the syncer's snapshot (``Syncer.statistics()``) and the disk
 queues' running byte counts: ``lmqd_fsync_duration_seconds`` times each syncer round's
 worker-thread call (the metadata write, if any, and one fsync per file and directory; its count
@@ -68,12 +69,11 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from lmqd import NSQD_COMPAT_VERSION, __version__
+from lmqd.engine.syncer import FSYNC_BUCKETS, SyncerStats
 from lmqd.stats import ChannelStats, ClientStats, E2eLatency, TopicStats
-from lmqd.storage import DiskQueue
-from lmqd.syncer import FSYNC_BUCKETS, SyncerStats
 
 if TYPE_CHECKING:
-    from lmqd.daemon import LmqDaemon
+    from lmqd.broker import Broker
 
 __all__ = ["LmqCollector", "make_registry"]
 
@@ -94,25 +94,25 @@ def _counter(name: str, doc: str, labels: list[str]) -> CounterMetricFamily:
 class LmqCollector(Collector):
     """Builds every lmqd metric from one statistics snapshot per scrape."""
 
-    def __init__(self, daemon: LmqDaemon) -> None:
-        self._daemon = daemon
+    def __init__(self, broker: Broker) -> None:
+        self._broker = broker
 
     def describe(self) -> Iterable[Metric]:
         # Nothing to describe up front: registering must not take a snapshot.
         return []
 
     def collect(self) -> Iterator[Metric]:
-        daemon = self._daemon
-        topics = daemon.statistics(include_clients=True)
-        producers = daemon.producers()
-        yield from self._daemon_metrics(daemon, topics)
+        broker = self._broker
+        topics = broker.statistics(include_clients=True)
+        producers = broker.producers()
+        yield from self._daemon_metrics(broker, topics)
         yield from self._topic_metrics(topics)
         yield from self._channel_metrics(topics)
         yield from self._client_metrics(topics, producers)
-        yield from _sync_metrics(daemon.syncer.statistics())
-        yield _disk_bytes(daemon)
+        yield from _sync_metrics(broker.syncer.statistics())
+        yield _disk_bytes(broker)
 
-    def _daemon_metrics(self, daemon: LmqDaemon, topics: list[TopicStats]) -> Iterator[Metric]:
+    def _daemon_metrics(self, broker: Broker, topics: list[TopicStats]) -> Iterator[Metric]:
         info = GaugeMetricFamily(
             "lmqd_info", "lmqd version and the nsqd version it is compatible with",
             labels=["version", "nsqd_version"],
@@ -121,10 +121,10 @@ class LmqCollector(Collector):
         yield info
         yield GaugeMetricFamily(
             "lmqd_healthy", "1 when healthy, 0 while the last backend write failed",
-            value=1 if daemon.is_healthy else 0,
+            value=1 if broker.is_healthy else 0,
         )
         yield GaugeMetricFamily(
-            "lmqd_start_time_seconds", "daemon start time, Unix seconds", value=daemon.start_time
+            "lmqd_start_time_seconds", "daemon start time, Unix seconds", value=broker.start_time
         )
         yield GaugeMetricFamily("lmqd_topics", "number of topics", value=len(topics))
 
@@ -230,13 +230,14 @@ def _sync_metrics(stats: SyncerStats) -> Iterator[Metric]:
     )
 
 
-def _disk_bytes(daemon: LmqDaemon) -> GaugeMetricFamily:
+def _disk_bytes(broker: Broker) -> GaugeMetricFamily:
     gauge = _gauge("lmqd_queue_disk_bytes",
                    "bytes of a queue's segment files (channel \"\": the topic's own queue; "
                    "a channel's includes its deferred store)", _CHANNEL)
-    for topic in list(daemon.topics.values()):
-        if isinstance(topic.backend, DiskQueue):
-            gauge.add_metric([topic.name, ""], topic.backend.bytes_on_disk)
+    for topic in list(broker.topics.values()):
+        stored = topic.backend.stored
+        if stored is not None:
+            gauge.add_metric([topic.name, ""], stored.bytes_on_disk)
         for channel in list(topic.channels.values()):
             queues = channel.disk_queues
             if queues:
@@ -278,11 +279,11 @@ def _quantile_label(q: float) -> str:
     return str(int(q)) if float(q).is_integer() else repr(q)
 
 
-def make_registry(daemon: LmqDaemon) -> CollectorRegistry:
+def make_registry(broker: Broker) -> CollectorRegistry:
     """A registry for one daemon: lmqd's collector plus the standard process/GC/platform ones
     (a private registry, so several daemons in one process do not clash)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(LmqCollector(daemon))
+    registry.register(LmqCollector(broker))
     ProcessCollector(registry=registry)
     GCCollector(registry=registry)
     PlatformCollector(registry=registry)

@@ -5,7 +5,7 @@ the Prometheus collector only serialise them, so every consumer sees one consist
 none of them reaches into live queue state. ``to_dict()`` gives nsqd's JSON object (key order
 and ``omitempty`` rules included).
 
-End-to-end processing latency percentiles are computed by ``lmqd.e2e`` and reported here as
+End-to-end processing latency percentiles are computed by ``lmqd.engine.e2e`` and reported here as
 ``E2eLatency``.
 """
 

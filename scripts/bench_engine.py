@@ -18,23 +18,19 @@ from collections.abc import Sequence
 
 import trio
 
-from lmqd.backend import BackendQueue, MemoryBackend
+from lmqd.engine.backend import BackendQueue, MemoryBackend
+from lmqd.engine.topic import Topic
 from lmqd.message import GuidFactory, Message
 from lmqd.options import Options
 from lmqd.stats import ClientStats
-from lmqd.topic import Topic
 
 
 class BenchClient:
-    """A subscriber that keeps what it is sent until the benchmark FINs it."""
+    """A consumer that keeps what it is sent until the benchmark FINs it."""
 
     def __init__(self, client_id: int, ready: int) -> None:
         self.id = client_id
         self.ready_count = ready
-        self.in_flight_count = 0
-        self.message_count = 0
-        self.finish_count = 0
-        self.requeue_count = 0
         self.msg_timeout = 60.0
         self.sample_rate = 0
         self.pending: list[Message] = []
@@ -42,8 +38,27 @@ class BenchClient:
     def write_messages(self, messages: Sequence[Message]) -> None:
         self.pending.extend(messages)
 
+    def close(self) -> None:
+        pass
+
     def statistics(self) -> ClientStats:
-        raise NotImplementedError
+        return ClientStats(
+            client_id=str(self.id),
+            hostname="bench",
+            version="V2",
+            remote_address="127.0.0.1:1",
+            state=3,
+            ready_count=self.ready_count,
+            in_flight_count=0,
+            message_count=0,
+            finish_count=0,
+            requeue_count=0,
+            connect_ts=0,
+            sample_rate=0,
+            deflate=False,
+            snappy=False,
+            user_agent="bench",
+        )
 
 
 def _backend(topic: str, channel: str) -> BackendQueue:
@@ -70,10 +85,8 @@ async def run(messages: int, batch: int, clients: int, rdy: int, size: int) -> R
         guid=GuidFactory(1),
     )
     channel = topic.get_channel("c")
-    subs = [BenchClient(i + 1, rdy) for i in range(clients)]
-    for sub in subs:
-        channel.add_client(sub)
-        channel.client_ready(sub)
+    consumers = [BenchClient(i + 1, rdy) for i in range(clients)]
+    subs = [(channel.add_consumer(c), c) for c in consumers]
     body = b"x" * size
     bodies = [body] * batch
     finished = 0
@@ -82,8 +95,8 @@ async def run(messages: int, batch: int, clients: int, rdy: int, size: int) -> R
         now = trio.current_time()
         done = 0
         finish = channel.finish
-        for sub in subs:
-            pending = sub.pending
+        for sub, consumer in subs:
+            pending = consumer.pending
             if pending:
                 for m in pending:
                     finish(sub, m.id, now)
@@ -118,7 +131,7 @@ async def run(messages: int, batch: int, clients: int, rdy: int, size: int) -> R
         result.cpu = clock() - cpu0
         result.wall = time.perf_counter() - wall0
         assert channel.in_flight_count == 0 and channel.depth == 0 and topic.depth == 0
-        assert sum(s.finish_count for s in subs) == messages
+        assert sum(s.finish_count for s, _ in subs) == messages
         topic.close()
     return result
 

@@ -13,7 +13,7 @@ written, as a channel draining its disk queue does. Modes:
   mode with one publisher and no group commit (the worst case: one fsync round per batch);
 * ``group-of-N``: one sync per N batches (what group commit gives N concurrent publishers).
 
-``--daemon-gc`` sets the cyclic GC thresholds lmqd sets (``lmqd.daemon.GC_THRESHOLDS``); by
+``--daemon-gc`` sets the cyclic GC thresholds lmqd sets (``lmqd.service.GC_THRESHOLDS``); by
 default the interpreter's are kept, and the run's 200,000 live messages make the collector a
 large part of the cost.
 
@@ -101,7 +101,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     if args.daemon_gc:
-        from lmqd.daemon import GC_THRESHOLDS  # imports trio: only when asked
+        from lmqd.service import GC_THRESHOLDS  # imports trio: only when asked
 
         gc.set_threshold(*GC_THRESHOLDS)
     modes = {

@@ -1,6 +1,6 @@
 """The ``lmqd`` command line: nsqd's flag syntaxes, config file, errors, logging set-up.
 
-The daemon is replaced by a fake ``lmqd.daemon`` module (injected into ``sys.modules``; the CLI
+The daemon is replaced by a fake ``lmqd.service`` module (injected into ``sys.modules``; the CLI
 imports it lazily) whose ``run_daemon`` records the Options it is given, so these tests check
 exactly what the CLI hands to the daemon without opening a socket. Two tests run the real thing
 as a subprocess: ``python -m lmqd -version``, and one daemon started with nsqd-style flags on
@@ -42,7 +42,7 @@ def _restore_root_logger() -> Iterator[None]:
 
 
 class FakeDaemon:
-    """Stands in for ``lmqd.daemon``: records each ``run_daemon(options)`` call."""
+    """Stands in for ``lmqd.service``: records each ``run_daemon(options)`` call."""
 
     def __init__(self) -> None:
         self.calls: list[Options] = []
@@ -58,9 +58,9 @@ class FakeDaemon:
 @pytest.fixture
 def daemon(monkeypatch: pytest.MonkeyPatch) -> FakeDaemon:
     fake = FakeDaemon()
-    module = types.ModuleType("lmqd.daemon")
+    module = types.ModuleType("lmqd.service")
     module.run_daemon = fake.run_daemon  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "lmqd.daemon", module)
+    monkeypatch.setitem(sys.modules, "lmqd.service", module)
     return fake
 
 

@@ -7,7 +7,7 @@ checks ``Content-Length`` against ``--max-body-size`` before anything else; the 
 that need an existing topic answer ``404 TOPIC_NOT_FOUND`` without validating the name, and so on.
 Status codes and message texts are nsqd's, word for word.
 
-Publishing goes through ``daemon.publish`` exactly as TCP PUB/MPUB/DPUB do (one code path into
+Publishing goes through ``broker.publish`` exactly as TCP PUB/MPUB/DPUB do (one code path into
 the topic); any failure there is nsqd's ``503 EXITING``. HTTP publishers are not clients, so
 they never appear in ``producers`` (nsqd behaviour).
 """
@@ -22,12 +22,11 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import attrs
-import trio
 from prometheus_client.exposition import choose_encoder
 
 from lmqd import NSQD_COMPAT_VERSION
-from lmqd.backend import BackendError
-from lmqd.daemon import split_host_port
+from lmqd.engine.backend import BackendError
+from lmqd.engine.topic import Topic, TopicExiting
 from lmqd.httpapi.asgi import (
     EMPTY,
     OK,
@@ -44,12 +43,12 @@ from lmqd.httpapi.config_api import get_option, put_option
 from lmqd.httpapi.memory import MEMORY_KEYS, memory_stats
 from lmqd.httpapi.stats_text import format_stats
 from lmqd.metrics import make_registry
-from lmqd.protocol.names import valid_name
-from lmqd.topic import Topic, TopicExiting
+from lmqd.names import valid_name
+from lmqd.net import split_address
 
 if TYPE_CHECKING:
-    from lmqd.channel import Channel
-    from lmqd.daemon import LmqDaemon
+    from lmqd.broker import Broker
+    from lmqd.engine.channel import Channel
 
 __all__ = ["HttpApi"]
 
@@ -69,12 +68,12 @@ def _ns(seconds: float) -> int:
 class HttpApi(AsgiApp):
     """The ASGI application serving one daemon's HTTP API."""
 
-    def __init__(self, daemon: LmqDaemon, *, http_port: int = -1) -> None:
+    def __init__(self, broker: Broker, *, http_port: int = -1) -> None:
         super().__init__()
-        self.daemon = daemon
+        self.broker = broker
         self.http_port = http_port
         """The bound HTTP port, reported by /info (``-1`` as nsqd reports a unix socket)."""
-        self.registry = make_registry(daemon)
+        self.registry = make_registry(broker)
         self.quiet_paths = frozenset({"/pub", "/mpub"})
         add = self.router.add
         add("GET", "/ping", self.ping)
@@ -129,7 +128,7 @@ class HttpApi(AsgiApp):
             raise HttpError(400, "MISSING_ARG_CHANNEL")
         if not valid_name(channel_name):
             raise HttpError(400, "INVALID_ARG_CHANNEL")
-        topic = self.daemon.topic_or_none(topic_name)
+        topic = self.broker.topic_or_none(topic_name)
         if topic is None:
             raise HttpError(404, "TOPIC_NOT_FOUND")
         return topic, channel_name
@@ -143,11 +142,11 @@ class HttpApi(AsgiApp):
 
     def _persist_metadata(self) -> None:
         # nsqd persists metadata right after (un)pausing so a crash cannot undo it.
-        self.daemon.persist_metadata()
+        self.broker.persist_metadata()
 
     def _get_topic(self, name: str) -> Topic:
         try:
-            return self.daemon.get_topic(name)
+            return self.broker.get_topic(name)
         except BackendError:  # its disk queue could not be opened
             raise HttpError(500, "INTERNAL_ERROR") from None
 
@@ -155,7 +154,7 @@ class HttpApi(AsgiApp):
         # The one publish path shared with TCP; with --durable it returns once fsynced, so the
         # OK below means what a TCP OK means.
         try:
-            await self.daemon.publish_durable(topic, bodies, defer_s)
+            await self.broker.publish_durable(topic, bodies, defer_s)
         except (BackendError, TopicExiting):
             # nsqd answers every PutMessage(s) failure (exiting or a failed backend write) so.
             raise HttpError(503, "EXITING") from None
@@ -164,17 +163,17 @@ class HttpApi(AsgiApp):
 
     async def ping(self, request: Request) -> Response:
         """``OK``, or 500 ``NOK - <error>`` while unhealthy (plain text, no V1 header)."""
-        health = self.daemon.health.encode()
-        return Response(200 if self.daemon.is_healthy else 500, health, v1=False)
+        health = self.broker.health.encode()
+        return Response(200 if self.broker.is_healthy else 500, health, v1=False)
 
     async def info(self, request: Request) -> Response:
-        daemon = self.daemon
-        options = daemon.options
-        if daemon.addresses is not None:
-            tcp_port = daemon.addresses.tcp[1]
+        broker = self.broker
+        options = broker.options
+        if broker.addresses is not None:
+            tcp_port = broker.addresses.tcp[1]
         else:
             try:
-                tcp_port = split_host_port(options.tcp_address)[1]
+                tcp_port = split_address(options.tcp_address, default_host="0.0.0.0")[1]
             except ValueError:
                 tcp_port = -1
         return json_response({
@@ -183,7 +182,7 @@ class HttpApi(AsgiApp):
             "hostname": socket.gethostname(),
             "http_port": self.http_port,
             "tcp_port": tcp_port,
-            "start_time": daemon.start_time,
+            "start_time": broker.start_time,
             "max_heartbeat_interval": _ns(options.max_heartbeat_interval),
             "max_output_buffer_size": options.max_output_buffer_size,
             "max_output_buffer_timeout": _ns(options.max_output_buffer_timeout),
@@ -193,7 +192,7 @@ class HttpApi(AsgiApp):
     # -- publishing --------------------------------------------------------------------------
 
     async def pub(self, request: Request) -> Response:
-        options = self.daemon.options
+        options = self.broker.options
         limit = options.max_msg_size
         if request.content_length is not None and request.content_length > limit:
             raise HttpError(413, "MSG_TOO_BIG")
@@ -216,7 +215,7 @@ class HttpApi(AsgiApp):
         return OK
 
     async def mpub(self, request: Request) -> Response:
-        options = self.daemon.options
+        options = self.broker.options
         max_body = options.max_body_size
         if request.content_length is not None and request.content_length > max_body:
             raise HttpError(413, "BODY_TOO_BIG")
@@ -249,16 +248,16 @@ class HttpApi(AsgiApp):
 
     async def stats(self, request: Request) -> Response:
         query = self._query(request)
-        daemon = self.daemon
+        broker = self.broker
         topic = query.get("topic") or None
         channel = query.get("channel") or None
         include_clients = _BOOL_PARAMS.get(query.get("include_clients") or "", True)
         include_mem = _BOOL_PARAMS.get(query.get("include_mem") or "", True)
-        topics = daemon.statistics(topic=topic, channel=channel, include_clients=include_clients)
+        topics = broker.statistics(topic=topic, channel=channel, include_clients=include_clients)
         if channel is not None:
             # nsqd's GetStats skips a topic that has no channel of that name.
             topics = [t for t in topics if t.channels]
-        producers = daemon.producers() if include_clients else []
+        producers = broker.producers() if include_clients else []
         if topic is not None:
             # nsqd's client.Stats(topic): a producer's pub_counts narrowed to that topic.
             producers = [
@@ -268,16 +267,16 @@ class HttpApi(AsgiApp):
         memory = memory_stats() if include_mem else None
         if query.get("format") != "json":
             text = format_stats(topics=topics, producers=producers, memory=memory,
-                                health=daemon.health, start_time=daemon.start_time,
+                                health=broker.health, start_time=broker.start_time,
                                 now=time.time())
             return Response(200, text.encode())
         # Go's nil slices: "topics" is null when ?topic= names no topic, "producers" is null
         # when there are none or clients were not asked for.
-        topics_missing = topic is not None and daemon.topic_or_none(topic) is None
+        topics_missing = topic is not None and broker.topic_or_none(topic) is None
         document: dict[str, Any] = {
             "version": NSQD_COMPAT_VERSION,
-            "health": daemon.health,
-            "start_time": daemon.start_time,
+            "health": broker.health,
+            "start_time": broker.start_time,
             "topics": None if topics_missing else [t.to_dict() for t in topics],
         }
         if memory is not None:
@@ -297,14 +296,14 @@ class HttpApi(AsgiApp):
         if name is None:
             raise HttpError(400, "MISSING_ARG_TOPIC")
         try:
-            self.daemon.delete_topic(name)
+            self.broker.delete_topic(name)
         except KeyError:
             raise HttpError(404, "TOPIC_NOT_FOUND") from None
         return EMPTY
 
     async def topic_empty(self, request: Request) -> Response:
         _, name = self._new_topic_name(request)
-        topic = self.daemon.topic_or_none(name)
+        topic = self.broker.topic_or_none(name)
         if topic is None:
             raise HttpError(404, "TOPIC_NOT_FOUND")
         try:
@@ -317,7 +316,7 @@ class HttpApi(AsgiApp):
         name = self._query(request).get("topic")
         if name is None:
             raise HttpError(400, "MISSING_ARG_TOPIC")
-        topic = self.daemon.topic_or_none(name)
+        topic = self.broker.topic_or_none(name)
         if topic is None:
             raise HttpError(404, "TOPIC_NOT_FOUND")
         if request.path.endswith("/unpause"):
@@ -359,7 +358,6 @@ class HttpApi(AsgiApp):
         channel = self._existing_channel(request)
         if request.path.endswith("/unpause"):
             channel.unpause()
-            channel.deliver(trio.current_time())  # unpause leaves delivering to the caller
         else:
             channel.pause()
         self._persist_metadata()
@@ -370,7 +368,7 @@ class HttpApi(AsgiApp):
     async def config(self, request: Request) -> Response:
         key = request.path_params["opt"]
         if request.method == "PUT":
-            limit = self.daemon.options.max_msg_size
+            limit = self.broker.options.max_msg_size
             # nsqd reads up to the limit and then refuses; refusing on Content-Length gives the
             # same answer without waiting for a body that would be discarded.
             if request.content_length is not None and request.content_length > limit:
@@ -378,8 +376,8 @@ class HttpApi(AsgiApp):
             body = await request.read_body(limit + 1)
             if not body or len(body) > limit:
                 raise HttpError(413, "INVALID_VALUE")
-            return json_response(put_option(self.daemon, key, body))
-        return json_response(get_option(self.daemon.options, key))
+            return json_response(put_option(self.broker, key, body))
+        return json_response(get_option(self.broker.options, key))
 
     async def free_memory(self, request: Request) -> Response:
         """nsqd's ``debug.FreeOSMemory``; here a full garbage collection."""

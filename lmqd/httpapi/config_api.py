@@ -12,7 +12,7 @@ has no ``Options`` field for report their default.
 
 ``PUT`` changes only what nsqd lets it change at run time: ``nsqlookupd_tcp_addresses`` (a JSON
 array of strings) and ``log_level`` (the bare level name, any case). The daemon's frozen
-``Options`` is replaced with ``attrs.evolve``, so everything that reads ``daemon.options``
+``Options`` is replaced with ``attrs.evolve``, so everything that reads ``broker.options``
 afterwards sees the new value; a log level change also re-levels logging at once.
 """
 
@@ -29,7 +29,7 @@ from lmqd.logging_setup import LEVELS, set_level
 from lmqd.options import Options
 
 if TYPE_CHECKING:
-    from lmqd.daemon import LmqDaemon
+    from lmqd.broker import Broker
 
 __all__ = ["MUTABLE_OPTIONS", "get_option", "put_option"]
 
@@ -73,7 +73,7 @@ def get_option(options: Options, key: str) -> Any:
     return _go_value(setting, value)
 
 
-def put_option(daemon: LmqDaemon, key: str, body: bytes) -> Any:
+def put_option(broker: Broker, key: str, body: bytes) -> Any:
     """Apply ``PUT /config/<key>`` with ``body`` (already size-checked); returns the new value.
 
     ``400 INVALID_VALUE`` for a body that does not parse, ``400 INVALID_OPTION`` for a key nsqd
@@ -89,17 +89,14 @@ def put_option(daemon: LmqDaemon, key: str, body: bytes) -> Any:
             value = []
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise HttpError(400, "INVALID_VALUE")
-        daemon.options = attrs.evolve(daemon.options, nsqlookupd_tcp_addresses=tuple(value))
+        broker.options = attrs.evolve(broker.options, nsqlookupd_tcp_addresses=tuple(value))
     elif key == "log_level":
         # nsqd: lg.ParseLogLevel(string(body)), case-insensitive, no JSON quoting.
         level = body.decode("utf-8", "replace").lower()
         if level not in LEVELS:
             raise HttpError(400, "INVALID_VALUE")
-        daemon.options = attrs.evolve(daemon.options, log_level=level)
+        broker.options = attrs.evolve(broker.options, log_level=level)
         set_level(level)
     else:
         raise HttpError(400, "INVALID_OPTION")
-    notify = getattr(daemon, "options_changed", None)
-    if callable(notify):
-        notify()
-    return get_option(daemon.options, key)
+    return get_option(broker.options, key)

@@ -24,7 +24,7 @@ from lmqd.httpapi.api import HttpApi
 from lmqd.httpapi.memory import track_gc_pauses
 
 if TYPE_CHECKING:
-    from lmqd.daemon import LmqDaemon
+    from lmqd.broker import Broker
 
 __all__ = ["serve_http"]
 
@@ -69,22 +69,22 @@ def _hypercorn_config() -> Config:
 
 
 async def serve_http(
-    daemon: LmqDaemon,
+    broker: Broker,
     address: str,
     *,
     task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the nsqd HTTP API for ``daemon`` on ``address`` (``host:port``, port 0 allowed)
     until cancelled; ``task_status.started`` gets the bound ``(host, port)``."""
-    from lmqd.daemon import split_host_port
+    from lmqd.net import split_address
 
-    host, port = split_host_port(address)
+    host, port = split_address(address, default_host="0.0.0.0")
     sock = _bind(host, port)
     try:
         sockname = sock.getsockname()
         bound = (str(sockname[0]), int(sockname[1]))
         # HttpApi speaks ASGI 3 with plain mappings rather than hypercorn's TypedDicts.
-        app = cast(ASGIFramework, HttpApi(daemon, http_port=bound[1]))
+        app = cast(ASGIFramework, HttpApi(broker, http_port=bound[1]))
         config = _hypercorn_config()
         sockets = Sockets(secure_sockets=[], insecure_sockets=[sock], quic_sockets=[])
         with track_gc_pauses():

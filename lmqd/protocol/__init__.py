@@ -4,6 +4,7 @@ Imports no trio and no sockets (h11's rule): the TCP server and lmq_client move 
 out of ``ServerConnection`` / ``ClientConnection`` and act on the events they return.
 """
 
+from lmqd.names import is_ephemeral, valid_name
 from lmqd.protocol import errors
 from lmqd.protocol.client import DEFAULT_MAX_FRAME_SIZE, ClientConnection, FrameEvent
 from lmqd.protocol.connection import MAGIC_V2, ServerConnection, parse_uint
@@ -51,7 +52,6 @@ from lmqd.protocol.identify import (
     negotiate,
 )
 from lmqd.protocol.limits import MAX_LINE_LENGTH, Limits
-from lmqd.protocol.names import is_ephemeral, valid_name
 from lmqd.protocol.state import LEGAL_STATES, ClientState
 
 __all__ = [

@@ -29,6 +29,7 @@ import re
 import struct
 from collections.abc import Callable
 
+from lmqd.names import decode_name
 from lmqd.protocol import errors
 from lmqd.protocol.errors import ProtocolError
 from lmqd.protocol.events import (
@@ -49,7 +50,6 @@ from lmqd.protocol.events import (
 )
 from lmqd.protocol.identify import IdentifySettings, decode_identify_body, negotiate
 from lmqd.protocol.limits import Limits
-from lmqd.protocol.names import decode_name
 from lmqd.protocol.state import IGNORED_STATES, LEGAL_STATES, ClientState
 
 MAGIC_V2 = b"  V2"

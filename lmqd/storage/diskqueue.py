@@ -52,8 +52,8 @@ from operator import add
 import attrs
 from crc32c import crc32c
 
-from lmqd.backend import BackendError
 from lmqd.message import MSG_ID_LENGTH, Message
+from lmqd.storage.errors import BackendError
 from lmqd.storage.files import (
     fsync_dir,
     positions_filename,
@@ -153,7 +153,7 @@ class _Segment:
 
 
 class DiskQueue:
-    """A ``lmqd.backend.BackendQueue`` stored in segment files under ``data_path``.
+    """A ``lmqd.engine.backend.BackendQueue`` stored in segment files under ``data_path``.
 
     Opening recovers the queue (blocking: it reads every live segment; call it from a worker
     thread in the daemon). All other methods but ``close``, ``empty`` and ``delete`` only hand
@@ -382,6 +382,16 @@ class DiskQueue:
             order.popleft()
         self._dirty += known
         return known
+
+    def ack_messages(self, messages: Sequence[Message]) -> int:
+        """``ack_many`` for the messages this queue returned (``StoredMessage``); others, which
+        carry no token, are ignored."""
+        return self.ack_many([m.token for m in messages if isinstance(m, StoredMessage)])
+
+    @property
+    def stored(self) -> DiskQueue:
+        """This queue is stored on disk (the engine's ``BackendQueue.stored``)."""
+        return self
 
     def prepare_sync(self) -> SyncJob | None:
         """Snapshot what a sync must make durable; ``None`` if nothing changed since the last one.

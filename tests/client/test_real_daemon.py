@@ -21,8 +21,8 @@ from lmq_client.backoff import Backoff
 from lmq_client.consumer import Consumer
 from lmq_client.message import Message
 from lmq_client.producer import Producer
-from lmqd.daemon import LmqDaemon
 from lmqd.options import Options
+from lmqd.service import LmqDaemon
 
 FAST = Backoff(base=0.01, max_delay=0.05, jitter=0.0)
 

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 import trio
 
-from lmqd.backend import BackendError
+from lmqd.engine.backend import BackendError
 from lmqd.protocol import Error, Response
 from lmqd.storage import DiskQueue
 
@@ -73,7 +73,7 @@ def fsync(monkeypatch: pytest.MonkeyPatch) -> Iterator[FsyncFault]:
 
 async def durable(nursery: trio.Nursery, path: Path, **options: Any) -> Running:
     running = await start_daemon(nursery, path, durable=True, **options)
-    await eventually(lambda: not running.daemon.syncer.busy)
+    await eventually(lambda: not running.broker.syncer.busy)
     return running
 
 
@@ -84,7 +84,7 @@ async def test_ok_is_sent_only_after_the_fsync(
         running = await durable(nursery, tmp_path)
         producer = await connect(running.address)
         assert await producer.pub("t", b"first") == OK  # creates the topic
-        await eventually(lambda: not running.daemon.syncer.busy)
+        await eventually(lambda: not running.broker.syncer.busy)
         fsync.hold = True
         await producer.send(b"PUB t\n\x00\x00\x00\x06second")
         await trio.to_thread.run_sync(fsync.held.wait, TIMEOUT)
@@ -102,8 +102,8 @@ async def test_http_pub_answers_only_after_the_fsync(
     """/pub shares the durable path: its 200 OK, like a TCP OK, waits for the fsync."""
     with trio.fail_after(TIMEOUT):
         running = await durable(nursery, tmp_path, http_address="127.0.0.1:0")
-        assert running.daemon.addresses is not None and running.daemon.addresses.http
-        host, port = running.daemon.addresses.http
+        assert running.broker.addresses is not None and running.broker.addresses.http
+        host, port = running.broker.addresses.http
         request = b"POST /pub?topic=h HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n\r\nbody"
         answers: list[bytes] = []
 
@@ -120,7 +120,7 @@ async def test_http_pub_answers_only_after_the_fsync(
         async with trio.open_nursery() as posts:
             posts.start_soon(post)  # creates the topic (and its queue)
         assert answers[0].startswith(b"HTTP/1.1 200")
-        await eventually(lambda: not running.daemon.syncer.busy)
+        await eventually(lambda: not running.broker.syncer.busy)
         fsync.hold = True
         async with trio.open_nursery() as posts:
             posts.start_soon(post)
@@ -130,7 +130,7 @@ async def test_http_pub_answers_only_after_the_fsync(
             fsync.hold = False
             fsync.released.set()
         assert answers[1].startswith(b"HTTP/1.1 200")
-        assert running.daemon.topics["h"].depth == 2
+        assert running.broker.topics["h"].depth == 2
 
 
 async def test_publishers_on_many_connections_share_fsyncs(
@@ -141,8 +141,8 @@ async def test_publishers_on_many_connections_share_fsyncs(
         producers = [await connect(running.address) for _ in range(20)]
         for i, p in enumerate(producers[:2]):
             assert await p.pub(f"t{i}", b"warm-up") == OK
-        await eventually(lambda: not running.daemon.syncer.busy)
-        before = running.daemon.syncer.statistics().rounds
+        await eventually(lambda: not running.broker.syncer.busy)
+        before = running.broker.syncer.statistics().rounds
         fsync.hold = True
         for i, p in enumerate(producers):
             await p.send(b"PUB t%d\n\x00\x00\x00\x01x" % (i % 2))
@@ -152,7 +152,7 @@ async def test_publishers_on_many_connections_share_fsyncs(
         fsync.released.set()
         for p in producers:
             assert await p.frame() == OK
-        rounds = running.daemon.syncer.statistics().rounds - before
+        rounds = running.broker.syncer.statistics().rounds - before
         # The held round took the first publisher(s); every other one shared the next round.
         assert rounds <= 2, rounds
 
@@ -175,7 +175,7 @@ async def test_failed_fsync_fails_the_publish_and_health_recovers(
 ) -> None:
     with trio.fail_after(TIMEOUT):
         running = await durable(nursery, tmp_path)
-        daemon = running.daemon
+        daemon = running.broker
         producer = await connect(running.address)
         assert await producer.pub("t", b"stored") == OK
         await eventually(lambda: not daemon.syncer.busy)
@@ -221,11 +221,11 @@ async def test_failed_write_answers_at_once_and_loses_nothing_stored(
         error = await producer.pub("t", b"lost")
         assert isinstance(error, Error) and error.code == "E_PUB_FAILED"
         assert "No space left on device" in error.text
-        assert running.daemon.health.startswith("NOK - ")
+        assert running.broker.health.startswith("NOK - ")
         full = False
         again = await connect(running.address)
         assert await again.pub("t", b"after") == OK
-        assert running.daemon.health == "OK"
+        assert running.broker.health == "OK"
         consumer = await connect(running.address)
         await consumer.sub("t", "c", rdy=10)
         assert [(await consumer.message()).body for _ in range(2)] == [b"stored", b"after"]
@@ -242,7 +242,7 @@ async def test_kill9_snapshot_keeps_every_ok_and_every_unfinished_message(
     with trio.fail_after(TIMEOUT):
         live = tmp_path / "live"
         running = await durable(nursery, live, sync_timeout=60.0)
-        daemon = running.daemon
+        daemon = running.broker
         consumer = await connect(running.address, msg_timeout=60000)
         await consumer.sub("t", "c", rdy=20)
         other = await connect(running.address)
@@ -301,12 +301,12 @@ async def test_clean_restart_delivers_exactly_the_unfinished_messages(
             await consumer.fin(m.id)
         await consumer.req(got[3].id, 60_000)  # deferred a minute
         assert await producer.dpub("t", 60_000, b"later") == OK
-        channel = first.daemon.topics["t"].channels["c"]
+        channel = first.broker.topics["t"].channels["c"]
         await eventually(lambda: channel.deferred_count == 2 and channel.in_flight_count == 1)
         await first.stop()
 
         second = await durable(nursery, tmp_path)
-        channel = second.daemon.topics["t"].channels["c"]
+        channel = second.broker.topics["t"].channels["c"]
         assert isinstance(channel.backend, DiskQueue)
         assert channel.deferred_count == 2  # read back from the deferred store at start-up
         consumer = await connect(second.address)
@@ -320,8 +320,8 @@ async def test_clean_restart_delivers_exactly_the_unfinished_messages(
         # Exactly once each: FIN'd ones never, in-flight one again (attempt 2), the rest once;
         # the two deferred ones keep their deadline (a minute away) and are not due yet.
         assert sorted(delivered) == sorted([(b"m4", 2), *((b"m%d" % i, 1) for i in range(5, 10))])
-        assert second.daemon.topics["t"].channels["c"].deferred_count == 2
-        assert second.daemon.topics["t"].depth == 0
+        assert second.broker.topics["t"].channels["c"].deferred_count == 2
+        assert second.broker.topics["t"].depth == 0
 
 
 async def test_a_failed_channel_write_is_retried_for_that_channel_only(
@@ -329,7 +329,7 @@ async def test_a_failed_channel_write_is_retried_for_that_channel_only(
 ) -> None:
     with trio.fail_after(TIMEOUT):
         running = await durable(nursery, tmp_path, sync_timeout=0.2)
-        daemon = running.daemon
+        daemon = running.broker
         ok_reader = await connect(running.address, heartbeat_interval=30000)
         await ok_reader.sub("t", "ok", rdy=10)
         bad_reader = await connect(running.address, heartbeat_interval=30000)
@@ -371,7 +371,7 @@ async def test_deferred_messages_are_due_on_time_behind_a_backlog(
         assert await producer.mpub("t", [b"backlog%d" % i for i in range(500)]) == OK
         assert await producer.dpub("t", 300, b"soon") == OK
         first = await consumer.message()
-        channel = running.daemon.topics["t"].channels["c"]
+        channel = running.broker.topics["t"].channels["c"]
         main = channel.backend
         assert isinstance(main, DiskQueue)
         await eventually(lambda: channel.deferred_count == 1)  # held in memory, not on main

@@ -84,7 +84,7 @@ async def test_graceful_restart_loses_nothing_and_deferred_keep_their_time(
         assert await producer.mpub("t", bodies) == OK
         held = [await consumer.message() for _ in range(3)]  # in flight at the shutdown
         assert [m.body for m in held] == bodies[:3]
-        channel = first.daemon.topics["t"].channels["c"]
+        channel = first.broker.topics["t"].channels["c"]
         assert channel.backend_depth > 0  # past --mem-queue-size: spilled to disk
         assert channel.depth == 17
         await consumer.req(held[0].id, 10_000)
@@ -98,7 +98,7 @@ async def test_graceful_restart_loses_nothing_and_deferred_keep_their_time(
 
         second = await start_daemon(nursery, tmp_path, mem_queue_size=4)
         restarted = trio.current_time()
-        assert set(second.daemon.topics) == {"t", "kept"}
+        assert set(second.broker.topics) == {"t", "kept"}
         consumer = await connect(second.address, msg_timeout=60000)
         await consumer.sub("t", "c", rdy=100)
         got: dict[bytes, MessageFrame] = {}
@@ -135,7 +135,7 @@ async def test_topic_and_channel_spill_to_disk_in_order(
         producer = await connect(running.address)
         bodies = [b"s%d" % i for i in range(100)]
         assert await producer.mpub("spill", bodies) == OK
-        topic = running.daemon.topics["spill"]
+        topic = running.broker.topics["spill"]
         assert isinstance(topic.backend, DiskQueue)
         assert (topic.depth, topic.backend_depth) == (100, 100 - mem_queue_size)
         consumer = await connect(running.address)
@@ -158,7 +158,7 @@ async def test_metadata_restores_topics_channels_and_paused_flags(
 ) -> None:
     with trio.fail_after(30):
         first = await start_daemon(nursery, tmp_path)
-        daemon = first.daemon
+        daemon = first.broker
         a = daemon.get_topic("a")
         a.get_channel("x").pause()
         a.get_channel("y")
@@ -186,7 +186,7 @@ async def test_metadata_restores_topics_channels_and_paused_flags(
         )
 
         second = await start_daemon(nursery, tmp_path)
-        topics = second.daemon.topics
+        topics = second.broker.topics
         assert set(topics) == {"a", "b"}
         assert topics["a"].paused and not topics["b"].paused
         assert set(topics["a"].channels) == {"x", "y"}
@@ -200,11 +200,11 @@ async def test_a_burst_of_creations_costs_few_metadata_writes(
 ) -> None:
     with trio.fail_after(30):
         running = await start_daemon(nursery, tmp_path)
-        syncer = running.daemon.syncer
+        syncer = running.broker.syncer
         await eventually(lambda: not syncer.busy)
         before = syncer.statistics().metadata_writes
         for i in range(50):
-            running.daemon.get_topic(f"burst{i}").get_channel("c")
+            running.broker.get_topic(f"burst{i}").get_channel("c")
         await eventually(lambda: not syncer.busy)
         writes = syncer.statistics().metadata_writes - before
         assert 1 <= writes <= 2  # one, or two if a round had started during the burst
@@ -222,7 +222,7 @@ async def test_damaged_metadata_file_does_not_stop_the_daemon(
         assert await producer.pub("orders", b"one") == OK
         consumer = await connect(first.address)
         await consumer.sub("orders", "archive")
-        first.daemon.topics["orders"].pause()
+        first.broker.topics["orders"].pause()
         assert await producer.pub("orders", b"two") == OK
         await first.stop()
         (tmp_path / "lmqd.dat").write_bytes(b'{"topics": [{"name": ')  # torn
@@ -230,7 +230,7 @@ async def test_damaged_metadata_file_does_not_stop_the_daemon(
         second = await start_daemon(nursery, tmp_path)
         # Restored from the queues' files (unpaused: the flag was only in the damaged file).
         assert (tmp_path / "lmqd.dat.bad").exists()
-        topic = second.daemon.topics["orders"]
+        topic = second.broker.topics["orders"]
         assert set(topic.channels) == {"archive"}
         consumer = await connect(second.address)
         await consumer.sub("orders", "archive", rdy=5)
@@ -253,7 +253,7 @@ async def test_corrupt_segment_does_not_stop_the_daemon(
         (tmp_path / segment).write_bytes(bytes(data))
 
         second = await start_daemon(nursery, tmp_path, mem_queue_size=0)
-        topic = second.daemon.topics["t"]
+        topic = second.broker.topics["t"]
         assert isinstance(topic.backend, DiskQueue) and topic.backend.corrupt_count == 1
         consumer = await connect(second.address)
         await consumer.sub("t", "c", rdy=5)
@@ -268,7 +268,7 @@ async def test_second_daemon_on_the_same_data_path_fails_to_start(
         first: Running = await start_daemon(nursery, tmp_path)
         with pytest.raises(DataDirLocked, match="in use by another lmqd"):
             await start_daemon(nursery, tmp_path)
-        assert first.daemon.addresses is not None  # the first one is unaffected
+        assert first.broker.addresses is not None  # the first one is unaffected
         await first.stop()
         again = await start_daemon(nursery, tmp_path)  # released at shutdown
         await again.stop()

@@ -13,7 +13,6 @@ from typing import Any
 
 import trio
 
-from lmqd.daemon import BoundAddresses, LmqDaemon
 from lmqd.options import Options
 from lmqd.protocol import (
     ClientConnection,
@@ -28,6 +27,7 @@ from lmqd.protocol import (
     Response,
     Sub,
 )
+from lmqd.service import BoundAddresses, LmqDaemon
 
 HEARTBEAT = b"_heartbeat_"
 
@@ -135,6 +135,7 @@ class Running:
 
     def __init__(self, daemon: LmqDaemon, address: tuple[str, int], done: trio.Event) -> None:
         self.daemon = daemon
+        self.broker = daemon.broker
         self.address = address
         self.done = done
 

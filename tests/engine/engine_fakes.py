@@ -10,7 +10,9 @@ from collections.abc import Sequence
 
 import trio
 
-from lmqd.backend import BackendError, MemoryBackend
+from lmqd.engine.backend import BackendError, MemoryBackend
+from lmqd.engine.channel import Channel
+from lmqd.engine.subscription import Subscription
 from lmqd.message import Message
 from lmqd.stats import ClientStats
 
@@ -23,23 +25,43 @@ def now_or_none() -> float | None:
 
 
 class FakeClient:
-    """A ``lmqd.subscriber.Subscriber`` that records every ``write_messages`` call."""
+    """A ``lmqd.engine.subscription.Consumer`` that records every ``write_messages`` call.
+
+    ``subscribe(channel)`` keeps the ``Subscription`` the channel makes, whose counters the
+    ``*_count`` properties read."""
 
     def __init__(
         self, client_id: int, *, ready: int = 0, msg_timeout: float = 60.0, sample_rate: int = 0
     ) -> None:
         self.id = client_id
         self.ready_count = ready
-        self.in_flight_count = 0
-        self.message_count = 0
-        self.finish_count = 0
-        self.requeue_count = 0
+        self.sub: Subscription | None = None
         self.msg_timeout = msg_timeout
         self.sample_rate = sample_rate
         self.closed = False
         self.writes: list[list[Message]] = []
         self.write_times: list[float | None] = []
         self._written = trio.Event()
+
+    def subscribe(self, channel: Channel) -> Subscription:
+        self.sub = channel.add_consumer(self)
+        return self.sub
+
+    @property
+    def in_flight_count(self) -> int:
+        return self.sub.in_flight_count if self.sub is not None else 0
+
+    @property
+    def message_count(self) -> int:
+        return self.sub.message_count if self.sub is not None else 0
+
+    @property
+    def finish_count(self) -> int:
+        return self.sub.finish_count if self.sub is not None else 0
+
+    @property
+    def requeue_count(self) -> int:
+        return self.sub.requeue_count if self.sub is not None else 0
 
     def write_messages(self, messages: Sequence[Message]) -> None:
         assert messages, "the channel must not make empty writes"

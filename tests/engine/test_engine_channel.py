@@ -13,8 +13,8 @@ import pytest
 import trio
 from engine_fakes import FailingBackend, FakeClient, bodies, make_messages
 
-from lmqd.backend import DummyBackend, MemoryBackend
-from lmqd.channel import (
+from lmqd.engine.backend import DummyBackend, MemoryBackend
+from lmqd.engine.channel import (
     Channel,
     NotInFlight,
     NotOwner,
@@ -43,7 +43,7 @@ def make_channel(
 async def test_msg_timeout_redelivers_at_exactly_60s(autojump_clock: trio.abc.Clock) -> None:
     ch = make_channel()
     client = FakeClient(1, ready=5)
-    ch.add_client(client)
+    client.subscribe(ch)
     async with trio.open_nursery() as nursery:
         await nursery.start(ch.run)
         assert trio.current_time() == 0.0
@@ -69,13 +69,13 @@ async def test_msg_timeout_redelivers_at_exactly_60s(autojump_clock: trio.abc.Cl
 async def test_req_with_delay_redelivers_at_exactly_2s(autojump_clock: trio.abc.Clock) -> None:
     ch = make_channel()
     client = FakeClient(1, ready=1)
-    ch.add_client(client)
+    client.subscribe(ch)
     async with trio.open_nursery() as nursery:
         await nursery.start(ch.run)
         ch.put_many(make_messages(1), 0.0)
         ch.deliver(0.0)
         [m] = client.writes[0]
-        ch.requeue(client, m.id, 2.0, 0.0)  # REQ <id> 2000
+        ch.requeue(client.sub, m.id, 2.0, 0.0)  # REQ <id> 2000
         assert ch.deferred_count == 1
         assert ch.in_flight_count == 0
         assert client.in_flight_count == 0
@@ -96,14 +96,14 @@ async def test_earlier_deadline_wakes_a_sleeping_timer(autojump_clock: trio.abc.
     # that sleep's deadline directly.
     ch = make_channel()
     client = FakeClient(1, ready=2)
-    ch.add_client(client)
+    client.subscribe(ch)
     async with trio.open_nursery() as nursery:
         await nursery.start(ch.run)
         ch.put_many(make_messages(2), 0.0)
         ch.deliver(0.0)
         a, _b = client.writes[0]
         await trio.sleep(1.0)
-        ch.requeue(client, a.id, 0.5, trio.current_time())
+        ch.requeue(client.sub, a.id, 0.5, trio.current_time())
         await client.wait_writes(2)
         assert trio.current_time() == 1.5
         assert client.writes[1] == [a]
@@ -113,7 +113,7 @@ async def test_earlier_deadline_wakes_a_sleeping_timer(autojump_clock: trio.abc.
 async def test_dpub_message_delivered_at_exactly_its_time(autojump_clock: trio.abc.Clock) -> None:
     ch = make_channel()
     client = FakeClient(1, ready=10)
-    ch.add_client(client)
+    client.subscribe(ch)
     async with trio.open_nursery() as nursery:
         await nursery.start(ch.run)
         [later] = make_messages(1, deliver_at=3.25)
@@ -134,14 +134,14 @@ async def test_dpub_message_delivered_at_exactly_its_time(autojump_clock: trio.a
 async def test_touch_extends_the_deadline(autojump_clock: trio.abc.Clock) -> None:
     ch = make_channel()
     client = FakeClient(1, ready=1)
-    ch.add_client(client)
+    client.subscribe(ch)
     async with trio.open_nursery() as nursery:
         await nursery.start(ch.run)
         ch.put_many(make_messages(1), 0.0)
         ch.deliver(0.0)
         [m] = client.writes[0]
         await trio.sleep(50.0)
-        ch.touch(client, m.id, trio.current_time())
+        ch.touch(client.sub, m.id, trio.current_time())
         assert m.deadline == 110.0
         await client.wait_writes(2)
         assert trio.current_time() == 110.0
@@ -152,17 +152,17 @@ async def test_touch_extends_the_deadline(autojump_clock: trio.abc.Clock) -> Non
 async def test_touch_is_capped_by_max_msg_timeout(autojump_clock: trio.abc.Clock) -> None:
     ch = make_channel(max_msg_timeout=100.0)
     client = FakeClient(1, ready=1)
-    ch.add_client(client)
+    client.subscribe(ch)
     async with trio.open_nursery() as nursery:
         await nursery.start(ch.run)
         ch.put_many(make_messages(1), 0.0)
         ch.deliver(0.0)
         [m] = client.writes[0]
         await trio.sleep(50.0)
-        ch.touch(client, m.id, 50.0)  # would be 110, capped at delivery + 100
+        ch.touch(client.sub, m.id, 50.0)  # would be 110, capped at delivery + 100
         assert m.deadline == 100.0
         await trio.sleep(40.0)
-        ch.touch(client, m.id, 90.0)
+        ch.touch(client.sub, m.id, 90.0)
         assert m.deadline == 100.0
         await client.wait_writes(2)
         assert trio.current_time() == 100.0
@@ -172,7 +172,7 @@ async def test_touch_is_capped_by_max_msg_timeout(autojump_clock: trio.abc.Clock
 async def test_run_returns_when_deleted(autojump_clock: trio.abc.Clock) -> None:
     ch = make_channel()
     client = FakeClient(1, ready=1)
-    ch.add_client(client)
+    client.subscribe(ch)
     async with trio.open_nursery() as nursery:
         await nursery.start(ch.run)
         ch.put_many(make_messages(1), 0.0)
@@ -189,12 +189,12 @@ async def test_run_returns_when_deleted(autojump_clock: trio.abc.Clock) -> None:
 def test_fin_removes_from_flight_and_counts() -> None:
     ch = make_channel()
     client = FakeClient(1, ready=3)
-    ch.add_client(client)
+    client.subscribe(ch)
     ch.put_many(make_messages(3), 0.0)
     ch.deliver(0.0)
     assert client.in_flight_count == 3
     for m in client.received:
-        ch.finish(client, m.id, 1.0)
+        ch.finish(client.sub, m.id, 1.0)
     assert client.in_flight_count == 0
     assert client.finish_count == 3
     assert ch.in_flight_count == 0
@@ -204,47 +204,47 @@ def test_fin_errors_carry_nsqd_reasons() -> None:
     ch = make_channel()
     owner = FakeClient(1, ready=1)
     other = FakeClient(2, ready=0)
-    ch.add_client(owner)
-    ch.add_client(other)
+    owner.subscribe(ch)
+    other.subscribe(ch)
     ch.put_many(make_messages(1), 0.0)
     ch.deliver(0.0)
     [m] = owner.received
     with pytest.raises(NotOwner) as not_owner:
-        ch.finish(other, m.id, 0.0)
+        ch.finish(other.sub, m.id, 0.0)
     assert str(not_owner.value) == "client does not own message"
     with pytest.raises(NotInFlight) as not_in_flight:
-        ch.finish(owner, b"ffffffffffffffff", 0.0)
+        ch.finish(owner.sub, b"ffffffffffffffff", 0.0)
     assert str(not_in_flight.value) == "ID not in flight"
     with pytest.raises(NotOwner):
-        ch.requeue(other, m.id, 0.0, 0.0)
+        ch.requeue(other.sub, m.id, 0.0, 0.0)
     with pytest.raises(NotOwner):
-        ch.touch(other, m.id, 0.0)
+        ch.touch(other.sub, m.id, 0.0)
     # Nothing changed by the failures; a second FIN of a finished message fails.
-    ch.finish(owner, m.id, 0.0)
+    ch.finish(owner.sub, m.id, 0.0)
     with pytest.raises(NotInFlight):
-        ch.finish(owner, m.id, 0.0)
+        ch.finish(owner.sub, m.id, 0.0)
     with pytest.raises(NotInFlight):
-        ch.requeue(owner, m.id, 0.0, 0.0)
+        ch.requeue(owner.sub, m.id, 0.0, 0.0)
     with pytest.raises(NotInFlight):
-        ch.touch(owner, m.id, 0.0)
+        ch.touch(owner.sub, m.id, 0.0)
     assert owner.finish_count == 1
 
 
 def test_req_0_goes_straight_back_to_the_queue() -> None:
     ch = make_channel()
     client = FakeClient(1, ready=1)
-    ch.add_client(client)
+    client.subscribe(ch)
     ch.put_many(make_messages(2), 0.0)
     ch.deliver(0.0)
     [first] = client.writes[0]
-    ch.requeue(client, first.id, 0.0, 1.0)
+    ch.requeue(client.sub, first.id, 0.0, 1.0)
     assert ch.depth == 2  # back at the tail, behind the second message
     assert ch.deferred_count == 0
     assert first.attempts == 1  # REQ leaves attempts; the next delivery increments
     ch.deliver(1.0)
     [second] = client.writes[1]
     assert second.body == b"m1"
-    ch.finish(client, second.id, 2.0)
+    ch.finish(client.sub, second.id, 2.0)
     ch.deliver(2.0)
     assert client.writes[2] == [first]
     assert first.attempts == 2
@@ -258,9 +258,9 @@ def test_req_0_goes_straight_back_to_the_queue() -> None:
 def test_mutations_do_not_deliver_by_themselves() -> None:
     ch = make_channel()
     client = FakeClient(1, ready=10)
-    ch.add_client(client)
+    client.subscribe(ch)
     ch.put_many(make_messages(5), 0.0)
-    ch.client_ready(client)
+    ch.consumer_ready()
     assert client.writes == []
     ch.deliver(0.0)
     assert len(client.writes) == 1  # one write call per client per round
@@ -270,23 +270,23 @@ def test_mutations_do_not_deliver_by_themselves() -> None:
 def test_rdy_0_stops_delivery_and_raising_rdy_resumes() -> None:
     ch = make_channel()
     client = FakeClient(1, ready=0)
-    ch.add_client(client)
+    client.subscribe(ch)
     ch.put_many(make_messages(5), 0.0)
     ch.deliver(0.0)
     assert client.writes == []
     client.ready_count = 2
-    ch.client_ready(client)
+    ch.consumer_ready()
     ch.deliver(0.0)
     assert bodies(client.received) == [b"m0", b"m1"]
     client.ready_count = 0  # backoff: in-flight messages stay in flight
-    ch.client_ready(client)
+    ch.consumer_ready()
     for m in client.received:
-        ch.finish(client, m.id, 1.0)
+        ch.finish(client.sub, m.id, 1.0)
     ch.deliver(1.0)
     assert len(client.received) == 2
     assert ch.depth == 3
     client.ready_count = 5
-    ch.client_ready(client)
+    ch.consumer_ready()
     ch.deliver(2.0)
     assert bodies(client.received) == [b"m0", b"m1", b"m2", b"m3", b"m4"]
 
@@ -294,7 +294,7 @@ def test_rdy_0_stops_delivery_and_raising_rdy_resumes() -> None:
 def test_rdy_is_a_window_not_a_countdown() -> None:
     ch = make_channel()
     client = FakeClient(1, ready=3)
-    ch.add_client(client)
+    client.subscribe(ch)
     ch.put_many(make_messages(10), 0.0)
     delivered = 0
     for step in range(20):
@@ -305,7 +305,7 @@ def test_rdy_is_a_window_not_a_countdown() -> None:
             # Finish one: exactly one more may be sent (RDY stays 3, never decremented).
             m = client.received[delivered]
             delivered += 1
-            ch.finish(client, m.id, float(step))
+            ch.finish(client.sub, m.id, float(step))
     assert client.ready_count == 3
     assert bodies(client.received) == [b"m%d" % i for i in range(10)]
 
@@ -314,7 +314,7 @@ def test_random_selection_spreads_single_messages_over_ready_clients() -> None:
     ch = make_channel()
     clients = [FakeClient(i, ready=1000) for i in range(1, 5)]
     for c in clients:
-        ch.add_client(c)
+        c.subscribe(ch)
     for i in range(1000):
         ch.put_many(make_messages(1, start=i), 0.0)
         ch.deliver(0.0)
@@ -329,7 +329,7 @@ def test_a_batch_is_spread_not_given_to_one_client() -> None:
     ch = make_channel()
     clients = [FakeClient(i, ready=2500) for i in range(1, 5)]
     for c in clients:
-        ch.add_client(c)
+        c.subscribe(ch)
     ch.put_many(make_messages(1000), 0.0)
     ch.deliver(0.0)
     assert [len(c.writes) for c in clients] == [1, 1, 1, 1]
@@ -346,7 +346,7 @@ def test_uneven_room_fills_small_windows_and_splits_the_rest() -> None:
     big1 = FakeClient(2, ready=100)
     big2 = FakeClient(3, ready=100)
     for c in (small, big1, big2):
-        ch.add_client(c)
+        c.subscribe(ch)
     ch.put_many(make_messages(50), 0.0)
     ch.deliver(0.0)
     assert len(small.received) == 2
@@ -358,8 +358,8 @@ def test_more_messages_than_room_fills_every_window() -> None:
     ch = make_channel()
     a = FakeClient(1, ready=3)
     b = FakeClient(2, ready=5)
-    ch.add_client(a)
-    ch.add_client(b)
+    a.subscribe(ch)
+    b.subscribe(ch)
     ch.put_many(make_messages(20), 0.0)
     ch.deliver(0.0)
     assert (len(a.received), len(b.received)) == (3, 5)
@@ -370,7 +370,7 @@ def test_more_messages_than_room_fills_every_window() -> None:
 def test_sample_rate_drops_unsampled_messages_for_the_channel() -> None:
     ch = make_channel()
     client = FakeClient(1, ready=10_000, sample_rate=10)
-    ch.add_client(client)
+    client.subscribe(ch)
     ch.put_many(make_messages(2000), 0.0)
     ch.deliver(0.0)
     n = len(client.received)
@@ -384,7 +384,7 @@ def test_sample_rate_drops_unsampled_messages_for_the_channel() -> None:
 def test_sampling_round_repeats_to_fill_the_window() -> None:
     ch = make_channel()
     client = FakeClient(1, ready=10, sample_rate=50)
-    ch.add_client(client)
+    client.subscribe(ch)
     ch.put_many(make_messages(1000), 0.0)
     ch.deliver(0.0)
     assert len(client.received) == 10
@@ -398,12 +398,12 @@ def test_disconnect_requeues_in_flight_at_once() -> None:
     ch = make_channel()
     leaver = FakeClient(1, ready=3)
     stayer = FakeClient(2, ready=0)
-    ch.add_client(leaver)
-    ch.add_client(stayer)
+    leaver.subscribe(ch)
+    stayer.subscribe(ch)
     ch.put_many(make_messages(3), 0.0)
     ch.deliver(0.0)
     assert len(leaver.received) == 3
-    ch.remove_client(leaver, 5.0)
+    ch.remove_consumer(leaver.sub)
     assert ch.in_flight_count == 0
     assert leaver.in_flight_count == 0
     assert ch.depth == 3
@@ -413,16 +413,16 @@ def test_disconnect_requeues_in_flight_at_once() -> None:
     ch.deliver(5.0)
     assert bodies(stayer.received) == [b"m0", b"m1", b"m2"]
     assert [m.attempts for m in stayer.received] == [2, 2, 2]
-    ch.remove_client(leaver, 6.0)  # unknown client: nothing happens
+    ch.remove_consumer(leaver.sub)  # unknown client: nothing happens
 
 
 def test_too_many_consumers() -> None:
     ch = make_channel(max_channel_consumers=2)
-    ch.add_client(FakeClient(1))
-    ch.add_client(FakeClient(2))
-    ch.add_client(FakeClient(2))  # already subscribed: no error, no duplicate
+    ch.add_consumer(FakeClient(1))
+    ch.add_consumer(FakeClient(2))
+    ch.add_consumer(FakeClient(2))  # already subscribed: no error, no duplicate
     with pytest.raises(TooManyConsumers) as exc:
-        ch.add_client(FakeClient(3))
+        ch.add_consumer(FakeClient(3))
     assert str(exc.value) == "consumers for t:c exceeds limit of 2"
     assert len(ch.clients) == 2
 
@@ -431,14 +431,14 @@ def test_subscribing_to_a_deleted_channel_raises_topic_exiting() -> None:
     ch = make_channel()
     ch.delete()
     with pytest.raises(TopicExiting):
-        ch.add_client(FakeClient(1))
+        ch.add_consumer(FakeClient(1))
 
 
 def test_deleting_a_channel_closes_its_clients() -> None:
     ch = make_channel()
     clients = [FakeClient(1, ready=1), FakeClient(2, ready=1)]
     for client in clients:
-        ch.add_client(client)
+        client.subscribe(ch)
     ch.delete()
     assert [c.closed for c in clients] == [True, True]
 
@@ -449,11 +449,11 @@ def test_ephemeral_channel_asks_to_be_deleted_when_its_last_client_leaves() -> N
         "t", "c#ephemeral", Options(), backend=DummyBackend(), on_last_client_removed=asked.append
     )
     a, b = FakeClient(1), FakeClient(2)
-    ch.add_client(a)
-    ch.add_client(b)
-    ch.remove_client(a, 0.0)
+    a.subscribe(ch)
+    b.subscribe(ch)
+    ch.remove_consumer(a.sub)
     assert asked == []
-    ch.remove_client(b, 0.0)
+    ch.remove_consumer(b.sub)
     assert asked == [ch]
 
 
@@ -472,7 +472,7 @@ def test_overflow_goes_to_backend_and_fifo_order_is_kept() -> None:
     ch.put_many(make_messages(5), 0.0)
     assert (ch.depth, ch.backend_depth) == (5, 2)
     client = FakeClient(1, ready=2)
-    ch.add_client(client)
+    client.subscribe(ch)
     ch.deliver(0.0)
     # Memory has room again, but the backend is not empty: new messages must go behind it.
     ch.put_many(make_messages(3, start=5), 0.0)
@@ -489,12 +489,12 @@ def test_overflow_goes_to_backend_and_fifo_order_is_kept() -> None:
 def test_requeue_keeps_fifo_behind_the_backend() -> None:
     ch = make_channel(mem_queue_size=1)
     client = FakeClient(1, ready=1)
-    ch.add_client(client)
+    client.subscribe(ch)
     ch.put_many(make_messages(2), 0.0)
     ch.deliver(0.0)
     [m0] = client.received
     assert (ch.depth, ch.backend_depth) == (1, 1)
-    ch.requeue(client, m0.id, 0.0, 0.0)
+    ch.requeue(client.sub, m0.id, 0.0, 0.0)
     assert (ch.depth, ch.backend_depth) == (2, 2)  # memory has room, but FIFO: behind m1
     client.ready_count = 2
     ch.deliver(1.0)
@@ -504,12 +504,12 @@ def test_requeue_keeps_fifo_behind_the_backend() -> None:
 def test_requeue_goes_to_backend_when_memory_is_full() -> None:
     ch = make_channel(mem_queue_size=2)
     client = FakeClient(1, ready=1)
-    ch.add_client(client)
+    client.subscribe(ch)
     ch.put_many(make_messages(1), 0.0)
     ch.deliver(0.0)
     ch.put_many(make_messages(2, start=1), 0.0)
     assert (ch.depth, ch.backend_depth) == (2, 0)
-    ch.requeue(client, client.received[0].id, 0.0, 0.0)
+    ch.requeue(client.sub, client.received[0].id, 0.0, 0.0)
     assert (ch.depth, ch.backend_depth) == (3, 1)
 
 
@@ -518,7 +518,7 @@ def test_mem_queue_size_0_puts_everything_in_the_backend() -> None:
     ch.put_many(make_messages(4), 0.0)
     assert (ch.depth, ch.backend_depth) == (4, 4)
     client = FakeClient(1, ready=3)
-    ch.add_client(client)
+    client.subscribe(ch)
     ch.deliver(0.0)
     assert bodies(client.received) == [b"m0", b"m1", b"m2"]
     assert (ch.depth, ch.backend_depth) == (1, 1)
@@ -541,7 +541,7 @@ def test_ephemeral_mem_0_accepts_only_what_ready_clients_can_take() -> None:
     ch.put_many(make_messages(2), 0.0)
     assert backend.dropped_count == 2
     client = FakeClient(1, ready=3)
-    ch.add_client(client)
+    client.subscribe(ch)
     ch.put_many(make_messages(5, start=2), 0.0)
     assert backend.dropped_count == 4
     ch.deliver(0.0)
@@ -556,7 +556,7 @@ def test_backend_failure_keeps_messages_in_memory() -> None:
     assert ch.last_backend_error is not None
     backend.failing = False
     client = FakeClient(1, ready=10)
-    ch.add_client(client)
+    client.subscribe(ch)
     ch.deliver(0.0)
     assert bodies(client.received) == [b"m0", b"m1", b"m2"]
 
@@ -567,7 +567,7 @@ def test_deferred_messages_read_back_from_the_backend_stay_deferred() -> None:
     backend.put_many(make_messages(2, deliver_at=30.0) + make_messages(1, start=2))
     ch = make_channel(backend=backend)
     client = FakeClient(1, ready=10)
-    ch.add_client(client)
+    client.subscribe(ch)
     ch.deliver(10.0)
     assert bodies(client.received) == [b"m2"]
     assert ch.deferred_count == 2
@@ -580,7 +580,7 @@ def test_deferred_messages_read_back_from_the_backend_stay_deferred() -> None:
 def test_pause_and_unpause() -> None:
     ch = make_channel()
     client = FakeClient(1, ready=10)
-    ch.add_client(client)
+    client.subscribe(ch)
     ch.pause()
     ch.put_many(make_messages(3), 0.0)
     ch.deliver(0.0)
@@ -596,7 +596,7 @@ def test_pause_and_unpause() -> None:
 def test_empty_drops_everything_and_zeroes_client_in_flight() -> None:
     ch = make_channel(mem_queue_size=2)
     client = FakeClient(1, ready=2)
-    ch.add_client(client)
+    client.subscribe(ch)
     ch.put_many(make_messages(6), 0.0)
     ch.put_many(make_messages(1, start=6, deliver_at=9.0), 0.0)
     ch.deliver(0.0)
@@ -605,14 +605,14 @@ def test_empty_drops_everything_and_zeroes_client_in_flight() -> None:
     assert (ch.depth, ch.backend_depth, ch.in_flight_count, ch.deferred_count) == (0, 0, 0, 0)
     assert client.in_flight_count == 0
     with pytest.raises(NotInFlight):
-        ch.finish(client, client.received[0].id, 1.0)
+        ch.finish(client.sub, client.received[0].id, 1.0)
 
 
 def test_close_flushes_memory_in_flight_and_deferred_to_the_backend() -> None:
     backend = MemoryBackend()
     ch = make_channel(backend=backend)
     client = FakeClient(1, ready=1)
-    ch.add_client(client)
+    client.subscribe(ch)
     ch.put_many(make_messages(2), 0.0)
     ch.put_many(make_messages(1, start=2, deliver_at=50.0), 0.0)
     ch.deliver(0.0)
@@ -621,7 +621,7 @@ def test_close_flushes_memory_in_flight_and_deferred_to_the_backend() -> None:
     stored = backend.read_many(10)
     assert bodies(stored) == [b"m1", b"m0", b"m2"]  # memory, in flight, deferred
     assert stored[2].deliver_at == 50.0
-    ch.remove_client(client, 1.0)  # after close: no requeue into the closed backend
+    ch.remove_consumer(client.sub)  # after close: no requeue into the closed backend
     assert backend.depth == 0
     ch.close()  # idempotent
 
@@ -630,14 +630,14 @@ def test_statistics_snapshot_counts() -> None:
     ch = make_channel(mem_queue_size=2)
     a = FakeClient(1, ready=2)
     b = FakeClient(2, ready=0)
-    ch.add_client(a)
-    ch.add_client(b)
+    a.subscribe(ch)
+    b.subscribe(ch)
     ch.put_many(make_messages(5), 0.0)
     ch.put_many(make_messages(1, start=5, deliver_at=10.0), 0.0)
     ch.deliver(0.0)
     x, y = a.received
-    ch.finish(a, x.id, 1.0)
-    ch.requeue(a, y.id, 5.0, 1.0)
+    ch.finish(a.sub, x.id, 1.0)
+    ch.requeue(a.sub, y.id, 5.0, 1.0)
     s = ch.statistics()
     assert s.channel_name == "c"
     assert (s.depth, s.backend_depth, s.in_flight_count, s.deferred_count) == (3, 3, 0, 2)
@@ -666,11 +666,11 @@ async def test_fin_feeds_the_e2e_stream_when_percentiles_are_configured() -> Non
     # Inside trio: the stream's rolling window starts at the trio clock.
     ch = make_channel(e2e_processing_latency_percentiles=(0.99,))
     client = FakeClient(1, ready=5)
-    ch.add_client(client)
+    client.subscribe(ch)
     ch.put_many(make_messages(3), 0.0)
     ch.deliver(0.0)
     for m in client.received[:2]:
-        ch.finish(client, m.id, 1.0)
+        ch.finish(client.sub, m.id, 1.0)
     assert ch.statistics().e2e_processing_latency.count == 2
 
 
@@ -680,7 +680,7 @@ def test_shares_respect_windows_and_stay_even() -> None:
         ch = make_channel()
         clients = [FakeClient(i, ready=rng.randint(0, 12)) for i in range(rng.randint(1, 6))]
         for c in clients:
-            ch.add_client(c)
+            c.subscribe(ch)
         room = sum(c.ready_count for c in clients)
         n = rng.randint(0, room + 5)
         ch.put_many(make_messages(n), 0.0)
@@ -700,15 +700,15 @@ async def test_finish_many_matches_finish_and_reports_failures_in_order() -> Non
     ch = make_channel(e2e_processing_latency_percentiles=(0.5,))
     a = FakeClient(1, ready=3)
     b = FakeClient(2, ready=1)
-    ch.add_client(a)
+    a.subscribe(ch)
     ch.put_many(make_messages(3), 0.0)
     ch.deliver(0.0)
-    ch.add_client(b)
+    b.subscribe(ch)
     ch.put_many(make_messages(1, start=3), 0.0)
     ch.deliver(0.0)
     x, y, z = a.received
     [theirs] = b.received
-    failed = ch.finish_many(a, [x.id, theirs.id, y.id, b"0000000000000000", x.id], 1.0)
+    failed = ch.finish_many(a.sub, [x.id, theirs.id, y.id, b"0000000000000000", x.id], 1.0)
     assert [(mid, str(err)) for mid, err in failed] == [
         (theirs.id, "client does not own message"),
         (b"0000000000000000", "ID not in flight"),

@@ -11,8 +11,8 @@ import random
 import pytest
 from engine_fakes import make_messages
 
-from lmqd.deferred import DeferredQueue
-from lmqd.inflight import COMPACT_FLOOR, COMPACT_RATIO, InFlightQueue, NotInFlight, NotOwner
+from lmqd.engine.deferred import DeferredQueue
+from lmqd.engine.inflight import COMPACT_FLOOR, COMPACT_RATIO, InFlightQueue, NotInFlight, NotOwner
 from lmqd.message import Message
 
 
@@ -20,7 +20,7 @@ def _in_flight(messages: list[Message], deadlines: list[float]) -> InFlightQueue
     q = InFlightQueue()
     for m, d in zip(messages, deadlines, strict=True):
         m.deadline = d
-        q.push(m)
+        q.push_many((m,), m.deadline)
     return q
 
 
@@ -63,7 +63,7 @@ def test_inflight_same_message_pushed_twice_comes_out_once() -> None:
     [m] = make_messages(1)
     q = _in_flight([m], [7.0])
     q.remove(m.id)
-    q.push(m)
+    q.push_many((m,), m.deadline)
     assert q.pop_due(7.0) == [m]
     assert q.pop_due(100.0) == []
 
@@ -78,7 +78,7 @@ def test_inflight_compaction_keeps_heap_bounded_under_fin_churn() -> None:
     for i in range(20_000):
         [m] = make_messages(1, start=i)
         m.deadline = 60.0 + i * 0.001
-        q.push(m)
+        q.push_many((m,), m.deadline)
         live.append(m)
         if len(live) > 100:
             victim = live.pop(rng.randrange(len(live)))
@@ -163,7 +163,7 @@ def test_inflight_remove_owned() -> None:
     m.client_id = 7
     m.deadline = 1.0
     q = InFlightQueue()
-    q.push(m)
+    q.push_many((m,), m.deadline)
     with pytest.raises(NotOwner):
         q.remove_owned(m.id, 8)
     assert m.id in q

@@ -12,11 +12,11 @@ import pytest
 import trio
 from engine_fakes import FailingBackend, FakeClient, bodies, make_messages
 
-from lmqd.backend import BackendError, BackendQueue, DummyBackend, MemoryBackend
-from lmqd.channel import Channel
+from lmqd.engine.backend import BackendError, BackendQueue, DummyBackend, MemoryBackend
+from lmqd.engine.channel import Channel
+from lmqd.engine.topic import Topic, TopicExiting
 from lmqd.message import GuidFactory
 from lmqd.options import Options
-from lmqd.topic import Topic, TopicExiting
 
 
 class Backends:
@@ -53,7 +53,7 @@ def make_topic(
 
 def subscribe(topic: Topic, channel: str, client: FakeClient) -> Channel:
     ch = topic.get_channel(channel)
-    ch.add_client(client)
+    client.subscribe(ch)
     return ch
 
 
@@ -255,12 +255,12 @@ def test_ephemeral_channel_and_topic_are_deleted_with_their_last_user() -> None:
     ch1 = subscribe(topic, "c1#ephemeral", a)
     subscribe(topic, "c2", b)  # durable channel keeps the topic alive
     assert isinstance(ch1.backend, DummyBackend)
-    ch1.remove_client(a, 0.0)
+    ch1.remove_consumer(a.sub)
     assert ch1.exiting
     assert "c1#ephemeral" not in topic.channels
     assert deleted == []
     b_channel = topic.channels["c2"]
-    b_channel.remove_client(b, 0.0)
+    b_channel.remove_consumer(b.sub)
     assert "c2" in topic.channels  # not ephemeral: stays without clients
     topic.delete_channel("c2")
     assert deleted == [topic]
@@ -339,7 +339,7 @@ def test_topic_statistics_snapshot() -> None:
     topic = make_topic(mem_queue_size=1)
     zc = topic.get_channel("z")
     topic.get_channel("a")
-    zc.add_client(FakeClient(7, ready=0))
+    zc.add_consumer(FakeClient(7, ready=0))
     topic.publish([b"abc", b"de"], 0.0)
     s = topic.statistics()
     assert s.topic_name == "t"

@@ -27,8 +27,9 @@ import h11
 import pytest
 import trio
 
-from lmqd.daemon import LmqDaemon
+from lmqd.broker import Broker
 from lmqd.options import Options
+from lmqd.service import LmqDaemon
 
 Address = tuple[str, int]
 
@@ -40,6 +41,10 @@ class Running:
     daemon: LmqDaemon
     tcp: Address
     http: Address
+
+    @property
+    def broker(self) -> Broker:
+        return self.daemon.broker
 
 
 StartDaemon = Callable[..., Awaitable[Running]]

@@ -24,7 +24,7 @@ from httpwire import (
     start_daemon_fixture,  # noqa: F401 - the start_daemon fixture
 )
 
-from lmqd.protocol.names import MAX_NAME_LENGTH
+from lmqd.names import MAX_NAME_LENGTH
 
 TIMEOUT = 10.0
 
@@ -49,12 +49,12 @@ async def test_ping_answers_health_in_plain_text(start_daemon: StartDaemon) -> N
         assert r.headers["content-type"] == "text/plain; charset=utf-8"
         assert not r.v1  # /ping is nsqd's PlainText handler, not V1
         error = "write /data/t.diskqueue: no space left on device"
-        running.daemon.set_health(error)
+        running.broker.set_health(error)
         r = await http(running.http, "GET", "/ping")
         assert (r.status, r.body) == (500, f"NOK - {error}".encode())
         stats = (await http(running.http, "GET", "/stats?format=json")).json()
         assert stats["health"] == f"NOK - {error}"
-        running.daemon.set_health(None)
+        running.broker.set_health(None)
         assert (await http(running.http, "GET", "/ping")).body == b"OK"
 
 
@@ -76,7 +76,7 @@ async def test_info(start_daemon: StartDaemon) -> None:
         assert info["broadcast_address"] == "node-1.example"
         assert info["http_port"] == running.http[1]
         assert info["tcp_port"] == running.tcp[1]
-        assert info["start_time"] == running.daemon.start_time
+        assert info["start_time"] == running.broker.start_time
         assert info["max_heartbeat_interval"] == 45_000_000_000  # Go Duration: nanoseconds
         assert info["max_output_buffer_timeout"] == 500_000_000
         assert info["max_output_buffer_size"] == 65536
@@ -92,7 +92,7 @@ async def test_pub_delivers_through_the_topic(start_daemon: StartDaemon) -> None
         assert (r.status, r.body, r.v1) == (200, b"OK", True)
         message = await consumer.message()
         assert (message.attempts, message.body) == (1, b"order 1")
-        topic = running.daemon.topics["orders"]
+        topic = running.broker.topics["orders"]
         assert (topic.message_count, topic.message_bytes) == (1, 7)
         await consumer.aclose()
 
@@ -102,7 +102,7 @@ async def test_pub_defer(start_daemon: StartDaemon) -> None:
         running = await start_daemon(max_req_timeout=10.0)
         await http(running.http, "POST", "/topic/create?topic=t")
         await http(running.http, "POST", "/channel/create?topic=t&channel=c")
-        channel = running.daemon.topics["t"].channels["c"]
+        channel = running.broker.topics["t"].channels["c"]
         r = await http(running.http, "POST", "/pub?topic=t&defer=10000", b"later")  # = max
         assert (r.status, r.body) == (200, b"OK")
         assert channel.deferred_count == 1 and channel.depth == 0
@@ -114,8 +114,8 @@ async def test_pub_defer(start_daemon: StartDaemon) -> None:
         # nsqd creates the topic before it validates defer.
         r = await http(running.http, "POST", "/pub?topic=fresh&defer=-5", b"x")
         assert r.status == 400
-        assert "fresh" in running.daemon.topics
-        assert running.daemon.topics["t"].message_count == 2
+        assert "fresh" in running.broker.topics
+        assert running.broker.topics["t"].message_count == 2
 
 
 async def test_pub_bad_requests(start_daemon: StartDaemon) -> None:
@@ -142,7 +142,7 @@ async def test_pub_bad_requests(start_daemon: StartDaemon) -> None:
         # exactly max-msg-size is fine
         r = await http(running.http, "POST", "/pub?topic=t", b"y" * 100)
         assert (r.status, r.body) == (200, b"OK")
-        assert running.daemon.topics["t"].message_count == 1
+        assert running.broker.topics["t"].message_count == 1
 
 
 async def test_oversized_bodies_are_refused_before_and_while_reading(
@@ -168,7 +168,7 @@ async def test_oversized_bodies_are_refused_before_and_while_reading(
         assert (r.status, r.json()) == (413, {"message": "BODY_TOO_BIG"})
         r = await http(running.http, "POST", "/pub?topic=t", b"z" * 1000, chunked=True)
         assert (r.status, r.body) == (200, b"OK")
-        assert running.daemon.topics["t"].message_count == 1
+        assert running.broker.topics["t"].message_count == 1
 
 
 async def test_mpub_text_mode(start_daemon: StartDaemon) -> None:
@@ -195,7 +195,7 @@ async def test_mpub_text_mode(start_daemon: StartDaemon) -> None:
         assert (r.status, r.json()) == (400, {"message": "MISSING_ARG_TOPIC"})
         r = await http(running.http, "GET", "/mpub?topic=t")
         assert (r.status, r.json()) == (405, {"message": "METHOD_NOT_ALLOWED"})
-        assert running.daemon.topics["t"].message_count == 5
+        assert running.broker.topics["t"].message_count == 5
         await consumer.aclose()
 
 
@@ -226,14 +226,14 @@ async def test_mpub_binary_mode(start_daemon: StartDaemon) -> None:
         for body, message in bad:
             r = await http(running.http, "POST", "/mpub?topic=t&binary=true", body)
             assert (r.status, r.json()) == (413, {"message": message}), body
-        assert running.daemon.topics["t"].message_count == 6
+        assert running.broker.topics["t"].message_count == 6
         await consumer.aclose()
 
 
 async def test_topic_admin(start_daemon: StartDaemon) -> None:
     with trio.fail_after(TIMEOUT):
         running = await start_daemon()
-        daemon = running.daemon
+        daemon = running.broker
         persisted: list[str] = []
         daemon.persist_metadata = lambda: persisted.append("x")  # type: ignore[attr-defined]
         r = await http(running.http, "POST", "/topic/create?topic=t")
@@ -288,7 +288,7 @@ async def test_topic_admin(start_daemon: StartDaemon) -> None:
 async def test_channel_admin(start_daemon: StartDaemon) -> None:
     with trio.fail_after(TIMEOUT):
         running = await start_daemon()
-        daemon = running.daemon
+        daemon = running.broker
         persisted: list[str] = []
         daemon.persist_metadata = lambda: persisted.append("x")  # type: ignore[attr-defined]
         errors = [
@@ -383,7 +383,7 @@ async def test_config_put(start_daemon: StartDaemon) -> None:
     try:
         with trio.fail_after(TIMEOUT):
             running = await start_daemon(max_msg_size=64)
-            daemon = running.daemon
+            daemon = running.broker
             addrs = json.dumps(["127.0.0.1:4160", "10.0.0.2:4160"]).encode()
             r = await http(running.http, "PUT", "/config/nsqlookupd_tcp_addresses", addrs)
             assert (r.status, r.json()) == (200, ["127.0.0.1:4160", "10.0.0.2:4160"])

@@ -1,4 +1,4 @@
-"""``lmqd.e2e``: nsqd's rolling-window end-to-end latency percentiles.
+"""``lmqd.engine.e2e``: nsqd's rolling-window end-to-end latency percentiles.
 
 Rules for this module (STYLE.md):
 - Pure queue logic: time is passed in as ``now`` (trio-clock seconds), so windows are exact.
@@ -21,7 +21,7 @@ from httpwire import (
     start_daemon_fixture,  # noqa: F401 - the start_daemon fixture
 )
 
-from lmqd.e2e import E2eLatencyStream, new_stream
+from lmqd.engine.e2e import E2eLatencyStream, new_stream
 from lmqd.options import Options
 from lmqd.stats import NO_E2E_LATENCY, E2eLatency, Percentile
 
@@ -160,7 +160,7 @@ async def test_stats_report_percentiles_of_finished_messages(start_daemon: Start
         for _ in range(5):
             message = await consumer.message()
             await consumer.send(b"FIN " + message.id + b"\n")
-        channel = running.daemon.topics["lat"].channels["c"]
+        channel = running.broker.topics["lat"].channels["c"]
         await eventually(lambda: channel.in_flight_count == 0)
         stats = (await http(running.http, "GET", "/stats?format=json")).json()
         await consumer.aclose()

@@ -41,7 +41,7 @@ async def in_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
 async def test_gnsq_every_endpoint(start_daemon: StartDaemon) -> None:
     with trio.fail_after(TIMEOUT):
         running = await start_daemon()
-        daemon = running.daemon
+        daemon = running.broker
         client = NsqdHTTPClient("127.0.0.1", running.http[1])
         try:
             assert await in_thread(client.ping) == b"OK"
@@ -111,7 +111,7 @@ async def test_gnsq_every_endpoint(start_daemon: StartDaemon) -> None:
 async def test_ansq_writer(start_daemon: StartDaemon) -> None:
     with trio.fail_after(TIMEOUT):
         running = await start_daemon()
-        daemon = running.daemon
+        daemon = running.broker
         port = running.http[1]
 
         async def session() -> dict[str, Any]:

@@ -22,7 +22,7 @@ from httpwire import (
 )
 from prometheus_client.parser import text_string_to_metric_families
 
-from lmqd.daemon import LmqDaemon
+from lmqd.broker import Broker
 from lmqd.storage import DiskQueue
 from lmqd.storage.files import queue_stem
 
@@ -104,7 +104,7 @@ async def test_disk_bytes_and_fsync_histogram(start_daemon: StartDaemon, tmp_pat
     with trio.fail_after(TIMEOUT):
         running = await start_daemon(mem_queue_size=1, sync_timeout=0.05,
                                      max_bytes_per_file=1024)
-        daemon: LmqDaemon = running.daemon
+        daemon: Broker = running.broker
         base = running.http
         # No channel yet: the topic holds the messages, all but one in its disk queue, which
         # rolls over several 1 KiB segments.
@@ -154,7 +154,7 @@ async def test_durable_channel_counts_its_deferred_store(
 ) -> None:
     with trio.fail_after(TIMEOUT):
         running = await start_daemon(durable=True, sync_timeout=0.05)
-        daemon: LmqDaemon = running.daemon
+        daemon: Broker = running.broker
         base = running.http
         assert (await http(base, "POST", "/topic/create?topic=t")).status == 200
         assert (await http(base, "POST", "/channel/create?topic=t&channel=c")).status == 200

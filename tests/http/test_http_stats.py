@@ -78,9 +78,9 @@ async def make_traffic(running: Running) -> Traffic:
     assert {first.body, second.body} == {b"p1", b"p2"}
     # RDY is a window: close it before the FIN, or the freed slot takes the next message.
     await consumer.send(b"RDY 0\nFIN " + first.id + b"\n")
-    ship = running.daemon.topics["orders"].channels["ship"]
+    ship = running.broker.topics["orders"].channels["ship"]
     await eventually(lambda: ship.in_flight_count == 1 and ship.depth == 3)
-    audit = running.daemon.topics["orders"].channels["audit"]
+    audit = running.broker.topics["orders"].channels["audit"]
     await eventually(lambda: audit.depth == 5)
     return Traffic(producer, consumer, second.id)
 
@@ -104,7 +104,7 @@ async def test_stats_json_has_nsqds_shape_and_counts(start_daemon: StartDaemon) 
         assert list(stats) == TOP_KEYS
         assert stats["version"] == "1.3.0"
         assert stats["health"] == "OK"
-        assert stats["start_time"] == running.daemon.start_time
+        assert stats["start_time"] == running.broker.start_time
         assert list(stats["memory"]) == MEMORY_KEYS
         assert all(isinstance(v, int) and v >= 0 for v in stats["memory"].values())
 
@@ -210,7 +210,7 @@ async def test_stats_json_empty_daemon(start_daemon: StartDaemon) -> None:
         r = await http(running.http, "GET", "/stats?format=json")
         # nsqd's own test checks this prefix for an empty daemon (TestHTTPgetStatusJSON).
         prefix = (
-            f'{{"version":"1.3.0","health":"OK","start_time":{running.daemon.start_time},'
+            f'{{"version":"1.3.0","health":"OK","start_time":{running.broker.start_time},'
             '"topics":[],"memory":{'
         )
         assert r.body.startswith(prefix.encode()), r.body

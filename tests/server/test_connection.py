@@ -17,9 +17,10 @@ import pytest
 import trio
 import trio.testing
 
-from lmqd.daemon import LmqDaemon
+from lmqd.broker import Broker
 from lmqd.options import Options
-from lmqd.server.client import TcpClient
+from lmqd.server import TcpConnection
+from lmqd.service import LmqDaemon
 
 MAGIC = b"  V2"
 
@@ -83,17 +84,17 @@ class RawClient:
 
 
 @pytest.fixture
-async def daemon(nursery: trio.Nursery, tmp_path: object) -> AsyncIterator[LmqDaemon]:
+async def daemon(nursery: trio.Nursery, tmp_path: object) -> AsyncIterator[Broker]:
     options = Options(tcp_address="127.0.0.1:0", http_address="", data_path=str(tmp_path))
     lmqd = LmqDaemon(options)
     await nursery.start(lmqd.run)
-    yield lmqd
+    yield lmqd.broker
     lmqd.shutdown()
 
 
-async def connect(daemon: LmqDaemon, nursery: trio.Nursery, name: str = "test") -> RawClient:
+async def connect(daemon: Broker, nursery: trio.Nursery, name: str = "test") -> RawClient:
     client_end, server_end = trio.testing.memory_stream_pair()
-    handler = TcpClient(daemon, server_end, f"{name}:1")
+    handler = TcpConnection(daemon, server_end, f"{name}:1")
 
     async def serve() -> None:
         try:
@@ -108,7 +109,7 @@ async def connect(daemon: LmqDaemon, nursery: trio.Nursery, name: str = "test") 
 
 
 async def subscriber(
-    daemon: LmqDaemon, nursery: trio.Nursery, topic: str, channel: str, rdy: int, **ident: object
+    daemon: Broker, nursery: trio.Nursery, topic: str, channel: str, rdy: int, **ident: object
 ) -> RawClient:
     client = await connect(daemon, nursery)
     if ident:
@@ -121,7 +122,7 @@ async def subscriber(
 
 
 async def test_pub_sub_fin_round_trip(
-    daemon: LmqDaemon, nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+    daemon: Broker, nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
 ) -> None:
     producer = await connect(daemon, nursery)
     await producer.send(pub("orders", b"hello") + b"NOP\n" + pub("orders", b"world"))
@@ -142,7 +143,7 @@ async def test_pub_sub_fin_round_trip(
 
 
 async def test_heartbeat_on_time_and_disconnect_after_two_missed(
-    daemon: LmqDaemon, nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+    daemon: Broker, nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
 ) -> None:
     client = await connect(daemon, nursery)
     start = trio.current_time()
@@ -157,7 +158,7 @@ async def test_heartbeat_on_time_and_disconnect_after_two_missed(
 
 
 async def test_default_heartbeat_is_30s_and_nop_keeps_connection(
-    daemon: LmqDaemon, nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+    daemon: Broker, nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
 ) -> None:
     client = await connect(daemon, nursery)
     start = trio.current_time()
@@ -169,7 +170,7 @@ async def test_default_heartbeat_is_30s_and_nop_keeps_connection(
 
 
 async def test_message_timeout_redelivers_with_attempts_two(
-    daemon: LmqDaemon, nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+    daemon: Broker, nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
 ) -> None:
     consumer = await subscriber(
         daemon, nursery, "t", "c", rdy=1, msg_timeout=5000, heartbeat_interval=60000
@@ -187,7 +188,7 @@ async def test_message_timeout_redelivers_with_attempts_two(
 
 
 async def test_req_with_delay_redelivers_exactly_then(
-    daemon: LmqDaemon, nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+    daemon: Broker, nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
 ) -> None:
     consumer = await subscriber(daemon, nursery, "t", "c", rdy=1)
     producer = await connect(daemon, nursery)
@@ -209,8 +210,8 @@ async def test_req_delay_is_clamped_to_max_req_timeout(
     )
     lmqd = LmqDaemon(options)
     await nursery.start(lmqd.run)
-    consumer = await subscriber(lmqd, nursery, "t", "c", rdy=1, heartbeat_interval=60000)
-    lmqd.publish("t", [b"x"])
+    consumer = await subscriber(lmqd.broker, nursery, "t", "c", rdy=1, heartbeat_interval=60000)
+    lmqd.broker.publish("t", [b"x"])
     _, _, msg_id, _ = await consumer.message()
     requeued = trio.current_time()
     await consumer.send(b"REQ " + msg_id + b" 99999999\n")  # clamped, not an error (nsqd)
@@ -221,7 +222,7 @@ async def test_req_delay_is_clamped_to_max_req_timeout(
 
 
 async def test_dpub_delivers_at_its_time(
-    daemon: LmqDaemon, nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+    daemon: Broker, nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
 ) -> None:
     consumer = await subscriber(daemon, nursery, "t", "c", rdy=5)
     producer = await connect(daemon, nursery)
@@ -234,7 +235,7 @@ async def test_dpub_delivers_at_its_time(
 
 
 async def test_touch_extends_deadline(
-    daemon: LmqDaemon, nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+    daemon: Broker, nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
 ) -> None:
     consumer = await subscriber(
         daemon, nursery, "t", "c", rdy=1, msg_timeout=4000, heartbeat_interval=60000
@@ -250,7 +251,7 @@ async def test_touch_extends_deadline(
 
 
 async def test_disconnect_requeues_in_flight_at_once(
-    daemon: LmqDaemon, nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+    daemon: Broker, nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
 ) -> None:
     first = await subscriber(daemon, nursery, "t", "c", rdy=1)
     daemon.publish("t", [b"x"])
@@ -264,7 +265,7 @@ async def test_disconnect_requeues_in_flight_at_once(
 
 
 async def test_rdy_zero_stops_delivery_and_window_is_respected(
-    daemon: LmqDaemon, nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+    daemon: Broker, nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
 ) -> None:
     consumer = await subscriber(daemon, nursery, "t", "c", rdy=2)
     daemon.publish("t", [b"1", b"2", b"3"])
@@ -280,7 +281,7 @@ async def test_rdy_zero_stops_delivery_and_window_is_respected(
 
 
 async def test_rdy_over_max_rdy_count_is_fatal(
-    daemon: LmqDaemon, nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+    daemon: Broker, nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
 ) -> None:
     consumer = await subscriber(daemon, nursery, "t", "c", rdy=2500)
     await consumer.send(b"RDY 2501\n")
@@ -289,7 +290,7 @@ async def test_rdy_over_max_rdy_count_is_fatal(
 
 
 async def test_fin_unknown_id_is_not_fatal(
-    daemon: LmqDaemon, nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+    daemon: Broker, nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
 ) -> None:
     consumer = await subscriber(daemon, nursery, "t", "c", rdy=1)
     await consumer.send(b"FIN 0123456789abcdef\n")
@@ -299,7 +300,7 @@ async def test_fin_unknown_id_is_not_fatal(
 
 
 async def test_responses_before_a_fatal_error_are_sent_first(
-    daemon: LmqDaemon, nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+    daemon: Broker, nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
 ) -> None:
     client = await connect(daemon, nursery)
     await client.send(pub("t", b"a") + b"ASDF\n" + pub("t", b"never"))
@@ -310,7 +311,7 @@ async def test_responses_before_a_fatal_error_are_sent_first(
 
 
 async def test_cls_answers_close_wait_and_ignores_later_rdy(
-    daemon: LmqDaemon, nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+    daemon: Broker, nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
 ) -> None:
     consumer = await subscriber(daemon, nursery, "t", "c", rdy=1)
     await consumer.send(b"CLS\nRDY 5\n")
@@ -321,7 +322,7 @@ async def test_cls_answers_close_wait_and_ignores_later_rdy(
 
 
 async def test_ephemeral_channel_goes_with_its_last_consumer(
-    daemon: LmqDaemon, nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+    daemon: Broker, nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
 ) -> None:
     consumer = await subscriber(daemon, nursery, "t#tmp", "c#ephemeral", rdy=1)
     assert "c#ephemeral" in daemon.topics["t#tmp"].channels
@@ -331,7 +332,7 @@ async def test_ephemeral_channel_goes_with_its_last_consumer(
 
 
 async def test_deleting_a_channel_closes_its_consumers_connections(
-    daemon: LmqDaemon, nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+    daemon: Broker, nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
 ) -> None:
     consumer = await subscriber(daemon, nursery, "t", "c", rdy=1)
     other = await subscriber(daemon, nursery, "t", "keep", rdy=1)
@@ -342,7 +343,7 @@ async def test_deleting_a_channel_closes_its_consumers_connections(
 
 
 async def test_a_buffer_of_fins_with_one_unknown_id(
-    daemon: LmqDaemon, nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+    daemon: Broker, nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
 ) -> None:
     consumer = await subscriber(daemon, nursery, "t", "c", rdy=3)
     daemon.publish("t", [b"1", b"2"])
@@ -354,7 +355,7 @@ async def test_a_buffer_of_fins_with_one_unknown_id(
 
 
 async def test_pub_counts_count_messages_in_a_coalesced_buffer(
-    daemon: LmqDaemon, nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+    daemon: Broker, nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
 ) -> None:
     producer = await connect(daemon, nursery)
     mpub = b"MPUB t\n" + struct.pack(">ii", 4 + 2 * 5, 2) + (struct.pack(">i", 1) + b"m") * 2

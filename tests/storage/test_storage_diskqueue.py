@@ -27,7 +27,7 @@ from storage_helpers import (
     segment_paths,
 )
 
-from lmqd.backend import BackendError
+from lmqd.engine.backend import BackendError
 from lmqd.message import Message
 from lmqd.storage import (
     AnchoredTimeBase,

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from storage_helpers import drain, keys, make_messages, open_queue, put_each, segment_paths
 
-from lmqd.backend import BackendError
+from lmqd.engine.backend import BackendError
 from lmqd.storage.record import BATCH_OF_ONE_OVERHEAD, SEGMENT_HEADER_SIZE
 
 BODY = 30

@@ -1,8 +1,8 @@
 """Topic: the published stream, copied to every channel by one messagePump task.
 
-Publishing (``publish`` / ``put_many``) appends to a bounded memory deque (``--mem-queue-size``)
-with the overflow in the topic's ``BackendQueue``, under the same FIFO rule as a channel: while
-the backend holds anything new messages go there too, and the pump reads memory first. A publish
+Publishing (``publish`` / ``put_many``) appends to the topic's ``SpillQueue`` (memory up to
+``--mem-queue-size``, the overflow in its backend queue; all or none, so a publisher whose
+messages could not be stored gets an error and still has them). A publish
 only wakes the pump (one ``trio.Event.set``); the pump then moves everything waiting in batches:
 the first channel gets the original ``Message`` objects, every other channel ``msg.copy()`` (same
 id, timestamp and body object), and each channel delivers once per batch. A topic that is paused
@@ -11,10 +11,10 @@ or has no channels keeps its backlog; the first channel created gets it (nsqd).
 ``run`` owns a nursery holding the pump and every channel's timer task; channels created later
 are started into it, and each channel cancels its own task when deleted.
 
-Durable topics (``--durable``: the backend is a ``DiskQueue`` in acknowledgement mode)
+Durable topics (``--durable``: the backend is a disk queue in acknowledgement mode)
 ------------------------------------------------------------------------------------------
 Every publish goes to the queue (no memory queue: the publisher's ``OK`` waits for the fsync of
-exactly these records, see ``lmqd.syncer``). The pump reads ``StoredMessage`` objects and writes a
+exactly these records, see ``lmqd.engine.syncer``). The pump reads stored messages and writes a
 copy to every channel's own queue; the topic acknowledges a batch only once every durable channel's
 copy has been fsynced (``Syncer.when_durable``, on the channels' normal sync schedule), so the
 topic's persisted read position never passes a message that exists nowhere else on disk. A
@@ -35,16 +35,17 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from lmqd.backend import BackendError, BackendQueue, DummyBackend
-from lmqd.channel import Channel, TopicExiting, is_ephemeral
-from lmqd.e2e import E2eLatencyStream
+from lmqd.engine.backend import BackendError, BackendQueue, DummyBackend, StoredQueue
+from lmqd.engine.channel import Channel, TopicExiting
+from lmqd.engine.e2e import E2eLatencyStream
+from lmqd.engine.spill import SpillQueue
 from lmqd.message import GuidFactory, Message
+from lmqd.names import is_ephemeral
 from lmqd.options import Options
 from lmqd.stats import NO_E2E_LATENCY, E2eLatency, TopicStats
-from lmqd.storage import DiskQueue, StoredMessage
 
 if TYPE_CHECKING:
-    from lmqd.syncer import Syncer
+    from lmqd.engine.syncer import Syncer
 
 __all__ = ["Topic", "TopicExiting"]
 
@@ -62,11 +63,10 @@ RETRY_DELAY = 1.0
 class _Pending:
     """One batch a durable topic pumped: acknowledged once every channel's copy is durable."""
 
-    __slots__ = ("messages", "redo", "tokens", "waiting")
+    __slots__ = ("messages", "redo", "waiting")
 
     def __init__(self, messages: list[Message]) -> None:
         self.messages = messages
-        self.tokens = [m.token for m in messages if isinstance(m, StoredMessage)]
         self.waiting = 0
         """Channel copies written and not yet fsynced."""
         self.redo = 0
@@ -121,22 +121,21 @@ class Topic:
         self._deferred_store_factory = deferred_store_factory
         self._on_change = on_change
         self._on_health = on_health
-        disk = backend if isinstance(backend, DiskQueue) else None
+        disk = backend.stored
         self._disk = disk if disk is not None and disk.ack_mode else None
         """The acknowledgement-mode queue of a durable topic."""
         self._dirty: Callable[[], None] | None = (
             partial(syncer.note_dirty, disk) if syncer is not None and disk is not None else None
         )
-        self._memory: deque[Message] = deque()
         # nsqd makes no memory queue for a topic with --mem-queue-size 0, ephemeral or not (an
         # ephemeral topic then drops everything into its dummy backend). A durable topic has
         # none either: its publishers' OKs wait for the fsync of the records.
-        self._mem_size = 0 if self._disk is not None else options.mem_queue_size
+        self._queue = SpillQueue(
+            backend, 0 if self._disk is not None else options.mem_queue_size, self._dirty
+        )
         self._redo: deque[_Batch] = deque()
         self._pendings: set[_Pending] = set()
         self._retry_at = 0.0
-        self.wrote_backend = False
-        """Whether the last publish wrote to the backend (a success there clears bad health)."""
         self._wakeup = trio.Event()
         self._nursery: trio.Nursery | None = None
         self._run_scope = trio.CancelScope()
@@ -147,7 +146,7 @@ class Topic:
     @property
     def depth(self) -> int:
         """Messages not yet pumped to channels: memory + backend."""
-        return len(self._memory) + self.backend.depth
+        return len(self._queue)
 
     @property
     def backend_depth(self) -> int:
@@ -159,7 +158,7 @@ class Topic:
         return self._disk is not None
 
     @property
-    def durable_queue(self) -> DiskQueue | None:
+    def durable_queue(self) -> StoredQueue | None:
         """The queue whose fsync a durable publisher waits for (None: not durable)."""
         return self._disk
 
@@ -188,42 +187,16 @@ class Topic:
             raise TopicExiting(f"topic {self.name} is exiting")
         self._put(messages, sum(len(m.body) for m in messages))
 
+    @property
+    def wrote_backend(self) -> bool:
+        """Whether the last publish wrote to the backend (a success there clears bad health)."""
+        return self._queue.wrote_backend
+
     def _put(self, messages: Sequence[Message], nbytes: int) -> None:
-        memory = self._memory
-        backend = self.backend
-        head: Sequence[Message] = ()
-        tail: Sequence[Message] = messages
-        if backend.depth == 0:
-            room = self._mem_size - len(memory)
-            if room >= len(messages):
-                head, tail = messages, ()
-            elif room > 0:
-                head, tail = messages[:room], messages[room:]
-        self.wrote_backend = bool(tail)
-        if tail:
-            # The backend first: if it fails nothing has been queued yet (all or none).
-            backend.put_many(tail)
-            if self._dirty is not None:
-                self._dirty()
-        if head:
-            memory.extend(head)
+        self._queue.put_many(messages)  # raises BackendError having queued none
         self.message_count += len(messages)
         self.message_bytes += nbytes
         self._wakeup.set()
-
-    def _take(self, count: int) -> list[Message]:
-        memory = self._memory
-        if len(memory) <= count:
-            out = list(memory)
-            memory.clear()
-        else:
-            popleft = memory.popleft
-            out = [popleft() for _ in range(count)]
-        if len(out) < count and self.backend.depth > 0:
-            out += self.backend.read_many(count - len(out))
-            if self._dirty is not None:
-                self._dirty()
-        return out
 
     # -- the pump ----------------------------------------------------------------------------
 
@@ -248,7 +221,7 @@ class Topic:
                 self._resend(self._redo.popleft(), now)
                 await trio.lowlevel.checkpoint()
                 continue
-            messages = self._take(PUMP_BATCH)
+            messages = self._queue.take(PUMP_BATCH)
             if not messages:
                 # The backend holds messages it cannot read now (a corrupt region it could not
                 # set aside yet): try again later rather than spin.
@@ -267,7 +240,7 @@ class Topic:
     def _fan_out(self, messages: list[Message], now: float) -> None:
         channels = [c for c in self.channels.values() if not c.exiting]
         if not channels:  # only exiting channels left: keep the batch (rare)
-            self._memory.extendleft(reversed(messages))
+            self._queue.requeue_front(messages)
             return
         for channel in channels[1:]:
             channel.put_many([m.copy() for m in messages], now)
@@ -349,7 +322,7 @@ class Topic:
         self._pendings.discard(pending)
         disk = self._disk
         if disk is not None and not self.exiting:
-            disk.ack_many(pending.tokens)
+            disk.ack_messages(pending.messages)
             if self._dirty is not None:
                 self._dirty()
 
@@ -430,10 +403,9 @@ class Topic:
 
     def empty(self) -> None:
         """Drop the topic's own queued messages (channels keep theirs, as nsqd)."""
-        self._memory.clear()
+        self._queue.empty()
         self._redo.clear()
         self._pendings.clear()
-        self.backend.empty()
 
     def close(self) -> None:
         """Shut down: close every channel (flushing them), write the memory queue to the
@@ -452,12 +424,12 @@ class Topic:
             if not channel.close():
                 channels_ok = False
         if self._disk is not None and channels_ok:
-            self._disk.ack_many([t for p in self._pendings if not p.redo for t in p.tokens])
+            self._disk.ack_messages([m for p in self._pendings if not p.redo for m in p.messages])
         self._pendings.clear()
         self._redo.clear()
-        if self._memory:
-            pending = list(self._memory)
-            self._memory.clear()
+        pending = self._queue.memory()
+        if pending:
+            self._queue.clear_memory()
             try:
                 self.backend.put_many(pending)
             except Exception:
@@ -480,7 +452,7 @@ class Topic:
         self.channels.clear()
         for channel in channels:
             channel.delete()
-        self._memory.clear()
+        self._queue.clear_memory()
         self._redo.clear()
         self._pendings.clear()
         self.backend.delete()

@@ -7,7 +7,9 @@ its backend. Three implementations share this interface:
   configured, and never drops a message.
 * ``DummyBackend``: ephemeral topics and channels (``#ephemeral``, ``#tmp``); drops what it is given
   and counts the drops, as nsqd's dummy backend does.
-* ``lmqd.storage`` disk queue: segment files under ``--data-path``.
+* ``lmqd.storage`` disk queue: segment files under ``--data-path``. It is also a ``StoredQueue``
+  (``stored`` returns it): what the syncer, a durable channel's acknowledgements and the metrics
+  need of a queue on disk. The engine never asks which class a backend is.
 
 All methods are plain ``def`` and never await (trio-atomic); a disk backend does its fsyncs in a
 worker thread, outside this interface.
@@ -20,13 +22,18 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from lmqd.message import Message
+from lmqd.storage import SyncJob
+from lmqd.storage.errors import BackendError
 
-
-class BackendError(Exception):
-    """A backend could not store messages (disk full, I/O error): publishing gets E_PUB_FAILED."""
+__all__ = ["BackendError", "BackendQueue", "DummyBackend", "MemoryBackend", "StoredQueue"]
 
 
 class BackendQueue(Protocol):
+    @property
+    def stored(self) -> StoredQueue | None:
+        """This queue, if it is stored on disk; None otherwise."""
+        ...
+
     @property
     def depth(self) -> int:
         """Messages stored and not yet read."""
@@ -53,10 +60,43 @@ class BackendQueue(Protocol):
         ...
 
 
+class StoredQueue(BackendQueue, Protocol):
+    """A backend queue on disk (``lmqd.storage.DiskQueue``)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def ack_mode(self) -> bool:
+        """``--durable``: the persisted read position stops at the oldest unacknowledged message."""
+        ...
+
+    @property
+    def closed(self) -> bool: ...
+
+    @property
+    def dirty_count(self) -> int:
+        """Reads, writes and acknowledgements since the last ``prepare_sync``."""
+        ...
+
+    @property
+    def bytes_on_disk(self) -> int: ...
+
+    def prepare_sync(self) -> SyncJob | None:
+        """What to fsync and persist now (event-loop thread); None if nothing."""
+        ...
+
+    def ack_messages(self, messages: Sequence[Message]) -> int:
+        """Acknowledge messages read from this queue (others are ignored); how many were."""
+        ...
+
+
 class MemoryBackend:
     """Unbounded in-memory FIFO: nothing is dropped, nothing survives a restart."""
 
     __slots__ = ("_queue",)
+
+    stored = None
 
     def __init__(self) -> None:
         self._queue: deque[Message] = deque()
@@ -88,6 +128,8 @@ class DummyBackend:
     """Ephemeral queues: overflow past the memory queue is dropped and counted (nsqd behaviour)."""
 
     __slots__ = ("dropped_count",)
+
+    stored = None
 
     def __init__(self) -> None:
         self.dropped_count = 0

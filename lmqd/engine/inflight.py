@@ -84,10 +84,6 @@ class InFlightQueue:
         """Message references held by the heap, live and stale (for tests and metrics). O(1)."""
         return self._refs
 
-    def push(self, msg: Message) -> None:
-        """Start ``msg`` in flight until ``msg.deadline``. O(log n)."""
-        self.push_many((msg,), msg.deadline)
-
     def push_many(self, messages: Sequence[Message], deadline: float) -> None:
         """Start ``messages`` in flight, every one with ``deadline`` (already set on each).
 

@@ -1,0 +1,287 @@
+"""The broker: what the network layers call — topics by name, the one publish path, health,
+statistics and the admin operations (pause, empty, delete).
+
+The TCP server, the HTTP API and the metrics collector talk to lmqd only through a ``Broker``;
+it holds no socket and starts no task of its own (``lmqd.service`` runs everything). Topics
+created here are started in the service's nursery once it has handed one over (``attach``);
+the ones created before that (the restore) are started by the service itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+import attrs
+import trio
+
+from lmqd.engine.backend import BackendError
+from lmqd.engine.stores import Stores
+from lmqd.engine.syncer import DurableCallback, Syncer
+from lmqd.engine.topic import Topic
+from lmqd.message import GuidFactory, Message
+from lmqd.options import Options
+from lmqd.stats import ClientStats, TopicStats
+from lmqd.storage import ChannelMetadata, Metadata, TimeBase, TopicMetadata, metadata_path
+
+__all__ = ["BoundAddresses", "Broker", "Connection"]
+
+log = logging.getLogger("lmqd.broker")
+
+
+@attrs.frozen
+class BoundAddresses:
+    """Where the daemon listens (``port`` 0 in the options resolves to the real port here)."""
+
+    tcp: tuple[str, int]
+    http: tuple[str, int] | None
+
+
+class Connection(Protocol):
+    """What the broker needs of a connected TCP client (``lmqd.server`` implements it)."""
+
+    @property
+    def pub_counts(self) -> dict[str, int]:
+        """Messages published on this connection, by topic."""
+        ...
+
+    def statistics(self) -> ClientStats:
+        """A frozen snapshot of the connection, for /stats."""
+        ...
+
+    def close(self) -> None:
+        """Stop reading; what is owed is still sent (shutdown, channel deleted)."""
+        ...
+
+    async def wait_sent(self) -> None:
+        """Return once nothing waits to be sent (or the connection has ended)."""
+        ...
+
+
+class Broker:
+    """One lmqd's topics, connections, health and publish paths."""
+
+    def __init__(
+        self,
+        options: Options,
+        *,
+        hold_data_dir: Callable[[], TimeBase],
+    ) -> None:
+        self.options = options
+        self.topics: dict[str, Topic] = {}
+        self.clients: dict[int, Connection] = {}
+        self.start_time = int(time.time())
+        self.addresses: BoundAddresses | None = None
+        """Set by the service once every listener listens (the HTTP API's ``/info`` reads it)."""
+        self.syncer = Syncer(
+            sync_every=options.sync_every,
+            sync_timeout=options.sync_timeout,
+            metadata_file=metadata_path(options.data_path),
+            metadata=self.metadata,
+            on_health=self.set_health,
+        )
+        self.stores = Stores(
+            options, self.syncer, hold_data_dir=hold_data_dir, on_health=self.set_health
+        )
+        self._guid = GuidFactory(options.node_id)
+        self._nursery: trio.Nursery | None = None
+        self._health_error: str | None = None
+        self._next_client_id = 0
+
+    def attach(self, nursery: trio.Nursery | None) -> None:
+        """Start topics created from now on in ``nursery`` (None: the service is stopping)."""
+        self._nursery = nursery
+
+    # -- health ------------------------------------------------------------------------------
+
+    @property
+    def health(self) -> str:
+        """``"OK"``, or ``"NOK - <error>"`` while the last backend write failed (nsqd)."""
+        return "OK" if self._health_error is None else f"NOK - {self._health_error}"
+
+    @property
+    def is_healthy(self) -> bool:
+        return self._health_error is None
+
+    def set_health(self, error: str | None) -> None:
+        if error != self._health_error:
+            if error is None:
+                log.info("health: OK again")
+            else:
+                log.error("health: %s", error)
+        self._health_error = error
+
+    # -- metadata ----------------------------------------------------------------------------
+
+    def metadata(self) -> Metadata:
+        """What the metadata file should say now (durable topics and channels, paused flags)."""
+        return Metadata(
+            tuple(
+                TopicMetadata(
+                    t.name,
+                    t.paused,
+                    tuple(
+                        ChannelMetadata(c.name, c.paused)
+                        for c in t.channels.values()
+                        if not c.ephemeral
+                    ),
+                )
+                for t in self.topics.values()
+                if not t.ephemeral
+            )
+        )
+
+    def persist_metadata(self) -> None:
+        """Write the metadata file soon, in a worker thread (bursts coalesce into one write).
+
+        Called on topic and channel creation and deletion and by the HTTP API after (un)pause.
+        """
+        self.syncer.metadata_changed()
+
+    # -- registry ----------------------------------------------------------------------------
+
+    def new_client_id(self) -> int:
+        self._next_client_id += 1
+        return self._next_client_id
+
+    def get_topic(self, name: str) -> Topic:
+        """The topic called ``name``, created (and started) if it doesn't exist yet.
+
+        Raises ``BackendError`` if its disk queue cannot be opened.
+        """
+        topic = self.topics.get(name)
+        if topic is None:
+            stores = self.stores
+            topic = Topic(
+                name,
+                self.options,
+                backend=stores.topic_backend(name),
+                channel_backend_factory=stores.channel_backend,
+                deferred_store_factory=stores.deferred_store,
+                on_deleted_ephemeral=self._forget_topic,
+                guid=self._guid,
+                syncer=self.syncer,
+                on_change=self.syncer.metadata_changed,
+                on_health=self.set_health,
+            )
+            self.topics[name] = topic
+            log.info("TOPIC(%s): created", name)
+            if not topic.ephemeral:
+                self.syncer.metadata_changed()
+            if self._nursery is not None:
+                self._nursery.start_soon(topic.run)
+        return topic
+
+    def topic_or_none(self, name: str) -> Topic | None:
+        return self.topics.get(name)
+
+    def delete_topic(self, name: str) -> None:
+        """Delete a topic, its channels and their stored messages; ``KeyError`` if unknown."""
+        topic = self.topics.pop(name)
+        topic.delete()
+        log.info("TOPIC(%s): deleted", name)
+        if not topic.ephemeral:
+            self.syncer.metadata_changed()
+
+    def _forget_topic(self, topic: Topic) -> None:
+        # An ephemeral topic whose last channel went away (nsqd deletes it then).
+        if self.topics.get(topic.name) is topic:
+            del self.topics[topic.name]
+            topic.delete()
+            log.info("TOPIC(%s): deleted (ephemeral, no channels left)", topic.name)
+
+    def close_topics(self) -> None:
+        """Shutdown, blocking: close every topic (channels first; each flushes to disk)."""
+        for topic in list(self.topics.values()):
+            try:
+                topic.close()
+            except Exception:
+                log.error("TOPIC(%s): close failed", topic.name, exc_info=True)
+
+    # -- the one publish path (TCP PUB/MPUB/DPUB and HTTP /pub, /mpub) -----------------------
+
+    def publish(
+        self, topic_name: str, bodies: Sequence[bytes], defer: float = 0.0
+    ) -> list[Message]:
+        """Put ``bodies`` on the topic (created if needed), deferred by ``defer`` seconds.
+
+        Raises ``BackendError`` (nothing stored; health turns NOK) or ``TopicExiting``. With
+        ``--durable`` the messages are written but not yet fsynced: answer the publisher after
+        ``after_durable``.
+        """
+        topic = self.get_topic(topic_name)
+        try:
+            messages = topic.publish(bodies, trio.current_time(), defer)
+        except BackendError as exc:
+            self.set_health(str(exc))
+            raise
+        if self._health_error is not None and topic.wrote_backend and not topic.durable:
+            # nsqd: a backend write that succeeds clears the health error. A durable write is
+            # only good once fsynced: the syncer's next successful round clears it.
+            self.set_health(None)
+        return messages
+
+    def after_durable(self, topic_name: str, callback: DurableCallback) -> bool:
+        """``--durable``: call ``callback(error)`` once everything published to the topic so far
+        is fsynced (``None``) or its sync failed (the ``OSError``).
+
+        Returns False, and never calls back, when there is nothing to wait for (not durable
+        mode, an ephemeral topic, no such topic).
+        """
+        topic = self.topics.get(topic_name)
+        queue = topic.durable_queue if topic is not None else None
+        if queue is None:
+            return False
+        self.syncer.when_durable(queue, callback, urgent=True)
+        return True
+
+    async def publish_durable(
+        self, topic_name: str, bodies: Sequence[bytes], defer: float = 0.0
+    ) -> list[Message]:
+        """``publish``, then (``--durable``) wait until the messages are fsynced.
+
+        For publishers that can wait (HTTP ``/pub``, ``/mpub``). Raises ``BackendError`` if the
+        write or the sync failed.
+        """
+        messages = self.publish(topic_name, bodies, defer)
+        done = trio.Event()
+        failure: list[OSError] = []
+
+        def synced(error: OSError | None) -> None:
+            if error is not None:
+                failure.append(error)
+            done.set()
+
+        if self.after_durable(topic_name, synced):
+            await done.wait()
+            if failure:
+                raise BackendError(f"sync failed: {failure[0]}")
+        return messages
+
+    # -- statistics --------------------------------------------------------------------------
+
+    def statistics(
+        self,
+        *,
+        topic: str | None = None,
+        channel: str | None = None,
+        include_clients: bool = True,
+    ) -> list[TopicStats]:
+        """Snapshots of the topics (sorted by name), filtered as nsqd's /stats filters them."""
+        names = sorted(self.topics) if topic is None else [topic] if topic in self.topics else []
+        result = []
+        for name in names:
+            stats = self.topics[name].statistics(include_clients=include_clients)
+            if channel is not None:
+                stats = attrs.evolve(
+                    stats,
+                    channels=tuple(c for c in stats.channels if c.channel_name == channel),
+                )
+            result.append(stats)
+        return result
+
+    def producers(self) -> list[ClientStats]:
+        """TCP connections that have published (nsqd's ``producers``)."""
+        return [c.statistics() for c in self.clients.values() if c.pub_counts]

@@ -1,0 +1,48 @@
+"""How one delivery round splits a batch of messages over the ready consumers (a pure function).
+
+A round takes as many messages as the ready consumers have free room in their RDY windows, then
+spreads them in random order (nsqd's racing goroutines pick a random ready client per message):
+with enough messages every consumer fills its window; otherwise *water-filling*: find the highest
+level ``b`` with ``sum(min(free, b)) <= n``, give each consumer ``min(free, b)`` and the few left
+over (fewer than the consumers above the level) one each to consumers picked at random among
+those with room above ``b``. A single message thus goes to a uniformly random ready consumer, and
+a batch is spread evenly. O(k log k) for k ready consumers, independent of the batch size.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+def split_batch(
+    ready: list[tuple[T, int]], n: int, room: int, rng: random.Random
+) -> list[tuple[T, int]]:
+    """Split ``n`` messages over ``ready`` ``(consumer, free room)`` pairs (``room`` is the sum of
+    the free rooms, ``0 < n <= room``): ``(consumer, count)`` pairs, counts > 0 summing to ``n``,
+    in random order. Shuffles ``ready`` in place."""
+    if len(ready) == 1:
+        return [(ready[0][0], n)]
+    rng.shuffle(ready)
+    if n >= room:
+        return ready
+    frees = sorted(free for _, free in ready)
+    k = len(frees)
+    prefix = 0
+    level = 0
+    for i, free in enumerate(frees):
+        rest = k - i
+        if prefix + free * rest > n:
+            level = (n - prefix) // rest
+            break
+        prefix += free
+    shares = [(consumer, min(free, level)) for consumer, free in ready]
+    left = n - sum(take for _, take in shares)
+    if left:
+        above = [i for i, (_, free) in enumerate(ready) if free > level]
+        for i in rng.sample(above, left):
+            consumer, take = shares[i]
+            shares[i] = (consumer, take + 1)
+    return [(consumer, take) for consumer, take in shares if take]

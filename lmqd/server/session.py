@@ -1,0 +1,332 @@
+"""A V2 client's session: the commands it sends, applied to the broker; what it is as a consumer.
+
+Trio-free. ``apply`` takes every event parsed from one receive buffer (``ServerConnection``) and
+applies them with plain calls: runs of consecutive PUB/MPUBs to one topic become one
+``broker.publish`` (their ``OK``s written once it succeeded), runs of FINs one ``finish_many``;
+everything else in order between the runs. Responses go to the connection's ``OutputBuffer``;
+the connection's I/O loops (``lmqd.server.connection``) only move bytes.
+
+A subscribed session is the channel's ``Consumer``: its RDY window, message timeout and sample
+rate, and ``write_messages``, which turns a delivery round's messages into frames. While more
+than ``OUTPUT_HIGH_WATER`` bytes wait to be sent it reports an RDY window of 0 (stalled), so a
+consumer that stops reading costs at most about that much memory.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from functools import partial
+
+from lmqd.broker import Broker
+from lmqd.engine.backend import BackendError
+from lmqd.engine.channel import Channel, NotInFlight, NotOwner, TooManyConsumers, TopicExiting
+from lmqd.engine.subscription import Subscription
+from lmqd.message import Message
+from lmqd.protocol import (
+    CLOSE_WAIT_FRAME,
+    OK_FRAME,
+    Auth,
+    ClientState,
+    Cls,
+    Dpub,
+    Event,
+    Fins,
+    Identify,
+    Mpub,
+    Nop,
+    ProtocolError,
+    Pub,
+    Rdy,
+    Req,
+    ServerConnection,
+    Sub,
+    Touch,
+    encode_response,
+    errors,
+    identify_response,
+    message_frame_parts,
+)
+from lmqd.server.output import Hold, OutputBuffer
+from lmqd.stats import ClientStats, PubCount
+
+log = logging.getLogger("lmqd.server")
+
+# A subscriber with this much unsent output gets no more messages until its writer catches up
+# (it reports an RDY window of 0): a consumer that stops reading costs at most about this much
+# memory, instead of collecting every redelivery of its own timed-out messages.
+OUTPUT_HIGH_WATER = 4 * 1024 * 1024
+
+
+class Session:
+    """One connection's protocol state and command handling (no I/O)."""
+
+    def __init__(
+        self,
+        broker: Broker,
+        conn: ServerConnection,
+        output: OutputBuffer,
+        remote_address: str,
+        *,
+        on_close: Callable[[], None],
+        on_heartbeat_interval: Callable[[float, float], None],
+    ) -> None:
+        options = broker.options
+        self.broker = broker
+        self.conn = conn
+        self.output = output
+        self.remote_address = remote_address
+        self.id = broker.new_client_id()
+        self.connect_ts = int(time.time())
+        self._on_close = on_close
+        self._on_heartbeat_interval = on_heartbeat_interval
+        # Consumer fields (the channel keeps the counters on the subscription).
+        self._ready_count = 0
+        self.stalled = False
+        self.msg_timeout = options.msg_timeout
+        self.sample_rate = 0
+        # Identity (IDENTIFY replaces the defaults, which are the remote host as in nsqd).
+        host = remote_address.rpartition(":")[0].strip("[]")
+        self.client_id = host
+        self.hostname = host
+        self.user_agent = ""
+        self.pub_counts: dict[str, int] = {}
+        self.channel: Channel | None = None
+        self.subscription: Subscription | None = None
+        self.closing = False
+        """Set once the connection must end: nothing more is read or applied."""
+
+    # -- Consumer ----------------------------------------------------------------------------
+
+    @property
+    def ready_count(self) -> int:
+        """The RDY window the channel sees: 0 while this client's output is backed up."""
+        return 0 if self.stalled else self._ready_count
+
+    @ready_count.setter
+    def ready_count(self, count: int) -> None:
+        self._ready_count = count
+
+    def write_messages(self, messages: Sequence[Message]) -> None:
+        output = self.output
+        parts: list[bytes] = []
+        output.write_parts(parts, message_frame_parts(messages, parts))
+        if output.pending_bytes > OUTPUT_HIGH_WATER:
+            self.stalled = True
+
+    def close(self) -> None:
+        """End the connection (its channel was deleted, or shutdown): stop applying commands;
+        the writer flushes what is owed."""
+        self.closing = True
+        self._on_close()
+
+    def output_drained(self) -> None:
+        """The writer sent what was ready: a stalled consumer may take messages again."""
+        if self.stalled and self.output.pending_bytes <= OUTPUT_HIGH_WATER:
+            self.stalled = False
+            if self.channel is not None:
+                self.channel.consumer_ready()
+
+    def leave(self) -> None:
+        """The connection ended: unsubscribe (in-flight messages are requeued at once)."""
+        channel, subscription = self.channel, self.subscription
+        if channel is not None and subscription is not None:
+            self.channel = self.subscription = None
+            channel.remove_consumer(subscription)
+
+    def statistics(self) -> ClientStats:
+        sub = self.subscription
+        return ClientStats(
+            client_id=self.client_id,
+            hostname=self.hostname,
+            version="V2",
+            remote_address=self.remote_address,
+            state=int(self.conn.state),
+            ready_count=self._ready_count,
+            in_flight_count=sub.in_flight_count if sub is not None else 0,
+            message_count=sub.message_count if sub is not None else 0,
+            finish_count=sub.finish_count if sub is not None else 0,
+            requeue_count=sub.requeue_count if sub is not None else 0,
+            connect_ts=self.connect_ts,
+            sample_rate=self.sample_rate,
+            deflate=False,
+            snappy=False,
+            user_agent=self.user_agent,
+            tls=False,
+            tls_cipher_suite="",
+            tls_version="",
+            tls_negotiated_protocol="",
+            tls_negotiated_protocol_is_mutual=False,
+            pub_counts=tuple(PubCount(topic=t, count=n) for t, n in self.pub_counts.items()),
+        )
+
+    # -- applying commands -------------------------------------------------------------------
+
+    def receive(self, data: bytes | bytearray, now: float) -> bool:
+        """Apply every complete command in what was received so far (``b""``: EOF); False once
+        the connection must end."""
+        conn = self.conn
+        conn.receive_data(data)
+        try:
+            while True:
+                events = conn.next_events()
+                if not events:
+                    break
+                self.apply(events, now)
+        except ProtocolError as exc:
+            self.fail(exc)
+            return False
+        return not self.closing
+
+    def fail(self, exc: ProtocolError) -> None:
+        """Answer a protocol error; a fatal one ends the connection."""
+        log.info("CLIENT(%s): %s", self.remote_address, exc.body.decode("utf-8", "replace"))
+        self.output.write(exc.frame())
+        if exc.fatal:
+            self.closing = True
+
+    def apply(self, events: Sequence[Event], now: float) -> None:
+        """Apply parsed commands in order (see the module docstring for the runs)."""
+        pub_topic: str | None = None
+        pub_kind = "PUB"
+        pub_bodies: list[bytes] = []
+        pub_count = 0
+        fins: list[bytes] = []
+
+        def flush() -> None:
+            nonlocal pub_topic, pub_count
+            if fins:
+                self._finish_many(fins, now)
+                fins.clear()
+            if pub_topic is not None:
+                topic, count = pub_topic, pub_count
+                pub_topic, pub_count = None, 0
+                self._publish(pub_kind, topic, pub_bodies, 0.0)
+                pub_bodies.clear()
+                self._write_oks(pub_kind, topic, count)
+
+        for event in events:
+            if isinstance(event, Fins):
+                if pub_topic is not None:
+                    flush()
+                fins += event.ids
+                continue
+            if isinstance(event, Pub | Mpub):
+                if fins or event.topic != pub_topic:
+                    flush()
+                    pub_topic = event.topic
+                    pub_kind = "PUB" if isinstance(event, Pub) else "MPUB"
+                if isinstance(event, Pub):
+                    pub_bodies.append(event.body)
+                else:
+                    pub_bodies.extend(event.bodies)
+                pub_count += 1
+                continue
+            flush()
+            match event:
+                case Rdy(count=count):
+                    self._ready(count)
+                case Req(id=msg_id, timeout_ms=timeout_ms):
+                    self._requeue(msg_id, timeout_ms, now)
+                case Touch(id=msg_id):
+                    self._touch(msg_id, now)
+                case Nop():
+                    pass
+                case Dpub(topic=topic, defer_ms=defer_ms, body=body):
+                    self._publish("DPUB", topic, [body], defer_ms / 1000)
+                    self._write_oks("DPUB", topic, 1)
+                case Sub(topic=topic, channel=channel):
+                    self._subscribe(topic, channel)
+                case Identify():
+                    self._identify(event, now)
+                case Auth():
+                    raise errors.auth_disabled()
+                case Cls():
+                    self.ready_count = 0
+                    self.output.write(CLOSE_WAIT_FRAME)
+                case _:
+                    raise AssertionError(f"unhandled event {event!r}")
+        flush()
+
+    def _publish(self, kind: str, topic: str, bodies: Sequence[bytes], defer: float) -> None:
+        try:
+            self.broker.publish(topic, bodies, defer)
+        except (BackendError, TopicExiting) as exc:
+            raise errors.publish_failed(kind, str(exc) or "exiting") from exc
+        # Messages, as nsqd counts them (an MPUB adds its length), however the run was coalesced.
+        self.pub_counts[topic] = self.pub_counts.get(topic, 0) + len(bodies)
+
+    def _write_oks(self, kind: str, topic: str, count: int) -> None:
+        """Answer ``count`` publishes to ``topic``: now, or (durable) once they are fsynced."""
+        frames = [OK_FRAME] * count
+        output = self.output
+        hold = output.hold(kind, frames)
+        if not self.broker.after_durable(topic, partial(self._synced, hold)):
+            # Nothing to wait for: the hold resolves at once (behind any earlier hold).
+            self._synced(hold, None)
+
+    def _synced(self, hold: Hold, error: OSError | None) -> None:
+        # Syncer callback (or an immediate release): a failed sync is fatal, as nsqd's.
+        failure = self.output.release(hold, error)
+        if failure is not None:
+            log.error("CLIENT(%s): %s", self.remote_address, failure)
+            self.close()
+
+    def _identify(self, event: Identify, now: float) -> None:
+        settings = event.settings
+        self.client_id = settings.client_id or self.client_id
+        self.hostname = settings.hostname or self.hostname
+        self.user_agent = settings.user_agent
+        self.msg_timeout = settings.msg_timeout_ms / 1000
+        self.sample_rate = settings.sample_rate
+        interval = settings.heartbeat_interval_ms
+        self._on_heartbeat_interval(interval / 1000 if interval > 0 else 0.0, now)
+        if settings.feature_negotiation:
+            self.output.write(encode_response(identify_response(settings, self.conn.limits)))
+        else:
+            self.output.write(OK_FRAME)
+
+    def _subscribe(self, topic_name: str, channel_name: str) -> None:
+        try:
+            channel = self.broker.get_topic(topic_name).get_channel(channel_name)
+            self.subscription = channel.add_consumer(self)
+        except TooManyConsumers as exc:
+            raise errors.sub_failed(str(exc)) from exc
+        except TopicExiting as exc:
+            raise errors.sub_failed("exiting") from exc
+        except BackendError as exc:  # its disk queue could not be opened
+            raise errors.sub_failed(str(exc)) from exc
+        self.channel = channel
+        self.output.write(OK_FRAME)
+
+    def _ready(self, count: int) -> None:
+        if self.conn.state is ClientState.CLOSING:  # nsqd ignores RDY after CLS
+            return
+        self.ready_count = count
+        if self.channel is not None:
+            self.channel.consumer_ready()
+
+    def _finish_many(self, msg_ids: list[bytes], now: float) -> None:
+        channel, sub = self.channel, self.subscription
+        assert channel is not None and sub is not None  # the state table allows FIN once subscribed
+        for msg_id, exc in channel.finish_many(sub, msg_ids, now):
+            self.fail(errors.fin_failed(msg_id, str(exc)))
+
+    def _requeue(self, msg_id: bytes, timeout_ms: int, now: float) -> None:
+        channel, sub = self.channel, self.subscription
+        assert channel is not None and sub is not None
+        # REQ clamps its delay to [0, --max-req-timeout] instead of failing (nsqd).
+        delay = min(timeout_ms / 1000, self.broker.options.max_req_timeout)
+        try:
+            channel.requeue(sub, msg_id, delay, now)
+        except (NotInFlight, NotOwner) as exc:
+            self.fail(errors.req_failed(msg_id, str(exc)))
+
+    def _touch(self, msg_id: bytes, now: float) -> None:
+        channel, sub = self.channel, self.subscription
+        assert channel is not None and sub is not None
+        try:
+            channel.touch(sub, msg_id, now)
+        except (NotInFlight, NotOwner) as exc:
+            self.fail(errors.touch_failed(msg_id, str(exc)))

@@ -1,0 +1,244 @@
+"""The service: runs one lmqd — data directory, restore, nursery, listeners, syncer, signals and
+the shutdown order. The network layers never import it; it imports them.
+
+``LmqDaemon.run()`` holds the data directory (``DataDirLock``), restores the topics and channels
+stored there, then owns the nursery in which the syncer, every topic (with its pump and channel
+timers), the TCP server and the HTTP server run; ``task_status.started()`` reports the bound
+addresses once every listener is listening. ``run_daemon()`` is the blocking entry point used by
+the CLI: it adds signal handling (SIGINT/SIGTERM -> graceful shutdown).
+
+Shutdown (``shutdown()``, SIGTERM, SIGINT): connections stop reading, held durable ``OK``
+responses get their sync round and every connection a moment to send what it owes; then the
+listeners and connections are cancelled (each connection requeues its in-flight messages), the
+metadata file is written, every topic is closed (channels first: memory and in-flight messages go
+to the main queue, deferred ones to the deferred store, with their attempts and deadlines; each
+queue is synced), and the data directory is released.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import signal
+import sys
+import time
+
+import trio
+
+from lmqd.broker import BoundAddresses, Broker
+from lmqd.engine.stores import queues_to_open, restore_plan, stored_queue_names
+from lmqd.httpapi import serve_http
+from lmqd.options import Options
+from lmqd.server import serve_tcp
+from lmqd.storage import (
+    AnchoredTimeBase,
+    DataDirLock,
+    DataDirLocked,
+    Metadata,
+    load_metadata,
+    metadata_path,
+    save_metadata,
+)
+
+__all__ = ["GC_THRESHOLDS", "BoundAddresses", "LmqDaemon", "run_daemon"]
+
+log = logging.getLogger("lmqd.daemon")
+
+# At shutdown, how long held durable OKs may wait for their sync round, and then how long
+# connections get to send what is in their output buffers before they are cancelled.
+SHUTDOWN_SYNC_WAIT = 5.0
+SHUTDOWN_FLUSH_WAIT = 1.0
+
+
+class LmqDaemon:
+    """One lmqd: its broker, its data directory and the tasks that serve them."""
+
+    def __init__(self, options: Options) -> None:
+        self.options = options
+        self.broker = Broker(options, hold_data_dir=self._hold_data_dir)
+        self._shutdown = trio.Event()
+        self._lock: DataDirLock | None = None
+        self._timebase: AnchoredTimeBase | None = None
+
+    @property
+    def addresses(self) -> BoundAddresses | None:
+        """Where it listens, once ``run`` has started."""
+        return self.broker.addresses
+
+    # -- the data directory --------------------------------------------------------------------
+
+    def _hold_data_dir(self) -> AnchoredTimeBase:
+        """Take the data directory (once) and return the time base stored deadlines use."""
+        if self._lock is None:
+            os.makedirs(self.options.data_path, exist_ok=True)
+            lock = DataDirLock(self.options.data_path)
+            lock.acquire()  # DataDirLocked: another lmqd uses this data path
+            self._lock = lock
+        if self._timebase is None:
+            self._timebase = AnchoredTimeBase.now(trio.current_time())
+        return self._timebase
+
+    async def _restore(self) -> None:
+        """Recreate the stored topics and channels (paused flags included) and their queues."""
+        data_path = self.options.data_path
+        path = metadata_path(data_path)
+        broker = self.broker
+        stores = broker.stores
+
+        def scan() -> tuple[Metadata, list[str]]:
+            return load_metadata(path), stored_queue_names(data_path)
+
+        metadata, on_disk = await trio.to_thread.run_sync(scan)
+        plan = restore_plan(metadata, on_disk)
+        if not plan:
+            return
+        started = time.perf_counter()
+        opened, failed = await trio.to_thread.run_sync(
+            stores.open_stored, queues_to_open(plan, on_disk)
+        )
+        stores.preopen(opened)
+        for name, exc in failed.items():
+            log.error("DISKQUEUE(%s): cannot open, not restored: %s", name, exc)
+            broker.set_health(f"cannot open queue {name}: {exc}")
+        for entry in plan:
+            if entry.name in failed or entry.name in broker.topics:
+                continue
+            topic = broker.get_topic(entry.name)
+            topic.paused = entry.paused
+            for c in entry.channels:
+                if f"{entry.name}:{c.name}" in failed:
+                    continue
+                channel = topic.get_channel(c.name)
+                channel.paused = c.paused
+        stores.close_unclaimed()
+        log.info(
+            "restored %d topic(s), %d channel(s) in %.2fs",
+            len(broker.topics),
+            sum(len(t.channels) for t in broker.topics.values()),
+            time.perf_counter() - started,
+        )
+
+    def _close_storage(self) -> None:
+        """Shutdown, blocking: metadata file, then every topic (channels first), then the lock."""
+        broker = self.broker
+        try:
+            if self._lock is not None:
+                try:
+                    save_metadata(metadata_path(self.options.data_path), broker.metadata())
+                except OSError:
+                    log.error("METADATA: final write failed", exc_info=True)
+            broker.close_topics()
+            stats = broker.syncer.statistics()
+            log.info(
+                "SYNCER: %d rounds, %d queue syncs (%d failed), %d metadata writes",
+                stats.rounds,
+                stats.queue_syncs,
+                stats.failed_syncs,
+                stats.metadata_writes,
+            )
+        finally:
+            if self._lock is not None:
+                self._lock.release()
+                self._lock = None
+
+    # -- running -----------------------------------------------------------------------------
+
+    async def run(
+        self, *, task_status: trio.TaskStatus[BoundAddresses] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Take the data directory, restore, listen and serve until ``shutdown()``; then close
+        every topic (to disk) and release the data directory.
+
+        Raises ``DataDirLocked`` if another lmqd holds ``--data-path``.
+        """
+        broker = self.broker
+        self._hold_data_dir()
+        try:
+            await self._restore()
+            async with trio.open_nursery() as nursery:
+                broker.attach(nursery)
+                await nursery.start(broker.syncer.run)
+                for topic in broker.topics.values():
+                    nursery.start_soon(topic.run)
+                tcp = await nursery.start(serve_tcp, broker)
+                http = None
+                if self.options.http_address:
+                    http = await nursery.start(serve_http, broker, self.options.http_address)
+                broker.addresses = BoundAddresses(tcp=tcp, http=http)
+                task_status.started(broker.addresses)
+                await self._shutdown.wait()
+                log.info("shutting down")
+                await self._drain_responses()
+                nursery.cancel_scope.cancel()
+        finally:
+            broker.attach(None)
+            self._close_storage()
+
+    async def _drain_responses(self) -> None:
+        # Connections stop reading (no command is applied from here on), held durable OKs get
+        # their sync round, and every connection a moment to send what it owes; then run()
+        # cancels whatever is left.
+        clients = list(self.broker.clients.values())
+        for client in clients:
+            client.close()
+        with trio.move_on_after(SHUTDOWN_SYNC_WAIT):
+            await self.broker.syncer.wait_idle()
+        with trio.move_on_after(SHUTDOWN_FLUSH_WAIT):
+            async with trio.open_nursery() as nursery:
+                for client in clients:
+                    nursery.start_soon(client.wait_sent)
+
+    def shutdown(self) -> None:
+        """Ask ``run()`` to stop: listeners close, connections end, topics are closed."""
+        self._shutdown.set()
+
+
+async def _main(options: Options) -> None:
+    daemon = LmqDaemon(options)
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with trio.open_nursery() as nursery:
+
+            async def watch_signals() -> None:
+                async for signum in signals:
+                    log.info("signal %s: exiting", signal.Signals(signum).name)
+                    daemon.shutdown()
+                    return
+
+            nursery.start_soon(watch_signals)
+            await daemon.run()
+            nursery.cancel_scope.cancel()
+
+
+def _sole_exception(error: BaseException) -> BaseException:
+    # trio wraps even a single failure in an ExceptionGroup; the CLI reports the failure itself.
+    while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
+        error = error.exceptions[0]
+    return error
+
+
+# Every message allocates a few objects that live until it is FIN'd; with CPython's default
+# young-generation threshold (700 allocations) the cyclic collector runs thousands of times a
+# second under load and rescans them. A larger threshold cut the daemon's CPU per message by
+# 15-20% in `lmqadmin bench` (docs/benchmarks.md). The older generations keep CPython's default
+# pace relative to it; messages hold no reference cycles, so little waits for them.
+GC_THRESHOLDS = (50_000, 50, 100)
+
+
+def run_daemon(options: Options) -> None:
+    """Run lmqd until SIGINT/SIGTERM (the CLI's entry point; it tunes the process's GC).
+
+    Raises ``OSError`` if it cannot start (a listen address in use, an unusable data path);
+    exits with status 1 if another lmqd holds the data directory.
+    """
+    gc.set_threshold(*GC_THRESHOLDS)
+    try:
+        trio.run(_main, options)
+    except BaseException as exc:
+        error = _sole_exception(exc)
+        if isinstance(error, DataDirLocked):
+            log.critical("failed to start: %s", error)
+            sys.exit(1)
+        if isinstance(error, OSError) and error is not exc:
+            raise error from None
+        raise
