@@ -15,13 +15,31 @@
 Executors publish with the blocking ``lmq_client.sync.Producer`` in MPUB batches, from the
 Arrow record batches Spark hands them. Delivery is at-least-once; ``docs/spark.md`` says exactly
 what a retry or a restart from the checkpoint publishes again.
+
+PySpark and PyArrow are not dependencies of lmq itself (they are ~650 MB, and the daemon, the
+clients and lmqadmin never use them): they come with the ``spark`` extra,
+``pip install 'lmq[spark]'``. Without them, importing this package (or any module in it, since
+Python imports the package first) raises an ImportError that says which extra to install.
 """
 
-from lmq_client.spark.datasource import LmqBatchWriter, LmqDataSource, LmqStreamWriter
-from lmq_client.spark.errors import LmqSinkError
-from lmq_client.spark.options import SinkOptions
-from lmq_client.spark.publish import LmqCommitMessage
-from lmq_client.spark.session import ensure_java, local_session
+# The top-level modules the spark extra brings: PySpark, PyArrow, and py4j (PySpark's own
+# dependency, named here so that a half-installed PySpark gets the same advice).
+_EXTRA_MODULES = frozenset({"pyspark", "pyarrow", "py4j"})
+
+try:
+    from lmq_client.spark.datasource import LmqBatchWriter, LmqDataSource, LmqStreamWriter
+    from lmq_client.spark.errors import LmqSinkError
+    from lmq_client.spark.options import SinkOptions
+    from lmq_client.spark.publish import LmqCommitMessage
+    from lmq_client.spark.session import ensure_java, local_session
+except ModuleNotFoundError as exc:
+    if (exc.name or "").partition(".")[0] not in _EXTRA_MODULES:
+        raise
+    raise ModuleNotFoundError(
+        f"lmq_client.spark needs {exc.name}, which is not installed; it comes with lmq's spark "
+        "extra: pip install 'lmq[spark]'",
+        name=exc.name,
+    ) from exc
 
 __all__ = [
     "LmqBatchWriter",
