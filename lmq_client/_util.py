@@ -9,16 +9,9 @@ from typing import Any
 
 from lmq_client.errors import InvalidNameError
 from lmqd.names import valid_name
+from lmqd.net import split_address
 
 USER_AGENT = "lmq_client/0.1.0"
-
-
-def split_address(address: str) -> tuple[str, int]:
-    """``"host:port"`` (or ``"[::1]:port"``) -> ``(host, port)``; ``ValueError`` otherwise."""
-    host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"invalid address {address!r}: want HOST:PORT")
-    return host.strip("[]"), int(port)
 
 
 def address_list(addresses: str | Sequence[str]) -> list[str]:

@@ -33,8 +33,9 @@ from typing import Any
 
 import trio
 
-from lmq_client._util import USER_AGENT, identify_body, parse_identify_response, split_address
+from lmq_client._util import USER_AGENT, identify_body, parse_identify_response
 from lmq_client.errors import ConnectionFailed, LmqClientError, NSQError, error_from_frame
+from lmqd.net import split_address
 from lmqd.protocol import ClientConnection, Error, MessageFrame, Nop, Response, encode_identify
 
 __all__ = ["Connection", "Reply", "open_tcp_stream"]

@@ -13,8 +13,8 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
-from lmq_client._util import split_address
 from lmq_client.errors import ConnectionFailed, LmqClientError
+from lmqd.net import split_address
 
 __all__ = ["HTTPClient", "HTTPError"]
 

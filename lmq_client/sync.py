@@ -27,7 +27,6 @@ from lmq_client._util import (
     check_name,
     identify_body,
     parse_identify_response,
-    split_address,
 )
 from lmq_client.errors import (
     ConnectionFailed,
@@ -37,6 +36,7 @@ from lmq_client.errors import (
     error_from_frame,
 )
 from lmq_client.message import Message
+from lmqd.net import split_address
 from lmqd.protocol import (
     ClientConnection,
     Cls,

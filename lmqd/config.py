@@ -31,7 +31,7 @@ from typing import Any
 
 import attrs
 
-from lmqd.options import Options
+from lmqd.options import LOG_LEVELS, Options
 
 __all__ = [
     "BOOL_KINDS",
@@ -378,14 +378,13 @@ def parse_bool(text: str) -> bool:
     raise ValueError("not a boolean (true, false, 1, 0, t, f)")
 
 
-_LOG_LEVELS = ("debug", "info", "warn", "error", "fatal")
 _TLS_VERSIONS = ("tls1.0", "tls1.1", "tls1.2", "tls1.3")
 
 
 def _parse_log_level(text: str) -> str:
     level = text.lower()
-    if level not in _LOG_LEVELS:
-        raise ValueError(f"invalid log level '{text}' (debug, info, warn, error, fatal)")
+    if level not in LOG_LEVELS:
+        raise ValueError(f"invalid log level '{text}' ({', '.join(LOG_LEVELS)})")
     return level
 
 

@@ -16,17 +16,17 @@ import datetime
 import logging
 import sys
 
-from lmqd.options import Options
+from lmqd.options import LOG_LEVELS, Options
 
 __all__ = ["LEVELS", "NsqdFormatter", "configure", "level_from_name", "set_level"]
 
-LEVELS: dict[str, int] = {
-    "debug": logging.DEBUG,
-    "info": logging.INFO,
-    "warn": logging.WARNING,
-    "error": logging.ERROR,
-    "fatal": logging.CRITICAL,
-}
+LEVELS: dict[str, int] = dict(
+    zip(
+        LOG_LEVELS,
+        (logging.DEBUG, logging.INFO, logging.WARNING, logging.ERROR, logging.CRITICAL),
+        strict=True,
+    )
+)
 """``--log-level`` names (nsqd's) -> logging levels."""
 
 # nsqd's LogLevel.String(): "WARNING" for warn, "FATAL" for fatal.
@@ -44,7 +44,7 @@ def level_from_name(name: str) -> int:
     try:
         return LEVELS[name.lower()]
     except KeyError:
-        raise ValueError(f"invalid log level '{name}' (debug, info, warn, error, fatal)") from None
+        raise ValueError(f"invalid log level '{name}' ({', '.join(LOG_LEVELS)})") from None
 
 
 class NsqdFormatter(logging.Formatter):

@@ -37,6 +37,10 @@ def _non_negative(instance: Any, attribute: attrs.Attribute[Any], value: float) 
         raise ValueError(f"--{attribute.name.replace('_', '-')} must be >= 0")
 
 
+LOG_LEVELS = ("debug", "info", "warn", "error", "fatal")
+"""``--log-level`` names, nsqd's (``internal/lg``), in order: DEBUG = 1 ... FATAL = 5."""
+
+
 @attrs.frozen(kw_only=True)
 class Options:
     """The daemon's configuration; see docs/operations.md for every flag."""
@@ -44,7 +48,7 @@ class Options:
     # -- logging and identity
     log_level: str = attrs.field(
         default="info",
-        validator=attrs.validators.in_(["debug", "info", "warn", "error", "fatal"]),
+        validator=attrs.validators.in_(LOG_LEVELS),
     )
     log_prefix: str = "[lmqd] "
     node_id: int = attrs.field(factory=_default_node_id)

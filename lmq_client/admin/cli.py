@@ -24,9 +24,10 @@ from rich.console import Console
 from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from lmq_client._util import check_name, split_address
+from lmq_client._util import check_name
 from lmq_client.errors import ConnectionFailed, InvalidNameError, LmqClientError, NSQError
 from lmq_client.http import HTTPClient, HTTPError
+from lmqd.net import split_address
 
 __all__ = ["cli", "main"]
 

@@ -24,6 +24,7 @@ import math
 from collections.abc import Iterable, Iterator, Sequence
 
 from lmqd.message import Message
+from lmqd.protocol.errors import CLIENT_DOES_NOT_OWN_MESSAGE, ID_NOT_IN_FLIGHT
 
 COMPACT_RATIO = 3
 COMPACT_FLOOR = 1024
@@ -41,14 +42,14 @@ class NotInFlight(ChannelError):
     """The message id is not in flight on this channel (nsqd: ``ID not in flight``)."""
 
     def __init__(self) -> None:
-        super().__init__("ID not in flight")
+        super().__init__(ID_NOT_IN_FLIGHT)
 
 
 class NotOwner(ChannelError):
     """The message is in flight to another client (nsqd: ``client does not own message``)."""
 
     def __init__(self) -> None:
-        super().__init__("client does not own message")
+        super().__init__(CLIENT_DOES_NOT_OWN_MESSAGE)
 
 
 class InFlightQueue:

@@ -26,7 +26,7 @@ import attrs
 from lmqd.config import SETTINGS, Kind, Setting, default_value
 from lmqd.httpapi.asgi import HttpError
 from lmqd.logging_setup import LEVELS, set_level
-from lmqd.options import Options
+from lmqd.options import LOG_LEVELS, Options
 
 if TYPE_CHECKING:
     from lmqd.broker import Broker
@@ -35,8 +35,6 @@ __all__ = ["MUTABLE_OPTIONS", "get_option", "put_option"]
 
 _BY_KEY: dict[str, Setting] = {key: s for s in SETTINGS for key in s.config_keys}
 
-# internal/lg: DEBUG = 1 ... FATAL = 5.
-_LOG_LEVEL_NUMBERS = {"debug": 1, "info": 2, "warn": 3, "error": 4, "fatal": 5}
 # nsqd/options.go: TLSNotRequired = iota, TLSRequiredExceptHTTP, TLSRequired.
 _TLS_REQUIRED_NUMBERS = {"false": 0, "tcp-https": 1, "true": 2}
 # crypto/tls: VersionTLS10 = 0x0301 ... VersionTLS13 = 0x0304.
@@ -51,7 +49,7 @@ def _go_value(setting: Setting, value: Any) -> Any:
     if kind is Kind.DURATION:
         return round(value * 1_000_000_000)
     if kind is Kind.LOG_LEVEL:
-        return _LOG_LEVEL_NUMBERS[value]
+        return LOG_LEVELS.index(value) + 1  # internal/lg: DEBUG = 1 ... FATAL = 5
     if kind is Kind.TLS_REQUIRED:
         return _TLS_REQUIRED_NUMBERS.get(value, value)
     if kind is Kind.TLS_MIN_VERSION:

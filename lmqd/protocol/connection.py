@@ -29,6 +29,7 @@ import re
 import struct
 from collections.abc import Callable
 
+from lmqd.message import MSG_ID_LENGTH
 from lmqd.names import decode_name
 from lmqd.protocol import errors
 from lmqd.protocol.errors import ProtocolError
@@ -55,7 +56,6 @@ from lmqd.protocol.state import IGNORED_STATES, LEGAL_STATES, ClientState
 MAGIC_V2 = b"  V2"
 """The 4 bytes a V2 client sends first."""
 
-MSG_ID_LENGTH = 16
 
 _unpack_size = struct.Struct(">i").unpack_from
 _UINT64_MASK = (1 << 64) - 1

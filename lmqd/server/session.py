@@ -24,6 +24,7 @@ from lmqd.engine.backend import BackendError
 from lmqd.engine.channel import Channel, NotInFlight, NotOwner, TooManyConsumers, TopicExiting
 from lmqd.engine.subscription import Subscription
 from lmqd.message import Message
+from lmqd.net import split_address
 from lmqd.protocol import (
     CLOSE_WAIT_FRAME,
     OK_FRAME,
@@ -87,7 +88,7 @@ class Session:
         self.msg_timeout = options.msg_timeout
         self.sample_rate = 0
         # Identity (IDENTIFY replaces the defaults, which are the remote host as in nsqd).
-        host = remote_address.rpartition(":")[0].strip("[]")
+        host = split_address(remote_address)[0]
         self.client_id = host
         self.hostname = host
         self.user_agent = ""
