@@ -20,10 +20,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from lmqd.message import Message
-
-
-class BackendError(Exception):
-    """A backend could not store messages (disk full, I/O error): publishing gets E_PUB_FAILED."""
+from lmqd.storage.errors import BackendError as BackendError  # re-exported: its home is storage
 
 
 class BackendQueue(Protocol):

@@ -52,8 +52,8 @@ from operator import add
 import attrs
 from crc32c import crc32c
 
-from lmqd.backend import BackendError
 from lmqd.message import MSG_ID_LENGTH, Message
+from lmqd.storage.errors import BackendError
 from lmqd.storage.files import (
     fsync_dir,
     positions_filename,
@@ -90,11 +90,9 @@ from lmqd.storage.recovery import recover_queue
 from lmqd.storage.scan import scan_records
 from lmqd.storage.sync import QueueFiles, SyncJob
 from lmqd.storage.timebase import TimeBase
+from lmqd.units import KiB, MiB
 
 log = logging.getLogger("lmqd.storage")
-
-KiB = 1024
-MiB = 1024 * KiB
 
 DEFAULT_READ_AHEAD = 256 * KiB
 """Bytes per read syscall: ~2,000 small messages, small enough not to hold much memory per queue."""
