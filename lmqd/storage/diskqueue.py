@@ -41,18 +41,15 @@ import contextlib
 import logging
 import mmap
 import os
-import struct
 import time
-from bisect import bisect_right
 from collections import deque
 from collections.abc import Iterable, Sequence
-from itertools import accumulate, pairwise
-from operator import add
 
-import attrs
 from crc32c import crc32c
 
-from lmqd.message import MSG_ID_LENGTH, Message
+from lmqd.message import Message
+from lmqd.storage.decoder import decode_batch, decode_message
+from lmqd.storage.encoder import encode_entries, frame_batches, plan_batches
 from lmqd.storage.errors import BackendError
 from lmqd.storage.files import (
     fsync_dir,
@@ -65,31 +62,21 @@ from lmqd.storage.files import (
 )
 from lmqd.storage.positions import Positions, encode_positions
 from lmqd.storage.record import (
-    BATCH_ENTRY,
-    BATCH_ENTRY_SIZE,
-    BATCH_HEADER,
-    BATCH_HEADER_SIZE,
     BATCH_OVERHEAD,
-    MAX_ATTEMPTS,
-    MAX_BATCH_BYTES,
-    MAX_BATCH_COUNT,
     MAX_RECORD_LENGTH,
     MIN_RECORD_LENGTH,
     RECORD_OVERHEAD,
-    RECORD_PREFIX,
-    RECORD_PREFIX_SIZE,
     SEGMENT_HEADER_SIZE,
     TYPE_BATCH,
     TYPE_MESSAGE,
-    FormatError,
-    decode_batch_records,
+    U32,
     encode_segment_header,
-    parse_optional_fields,
 )
 from lmqd.storage.recovery import recover_queue
 from lmqd.storage.scan import scan_records
 from lmqd.storage.sync import QueueFiles, SyncJob
 from lmqd.storage.timebase import TimeBase
+from lmqd.storage.tokens import record_token, token_index, token_position
 from lmqd.units import KiB, MiB
 
 log = logging.getLogger("lmqd.storage")
@@ -97,41 +84,11 @@ log = logging.getLogger("lmqd.storage")
 DEFAULT_READ_AHEAD = 256 * KiB
 """Bytes per read syscall: ~2,000 small messages, small enough not to hold much memory per queue."""
 
-_INDEX_BITS = 24  # >= record.MAX_BATCH_COUNT
-_OFFSET_BITS = 40
-_OFFSET_MASK = (1 << _OFFSET_BITS) - 1
-_INDEX_MASK = (1 << _INDEX_BITS) - 1
-_LENGTH = struct.Struct(">I")
-_NO_CRC = bytes(4)
-"""Room for a batch's CRC, filled in once the batch's bytes are joined."""
 _MAX_REPAIRS_PER_READ = 64
 WRITE_CACHE_BYTES = 1 * MiB
 """Bytes of records a queue whose reader keeps up keeps as message objects (see ``put_many``):
 ~7,000 messages of 100 bytes, enough for what a channel writes between two delivery rounds."""
 """Bound on corrupt regions handled in one read_many call, so damage never becomes a busy loop."""
-
-
-def token_position(token: int) -> tuple[int, int]:
-    """The (segment, offset) of the record holding the message a ``StoredMessage.token`` is for."""
-    record = token >> _INDEX_BITS
-    return record >> _OFFSET_BITS, record & _OFFSET_MASK
-
-
-def token_index(token: int) -> int:
-    """The index, inside its record, of the message a ``StoredMessage.token`` stands for."""
-    return token & _INDEX_MASK
-
-
-def _record_token(segment: int, offset: int) -> int:
-    """The token of message 0 of the record at (segment, offset); message k's is this + k."""
-    return ((segment << _OFFSET_BITS) | offset) << _INDEX_BITS
-
-
-@attrs.define(slots=True, eq=False, repr=False, weakref_slot=False)
-class StoredMessage(Message):
-    """A message read in acknowledgement mode: ``token`` is what ``DiskQueue.ack`` takes."""
-
-    token: int = 0
 
 
 class _Segment:
@@ -296,8 +253,9 @@ class DiskQueue:
             return
         if self._truncate_to >= 0:
             self._truncate_tail()
-        entries, bodies = self._encode(messages)
-        placed = self._write_chunks(entries, bodies, self._plan(bodies, self._segments[-1].end))
+        entries, bodies = encode_entries(messages, self._timebase.to_wall_ns)
+        chunks = plan_batches(bodies, self._segments[-1].end, self._max_bytes)
+        placed = self._write_chunks(entries, bodies, chunks)
         if not self._cache_open and self._depth == 0 and self._pending is None:
             self._cache_open = not self._ack_mode and not self._cache
         if self._cache_open:
@@ -497,138 +455,6 @@ class DiskQueue:
 
     # -- writing ------------------------------------------------------------------------------
 
-    def _encode(self, messages: Sequence[Message]) -> tuple[list[bytes], list[bytes]]:
-        """Each message's batch entry (``record.BATCH_ENTRY``) and its body, in two lists.
-
-        This loop runs once per message spilled to disk: one ``pack`` and two appends.
-        """
-        to_wall_ns = self._timebase.to_wall_ns
-        pack = BATCH_ENTRY.pack
-        entries: list[bytes] = []
-        bodies: list[bytes] = []
-        add_entry = entries.append
-        add_body = bodies.append
-        try:
-            for m in messages:
-                msg_id = m.id
-                if len(msg_id) != MSG_ID_LENGTH:
-                    raise ValueError(f"message id must be {MSG_ID_LENGTH} bytes, not {msg_id!r}")
-                body = m.body
-                deliver = m.deliver_at
-                add_entry(
-                    pack(
-                        len(body),
-                        msg_id,
-                        m.timestamp,
-                        m.attempts,
-                        to_wall_ns(deliver) if deliver else 0,
-                    )
-                )
-                add_body(body)
-        except struct.error:
-            # Attempts past the field's width: saturate (rare, so not in the loop above).
-            entries = []
-            for m in messages:
-                if len(m.id) != MSG_ID_LENGTH:
-                    raise ValueError(
-                        f"message id must be {MSG_ID_LENGTH} bytes, not {m.id!r}"
-                    ) from None
-                deliver = m.deliver_at
-                entries.append(
-                    pack(
-                        len(m.body),
-                        m.id,
-                        m.timestamp,
-                        min(m.attempts, MAX_ATTEMPTS),
-                        to_wall_ns(deliver) if deliver else 0,
-                    )
-                )
-            bodies = [m.body for m in messages]
-        return entries, bodies
-
-    def _plan(self, bodies: list[bytes], start_pos: int) -> list[list[tuple[int, int, int]]]:
-        """Split messages into batch records: per segment (the write segment first, possibly
-        empty, then new ones), its batches as (first, end, payload bytes): the message range and
-        the bytes of its entries and bodies.
-
-        A batch ends where the segment is full or at ``MAX_BATCH_BYTES``; a segment always takes
-        at least one message, and a batch holds at least one, however large.
-        """
-        n = len(bodies)
-        cap = MAX_BATCH_BYTES - BATCH_OVERHEAD
-        max_bytes = self._max_bytes
-        total = n * BATCH_ENTRY_SIZE + sum(map(len, bodies))
-        parts = -(-total // cap)
-        if start_pos + parts * BATCH_OVERHEAD + total <= max_bytes:
-            if parts == 1:
-                return [[(0, n, total)]]
-            # The common large call: equal counts per batch fit the cap unless sizes are skewed.
-            bounds = [n * k // parts for k in range(parts + 1)]
-            even = [
-                (first, end, BATCH_ENTRY_SIZE * (end - first) + sum(map(len, bodies[first:end])))
-                for first, end in pairwise(bounds)
-            ]
-            if all(size <= cap for _, _, size in even):
-                return [even]
-        # The general case (segment boundary, skewed sizes): cum[k] is the bytes of the entries
-        # and bodies of messages 0..k-1 (C loops, no per-message bytecode).
-        cum = list(
-            map(
-                add,
-                accumulate(map(len, bodies), initial=0),
-                range(0, BATCH_ENTRY_SIZE * (n + 1), BATCH_ENTRY_SIZE),
-            )
-        )
-        chunks: list[list[tuple[int, int, int]]] = []
-        batches: list[tuple[int, int, int]] = []
-        pos = start_pos
-        i = 0
-        while i < n:
-            room = max_bytes - pos - BATCH_OVERHEAD
-            j = bisect_right(cum, cum[i] + min(room, cap), i + 1) - 1
-            if j == i:
-                if pos > SEGMENT_HEADER_SIZE and cum[i + 1] - cum[i] > room:
-                    chunks.append(batches)  # this segment is full
-                    batches = []
-                    pos = SEGMENT_HEADER_SIZE
-                    continue
-                j = i + 1
-            batches.append((i, j, cum[j] - cum[i]))
-            pos += BATCH_OVERHEAD + cum[j] - cum[i]
-            i = j
-        chunks.append(batches)
-        return chunks
-
-    @staticmethod
-    def _frame(
-        entries: list[bytes], bodies: list[bytes], batches: list[tuple[int, int, int]]
-    ) -> bytearray:
-        """The batch records of one segment's share of a call, in one buffer.
-
-        One join copies every body once (no per-batch buffers joined again); the CRC of each
-        batch is then computed over its bytes in place and written into its last four bytes.
-        """
-        n = len(bodies)
-        parts: list[bytes] = []
-        for first, end, payload in batches:
-            length = BATCH_OVERHEAD - 4 + payload
-            parts.append(BATCH_HEADER.pack(length, TYPE_BATCH, 0, end - first))
-            if first == 0 and end == n:
-                parts += entries
-                parts += bodies
-            else:
-                parts += entries[first:end]
-                parts += bodies[first:end]
-            parts.append(_NO_CRC)
-        data = bytearray().join(parts)
-        pos = 0
-        with memoryview(data) as view:
-            for _, _, payload in batches:
-                crc_at = pos + BATCH_OVERHEAD - 4 + payload
-                _LENGTH.pack_into(data, crc_at, crc32c(view[pos + 4 : crc_at]))
-                pos = crc_at + 4
-        return data
-
     def _write_chunks(
         self, entries: list[bytes], bodies: list[bytes], chunks: list[list[tuple[int, int, int]]]
     ) -> list[tuple[int, int, list[tuple[int, int, int]]]]:
@@ -655,7 +481,7 @@ class DiskQueue:
                     pos = SEGMENT_HEADER_SIZE
                 else:
                     wrote_current = True
-                data = self._frame(entries, bodies, batches)
+                data = frame_batches(entries, bodies, batches)
                 pwrite_all(fd, data, pos)
                 pos += len(data)
                 written.append((len(data), batches[-1][1] - batches[0][0]))
@@ -813,7 +639,9 @@ class DiskQueue:
         i = pos - base
         avail = min(stop, base + len(buf)) - base
         view = memoryview(buf)
-        unpack_u32 = _LENGTH.unpack_from
+        unpack_u32 = U32.unpack_from
+        from_wall_ns = self._timebase.from_wall_ns
+        ack_mode = self._ack_mode
         target = len(out) + want
         ok = True
         while len(out) < target:
@@ -843,11 +671,11 @@ class DiskQueue:
             if crc32c(view[i + 4 : crc_at]) != unpack_u32(buf, crc_at)[0]:
                 ok = False
                 break
-            token = _record_token(seg.number, base + i)
+            token = record_token(seg.number, base + i)
             if typ == TYPE_BATCH:
-                msgs = self._decode_batch(buf, view, i, rec_end, token)
+                msgs = decode_batch(buf, view, i, rec_end, token, from_wall_ns, ack_mode)
             else:
-                msgs = self._decode_message(buf, i, rec_end, token)
+                msgs = decode_message(buf, i, rec_end, token, from_wall_ns, ack_mode)
             if msgs is None:
                 ok = False
                 break
@@ -861,91 +689,6 @@ class DiskQueue:
         self._rbuf = buf if i < len(buf) else b""
         self._rbuf_start = base + i if i >= len(buf) else base
         return ok
-
-    def _decode_batch(
-        self, buf: bytes, view: memoryview, i: int, rec_end: int, token: int
-    ) -> list[Message] | None:
-        """The messages of the batch at ``buf[i:rec_end]`` (CRC already checked); None if its
-        structure is inconsistent. The hot path: one ``iter_unpack`` for all the entries, then
-        per message one slice and one message object."""
-        _, _, flags, count = BATCH_HEADER.unpack_from(buf, i)
-        crc_at = rec_end - 4
-        at = i + BATCH_HEADER_SIZE + count * BATCH_ENTRY_SIZE
-        if flags or not 1 <= count <= MAX_BATCH_COUNT or at > crc_at:
-            return self._decode_batch_slowly(buf, i, rec_end, token)
-        from_wall_ns = self._timebase.from_wall_ns
-        entries = BATCH_ENTRY.iter_unpack(view[i + BATCH_HEADER_SIZE : at])
-        msgs: list[Message] = []
-        add = msgs.append
-        if self._ack_mode:
-            for n, msg_id, timestamp, attempts, deliver in entries:
-                end = at + n
-                add(
-                    StoredMessage(
-                        msg_id,
-                        buf[at:end],
-                        timestamp,
-                        attempts,
-                        from_wall_ns(deliver) if deliver else 0.0,
-                        token=token,
-                    )
-                )
-                token += 1
-                at = end
-        else:
-            for n, msg_id, timestamp, attempts, deliver in entries:
-                end = at + n
-                add(
-                    Message(
-                        msg_id, buf[at:end], timestamp, attempts,
-                        from_wall_ns(deliver) if deliver else 0.0,
-                    )
-                )  # fmt: skip
-                at = end
-        # Slices stop at the buffer's end, so a lying length shows here (only a writer bug can
-        # make one: the CRC matched).
-        return msgs if at == crc_at else None
-
-    def _decode_batch_slowly(
-        self, buf: bytes, i: int, rec_end: int, token: int
-    ) -> list[Message] | None:
-        """A batch with option blocks (or a bad count): the general decoder. Optional fields
-        are not kept (``Message`` has none yet)."""
-        try:
-            records = decode_batch_records(buf, i, rec_end)
-        except FormatError:
-            return None
-        from_wall_ns = self._timebase.from_wall_ns
-        msgs: list[Message] = []
-        for k, r in enumerate(records):
-            deliver_at = from_wall_ns(r.deliver_after_ns) if r.deliver_after_ns else 0.0
-            if self._ack_mode:
-                msgs.append(
-                    StoredMessage(
-                        r.id, r.body, r.timestamp, r.attempts, deliver_at, token=token + k
-                    )
-                )
-            else:
-                msgs.append(Message(r.id, r.body, r.timestamp, r.attempts, deliver_at))
-        return msgs
-
-    def _decode_message(self, buf: bytes, i: int, rec_end: int, token: int) -> list[Message] | None:
-        """A single-message record (the format before batches; CRC already checked)."""
-        crc_at = rec_end - 4
-        if i + RECORD_PREFIX_SIZE > crc_at:
-            return None
-        _, _, flags, msg_id, timestamp, attempts, deliver = RECORD_PREFIX.unpack_from(buf, i)
-        body_at = i + RECORD_PREFIX_SIZE
-        if flags:
-            try:
-                _, _, body_at = parse_optional_fields(buf, body_at, crc_at, flags)
-            except FormatError:
-                return None
-        deliver_at = self._timebase.from_wall_ns(deliver) if deliver else 0.0
-        body = buf[body_at:crc_at]
-        if self._ack_mode:
-            return [StoredMessage(msg_id, body, timestamp, attempts, deliver_at, token=token)]
-        return [Message(msg_id, body, timestamp, attempts, deliver_at)]
 
     def _take(self, want: int, out: list[Message]) -> None:
         """Move up to ``want`` messages of the pending record to ``out``; past its end, the read
