@@ -76,7 +76,6 @@ class SegmentReader:
         "_damage",
         "_fd",
         "_fd_segment",
-        "_list",
         "_name",
         "_order",
         "_outstanding",
@@ -85,6 +84,7 @@ class SegmentReader:
         "_read_ahead",
         "_read_index",
         "_read_pos",
+        "_segment_list",
         "_segments",
         "_timebase",
         "_writer",
@@ -106,7 +106,7 @@ class SegmentReader:
         read_ahead: int = DEFAULT_READ_AHEAD,
     ) -> None:
         self._name = name
-        self._list = segments
+        self._segment_list = segments
         self._segments = segments.live
         self._writer = writer
         """Read through its descriptor if the write segment was unlinked under us."""
@@ -348,5 +348,5 @@ class SegmentReader:
 
     def _retire_segment(self) -> None:
         self.close()
-        self._list.retire_first()
+        self._segment_list.retire_first()
         self.reset(SEGMENT_HEADER_SIZE, 0)
