@@ -17,8 +17,7 @@ from typing import Any
 
 import attrs
 
-KiB = 1024
-MiB = 1024 * KiB
+from lmqd.units import KiB, MiB
 
 
 def _default_node_id() -> int:

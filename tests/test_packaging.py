@@ -350,7 +350,7 @@ def _modules(package: str) -> list[str]:
 
 def test_every_module_but_spark_imports_in_a_base_install(base_dists: set[NormalizedName]) -> None:
     modules = _modules("lmqd") + _modules("lmq_client")
-    assert "lmqd.daemon" in modules and "lmq_client.admin.bench" in modules
+    assert "lmqd.service" in modules and "lmq_client.admin.bench" in modules
     child = _in_base_install(
         base_dists,
         "for m in sys.argv[1:]: importlib.import_module(m)\n"

@@ -462,7 +462,6 @@ class Channel:
         subscription.in_flight_count -= 1
         subscription.requeue_count += 1
         self.requeue_count += 1
-        self._request_delivery()
         if delay > 0:
             msg.deliver_at = now + delay
             if self._acks is not None:
@@ -480,11 +479,13 @@ class Channel:
                     )
                 else:
                     self._acks.ack_when_copied(msg)
+                    self._request_delivery()  # its RDY slot is free again
                     return
             self._deferred.push(msg)
             self._wake_at(msg.deliver_at)
         else:
             self._enqueue((msg,))
+        self._request_delivery()
 
     def touch(self, subscription: Subscription, msg_id: bytes, now: float) -> None:
         """TOUCH: reset the deadline to ``now + msg_timeout``, capped at delivery time +

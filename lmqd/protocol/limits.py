@@ -6,11 +6,11 @@ from typing import TYPE_CHECKING
 
 import attrs
 
+from lmqd.units import KiB, MiB
+
 if TYPE_CHECKING:
     from lmqd.options import Options
 
-KiB = 1024
-MiB = 1024 * KiB
 
 MAX_LINE_LENGTH = 16 * KiB
 """Longest command line accepted, newline included.

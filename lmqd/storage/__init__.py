@@ -5,7 +5,7 @@ the blocking parts (opening a queue, ``SyncJob.run``, ``run_sync_jobs``) in work
 The format and the recovery rules are documented in docs/storage.md.
 """
 
-from lmqd.storage.diskqueue import DiskQueue, StoredMessage, token_index, token_position
+from lmqd.storage.diskqueue import DiskQueue
 from lmqd.storage.metadata import (
     ChannelMetadata,
     DataDirLock,
@@ -18,6 +18,7 @@ from lmqd.storage.metadata import (
 )
 from lmqd.storage.sync import SyncJob, run_sync_jobs
 from lmqd.storage.timebase import AnchoredTimeBase, TimeBase
+from lmqd.storage.tokens import StoredMessage, token_index, token_position
 
 __all__ = [
     "AnchoredTimeBase",

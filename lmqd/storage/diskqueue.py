@@ -3,153 +3,60 @@
 Theory of operation
 -------------------
 A queue is a sequence of segment files ``<stem>.lmq.<number>.dat`` (``files.queue_stem``) in the
-data directory, each a header and records (``record.py``). ``put_many`` encodes its messages as
-*batch records* (one CRC32C per batch, one ``struct.pack`` per message), split where a segment
-fills up and at ``record.MAX_BATCH_BYTES``, and hands them to the OS with one ``pwrite`` per
-segment it touches, at the write position; what does not fit in ``max_bytes_per_file`` rolls to
-a new segment. If any write fails, whatever the call wrote is truncated away or unlinked and
-``BackendError`` is raised: the call is stored whole or not at all, and the positions never move
-over a partial write.
+data directory, each a header and records (``record.py``). ``DiskQueue`` is the public face; the
+work is done by parts of one purpose each, which it composes and keeps consistent:
 
-``read_many`` reads ahead ``read_ahead`` bytes per ``pread`` and decodes whole records, checking
-each CRC again (the disk may have rotted since start-up); no message of a record is returned
-before the record's CRC has matched. A record that fails is handled like recovery does at
-start-up (``recovery.py``): the bad bytes are copied aside, counted and skipped. A batch that is
-only partly returned stays decoded in the reader (``_pending``); the read position is then the
-batch's offset plus the index of the next message in it (``_rpos``, ``_ridx``), and that pair is
-what the positions file stores, so a close and reopen resumes exactly there. A segment the reader
-has left is *retired*; it is unlinked by the sync job that persists a read position past it
-(``sync.py``), never before, so a crash cannot leave a positions file pointing into a deleted
-segment.
+* ``segments.py``: which segment files exist, live (unread messages) or retired (read, waiting
+  for a durable read position past them before they are unlinked); ``bytes_on_disk``.
+* ``writer.py``: ``put_many``'s side. Messages become batch records (``encoder.py``), written with
+  one ``pwrite`` per segment touched, rolling to new segments; a call is stored whole or not at
+  all (``BackendError``), and the positions never move over a partial write.
+* ``reader.py``: ``read_many``'s side. Read-ahead, CRC checked again, decoding (``decoder.py``),
+  a partly returned record kept pending, damage found while reading set aside (``repair.py``).
+* ``write_cache.py``: while the reader keeps up, the records just written are kept as the
+  message objects given, and read back from there instead of from the files.
+* ``acks.py``: acknowledgement mode (``ack_mode=True``): ``read_many`` returns ``StoredMessage``
+  objects carrying a ``token`` (``tokens.py``); the persisted read position is the position of
+  the oldest message not yet ``ack``-ed, so after a crash everything not acknowledged is read
+  again (at-least-once), along with any acknowledged messages that followed it.
 
 Positions (``<stem>.lmq.pos.json``, ``positions.py``) are persisted only by sync jobs
-(``prepare_sync`` in the event-loop thread, ``SyncJob.run`` in a worker thread) and by
-``close``/``empty``. In acknowledgement mode (``ack_mode=True``) ``read_many`` returns
-``StoredMessage`` objects carrying a ``token`` (segment, record offset and index in the record);
-the persisted read position is the position of the oldest message not yet ``ack``-ed, so after a
-crash everything not acknowledged is read again (at-least-once), along with any acknowledged
-messages that followed it.
+(``prepare_sync`` in the event-loop thread, ``SyncJob.run`` in a worker thread, ``sync.py``)
+and by ``close``/``empty``. The read position persisted is a record's offset plus the index of
+the next message in it, so a close and reopen resumes exactly there. A segment the reader has
+left is unlinked by the sync job that persists a read position past it, never before, so a
+crash cannot leave a positions file pointing into a deleted segment.
 
-Opening a queue recovers it: every segment from the persisted read position on is verified;
-consumed segments left behind by a crash are removed; a damaged or missing positions file is
-rebuilt from the segments (reading restarts at the oldest record still on disk).
+Opening a queue recovers it (``recovery.py``): every segment from the persisted read position on
+is verified; consumed segments left behind by a crash are removed; a damaged or missing
+positions file is rebuilt from the segments (reading restarts at the oldest record still on
+disk).
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import mmap
 import os
-import struct
-import time
-from bisect import bisect_right
-from collections import deque
 from collections.abc import Iterable, Sequence
-from itertools import accumulate, pairwise
-from operator import add
 
-import attrs
-from crc32c import crc32c
-
-from lmqd.message import MSG_ID_LENGTH, Message
+from lmqd.message import Message
+from lmqd.storage.acks import AckTracker
 from lmqd.storage.errors import BackendError
-from lmqd.storage.files import (
-    fsync_dir,
-    positions_filename,
-    pwrite_all,
-    save_aside,
-    segment_filename,
-    unlink_quietly,
-    write_file_durably,
-)
+from lmqd.storage.files import fsync_dir, positions_filename, unlink_quietly
 from lmqd.storage.positions import Positions, encode_positions
-from lmqd.storage.record import (
-    BATCH_ENTRY,
-    BATCH_ENTRY_SIZE,
-    BATCH_HEADER,
-    BATCH_HEADER_SIZE,
-    BATCH_OVERHEAD,
-    MAX_ATTEMPTS,
-    MAX_BATCH_BYTES,
-    MAX_BATCH_COUNT,
-    MAX_RECORD_LENGTH,
-    MIN_RECORD_LENGTH,
-    RECORD_OVERHEAD,
-    RECORD_PREFIX,
-    RECORD_PREFIX_SIZE,
-    SEGMENT_HEADER_SIZE,
-    TYPE_BATCH,
-    TYPE_MESSAGE,
-    FormatError,
-    decode_batch_records,
-    encode_segment_header,
-    parse_optional_fields,
-)
+from lmqd.storage.reader import DEFAULT_READ_AHEAD, SegmentReader
+from lmqd.storage.record import SEGMENT_HEADER_SIZE
 from lmqd.storage.recovery import recover_queue
-from lmqd.storage.scan import scan_records
+from lmqd.storage.repair import Damage
+from lmqd.storage.segments import Segment, SegmentList
 from lmqd.storage.sync import QueueFiles, SyncJob
 from lmqd.storage.timebase import TimeBase
+from lmqd.storage.tokens import StoredMessage
+from lmqd.storage.write_cache import WRITE_CACHE_BYTES, WriteCache
+from lmqd.storage.writer import SegmentWriter
+from lmqd.units import MiB
 
 log = logging.getLogger("lmqd.storage")
-
-KiB = 1024
-MiB = 1024 * KiB
-
-DEFAULT_READ_AHEAD = 256 * KiB
-"""Bytes per read syscall: ~2,000 small messages, small enough not to hold much memory per queue."""
-
-_INDEX_BITS = 24  # >= record.MAX_BATCH_COUNT
-_OFFSET_BITS = 40
-_OFFSET_MASK = (1 << _OFFSET_BITS) - 1
-_INDEX_MASK = (1 << _INDEX_BITS) - 1
-_LENGTH = struct.Struct(">I")
-_NO_CRC = bytes(4)
-"""Room for a batch's CRC, filled in once the batch's bytes are joined."""
-_MAX_REPAIRS_PER_READ = 64
-WRITE_CACHE_BYTES = 1 * MiB
-"""Bytes of records a queue whose reader keeps up keeps as message objects (see ``put_many``):
-~7,000 messages of 100 bytes, enough for what a channel writes between two delivery rounds."""
-"""Bound on corrupt regions handled in one read_many call, so damage never becomes a busy loop."""
-
-
-def token_position(token: int) -> tuple[int, int]:
-    """The (segment, offset) of the record holding the message a ``StoredMessage.token`` is for."""
-    record = token >> _INDEX_BITS
-    return record >> _OFFSET_BITS, record & _OFFSET_MASK
-
-
-def token_index(token: int) -> int:
-    """The index, inside its record, of the message a ``StoredMessage.token`` stands for."""
-    return token & _INDEX_MASK
-
-
-def _record_token(segment: int, offset: int) -> int:
-    """The token of message 0 of the record at (segment, offset); message k's is this + k."""
-    return ((segment << _OFFSET_BITS) | offset) << _INDEX_BITS
-
-
-@attrs.define(slots=True, eq=False, repr=False, weakref_slot=False)
-class StoredMessage(Message):
-    """A message read in acknowledgement mode: ``token`` is what ``DiskQueue.ack`` takes."""
-
-    token: int = 0
-
-
-class _Segment:
-    __slots__ = ("end", "number", "path", "records", "skips")
-
-    def __init__(
-        self, number: int, path: str, end: int, skips: list[tuple[int, int]], records: int
-    ) -> None:
-        self.number = number
-        self.path = path
-        self.end = end
-        """Offset after the last record (the write position, for the write segment)."""
-        self.skips = skips
-        """Corrupt regions (start, end) the reader jumps over, sorted."""
-        self.records = records
-        """Messages in the file's valid records."""
 
 
 class DiskQueue:
@@ -180,63 +87,27 @@ class DiskQueue:
             raise ValueError("max_bytes_per_file too small")
         self.name = name
         self._dir = os.fspath(data_path)
-        self._timebase = timebase
-        self._max_bytes = max_bytes_per_file
         self._ack_mode = ack_mode
-        self._read_ahead = max(read_ahead, RECORD_OVERHEAD)
-        self._write_cache = write_cache
         self._files = QueueFiles(name, self._dir, os.path.join(self._dir, positions_filename(name)))
-        self._segments: deque[_Segment] = deque()
-        """The reader's segment first, the write segment last."""
-        self._retired: deque[_Segment] = deque()
-        """Segments the reader has left, waiting for a persisted read position past them."""
-        self._next_number = 0
-        self._wfd = -1
-        self._wdirty = False
-        self._truncate_to = -1
-        """Write position to cut the write segment back to before the next write (-1: none)."""
-        self._pending_fds: list[int] = []
-        """Rolled segments' write descriptors, handed to the next sync job to fsync."""
-        self._rfd = -1
-        self._rfd_segment: _Segment | None = None
-        self._rbuf = b""
-        self._rbuf_start = 0
-        self._rpos = SEGMENT_HEADER_SIZE
-        """Offset of the record holding the next message to read (a record boundary)."""
-        self._ridx = 0
-        """Messages of the record at ``_rpos`` already returned (or consumed before a restart)."""
-        self._pending: list[Message] | None = None
-        """The decoded messages of the record at ``_rpos`` while it is partly returned."""
-        self._pending_end = 0
-        """Offset after the record ``_pending`` came from."""
-        self._pending_token = 0
-        """Acknowledgement mode: the token of ``_pending[0]``."""
-        self._rconsumed = 0
-        """Messages read from the reader's segment (for recounting after a corrupt region)."""
-        self._cache: deque[tuple[int, int, int, list[Message]]] = deque()
-        """Write-through cache: (segment, offset, end, messages) of the last records written, from
-        the one the reader reads next on (non-acknowledgement mode only; see ``put_many``)."""
-        self._cache_bytes = 0
-        self._cache_open = False
-        """Whether records written now may join the cache (it is contiguous with the reader)."""
-        self._depth = 0
+        self._segments = SegmentList(name, self._dir)
+        self._writer = SegmentWriter(name, self._segments, timebase, max_bytes_per_file)
+        self._cache = WriteCache(write_cache, enabled=not ack_mode)
+        self._acks = AckTracker()
+        self._damage = Damage()
+        self._reader = SegmentReader(
+            name,
+            self._segments,
+            writer=self._writer,
+            cache=self._cache,
+            acks=self._acks,
+            damage=self._damage,
+            timebase=timebase,
+            ack_mode=ack_mode,
+            read_ahead=read_ahead,
+        )
         self._dirty = 0
-        self._bytes = 0
-        """Bytes of the segment files not yet handed to a sync job to unlink (``bytes_on_disk``)."""
-        self._outstanding: set[int] = set()
-        self._order: deque[int] = deque()
-        """Tokens handed out, oldest first; acknowledged ones are dropped only from the front."""
         self._last_positions: Positions | None = None
         self._closed = False
-        self.corrupt_count = 0
-        """Corrupt regions found (at start-up and while reading) and set aside."""
-        self.corrupt_bytes = 0
-        self.torn_bytes = 0
-        """Bytes of torn writes truncated at start-up (a crash mid-write; not data loss)."""
-        self.missing_segments = 0
-        """Segment files the positions file expected that were not found."""
-        self.rebuilt_positions = False
-        """True if the positions file was missing or damaged and was rebuilt from the segments."""
         try:
             self._open()
         except BaseException:
@@ -248,7 +119,7 @@ class DiskQueue:
     @property
     def depth(self) -> int:
         """Messages stored and not yet read."""
-        return self._depth
+        return self._reader.depth
 
     @property
     def bytes_on_disk(self) -> int:
@@ -258,7 +129,7 @@ class DiskQueue:
         A segment stops counting once a sync job is given it to unlink; the small positions file
         and set-aside ``.bad`` copies are not counted.
         """
-        return self._bytes
+        return self._segments.bytes_on_disk
 
     @property
     def dirty_count(self) -> int:
@@ -272,7 +143,7 @@ class DiskQueue:
     @property
     def unacked_count(self) -> int:
         """Acknowledgement mode: messages read and not yet acknowledged."""
-        return len(self._outstanding)
+        return len(self._acks)
 
     @property
     def ack_mode(self) -> bool:
@@ -281,6 +152,30 @@ class DiskQueue:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    @property
+    def corrupt_count(self) -> int:
+        """Corrupt regions found (at start-up and while reading) and set aside."""
+        return self._damage.corrupt_count
+
+    @property
+    def corrupt_bytes(self) -> int:
+        return self._damage.corrupt_bytes
+
+    @property
+    def torn_bytes(self) -> int:
+        """Bytes of torn writes truncated at start-up (a crash mid-write; not data loss)."""
+        return self._damage.torn_bytes
+
+    @property
+    def missing_segments(self) -> int:
+        """Segment files the positions file expected that were not found."""
+        return self._damage.missing_segments
+
+    @property
+    def rebuilt_positions(self) -> bool:
+        """True if the positions file was missing or damaged and was rebuilt from the segments."""
+        return self._damage.rebuilt_positions
 
     def put_many(self, messages: Sequence[Message]) -> None:
         """Append messages in order; raises ``BackendError`` having stored none of them.
@@ -296,15 +191,14 @@ class DiskQueue:
             raise BackendError(f"DISKQUEUE({self.name}): closed")
         if not messages:
             return
-        if self._truncate_to >= 0:
-            self._truncate_tail()
-        entries, bodies = self._encode(messages)
-        placed = self._write_chunks(entries, bodies, self._plan(bodies, self._segments[-1].end))
-        if not self._cache_open and self._depth == 0 and self._pending is None:
-            self._cache_open = not self._ack_mode and not self._cache
-        if self._cache_open:
-            self._remember(messages, placed)
-        self._depth += len(messages)
+        placed = self._writer.write(messages)
+        reader = self._reader
+        cache = self._cache
+        if not cache.open and reader.depth == 0 and reader.pending is None:
+            cache.reader_caught_up()
+        if cache.open:
+            cache.remember(messages, placed)
+        reader.depth += len(messages)
         self._dirty += len(messages)
 
     def read_many(self, max_count: int) -> list[Message]:
@@ -312,74 +206,22 @@ class DiskQueue:
 
         In acknowledgement mode they are ``StoredMessage`` objects to ``ack`` by token.
         """
-        out: list[Message] = []
         if self._closed or max_count <= 0:
-            return out
-        if self._pending is not None:
-            self._take(max_count, out)
-        repairs = 0
-        cache = self._cache
-        while len(out) < max_count and self._depth > 0:
-            seg = self._segments[0]
-            pos, stop = self._bounds(seg, self._rpos)
-            if pos != self._rpos:
-                self._rpos = pos
-                self._ridx = 0
-            if pos >= seg.end:
-                if len(self._segments) == 1:
-                    break
-                self._retire_reader_segment()
-                continue
-            if pos >= stop:  # pragma: no cover - _bounds skips regions starting at pos
-                break
-            if cache and self._read_cached(seg.number, pos, max_count - len(out), out):
-                continue
-            try:
-                ok = self._decode(seg, stop, max_count - len(out), out)
-            except OSError:
-                log.error("DISKQUEUE(%s): read failed", self.name, exc_info=True)
-                break
-            if not ok:
-                repairs += 1
-                if repairs > _MAX_REPAIRS_PER_READ:
-                    break
-                try:
-                    self._repair(seg)
-                except OSError:
-                    # Nothing is skipped that could not be copied aside: reading stops here
-                    # until the repair succeeds (e.g. the disk has room again).
-                    log.error(
-                        "DISKQUEUE(%s): cannot set a bad record aside", self.name, exc_info=True
-                    )
-                    break
-        if len(self._segments) > 1:
-            seg = self._segments[0]
-            if self._bounds(seg, self._rpos)[0] >= seg.end:
-                self._retire_reader_segment()
+            return []
+        out = self._reader.read_many(max_count)
         self._dirty += len(out)
         return out
 
     def ack(self, token: int) -> bool:
         """Acknowledgement mode: mark a read message done; False if the token is unknown."""
-        outstanding = self._outstanding
-        if token not in outstanding:
+        if not self._acks.ack(token):
             return False
-        outstanding.remove(token)
-        order = self._order
-        while order and order[0] not in outstanding:
-            order.popleft()
         self._dirty += 1
         return True
 
     def ack_many(self, tokens: Iterable[int]) -> int:
         """Acknowledge many messages; returns how many tokens were known (each counted once)."""
-        outstanding = self._outstanding
-        before = len(outstanding)
-        outstanding.difference_update(tokens)  # one C loop, not an ``ack`` call per token
-        known = before - len(outstanding)
-        order = self._order
-        while order and order[0] not in outstanding:
-            order.popleft()
+        known = self._acks.ack_many(tokens)
         self._dirty += known
         return known
 
@@ -401,19 +243,9 @@ class DiskQueue:
         """
         if self._closed:
             return None
-        fds: list[int] = []
-        if self._wdirty:
-            fds.append(os.dup(self._wfd))
-        fds.extend(self._pending_fds)
-        self._pending_fds = []
-        self._wdirty = False
+        fds = self._writer.take_sync_fds()
         positions = self._positions()
-        unlink = []
-        retired = self._retired
-        while retired and retired[0].number < positions.read_segment:
-            seg = retired.popleft()
-            unlink.append(seg.path)
-            self._bytes -= seg.end
+        unlink = self._segments.release_consumed(positions.read_segment)
         if not fds and not unlink and positions == self._last_positions:
             self._dirty = 0
             return None
@@ -442,34 +274,30 @@ class DiskQueue:
         """
         if self._closed:
             return
-        number = self._next_number
+        segments = self._segments
+        number = segments.next_number
         try:
-            fd = self._create_segment(number)
+            fd = segments.create(number)
         except OSError as exc:
             raise BackendError(f"DISKQUEUE({self.name}): empty failed: {exc}") from exc
         positions = Positions(number, SEGMENT_HEADER_SIZE, number, SEGMENT_HEADER_SIZE, 0)
         try:
-            self._persist_now(positions)
+            self._files.persist_now(encode_positions(self.name, positions))
         except OSError as exc:
             os.close(fd)
-            _unlink_quietly(os.path.join(self._dir, segment_filename(self.name, number)))
+            _unlink_quietly(segments.path(number))
             raise BackendError(f"DISKQUEUE({self.name}): empty failed: {exc}") from exc
-        old = [*self._retired, *self._segments]
+        old = segments.paths()
         self._close_fds()
-        for seg in old:
-            _unlink_quietly(seg.path)
-        self._next_number = number + 1
-        self._segments = deque([self._new_segment_entry(number)])
-        self._retired.clear()
-        self._bytes = SEGMENT_HEADER_SIZE
-        self._wfd = fd
-        self._truncate_to = -1
-        self._reset_reader(SEGMENT_HEADER_SIZE, 0)
-        self._drop_cache()
-        self._depth = 0
+        for path in old:
+            _unlink_quietly(path)
+        segments.restart(segments.entry(number))
+        self._writer.start(fd)
+        self._reader.reset(SEGMENT_HEADER_SIZE, 0)
+        self._cache.drop()
+        self._reader.depth = 0
         self._dirty = 0
-        self._outstanding.clear()
-        self._order.clear()
+        self._acks.clear()
         self._last_positions = positions
 
     def delete(self) -> None:
@@ -477,8 +305,8 @@ class DiskQueue:
         with self._files.lock:
             self._files.deleted = True
         self._close_fds()
-        for seg in [*self._retired, *self._segments]:
-            _unlink_quietly(seg.path)
+        for path in self._segments.paths():
+            _unlink_quietly(path)
         _unlink_quietly(self._files.positions)
         _unlink_quietly(self._files.positions + ".tmp")
         try:
@@ -486,10 +314,8 @@ class DiskQueue:
         except OSError:
             log.warning("DISKQUEUE(%s): fsync of %s failed", self.name, self._dir, exc_info=True)
         self._segments.clear()
-        self._retired.clear()
-        self._drop_cache()
-        self._bytes = 0
-        self._depth = 0
+        self._cache.drop()
+        self._reader.depth = 0
         self._closed = True
 
     def close(self) -> None:
@@ -504,639 +330,58 @@ class DiskQueue:
         except OSError:
             log.error("DISKQUEUE(%s): sync on close failed", self.name, exc_info=True)
         self._close_fds()
-        self._drop_cache()
+        self._cache.drop()
         self._closed = True
 
-    # -- writing ------------------------------------------------------------------------------
-
-    def _encode(self, messages: Sequence[Message]) -> tuple[list[bytes], list[bytes]]:
-        """Each message's batch entry (``record.BATCH_ENTRY``) and its body, in two lists.
-
-        This loop runs once per message spilled to disk: one ``pack`` and two appends.
-        """
-        to_wall_ns = self._timebase.to_wall_ns
-        pack = BATCH_ENTRY.pack
-        entries: list[bytes] = []
-        bodies: list[bytes] = []
-        add_entry = entries.append
-        add_body = bodies.append
-        try:
-            for m in messages:
-                msg_id = m.id
-                if len(msg_id) != MSG_ID_LENGTH:
-                    raise ValueError(f"message id must be {MSG_ID_LENGTH} bytes, not {msg_id!r}")
-                body = m.body
-                deliver = m.deliver_at
-                add_entry(
-                    pack(
-                        len(body),
-                        msg_id,
-                        m.timestamp,
-                        m.attempts,
-                        to_wall_ns(deliver) if deliver else 0,
-                    )
-                )
-                add_body(body)
-        except struct.error:
-            # Attempts past the field's width: saturate (rare, so not in the loop above).
-            entries = []
-            for m in messages:
-                if len(m.id) != MSG_ID_LENGTH:
-                    raise ValueError(
-                        f"message id must be {MSG_ID_LENGTH} bytes, not {m.id!r}"
-                    ) from None
-                deliver = m.deliver_at
-                entries.append(
-                    pack(
-                        len(m.body),
-                        m.id,
-                        m.timestamp,
-                        min(m.attempts, MAX_ATTEMPTS),
-                        to_wall_ns(deliver) if deliver else 0,
-                    )
-                )
-            bodies = [m.body for m in messages]
-        return entries, bodies
-
-    def _plan(self, bodies: list[bytes], start_pos: int) -> list[list[tuple[int, int, int]]]:
-        """Split messages into batch records: per segment (the write segment first, possibly
-        empty, then new ones), its batches as (first, end, payload bytes): the message range and
-        the bytes of its entries and bodies.
-
-        A batch ends where the segment is full or at ``MAX_BATCH_BYTES``; a segment always takes
-        at least one message, and a batch holds at least one, however large.
-        """
-        n = len(bodies)
-        cap = MAX_BATCH_BYTES - BATCH_OVERHEAD
-        max_bytes = self._max_bytes
-        total = n * BATCH_ENTRY_SIZE + sum(map(len, bodies))
-        parts = -(-total // cap)
-        if start_pos + parts * BATCH_OVERHEAD + total <= max_bytes:
-            if parts == 1:
-                return [[(0, n, total)]]
-            # The common large call: equal counts per batch fit the cap unless sizes are skewed.
-            bounds = [n * k // parts for k in range(parts + 1)]
-            even = [
-                (first, end, BATCH_ENTRY_SIZE * (end - first) + sum(map(len, bodies[first:end])))
-                for first, end in pairwise(bounds)
-            ]
-            if all(size <= cap for _, _, size in even):
-                return [even]
-        # The general case (segment boundary, skewed sizes): cum[k] is the bytes of the entries
-        # and bodies of messages 0..k-1 (C loops, no per-message bytecode).
-        cum = list(
-            map(
-                add,
-                accumulate(map(len, bodies), initial=0),
-                range(0, BATCH_ENTRY_SIZE * (n + 1), BATCH_ENTRY_SIZE),
-            )
-        )
-        chunks: list[list[tuple[int, int, int]]] = []
-        batches: list[tuple[int, int, int]] = []
-        pos = start_pos
-        i = 0
-        while i < n:
-            room = max_bytes - pos - BATCH_OVERHEAD
-            j = bisect_right(cum, cum[i] + min(room, cap), i + 1) - 1
-            if j == i:
-                if pos > SEGMENT_HEADER_SIZE and cum[i + 1] - cum[i] > room:
-                    chunks.append(batches)  # this segment is full
-                    batches = []
-                    pos = SEGMENT_HEADER_SIZE
-                    continue
-                j = i + 1
-            batches.append((i, j, cum[j] - cum[i]))
-            pos += BATCH_OVERHEAD + cum[j] - cum[i]
-            i = j
-        chunks.append(batches)
-        return chunks
-
-    @staticmethod
-    def _frame(
-        entries: list[bytes], bodies: list[bytes], batches: list[tuple[int, int, int]]
-    ) -> bytearray:
-        """The batch records of one segment's share of a call, in one buffer.
-
-        One join copies every body once (no per-batch buffers joined again); the CRC of each
-        batch is then computed over its bytes in place and written into its last four bytes.
-        """
-        n = len(bodies)
-        parts: list[bytes] = []
-        for first, end, payload in batches:
-            length = BATCH_OVERHEAD - 4 + payload
-            parts.append(BATCH_HEADER.pack(length, TYPE_BATCH, 0, end - first))
-            if first == 0 and end == n:
-                parts += entries
-                parts += bodies
-            else:
-                parts += entries[first:end]
-                parts += bodies[first:end]
-            parts.append(_NO_CRC)
-        data = bytearray().join(parts)
-        pos = 0
-        with memoryview(data) as view:
-            for _, _, payload in batches:
-                crc_at = pos + BATCH_OVERHEAD - 4 + payload
-                _LENGTH.pack_into(data, crc_at, crc32c(view[pos + 4 : crc_at]))
-                pos = crc_at + 4
-        return data
-
-    def _write_chunks(
-        self, entries: list[bytes], bodies: list[bytes], chunks: list[list[tuple[int, int, int]]]
-    ) -> list[tuple[int, int, list[tuple[int, int, int]]]]:
-        """Write the planned batches; returns (segment, offset, batches) for each segment written.
-        """
-        seg = self._segments[-1]
-        start_end = seg.end
-        fd = self._wfd
-        pos = start_end
-        created: list[tuple[int, int, str]] = []  # (number, fd, path)
-        written: list[tuple[int, int]] = []  # (bytes, messages) per chunk
-        wrote_current = False
-        try:
-            for k, batches in enumerate(chunks):
-                if not batches:
-                    written.append((0, 0))
-                    continue
-                if k > 0:
-                    number = self._next_number + len(created)
-                    fd = self._create_segment(number)
-                    created.append(
-                        (number, fd, os.path.join(self._dir, segment_filename(self.name, number)))
-                    )
-                    pos = SEGMENT_HEADER_SIZE
-                else:
-                    wrote_current = True
-                data = self._frame(entries, bodies, batches)
-                pwrite_all(fd, data, pos)
-                pos += len(data)
-                written.append((len(data), batches[-1][1] - batches[0][0]))
-        except OSError as exc:
-            for number, cfd, path in created:
-                self._discard_new_segment(number, cfd, path)
-            if wrote_current:
-                self._truncate_to = start_end
-                with contextlib.suppress(BackendError):  # retried before the next write
-                    self._truncate_tail()
-            log.error("DISKQUEUE(%s): write failed: %s", self.name, exc)
-            raise BackendError(f"DISKQUEUE({self.name}): write failed: {exc}") from exc
-        # Commit: only now do the positions move.
-        placed = []
-        if wrote_current:
-            size, count = written[0]
-            seg.end = start_end + size
-            seg.records += count
-            self._bytes += size
-            self._wdirty = True
-            placed.append((seg.number, start_end, chunks[0]))
-        for (number, cfd, path), (size, count), batches in zip(
-            created, written[1:], chunks[1:], strict=True
-        ):
-            self._roll_to(cfd, _Segment(number, path, SEGMENT_HEADER_SIZE + size, [], count))
-            placed.append((number, SEGMENT_HEADER_SIZE, batches))
-        return placed
-
-    # -- the write-through cache -----------------------------------------------------------------
-
-    def _remember(
-        self, messages: Sequence[Message], placed: list[tuple[int, int, list[tuple[int, int, int]]]]
-    ) -> None:
-        """Cache the records just written (``put_many``), or close the cache if they don't fit."""
-        size = sum(BATCH_OVERHEAD + payload for _, _, batches in placed for *_, payload in batches)
-        if self._cache_bytes + size > self._write_cache:
-            self._cache_open = False  # the reader is behind: it reads the files from here on
-            return
-        cache = self._cache
-        listed = messages if isinstance(messages, list) else list(messages)  # a deque can't slice
-        for number, pos, batches in placed:
-            for first, end, payload in batches:
-                rec_end = pos + BATCH_OVERHEAD + payload
-                cache.append((number, pos, rec_end, listed[first:end]))
-                pos = rec_end
-        self._cache_bytes += size
-
-    def _read_cached(self, number: int, pos: int, want: int, out: list[Message]) -> bool:
-        """Read the record at (``number``, ``pos``) from the cache if it is there; False if the
-        reader must read the files (the cache is dropped if it does not start at the reader)."""
-        seg_number, offset, end, msgs = self._cache[0]
-        if seg_number != number or offset != pos or self._ridx:
-            self._drop_cache()
-            return False
-        self._cache.popleft()
-        self._cache_bytes -= end - offset
-        self._pending = msgs
-        self._pending_end = end
-        self._pending_token = 0
-        self._take(want, out)
-        return True
-
-    def _drop_cache(self) -> None:
-        self._cache.clear()
-        self._cache_bytes = 0
-        self._cache_open = False
-
-    def _truncate_tail(self) -> None:
-        """Cut a failed write's bytes off the write segment; raises ``BackendError`` if it can't.
-
-        Until that succeeds no write is accepted: the failed batch may hold complete records,
-        which recovery after a crash could not tell from records that were stored.
-        """
-        try:
-            os.ftruncate(self._wfd, self._truncate_to)
-        except OSError as exc:
-            log.error("DISKQUEUE(%s): cannot truncate a failed write: %s", self.name, exc)
-            raise BackendError(f"DISKQUEUE({self.name}): write failed: {exc}") from exc
-        self._truncate_to = -1
-
-    def _discard_new_segment(self, number: int, fd: int, path: str) -> None:
-        try:
-            try:
-                os.ftruncate(fd, 0)  # whatever else fails, no record of the batch survives
-            finally:
-                os.close(fd)
-            os.unlink(path)
-        except OSError:
-            log.error("DISKQUEUE(%s): cannot remove %s", self.name, path, exc_info=True)
-            self._next_number = max(self._next_number, number + 1)
-
-    def _roll_to(self, fd: int, seg: _Segment) -> None:
-        if self._wdirty:
-            self._pending_fds.append(self._wfd)
-        else:
-            os.close(self._wfd)
-        self._wfd = fd
-        self._wdirty = True
-        self._segments.append(seg)
-        self._bytes += seg.end
-        self._next_number = seg.number + 1
-
-    def _create_segment(self, number: int) -> int:
-        """Create segment file ``number`` with its header; returns an fd open for writing."""
-        path = os.path.join(self._dir, segment_filename(self.name, number))
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
-        try:
-            pwrite_all(fd, encode_segment_header(number, time.time_ns()), 0)
-        except BaseException:
-            os.close(fd)
-            _unlink_quietly(path)
-            raise
-        return fd
-
-    def _new_segment_entry(self, number: int) -> _Segment:
-        path = os.path.join(self._dir, segment_filename(self.name, number))
-        return _Segment(number, path, SEGMENT_HEADER_SIZE, [], 0)
-
-    # -- reading ------------------------------------------------------------------------------
-
-    @staticmethod
-    def _bounds(seg: _Segment, pos: int) -> tuple[int, int]:
-        """Move ``pos`` past skipped regions; return it and where the next skip (or end) is."""
-        for start, end in seg.skips:
-            if end <= pos:
-                continue
-            if start <= pos:
-                pos = end
-                continue
-            return pos, start
-        return pos, seg.end
-
-    def _reader_fd(self, seg: _Segment) -> int:
-        if self._rfd_segment is not seg:
-            self._close_reader()
-            try:
-                self._rfd = os.open(seg.path, os.O_RDONLY)
-            except FileNotFoundError:
-                if seg is not self._segments[-1]:
-                    raise
-                # Unlinked under us while we still write it: read through our write fd.
-                self._rfd = os.dup(self._wfd)
-            self._rfd_segment = seg
-        return self._rfd
-
-    def _decode(self, seg: _Segment, stop: int, want: int, out: list[Message]) -> bool:
-        """Decode records from ``self._rpos`` (up to ``stop``) until ``want`` more messages are in
-        ``out``; False at a bad record. Only whole records whose CRC matched are decoded."""
-        buf = self._rbuf
-        base = self._rbuf_start
-        pos = self._rpos
-        if not base <= pos <= base + len(buf):
-            buf = b""
-            base = pos
-        i = pos - base
-        avail = min(stop, base + len(buf)) - base
-        view = memoryview(buf)
-        unpack_u32 = _LENGTH.unpack_from
-        target = len(out) + want
-        ok = True
-        while len(out) < target:
-            length = -1
-            if i + 5 <= avail:
-                length = unpack_u32(buf, i)[0]
-                typ = buf[i + 4]
-                if not MIN_RECORD_LENGTH <= length <= MAX_RECORD_LENGTH or (
-                    typ != TYPE_BATCH and typ != TYPE_MESSAGE
-                ):
-                    ok = False
-                    break
-            elif base + i >= stop:
-                break
-            rec_end = i + 4 + length
-            if length < 0 or rec_end > avail:
-                need = 4 + length if length >= 0 else RECORD_OVERHEAD
-                if base + i + need > stop:
-                    ok = False
-                    break
-                base, buf, i, avail, view = self._refill(seg, base + i, need, stop)
-                if i + need > avail:
-                    ok = False  # the file is shorter than the queue thinks
-                    break
-                continue
-            crc_at = rec_end - 4
-            if crc32c(view[i + 4 : crc_at]) != unpack_u32(buf, crc_at)[0]:
-                ok = False
-                break
-            token = _record_token(seg.number, base + i)
-            if typ == TYPE_BATCH:
-                msgs = self._decode_batch(buf, view, i, rec_end, token)
-            else:
-                msgs = self._decode_message(buf, i, rec_end, token)
-            if msgs is None:
-                ok = False
-                break
-            # The record at _rpos (base + i): hand out what is wanted, keep the rest pending.
-            self._pending = msgs
-            self._pending_end = base + rec_end
-            self._pending_token = token
-            i = rec_end
-            self._take(target - len(out), out)
-        # A fully consumed buffer is dropped: an idle queue should not pin its read-ahead.
-        self._rbuf = buf if i < len(buf) else b""
-        self._rbuf_start = base + i if i >= len(buf) else base
-        return ok
-
-    def _decode_batch(
-        self, buf: bytes, view: memoryview, i: int, rec_end: int, token: int
-    ) -> list[Message] | None:
-        """The messages of the batch at ``buf[i:rec_end]`` (CRC already checked); None if its
-        structure is inconsistent. The hot path: one ``iter_unpack`` for all the entries, then
-        per message one slice and one message object."""
-        _, _, flags, count = BATCH_HEADER.unpack_from(buf, i)
-        crc_at = rec_end - 4
-        at = i + BATCH_HEADER_SIZE + count * BATCH_ENTRY_SIZE
-        if flags or not 1 <= count <= MAX_BATCH_COUNT or at > crc_at:
-            return self._decode_batch_slowly(buf, i, rec_end, token)
-        from_wall_ns = self._timebase.from_wall_ns
-        entries = BATCH_ENTRY.iter_unpack(view[i + BATCH_HEADER_SIZE : at])
-        msgs: list[Message] = []
-        add = msgs.append
-        if self._ack_mode:
-            for n, msg_id, timestamp, attempts, deliver in entries:
-                end = at + n
-                add(
-                    StoredMessage(
-                        msg_id,
-                        buf[at:end],
-                        timestamp,
-                        attempts,
-                        from_wall_ns(deliver) if deliver else 0.0,
-                        token=token,
-                    )
-                )
-                token += 1
-                at = end
-        else:
-            for n, msg_id, timestamp, attempts, deliver in entries:
-                end = at + n
-                add(
-                    Message(
-                        msg_id, buf[at:end], timestamp, attempts,
-                        from_wall_ns(deliver) if deliver else 0.0,
-                    )
-                )  # fmt: skip
-                at = end
-        # Slices stop at the buffer's end, so a lying length shows here (only a writer bug can
-        # make one: the CRC matched).
-        return msgs if at == crc_at else None
-
-    def _decode_batch_slowly(
-        self, buf: bytes, i: int, rec_end: int, token: int
-    ) -> list[Message] | None:
-        """A batch with option blocks (or a bad count): the general decoder. Optional fields
-        are not kept (``Message`` has none yet)."""
-        try:
-            records = decode_batch_records(buf, i, rec_end)
-        except FormatError:
-            return None
-        from_wall_ns = self._timebase.from_wall_ns
-        msgs: list[Message] = []
-        for k, r in enumerate(records):
-            deliver_at = from_wall_ns(r.deliver_after_ns) if r.deliver_after_ns else 0.0
-            if self._ack_mode:
-                msgs.append(
-                    StoredMessage(
-                        r.id, r.body, r.timestamp, r.attempts, deliver_at, token=token + k
-                    )
-                )
-            else:
-                msgs.append(Message(r.id, r.body, r.timestamp, r.attempts, deliver_at))
-        return msgs
-
-    def _decode_message(self, buf: bytes, i: int, rec_end: int, token: int) -> list[Message] | None:
-        """A single-message record (the format before batches; CRC already checked)."""
-        crc_at = rec_end - 4
-        if i + RECORD_PREFIX_SIZE > crc_at:
-            return None
-        _, _, flags, msg_id, timestamp, attempts, deliver = RECORD_PREFIX.unpack_from(buf, i)
-        body_at = i + RECORD_PREFIX_SIZE
-        if flags:
-            try:
-                _, _, body_at = parse_optional_fields(buf, body_at, crc_at, flags)
-            except FormatError:
-                return None
-        deliver_at = self._timebase.from_wall_ns(deliver) if deliver else 0.0
-        body = buf[body_at:crc_at]
-        if self._ack_mode:
-            return [StoredMessage(msg_id, body, timestamp, attempts, deliver_at, token=token)]
-        return [Message(msg_id, body, timestamp, attempts, deliver_at)]
-
-    def _take(self, want: int, out: list[Message]) -> None:
-        """Move up to ``want`` messages of the pending record to ``out``; past its end, the read
-        position moves to the next record."""
-        pending = self._pending
-        assert pending is not None
-        first = self._ridx
-        end = first + want
-        if end >= len(pending):
-            end = len(pending)
-            out.extend(pending if first == 0 else pending[first:])
-            self._pending = None
-            self._rpos = self._pending_end
-            self._ridx = 0
-        else:
-            out.extend(pending[first:end])
-            self._ridx = end
-        got = end - first
-        if self._ack_mode and got > 0:
-            tokens = range(self._pending_token + first, self._pending_token + end)
-            self._outstanding.update(tokens)
-            self._order.extend(tokens)
-        self._rconsumed += got
-        self._depth -= got
-
-    def _refill(
-        self, seg: _Segment, pos: int, need: int, stop: int
-    ) -> tuple[int, bytes, int, int, memoryview]:
-        size = min(max(self._read_ahead, need), stop - pos)
-        buf = os.pread(self._reader_fd(seg), size, pos)
-        return pos, buf, 0, len(buf), memoryview(buf)
-
-    def _repair(self, seg: _Segment) -> None:
-        """The record at the read position is bad: set aside what is bad in the rest of ``seg``."""
-        self._drop_cache()
-        pos = self._rpos
-        self._rbuf = b""
-        fd = self._reader_fd(seg)
-        size = os.fstat(fd).st_size
-        end = min(seg.end, size)
-        ranges = []
-        cursor = pos
-        for start, stop in [*seg.skips, (seg.end, seg.end)]:
-            if stop <= cursor:
-                continue
-            if start > cursor:
-                ranges.append((cursor, min(start, end)))
-            cursor = max(cursor, stop)
-        remaining = 0
-        found: list[tuple[int, int]] = []
-        if end > pos:
-            with mmap.mmap(fd, end, access=mmap.ACCESS_READ) as mm:
-                for start, stop in ranges:
-                    if start >= stop:
-                        continue
-                    scan = scan_records(mm, start, stop)
-                    remaining += scan.records
-                    for bad_start, bad_end, _ in scan.regions:
-                        self._set_aside(seg, mm[bad_start:bad_end], bad_start, bad_end)
-                        found.append((bad_start, bad_end))
-        if end < seg.end:
-            lost = seg.end - end
-            self.corrupt_count += 1
-            self.corrupt_bytes += lost
-            log.error(
-                "DISKQUEUE(%s): %s is %d bytes shorter than written; skipping them",
-                self.name,
-                seg.path,
-                lost,
-            )
-            found.append((end, seg.end))
-        if not found:
-            log.warning("DISKQUEUE(%s): %s: re-reading at %d", self.name, seg.path, pos)
-            return
-        seg.skips = sorted([*seg.skips, *found])
-        lost_records = (seg.records - self._rconsumed) - remaining
-        seg.records -= lost_records
-        self._depth -= lost_records
-
-    def _set_aside(self, seg: _Segment, data: bytes, start: int, end: int) -> None:
-        aside = save_aside(f"{seg.path}.bad-{start}", data)
-        self.corrupt_count += 1
-        self.corrupt_bytes += end - start
-        log.error(
-            "DISKQUEUE(%s): %s: corrupt region of %d bytes at offset %d set aside in %s",
-            self.name,
-            seg.path,
-            end - start,
-            start,
-            aside,
-        )
-
-    def _retire_reader_segment(self) -> None:
-        self._close_reader()
-        self._retired.append(self._segments.popleft())
-        self._reset_reader(SEGMENT_HEADER_SIZE, 0)
-
-    def _reset_reader(self, pos: int, consumed: int, index: int = 0) -> None:
-        self._rbuf = b""
-        self._rbuf_start = pos
-        self._rpos = pos
-        self._ridx = index
-        self._pending = None
-        self._rconsumed = consumed
-
-    def _close_reader(self) -> None:
-        if self._rfd >= 0:
-            os.close(self._rfd)
-        self._rfd = -1
-        self._rfd_segment = None
-        self._rbuf = b""
-
-    # -- positions ----------------------------------------------------------------------------
+    # -- internals ----------------------------------------------------------------------------
 
     def _positions(self) -> Positions:
-        write = self._segments[-1]
-        if self._order:
-            oldest = self._order[0]
-            read_segment, read_offset = token_position(oldest)
-            read_index = token_index(oldest)
-        else:
-            read_segment, read_offset = self._segments[0].number, self._rpos
-            read_index = self._ridx
+        """The positions to persist now: in acknowledgement mode, the oldest message not yet
+        acknowledged is where reading resumes after a restart (the reader's position if none)."""
+        write = self._segments.live[-1]
+        read_segment, read_offset, read_index = (
+            self._acks.oldest_position() or self._reader.position()
+        )
         return Positions(
             read_segment,
             read_offset,
             write.number,
             write.end,
-            self._depth + len(self._order),
+            self._reader.depth + len(self._acks.order),
             read_index,
         )
 
-    def _persist_now(self, positions: Positions) -> None:
-        data = encode_positions(self.name, positions)
-        with self._files.lock:
-            seq = self._files.next_seq()
-            write_file_durably(self._files.positions, data)
-            self._files.persisted_seq = seq
-        fsync_dir(self._dir)
-
     def _close_fds(self) -> None:
-        self._close_reader()
-        for fd in [*self._pending_fds, self._wfd]:
-            if fd >= 0:
-                try:
-                    os.close(fd)
-                except OSError:
-                    log.warning("DISKQUEUE(%s): close failed", self.name, exc_info=True)
-        self._pending_fds = []
-        self._wfd = -1
-
-    # -- opening ------------------------------------------------------------------------------
+        self._reader.close()
+        self._writer.close()
 
     def _open(self) -> None:
         os.makedirs(self._dir, exist_ok=True)
         state = recover_queue(self._dir, self.name)
-        self.corrupt_count = state.corrupt_count
-        self.corrupt_bytes = state.corrupt_bytes
-        self.torn_bytes = state.torn_bytes
-        self.missing_segments = state.missing_segments
-        self.rebuilt_positions = state.rebuilt_positions
+        self._damage.corrupt_count = state.corrupt_count
+        self._damage.corrupt_bytes = state.corrupt_bytes
+        self._damage.torn_bytes = state.torn_bytes
+        self._damage.missing_segments = state.missing_segments
+        self._damage.rebuilt_positions = state.rebuilt_positions
+        segments = self._segments
         for r in state.segments:
-            self._segments.append(_Segment(r.number, r.path, r.end, r.skips, r.records))
-        self._reset_reader(state.read_offset, state.read_consumed, state.read_index)
-        self._depth = state.depth
-        self._next_number = state.next_number
+            segments.live.append(Segment(r.number, r.path, r.end, r.skips, r.records))
+        self._reader.reset(state.read_offset, state.read_consumed, state.read_index)
+        self._reader.depth = state.depth
+        segments.next_number = state.next_number
         if state.appendable:
-            self._wfd = os.open(state.segments[-1].path, os.O_RDWR)
+            self._writer.start(os.open(state.segments[-1].path, os.O_RDWR))
         else:
-            number = self._next_number
-            self._wfd = self._create_segment(number)
-            self._segments.append(self._new_segment_entry(number))
-            self._next_number = number + 1
-        self._bytes = sum(seg.end for seg in self._segments)
+            number = segments.next_number
+            self._writer.start(segments.create(number))
+            segments.live.append(segments.entry(number))
+            segments.next_number = number + 1
+        segments.bytes_on_disk = sum(seg.end for seg in segments.live)
         # Persist what recovery found at once, so a crash now does not redo the repairs.
         self._last_positions = self._positions()
-        self._persist_now(self._last_positions)
-        if self._depth or self.corrupt_count or self.rebuilt_positions:
-            log.info("DISKQUEUE(%s): opened with depth %d", self.name, self._depth)
+        self._files.persist_now(encode_positions(self.name, self._last_positions))
+        if self._reader.depth or self._damage.corrupt_count or self._damage.rebuilt_positions:
+            log.info("DISKQUEUE(%s): opened with depth %d", self.name, self._reader.depth)
 
 
 def _unlink_quietly(path: str) -> None:

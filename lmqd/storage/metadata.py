@@ -19,12 +19,12 @@ import fcntl
 import json
 import logging
 import os
-import re
 from typing import Any
 
 import attrs
 
 from lmqd import __version__
+from lmqd.names import is_ephemeral, valid_name
 from lmqd.storage.files import free_aside_path, fsync_dir, write_file_durably
 
 log = logging.getLogger("lmqd.storage")
@@ -32,18 +32,10 @@ log = logging.getLogger("lmqd.storage")
 METADATA_FILENAME = "lmqd.dat"
 LOCK_FILENAME = "lmqd.lock"
 
-_DURABLE_NAME = re.compile(r"[.a-zA-Z0-9_-]{1,64}")
-_EPHEMERAL_SUFFIXES = ("#ephemeral", "#tmp")
-
-
-def is_ephemeral(name: str) -> bool:
-    """True for names that never touch disk."""
-    return name.endswith(_EPHEMERAL_SUFFIXES)
-
 
 def is_durable_name(name: str) -> bool:
     """A valid topic or channel name that is stored (not ephemeral)."""
-    return _DURABLE_NAME.fullmatch(name) is not None
+    return valid_name(name) and not is_ephemeral(name)
 
 
 @attrs.frozen

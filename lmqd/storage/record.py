@@ -45,19 +45,20 @@ covers the whole batch, so a damaged or torn batch is one bad region, whatever N
 Optional fields are length-prefixed so a reader can skip a field whose flag bit it does not know;
 unknown batch flag bits are ignored (a new bit may only add data after the option blocks); a
 change that an old reader must not ignore bumps the format version in the segment header.
+
+This module is the format's one home: its constants, the segment header and the decoded form of
+a message (``Record``). The format has one encoder, ``encoder.py`` (batch records, what the disk
+queue writes), and one decoder, ``decoder.py`` (every record type a segment of a readable version
+holds); ``verify.py`` checks a record's bytes without decoding its messages.
 """
 
 from __future__ import annotations
 
 import mmap
 import struct
-from collections.abc import Sequence
-from operator import itemgetter
 from typing import NamedTuple
 
 from crc32c import crc32c
-
-from lmqd.message import MSG_ID_LENGTH
 
 SEGMENT_MAGIC = b"\x89LMQSEG\n"
 FORMAT_VERSION = 2
@@ -90,6 +91,7 @@ lowering that option never turns stored messages into "corrupt" ones (a go-diskq
 it only bounds the memory a damaged length field can make a reader allocate."""
 
 MAX_ATTEMPTS = 0xFFFF
+"""The attempts field is a uint16: a writer saturates larger counts to this."""
 
 BATCH_HEADER = struct.Struct(">IBBI")
 """A batch record's header: length, type, batch flags, message count."""
@@ -111,15 +113,13 @@ MAX_BATCH_BYTES = 256 * 1024
 gets a batch of its own): the disk queue's read-ahead size, so a reader needs one read per batch
 and never a huge one, and a partly read batch holds a bounded number of decoded messages."""
 
-_SEGMENT_HEADER = struct.Struct(">8sHHQq")
-_U32 = struct.Struct(">I")
-_I64 = struct.Struct(">q")
+U32 = struct.Struct(">I")
+"""A length field or a CRC32C."""
+I64 = struct.Struct(">q")
+"""The expiry optional field's value."""
 RECORD_PREFIX = struct.Struct(">IBB16sqHq")
-"""The fixed record prefix: length, type, flags, id, timestamp, attempts, deliver-after."""
-_PREFIX = RECORD_PREFIX
-_ENTRY_LENGTHS = struct.Struct(">I34x")
-"""Just the body length of each batch entry, for checking a batch's structure in C."""
-_first = itemgetter(0)
+"""The fixed prefix of an 'M' record: length, type, flags, id, timestamp, attempts, deliver."""
+_SEGMENT_HEADER = struct.Struct(">8sHHQq")
 _CRC_ABOUT_HEADER = _SEGMENT_HEADER.size  # the header CRC covers bytes 0..28
 
 
@@ -145,7 +145,8 @@ class SegmentHeader(NamedTuple):
 
 
 class Record(NamedTuple):
-    """One decoded record (the general form; the disk queue's hot path decodes in place)."""
+    """One decoded message of a record, every field kept (``decoder.py``'s general form; the
+    disk queue's reader decodes the common case straight into ``Message`` objects)."""
 
     id: bytes
     timestamp: int
@@ -161,7 +162,7 @@ def encode_segment_header(segment: int, created_ns: int) -> bytes:
     head = _SEGMENT_HEADER.pack(
         SEGMENT_MAGIC, FORMAT_VERSION, SEGMENT_HEADER_SIZE, segment, created_ns
     )
-    return head + _U32.pack(crc32c(head))
+    return head + U32.pack(crc32c(head))
 
 
 def decode_segment_header(data: bytes) -> SegmentHeader:
@@ -171,7 +172,7 @@ def decode_segment_header(data: bytes) -> SegmentHeader:
     magic, version, header_length, segment, created_ns = _SEGMENT_HEADER.unpack_from(data)
     if magic != SEGMENT_MAGIC:
         raise FormatError("bad segment magic")
-    (crc,) = _U32.unpack_from(data, _CRC_ABOUT_HEADER)
+    (crc,) = U32.unpack_from(data, _CRC_ABOUT_HEADER)
     if crc != crc32c(data[:_CRC_ABOUT_HEADER]):
         raise FormatError("segment header checksum mismatch")
     if version not in READABLE_VERSIONS:
@@ -181,323 +182,3 @@ def decode_segment_header(data: bytes) -> SegmentHeader:
     if header_length != SEGMENT_HEADER_SIZE:
         raise FormatError(f"bad segment header length {header_length}")
     return SegmentHeader(version, header_length, segment, created_ns)
-
-
-def _optional_fields(expires_ns: int | None, headers: bytes | None) -> tuple[int, bytes]:
-    flags = 0
-    parts = []
-    if expires_ns is not None:
-        flags |= FLAG_EXPIRY
-        parts.append(_U32.pack(8) + _I64.pack(expires_ns))
-    if headers is not None:
-        flags |= FLAG_HEADERS
-        parts.append(_U32.pack(len(headers)) + headers)
-    return flags, b"".join(parts)
-
-
-def record_parts(
-    msg_id: bytes,
-    timestamp: int,
-    attempts: int,
-    deliver_after_ns: int,
-    body: bytes,
-    expires_ns: int | None = None,
-    headers: bytes | None = None,
-) -> tuple[bytes, bytes, bytes]:
-    """A record as three pieces (prefix with optional fields, body, CRC) to join with others.
-
-    Returning pieces lets a batch be joined once, so a body is copied once on its way to disk.
-    """
-    if len(msg_id) != MSG_ID_LENGTH:
-        raise ValueError(f"message id must be {MSG_ID_LENGTH} bytes")
-    if expires_ns is None and headers is None:
-        flags, extra = 0, b""
-    else:
-        flags, extra = _optional_fields(expires_ns, headers)
-    length = RECORD_OVERHEAD - 4 + len(extra) + len(body)
-    prefix = _PREFIX.pack(
-        length,
-        TYPE_MESSAGE,
-        flags,
-        msg_id,
-        timestamp,
-        min(attempts, MAX_ATTEMPTS),
-        deliver_after_ns,
-    )
-    if extra:
-        prefix += extra
-    crc = crc32c(body, crc32c(prefix[4:]))
-    return prefix, body, _U32.pack(crc)
-
-
-def encode_record(
-    msg_id: bytes,
-    timestamp: int,
-    attempts: int,
-    deliver_after_ns: int,
-    body: bytes,
-    expires_ns: int | None = None,
-    headers: bytes | None = None,
-) -> bytes:
-    """One record as bytes."""
-    return b"".join(
-        record_parts(msg_id, timestamp, attempts, deliver_after_ns, body, expires_ns, headers)
-    )
-
-
-def encode_records(records: Sequence[Record]) -> bytes:
-    """Many single-message ('M') records in one buffer (the format before batches)."""
-    parts: list[bytes] = []
-    extend = parts.extend
-    for r in records:
-        extend(record_parts(*r))
-    return b"".join(parts)
-
-
-def frame_batch(count: int, flags: int, sections: Sequence[bytes]) -> tuple[bytes, bytes]:
-    """The header and the CRC that turn a batch's ``sections`` into a record.
-
-    ``sections`` are the bytes between the header and the CRC (entries, bodies, option blocks),
-    in order; the record is ``header + b"".join(sections) + crc``.
-    """
-    size = 0
-    for section in sections:
-        size += len(section)
-    head = BATCH_HEADER.pack(BATCH_OVERHEAD - 4 + size, TYPE_BATCH, flags, count)
-    crc = crc32c(head[4:])
-    for section in sections:
-        crc = crc32c(section, crc)
-    return head, _U32.pack(crc)
-
-
-def encode_batch(records: Sequence[Record]) -> bytes:
-    """One batch ('B') record holding ``records`` in order (the general form, optional fields
-    included; the disk queue's hot path builds the same bytes with ``frame_batch``)."""
-    if not records:
-        raise ValueError("a batch holds at least one message")
-    entries = []
-    bodies = []
-    options = []
-    for r in records:
-        if len(r.id) != MSG_ID_LENGTH:
-            raise ValueError(f"message id must be {MSG_ID_LENGTH} bytes")
-        entries.append(
-            BATCH_ENTRY.pack(
-                len(r.body), r.id, r.timestamp, min(r.attempts, MAX_ATTEMPTS), r.deliver_after_ns
-            )
-        )
-        bodies.append(r.body)
-        if r.expires_ns is None and r.headers is None:
-            options.append(b"\x00")
-        else:
-            field_flags, extra = _optional_fields(r.expires_ns, r.headers)
-            options.append(bytes((field_flags,)) + extra)
-    sections = [b"".join(entries), b"".join(bodies)]
-    flags = 0
-    if any(o != b"\x00" for o in options):
-        flags = BATCH_FLAG_OPTIONS
-        sections.append(b"".join(options))
-    head, crc = frame_batch(len(records), flags, sections)
-    return b"".join([head, *sections, crc])
-
-
-def parse_optional_fields(
-    buf: Buffer, offset: int, end: int, flags: int
-) -> tuple[int | None, bytes | None, int]:
-    """Decode the optional fields at ``offset``; returns (expires_ns, headers, body offset).
-
-    Unknown flag bits are skipped by their length prefix. Raises ``FormatError`` if a field runs
-    past ``end`` (the CRC offset).
-    """
-    expires_ns: int | None = None
-    headers: bytes | None = None
-    bit = 1
-    while flags >= bit:
-        if flags & bit:
-            if offset + 4 > end:
-                raise FormatError("optional field header past the record end")
-            (n,) = _U32.unpack_from(buf, offset)
-            offset += 4
-            if offset + n > end:
-                raise FormatError("optional field past the record end")
-            if bit == FLAG_EXPIRY:
-                if n != 8:
-                    raise FormatError("bad expiry field length")
-                (expires_ns,) = _I64.unpack_from(buf, offset)
-            elif bit == FLAG_HEADERS:
-                headers = bytes(buf[offset : offset + n])
-            offset += n
-        bit <<= 1
-    return expires_ns, headers, offset
-
-
-def _batch_layout(buf: Buffer, offset: int, rec_end: int) -> tuple[int, int, int]:
-    """(count, bodies offset, option blocks offset) of a batch whose CRC matched.
-
-    Raises ``FormatError`` if its structure is inconsistent (entries or bodies past the end, a
-    count out of range, bytes left over).
-    """
-    crc_at = rec_end - 4
-    _, _, flags, count = BATCH_HEADER.unpack_from(buf, offset)
-    if not 1 <= count <= MAX_BATCH_COUNT:
-        raise FormatError(f"bad batch count {count}")
-    entries_at = offset + BATCH_HEADER_SIZE
-    bodies_at = entries_at + count * BATCH_ENTRY_SIZE
-    if bodies_at > crc_at:
-        raise FormatError("batch entries past the record end")
-    with memoryview(buf) as whole, whole[entries_at:bodies_at] as entries:
-        options_at = bodies_at + sum(map(_first, _ENTRY_LENGTHS.iter_unpack(entries)))
-    if options_at > crc_at:
-        raise FormatError("batch bodies past the record end")
-    stop = options_at
-    if flags & BATCH_FLAG_OPTIONS:
-        for _ in range(count):
-            if stop >= crc_at:
-                raise FormatError("option block past the record end")
-            stop = parse_optional_fields(buf, stop + 1, crc_at, buf[stop])[2]
-    if stop != crc_at and not flags & ~BATCH_FLAG_OPTIONS:
-        raise FormatError("bytes left over in a batch")
-    return count, bodies_at, options_at
-
-
-def verify_record(buf: Buffer, offset: int, end: int) -> tuple[int, int]:
-    """Verify the record at ``offset`` (bounded by ``end``): (offset after it, message count).
-
-    The offset is ``-1`` if the bytes up to ``end`` are a valid *beginning* of a record that ends
-    past ``end`` (what a torn write leaves), and ``-2`` if the record is invalid (bad length,
-    type, checksum or structure). Never raises for bad data.
-    """
-    if offset + 4 > end:
-        return -1, 0
-    length: int = _U32.unpack_from(buf, offset)[0]
-    if not MIN_RECORD_LENGTH <= length <= MAX_RECORD_LENGTH:
-        return -2, 0
-    rec_end = offset + 4 + length
-    typ = buf[offset + 4] if offset + 5 <= end else TYPE_BATCH
-    if typ != TYPE_BATCH and typ != TYPE_MESSAGE:
-        return -2, 0
-    if rec_end > end:
-        return -1, 0
-    (crc,) = _U32.unpack_from(buf, rec_end - 4)
-    with memoryview(buf) as whole, whole[offset + 4 : rec_end - 4] as view:
-        if crc32c(view) != crc:
-            return -2, 0
-    try:
-        if typ == TYPE_BATCH:
-            return rec_end, _batch_layout(buf, offset, rec_end)[0]
-        flags: int = buf[offset + 5]
-        if flags:
-            parse_optional_fields(buf, offset + RECORD_PREFIX_SIZE, rec_end - 4, flags)
-    except FormatError:
-        return -2, 0
-    return rec_end, 1
-
-
-def check_record(buf: Buffer, offset: int, end: int) -> int:
-    """``verify_record`` without the count: the offset after the record, ``-1`` or ``-2``."""
-    return verify_record(buf, offset, end)[0]
-
-
-def decode_record(buf: bytes | memoryview, offset: int = 0) -> tuple[Record, int]:
-    """Decode and verify one single-message ('M') record; returns it and the offset after it.
-
-    Raises FormatError (also for a batch record: use ``decode_any``).
-    """
-    end = check_record(buf, offset, len(buf))
-    if end == -1:
-        raise FormatError("truncated record")
-    if end < 0:
-        raise FormatError("invalid record")
-    if buf[offset + 4] != TYPE_MESSAGE:
-        raise FormatError("not a single-message record")
-    _, _, flags, msg_id, timestamp, attempts, deliver = _PREFIX.unpack_from(buf, offset)
-    body_at = offset + RECORD_PREFIX_SIZE
-    expires_ns: int | None = None
-    headers: bytes | None = None
-    if flags:
-        expires_ns, headers, body_at = parse_optional_fields(buf, body_at, end - 4, flags)
-    body = bytes(buf[body_at : end - 4])
-    return Record(msg_id, timestamp, attempts, deliver, body, expires_ns, headers), end
-
-
-def decode_batch_records(buf: Buffer, offset: int, rec_end: int) -> list[Record]:
-    """The messages of the batch at ``offset`` whose CRC has been checked (general form).
-
-    Raises ``FormatError`` if its structure is inconsistent.
-    """
-    count, bodies_at, options_at = _batch_layout(buf, offset, rec_end)
-    flags: int = buf[offset + 5]
-    out = []
-    body_at = bodies_at
-    opt_at = options_at
-    for i in range(count):
-        n, msg_id, timestamp, attempts, deliver = BATCH_ENTRY.unpack_from(
-            buf, offset + BATCH_HEADER_SIZE + i * BATCH_ENTRY_SIZE
-        )
-        expires_ns: int | None = None
-        headers: bytes | None = None
-        if flags & BATCH_FLAG_OPTIONS:
-            expires_ns, headers, opt_at = parse_optional_fields(
-                buf, opt_at + 1, rec_end - 4, buf[opt_at]
-            )
-        body = bytes(buf[body_at : body_at + n])
-        body_at += n
-        out.append(Record(msg_id, timestamp, attempts, deliver, body, expires_ns, headers))
-    return out
-
-
-def decode_any(buf: Buffer, offset: int = 0) -> tuple[list[Record], int]:
-    """Decode and verify the record at ``offset``, of either type: its messages and its end.
-
-    Raises FormatError.
-    """
-    end = check_record(buf, offset, len(buf))
-    if end == -1:
-        raise FormatError("truncated record")
-    if end < 0:
-        raise FormatError("invalid record")
-    if buf[offset + 4] == TYPE_BATCH:
-        return decode_batch_records(buf, offset, end), end
-    with memoryview(buf) as view:
-        record, end = decode_record(view, offset)
-    return [record], end
-
-
-def decode_records(buf: Buffer, offset: int = 0) -> tuple[list[Record], int]:
-    """Decode records of either type from ``offset`` until the first incomplete or invalid one.
-
-    Returns the messages and the offset where decoding stopped (``len(buf)`` if all were valid).
-    """
-    out: list[Record] = []
-    end = len(buf)
-    while offset < end:
-        try:
-            records, next_offset = decode_any(buf, offset)
-        except FormatError:
-            break
-        out.extend(records)
-        offset = next_offset
-    return out, offset
-
-
-_TYPE_BYTES = tuple(bytes((t,)) for t in RECORD_TYPES)
-
-
-def find_next_record(buf: bytes | bytearray | mmap.mmap, start: int, end: int) -> int:
-    """The first offset in ``[start, end)`` where a complete, valid record begins, or ``-1``.
-
-    Used to resynchronise after a corrupt region: candidates are found by the type bytes (a C
-    search per type), and each is accepted only if its length fits and its CRC32C matches, so a
-    false match needs a 1 in 2**32 coincidence.
-    """
-    # The next candidate of each type; the smaller one is tried first.
-    find = buf.find
-    nxt = [find(t, start + 4, end) for t in _TYPE_BYTES]
-    while True:
-        live = [i for i in nxt if i >= 0]
-        if not live:
-            return -1
-        i = min(live)
-        if check_record(buf, i - 4, end) > 0:
-            return i - 4
-        nxt = [find(t, i + 1, end) if n == i else n for t, n in zip(_TYPE_BYTES, nxt, strict=True)]

@@ -3,7 +3,7 @@
 Each record is checked for a plausible length, its type byte (batch or single message), its
 CRC32C and, for a batch, its structure; counts are in messages, not records. Where a
 check fails the scanner resynchronises: it searches forward for the next offset where a complete
-record with a matching CRC begins (``record.find_next_record``). The result splits the bytes into
+record with a matching CRC begins (``verify.find_next_record``). The result splits the bytes into
 valid records and *bad regions*; what to do with the regions is ``recovery.py``'s business.
 """
 
@@ -19,9 +19,8 @@ from lmqd.storage.record import (
     FormatError,
     UnsupportedVersion,
     decode_segment_header,
-    find_next_record,
-    verify_record,
 )
+from lmqd.storage.verify import find_next_record, verify_record
 
 
 @attrs.define(slots=True)

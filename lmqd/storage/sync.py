@@ -49,6 +49,19 @@ class QueueFiles:
         self.last_seq += 1
         return self.last_seq
 
+    def persist_now(self, data: bytes) -> None:
+        """Replace the positions file with ``data`` and make that durable, now (blocking).
+
+        For ``DiskQueue`` opening and ``empty``: the snapshot is newer than any job's, so it
+        takes the next sequence number and an older job still running cannot overwrite it.
+        Raises ``OSError``.
+        """
+        with self.lock:
+            seq = self.next_seq()
+            write_file_durably(self.positions, data)
+            self.persisted_seq = seq
+        fsync_dir(self.directory)
+
     def write_positions(self, seq: int, data: bytes) -> None:
         """Replace the positions file with snapshot ``seq`` unless a newer one is there already."""
         with self.lock:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from crc32c import crc32c
+from record_encoders import encode_records
 from storage_helpers import (
     FakeTimeBase,
     bad_files,
@@ -37,11 +38,10 @@ from lmqd.storage.record import (
     SEGMENT_HEADER_SIZE,
     TYPE_BATCH,
     Record,
-    encode_records,
     encode_segment_header,
-    verify_record,
 )
 from lmqd.storage.scan import scan_records
+from lmqd.storage.verify import verify_record
 
 POSITIONS = "t%3Ac.lmq.pos.json"
 BODY = 30

@@ -1,4 +1,9 @@
-"""The on-disk record and segment header format (lmqd/storage/record.py, docs/storage.md)."""
+"""The on-disk record and segment header format (lmqd/storage/record.py, docs/storage.md).
+
+The records are built by the tests' own encoders (``record_encoders.py``, written from the
+format's tables) and read back by the daemon's decoder (``decoder.py``) and verifier
+(``verify.py``).
+"""
 
 from __future__ import annotations
 
@@ -9,7 +14,9 @@ import pytest
 from crc32c import crc32c
 from hypothesis import given
 from hypothesis import strategies as st
+from record_encoders import encode_batch, encode_record, encode_records, frame_batch
 
+from lmqd.storage.decoder import decode_any, decode_record, decode_records
 from lmqd.storage.record import (
     BATCH_ENTRY,
     BATCH_FLAG_OPTIONS,
@@ -24,19 +31,10 @@ from lmqd.storage.record import (
     FormatError,
     Record,
     UnsupportedVersion,
-    check_record,
-    decode_any,
-    decode_record,
-    decode_records,
     decode_segment_header,
-    encode_batch,
-    encode_record,
-    encode_records,
     encode_segment_header,
-    find_next_record,
-    frame_batch,
-    verify_record,
 )
+from lmqd.storage.verify import check_record, find_next_record, verify_record
 
 ID = b"0123456789abcdef"
 

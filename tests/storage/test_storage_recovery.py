@@ -159,9 +159,9 @@ def test_set_aside_bytes_can_be_inspected_as_documented(tmp_path: Path) -> None:
     msgs = _five_records(tmp_path, sync_last=True)
     d = tmp_path / "base"
     segment = segment_paths(d)[0]
-    data = bytearray(segment.read_bytes())
-    data[_record_offset(3) + RECORD - 1] ^= 0x01  # the CRC's last byte
-    segment.write_bytes(data)
+    damaged = bytearray(segment.read_bytes())
+    damaged[_record_offset(3) + RECORD - 1] ^= 0x01  # the CRC's last byte
+    segment.write_bytes(damaged)
     q = open_queue(d)
     q.close()
     (aside,) = bad_files(d)

@@ -1,0 +1,226 @@
+"""The storage format's one decoder: records of every readable version, back to messages.
+
+Two forms of output, from the same layout rules:
+
+* **messages** (``decode_batch``, ``decode_message``): what the disk queue's reader hands out,
+  ``Message`` objects (``StoredMessage`` in acknowledgement mode, with their tokens), deadlines
+  converted back to trio time. ``decode_batch`` is the read hot path: for a batch without option
+  blocks, one ``iter_unpack`` for all the entries (a C loop), then per message one slice and one
+  object. Anything else (option blocks, an implausible count, a single-message record) goes
+  through the general form below and is converted; optional fields are not kept there yet
+  (``Message`` has none).
+* **records** (``decode_batch_records``, ``decode_message_record`` and the verifying
+  ``decode_record``, ``decode_any``, ``decode_records``): ``record.Record`` tuples with every
+  field, optional ones included; for tools, tests and the slow path above.
+
+The message decoders expect a record whose CRC already matched (the reader checks it while
+framing) and return ``None`` for an inconsistent structure; the verifying record decoders check
+everything themselves (``verify.py``) and raise ``FormatError``. Nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from lmqd.message import Message
+from lmqd.storage.record import (
+    BATCH_ENTRY,
+    BATCH_ENTRY_SIZE,
+    BATCH_FLAG_OPTIONS,
+    BATCH_HEADER,
+    BATCH_HEADER_SIZE,
+    MAX_BATCH_COUNT,
+    RECORD_PREFIX,
+    RECORD_PREFIX_SIZE,
+    TYPE_BATCH,
+    TYPE_MESSAGE,
+    Buffer,
+    FormatError,
+    Record,
+)
+from lmqd.storage.tokens import StoredMessage
+from lmqd.storage.verify import batch_layout, check_record, parse_optional_fields
+
+# -- records to messages (the disk queue's reader) ---------------------------------------------
+
+
+def decode_batch(
+    buf: bytes,
+    view: memoryview,
+    i: int,
+    rec_end: int,
+    token: int,
+    from_wall_ns: Callable[[int], float],
+    ack_mode: bool,
+) -> list[Message] | None:
+    """The messages of the batch at ``buf[i:rec_end]`` (CRC already checked; ``view`` is
+    ``memoryview(buf)``); None if its structure is inconsistent. ``token``: the token of its
+    first message (acknowledgement mode). The hot path: one ``iter_unpack`` for all the
+    entries, then per message one slice and one message object."""
+    _, _, flags, count = BATCH_HEADER.unpack_from(buf, i)
+    crc_at = rec_end - 4
+    at = i + BATCH_HEADER_SIZE + count * BATCH_ENTRY_SIZE
+    if flags or not 1 <= count <= MAX_BATCH_COUNT or at > crc_at:
+        try:
+            records = decode_batch_records(buf, i, rec_end)
+        except FormatError:
+            return None
+        return _messages(records, token, from_wall_ns, ack_mode)
+    entries = BATCH_ENTRY.iter_unpack(view[i + BATCH_HEADER_SIZE : at])
+    msgs: list[Message] = []
+    add = msgs.append
+    if ack_mode:
+        for n, msg_id, timestamp, attempts, deliver in entries:
+            end = at + n
+            add(
+                StoredMessage(
+                    msg_id,
+                    buf[at:end],
+                    timestamp,
+                    attempts,
+                    from_wall_ns(deliver) if deliver else 0.0,
+                    token=token,
+                )
+            )
+            token += 1
+            at = end
+    else:
+        for n, msg_id, timestamp, attempts, deliver in entries:
+            end = at + n
+            add(
+                Message(
+                    msg_id, buf[at:end], timestamp, attempts,
+                    from_wall_ns(deliver) if deliver else 0.0,
+                )
+            )  # fmt: skip
+            at = end
+    # Slices stop at the buffer's end, so a lying length shows here (only a writer bug can
+    # make one: the CRC matched).
+    return msgs if at == crc_at else None
+
+
+def decode_message(
+    buf: bytes,
+    i: int,
+    rec_end: int,
+    token: int,
+    from_wall_ns: Callable[[int], float],
+    ack_mode: bool,
+) -> list[Message] | None:
+    """The message of the single-message record at ``buf[i:rec_end]`` (the format before
+    batches; CRC already checked), as a list of one; None if its structure is inconsistent."""
+    try:
+        record = decode_message_record(buf, i, rec_end)
+    except FormatError:
+        return None
+    return _messages([record], token, from_wall_ns, ack_mode)
+
+
+def _messages(
+    records: list[Record], token: int, from_wall_ns: Callable[[int], float], ack_mode: bool
+) -> list[Message]:
+    """Records of the general form as the reader's messages (optional fields are dropped)."""
+    msgs: list[Message] = []
+    for k, r in enumerate(records):
+        deliver_at = from_wall_ns(r.deliver_after_ns) if r.deliver_after_ns else 0.0
+        if ack_mode:
+            msgs.append(
+                StoredMessage(r.id, r.body, r.timestamp, r.attempts, deliver_at, token=token + k)
+            )
+        else:
+            msgs.append(Message(r.id, r.body, r.timestamp, r.attempts, deliver_at))
+    return msgs
+
+
+# -- records, every field (the general form) ---------------------------------------------------
+
+
+def decode_message_record(buf: Buffer, offset: int, rec_end: int) -> Record:
+    """The message of the 'M' record at ``offset`` whose CRC has been checked.
+
+    Raises ``FormatError`` if its optional fields run past the CRC.
+    """
+    crc_at = rec_end - 4
+    if offset + RECORD_PREFIX_SIZE > crc_at:
+        raise FormatError("single-message record shorter than its prefix")
+    _, _, flags, msg_id, timestamp, attempts, deliver = RECORD_PREFIX.unpack_from(buf, offset)
+    body_at = offset + RECORD_PREFIX_SIZE
+    expires_ns: int | None = None
+    headers: bytes | None = None
+    if flags:
+        expires_ns, headers, body_at = parse_optional_fields(buf, body_at, crc_at, flags)
+    body = bytes(buf[body_at:crc_at])
+    return Record(msg_id, timestamp, attempts, deliver, body, expires_ns, headers)
+
+
+def decode_batch_records(buf: Buffer, offset: int, rec_end: int) -> list[Record]:
+    """The messages of the batch at ``offset`` whose CRC has been checked (general form).
+
+    Raises ``FormatError`` if its structure is inconsistent.
+    """
+    count, bodies_at, options_at = batch_layout(buf, offset, rec_end)
+    flags: int = buf[offset + 5]
+    out = []
+    body_at = bodies_at
+    opt_at = options_at
+    for i in range(count):
+        n, msg_id, timestamp, attempts, deliver = BATCH_ENTRY.unpack_from(
+            buf, offset + BATCH_HEADER_SIZE + i * BATCH_ENTRY_SIZE
+        )
+        expires_ns: int | None = None
+        headers: bytes | None = None
+        if flags & BATCH_FLAG_OPTIONS:
+            expires_ns, headers, opt_at = parse_optional_fields(
+                buf, opt_at + 1, rec_end - 4, buf[opt_at]
+            )
+        body = bytes(buf[body_at : body_at + n])
+        body_at += n
+        out.append(Record(msg_id, timestamp, attempts, deliver, body, expires_ns, headers))
+    return out
+
+
+def decode_record(buf: bytes | memoryview, offset: int = 0) -> tuple[Record, int]:
+    """Decode and verify one single-message ('M') record; returns it and the offset after it.
+
+    Raises FormatError (also for a batch record: use ``decode_any``).
+    """
+    end = check_record(buf, offset, len(buf))
+    if end == -1:
+        raise FormatError("truncated record")
+    if end < 0:
+        raise FormatError("invalid record")
+    if buf[offset + 4] != TYPE_MESSAGE:
+        raise FormatError("not a single-message record")
+    return decode_message_record(buf, offset, end), end
+
+
+def decode_any(buf: Buffer, offset: int = 0) -> tuple[list[Record], int]:
+    """Decode and verify the record at ``offset``, of either type: its messages and its end.
+
+    Raises FormatError.
+    """
+    end = check_record(buf, offset, len(buf))
+    if end == -1:
+        raise FormatError("truncated record")
+    if end < 0:
+        raise FormatError("invalid record")
+    if buf[offset + 4] == TYPE_BATCH:
+        return decode_batch_records(buf, offset, end), end
+    return [decode_message_record(buf, offset, end)], end
+
+
+def decode_records(buf: Buffer, offset: int = 0) -> tuple[list[Record], int]:
+    """Decode records of either type from ``offset`` until the first incomplete or invalid one.
+
+    Returns the messages and the offset where decoding stopped (``len(buf)`` if all were valid).
+    """
+    out: list[Record] = []
+    end = len(buf)
+    while offset < end:
+        try:
+            records, next_offset = decode_any(buf, offset)
+        except FormatError:
+            break
+        out.extend(records)
+        offset = next_offset
+    return out, offset

@@ -1,0 +1,189 @@
+"""The storage format's one encoder: messages to batch records (``record.py``), three steps.
+
+1. ``encode_entries``: each message's 38-byte entry (``record.BATCH_ENTRY``) and its body, in two
+   lists. This is the loop that runs once per message spilled to disk: one ``pack`` and two
+   appends.
+2. ``plan_batches``: where the records go. A call's messages are split into batch records where
+   a segment fills up (``max_bytes_per_file``) and where a batch would pass
+   ``record.MAX_BATCH_BYTES``; a segment always takes at least one message and a batch holds at
+   least one, however large. The plan is per segment, the write segment first (possibly empty,
+   when the first message does not fit there), then new ones.
+3. ``frame_batches``: one segment's share of the plan as bytes, in one buffer. One join copies
+   every body once (no per-batch buffers joined again); each batch's CRC32C is then computed
+   over its bytes in place and written into its last four bytes.
+
+The writer (``writer.py``) then hands each segment's buffer to the OS with one ``pwrite``. No
+optional fields are written yet (``Message`` has none): batch flags are 0. Single-message ('M')
+records are no longer written at all; ``decoder.py`` still reads both.
+
+Theory of operation of ``plan_batches``: ``cum[k]``, the bytes of the entries and bodies of
+messages ``0..k-1``, is built with C loops (``accumulate``, ``map``), then each batch's end is a
+``bisect`` in it, so planning costs no Python bytecode per message. The common large call (all of
+it fits the write segment) is split into equal counts per batch, which fits the cap unless the
+sizes are skewed; the general walk handles the rest.
+"""
+
+from __future__ import annotations
+
+import struct
+from bisect import bisect_right
+from collections.abc import Callable, Sequence
+from itertools import accumulate, pairwise
+from operator import add
+
+from crc32c import crc32c
+
+from lmqd.message import MSG_ID_LENGTH, Message
+from lmqd.storage.record import (
+    BATCH_ENTRY,
+    BATCH_ENTRY_SIZE,
+    BATCH_HEADER,
+    BATCH_OVERHEAD,
+    MAX_ATTEMPTS,
+    MAX_BATCH_BYTES,
+    SEGMENT_HEADER_SIZE,
+    TYPE_BATCH,
+    U32,
+)
+
+Batch = tuple[int, int, int]
+"""A planned batch record: (first message, end message, payload bytes of entries and bodies)."""
+
+_NO_CRC = bytes(4)
+"""Room for a batch's CRC, filled in once the batch's bytes are joined."""
+
+
+def encode_entries(
+    messages: Sequence[Message], to_wall_ns: Callable[[float], int]
+) -> tuple[list[bytes], list[bytes]]:
+    """Each message's batch entry (``record.BATCH_ENTRY``) and its body, in two lists.
+
+    ``to_wall_ns`` converts a ``deliver_at`` (trio time) to what is stored. Raises
+    ``ValueError`` for a message id of the wrong length. This loop runs once per message
+    spilled to disk: one ``pack`` and two appends.
+    """
+    pack = BATCH_ENTRY.pack
+    entries: list[bytes] = []
+    bodies: list[bytes] = []
+    add_entry = entries.append
+    add_body = bodies.append
+    try:
+        for m in messages:
+            msg_id = m.id
+            if len(msg_id) != MSG_ID_LENGTH:
+                raise ValueError(f"message id must be {MSG_ID_LENGTH} bytes, not {msg_id!r}")
+            body = m.body
+            deliver = m.deliver_at
+            add_entry(
+                pack(
+                    len(body),
+                    msg_id,
+                    m.timestamp,
+                    m.attempts,
+                    to_wall_ns(deliver) if deliver else 0,
+                )
+            )
+            add_body(body)
+    except struct.error:
+        # Attempts past the field's width: saturate (rare, so not in the loop above).
+        entries = []
+        for m in messages:
+            if len(m.id) != MSG_ID_LENGTH:
+                raise ValueError(
+                    f"message id must be {MSG_ID_LENGTH} bytes, not {m.id!r}"
+                ) from None
+            deliver = m.deliver_at
+            entries.append(
+                pack(
+                    len(m.body),
+                    m.id,
+                    m.timestamp,
+                    min(m.attempts, MAX_ATTEMPTS),
+                    to_wall_ns(deliver) if deliver else 0,
+                )
+            )
+        bodies = [m.body for m in messages]
+    return entries, bodies
+
+
+def plan_batches(bodies: list[bytes], start_pos: int, max_bytes: int) -> list[list[Batch]]:
+    """Split messages into batch records: per segment (the write segment first, possibly
+    empty, then new ones), its batches as (first, end, payload bytes): the message range and
+    the bytes of its entries and bodies.
+
+    ``start_pos``: the write position in the write segment; ``max_bytes``: the segment size
+    limit (``max_bytes_per_file``). A batch ends where the segment is full or at
+    ``MAX_BATCH_BYTES``; a segment always takes at least one message, and a batch holds at
+    least one, however large.
+    """
+    n = len(bodies)
+    cap = MAX_BATCH_BYTES - BATCH_OVERHEAD
+    total = n * BATCH_ENTRY_SIZE + sum(map(len, bodies))
+    parts = -(-total // cap)
+    if start_pos + parts * BATCH_OVERHEAD + total <= max_bytes:
+        if parts == 1:
+            return [[(0, n, total)]]
+        # The common large call: equal counts per batch fit the cap unless sizes are skewed.
+        bounds = [n * k // parts for k in range(parts + 1)]
+        even = [
+            (first, end, BATCH_ENTRY_SIZE * (end - first) + sum(map(len, bodies[first:end])))
+            for first, end in pairwise(bounds)
+        ]
+        if all(size <= cap for _, _, size in even):
+            return [even]
+    # The general case (segment boundary, skewed sizes): cum[k] is the bytes of the entries
+    # and bodies of messages 0..k-1 (C loops, no per-message bytecode).
+    cum = list(
+        map(
+            add,
+            accumulate(map(len, bodies), initial=0),
+            range(0, BATCH_ENTRY_SIZE * (n + 1), BATCH_ENTRY_SIZE),
+        )
+    )
+    chunks: list[list[Batch]] = []
+    batches: list[Batch] = []
+    pos = start_pos
+    i = 0
+    while i < n:
+        room = max_bytes - pos - BATCH_OVERHEAD
+        j = bisect_right(cum, cum[i] + min(room, cap), i + 1) - 1
+        if j == i:
+            if pos > SEGMENT_HEADER_SIZE and cum[i + 1] - cum[i] > room:
+                chunks.append(batches)  # this segment is full
+                batches = []
+                pos = SEGMENT_HEADER_SIZE
+                continue
+            j = i + 1
+        batches.append((i, j, cum[j] - cum[i]))
+        pos += BATCH_OVERHEAD + cum[j] - cum[i]
+        i = j
+    chunks.append(batches)
+    return chunks
+
+
+def frame_batches(entries: list[bytes], bodies: list[bytes], batches: list[Batch]) -> bytearray:
+    """The batch records of one segment's share of a call, in one buffer.
+
+    One join copies every body once (no per-batch buffers joined again); the CRC of each
+    batch is then computed over its bytes in place and written into its last four bytes.
+    """
+    n = len(bodies)
+    parts: list[bytes] = []
+    for first, end, payload in batches:
+        length = BATCH_OVERHEAD - 4 + payload
+        parts.append(BATCH_HEADER.pack(length, TYPE_BATCH, 0, end - first))
+        if first == 0 and end == n:
+            parts += entries
+            parts += bodies
+        else:
+            parts += entries[first:end]
+            parts += bodies[first:end]
+        parts.append(_NO_CRC)
+    data = bytearray().join(parts)
+    pos = 0
+    with memoryview(data) as view:
+        for _, _, payload in batches:
+            crc_at = pos + BATCH_OVERHEAD - 4 + payload
+            U32.pack_into(data, crc_at, crc32c(view[pos + 4 : crc_at]))
+            pos = crc_at + 4
+    return data

@@ -1,0 +1,105 @@
+"""Damage found while reading: set it aside as recovery would, and count it.
+
+The reader checks every record's CRC again (the disk may have rotted since start-up). When the
+record at its read position fails, ``set_aside_damage`` does for the rest of that segment what
+recovery (``recovery.py``) does at start-up: it scans from the read position to the segment's
+end, skipping the regions already known, copies each bad region durably to
+``<segment>.bad-<offset>`` (``files.save_aside``), logs and counts it. A file shorter than the
+queue wrote (truncated behind lmqd's back) loses its missing tail, which is counted and logged
+too. The segment file itself is not modified: the reader records the regions in the segment's
+``skips`` and jumps over them, and recounts the queue's depth from what the scan found valid.
+
+If the bytes cannot be copied aside (a full disk), ``OSError`` propagates and nothing is
+skipped: the reader stops before them and tries again on the next read.
+
+``Damage`` holds a queue's counters, from recovery and from reading; the daemon's stats read
+them through ``DiskQueue``.
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+
+import attrs
+
+from lmqd.storage.files import save_aside
+from lmqd.storage.scan import scan_records
+from lmqd.storage.segments import Segment
+
+log = logging.getLogger("lmqd.storage")
+
+
+@attrs.define(slots=True)
+class Damage:
+    """What a queue found wrong with its files, at start-up and while reading."""
+
+    corrupt_count: int = 0
+    """Corrupt regions found (at start-up and while reading) and set aside."""
+    corrupt_bytes: int = 0
+    torn_bytes: int = 0
+    """Bytes of torn writes truncated at start-up (a crash mid-write; not data loss)."""
+    missing_segments: int = 0
+    """Segment files the positions file expected that were not found."""
+    rebuilt_positions: bool = False
+    """True if the positions file was missing or damaged and was rebuilt from the segments."""
+
+
+def set_aside_damage(
+    name: str, seg: Segment, fd: int, pos: int, damage: Damage
+) -> tuple[list[tuple[int, int]], int]:
+    """Set aside every bad region of ``seg`` (open as ``fd``) from ``pos`` to its end.
+
+    Returns the new bad regions (start, end), not yet in ``seg.skips``, and the number of
+    messages in the valid records from ``pos`` on. Raises ``OSError`` if the file cannot be
+    read or a region cannot be copied aside.
+    """
+    size = os.fstat(fd).st_size
+    end = min(seg.end, size)
+    ranges = []
+    cursor = pos
+    for start, stop in [*seg.skips, (seg.end, seg.end)]:
+        if stop <= cursor:
+            continue
+        if start > cursor:
+            ranges.append((cursor, min(start, end)))
+        cursor = max(cursor, stop)
+    remaining = 0
+    found: list[tuple[int, int]] = []
+    if end > pos:
+        with mmap.mmap(fd, end, access=mmap.ACCESS_READ) as mm:
+            for start, stop in ranges:
+                if start >= stop:
+                    continue
+                scan = scan_records(mm, start, stop)
+                remaining += scan.records
+                for bad_start, bad_end, _ in scan.regions:
+                    _set_aside(name, seg, mm[bad_start:bad_end], bad_start, bad_end, damage)
+                    found.append((bad_start, bad_end))
+    if end < seg.end:
+        lost = seg.end - end
+        damage.corrupt_count += 1
+        damage.corrupt_bytes += lost
+        log.error(
+            "DISKQUEUE(%s): %s is %d bytes shorter than written; skipping them",
+            name,
+            seg.path,
+            lost,
+        )
+        found.append((end, seg.end))
+    return found, remaining
+
+
+def _set_aside(name: str, seg: Segment, data: bytes, start: int, end: int, damage: Damage) -> None:
+    aside = save_aside(f"{seg.path}.bad-{start}", data)
+    damage.corrupt_count += 1
+    damage.corrupt_bytes += end - start
+    log.error(
+        "DISKQUEUE(%s): %s: corrupt region of %d bytes at offset %d set aside in %s",
+        name,
+        seg.path,
+        end - start,
+        start,
+        aside,
+    )

@@ -1,0 +1,165 @@
+"""Checking a record's bytes (``record.py``'s format) without decoding its messages.
+
+``verify_record`` answers, for the bytes at an offset, one of three things: a valid record ends
+here (and holds this many messages), this is the valid *beginning* of a record whose end is
+missing (what a torn write leaves), or this is not a record. It checks the length field, the type
+byte, the CRC32C and, for a batch, that its structure adds up (``batch_layout``: entries, bodies
+and option blocks end exactly at the CRC). A CRC that matches over a lying structure can only
+come from a writer bug, but a reader must not trust it either.
+
+``find_next_record`` resynchronises after a bad region. Recovery (``scan.py``), the reader's
+repair and the general decoder (``decoder.py``) all verify through this module, so "valid" means
+the same thing everywhere. Nothing here does I/O or raises for bad data, except
+``parse_optional_fields`` and ``batch_layout``, which raise ``FormatError`` for their callers
+to turn into a verdict.
+"""
+
+from __future__ import annotations
+
+import mmap
+import struct
+from operator import itemgetter
+
+from crc32c import crc32c
+
+from lmqd.storage.record import (
+    BATCH_ENTRY_SIZE,
+    BATCH_FLAG_OPTIONS,
+    BATCH_HEADER,
+    BATCH_HEADER_SIZE,
+    FLAG_EXPIRY,
+    FLAG_HEADERS,
+    I64,
+    MAX_BATCH_COUNT,
+    MAX_RECORD_LENGTH,
+    MIN_RECORD_LENGTH,
+    RECORD_PREFIX_SIZE,
+    RECORD_TYPES,
+    TYPE_BATCH,
+    TYPE_MESSAGE,
+    U32,
+    Buffer,
+    FormatError,
+)
+
+_ENTRY_LENGTHS = struct.Struct(">I34x")
+"""Just the body length of each batch entry, for checking a batch's structure in C."""
+_first = itemgetter(0)
+_TYPE_BYTES = tuple(bytes((t,)) for t in RECORD_TYPES)
+
+
+def parse_optional_fields(
+    buf: Buffer, offset: int, end: int, flags: int
+) -> tuple[int | None, bytes | None, int]:
+    """Decode the optional fields at ``offset``; returns (expires_ns, headers, body offset).
+
+    Unknown flag bits are skipped by their length prefix. Raises ``FormatError`` if a field runs
+    past ``end`` (the CRC offset).
+    """
+    expires_ns: int | None = None
+    headers: bytes | None = None
+    bit = 1
+    while flags >= bit:
+        if flags & bit:
+            if offset + 4 > end:
+                raise FormatError("optional field header past the record end")
+            (n,) = U32.unpack_from(buf, offset)
+            offset += 4
+            if offset + n > end:
+                raise FormatError("optional field past the record end")
+            if bit == FLAG_EXPIRY:
+                if n != 8:
+                    raise FormatError("bad expiry field length")
+                (expires_ns,) = I64.unpack_from(buf, offset)
+            elif bit == FLAG_HEADERS:
+                headers = bytes(buf[offset : offset + n])
+            offset += n
+        bit <<= 1
+    return expires_ns, headers, offset
+
+
+def batch_layout(buf: Buffer, offset: int, rec_end: int) -> tuple[int, int, int]:
+    """(count, bodies offset, option blocks offset) of a batch whose CRC matched.
+
+    Raises ``FormatError`` if its structure is inconsistent (entries or bodies past the end, a
+    count out of range, bytes left over).
+    """
+    crc_at = rec_end - 4
+    _, _, flags, count = BATCH_HEADER.unpack_from(buf, offset)
+    if not 1 <= count <= MAX_BATCH_COUNT:
+        raise FormatError(f"bad batch count {count}")
+    entries_at = offset + BATCH_HEADER_SIZE
+    bodies_at = entries_at + count * BATCH_ENTRY_SIZE
+    if bodies_at > crc_at:
+        raise FormatError("batch entries past the record end")
+    with memoryview(buf) as whole, whole[entries_at:bodies_at] as entries:
+        options_at = bodies_at + sum(map(_first, _ENTRY_LENGTHS.iter_unpack(entries)))
+    if options_at > crc_at:
+        raise FormatError("batch bodies past the record end")
+    stop = options_at
+    if flags & BATCH_FLAG_OPTIONS:
+        for _ in range(count):
+            if stop >= crc_at:
+                raise FormatError("option block past the record end")
+            stop = parse_optional_fields(buf, stop + 1, crc_at, buf[stop])[2]
+    if stop != crc_at and not flags & ~BATCH_FLAG_OPTIONS:
+        raise FormatError("bytes left over in a batch")
+    return count, bodies_at, options_at
+
+
+def verify_record(buf: Buffer, offset: int, end: int) -> tuple[int, int]:
+    """Verify the record at ``offset`` (bounded by ``end``): (offset after it, message count).
+
+    The offset is ``-1`` if the bytes up to ``end`` are a valid *beginning* of a record that ends
+    past ``end`` (what a torn write leaves), and ``-2`` if the record is invalid (bad length,
+    type, checksum or structure). Never raises for bad data.
+    """
+    if offset + 4 > end:
+        return -1, 0
+    length: int = U32.unpack_from(buf, offset)[0]
+    if not MIN_RECORD_LENGTH <= length <= MAX_RECORD_LENGTH:
+        return -2, 0
+    rec_end = offset + 4 + length
+    typ = buf[offset + 4] if offset + 5 <= end else TYPE_BATCH
+    if typ != TYPE_BATCH and typ != TYPE_MESSAGE:
+        return -2, 0
+    if rec_end > end:
+        return -1, 0
+    (crc,) = U32.unpack_from(buf, rec_end - 4)
+    with memoryview(buf) as whole, whole[offset + 4 : rec_end - 4] as view:
+        if crc32c(view) != crc:
+            return -2, 0
+    try:
+        if typ == TYPE_BATCH:
+            return rec_end, batch_layout(buf, offset, rec_end)[0]
+        flags: int = buf[offset + 5]
+        if flags:
+            parse_optional_fields(buf, offset + RECORD_PREFIX_SIZE, rec_end - 4, flags)
+    except FormatError:
+        return -2, 0
+    return rec_end, 1
+
+
+def check_record(buf: Buffer, offset: int, end: int) -> int:
+    """``verify_record`` without the count: the offset after the record, ``-1`` or ``-2``."""
+    return verify_record(buf, offset, end)[0]
+
+
+def find_next_record(buf: bytes | bytearray | mmap.mmap, start: int, end: int) -> int:
+    """The first offset in ``[start, end)`` where a complete, valid record begins, or ``-1``.
+
+    Used to resynchronise after a corrupt region: candidates are found by the type bytes (a C
+    search per type), and each is accepted only if its length fits and its CRC32C matches, so a
+    false match needs a 1 in 2**32 coincidence.
+    """
+    # The next candidate of each type; the smaller one is tried first.
+    find = buf.find
+    nxt = [find(t, start + 4, end) for t in _TYPE_BYTES]
+    while True:
+        live = [i for i in nxt if i >= 0]
+        if not live:
+            return -1
+        i = min(live)
+        if check_record(buf, i - 4, end) > 0:
+            return i - 4
+        nxt = [find(t, i + 1, end) if n == i else n for t, n in zip(_TYPE_BYTES, nxt, strict=True)]
