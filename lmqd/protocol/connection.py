@@ -51,7 +51,7 @@ from lmqd.protocol.events import (
 )
 from lmqd.protocol.identify import IdentifySettings, decode_identify_body, negotiate
 from lmqd.protocol.limits import Limits
-from lmqd.protocol.state import IGNORED_STATES, LEGAL_STATES, ClientState
+from lmqd.protocol.state import IGNORED_STATES, LEGAL_STATES, TRANSITIONS, ClientState
 
 MAGIC_V2 = b"  V2"
 """The 4 bytes a V2 client sends first."""
@@ -304,12 +304,12 @@ class ServerConnection:
         if channel is None:
             raise errors.bad_channel("SUB", params[2])
         events.append(Sub(topic=topic, channel=channel))
-        self._set_state(ClientState.SUBSCRIBED)
+        self._set_state(TRANSITIONS["SUB"])
         return p
 
     def _cls(self, params: list[bytes], buf: bytes, p: int, events: list[Event]) -> int:
         events.append(_CLS)
-        self._set_state(ClientState.CLOSING)
+        self._set_state(TRANSITIONS["CLS"])
         return p
 
     def _nop(self, params: list[bytes], buf: bytes, p: int, events: list[Event]) -> int:
