@@ -293,7 +293,7 @@ def test_response_bytes() -> None:
     # 100 bytes (the reference's sample says 0x66 for this payload; its bytes count 0x64).
     assert LookupServerConnection.send(answer) == b"\x00\x00\x00\x64" + payload
     assert LookupServerConnection.send(Error(code="E_INVALID", text="x y")) == (
-        b"\x00\x00\x00\x0bE_INVALID x y"
+        b"\x00\x00\x00\x0dE_INVALID x y"
     )
 
 

@@ -105,7 +105,8 @@ class V1Peer:
     def __init__(self, stream: trio.SocketStream) -> None:
         self.stream = stream
         self.codec = LookupClientConnection()
-        self.local_address = "%s:%d" % stream.socket.getsockname()[:2]
+        host, port = stream.socket.getsockname()[:2]
+        self.local_address = f"{host}:{port}"
         """``ip:port`` of our end: the producer id the lookupd shows as ``remote_address``."""
 
     @classmethod
