@@ -8,7 +8,11 @@ again (nsqlookupd's loop, batched): a node that pipelines without reading its an
 its own connection in ``send_all`` and is not read further, so nothing grows without bound.
 
 An error is fatal, as in nsqlookupd: the answers to the commands before it, then the error,
-then the connection is closed. However the connection ends (EOF, reset, error, shutdown), its
+then the connection is closed. Closing a socket that still has unread input makes the kernel
+reset the connection, and a reset can destroy the error frame before the peer reads it; so
+after an error the server half-closes (the peer reads the error, then EOF) and reads and
+discards what is still coming for at most ``LINGER_S`` seconds and ``LINGER_BYTES`` bytes
+before it closes (the "lingering close" of HTTP servers). However the connection ends (EOF, reset, error, shutdown), its
 producer records are removed from every key (``RegistrationDB.disconnect``); the keys stay.
 
 There is no idle timeout, as in nsqlookupd: a node that stops PINGing stays connected and
@@ -43,6 +47,13 @@ log = logging.getLogger("lmqd.lookupd.tcp")
 RECEIVE_SIZE = 4096
 """Bytes asked for per receive: a node sends lines of under 150 bytes and one ~100-byte
 IDENTIFY body, so even its start-up burst (one REGISTER per channel) takes few receives."""
+
+LINGER_S = 1.0
+"""How long a failed connection is drained before it is closed: a peer that reads our error
+frame closes within milliseconds; one that doesn't is not waited for longer."""
+
+LINGER_BYTES = 64 * 1024
+"""How much input a failed connection discards at most while it lingers."""
 
 _OK = Ok().encode()
 
@@ -85,14 +96,14 @@ class TcpPeerHandler:
         try:
             while True:
                 replies: list[bytes] = []
-                ending = False
+                ending = failed = False
                 while True:
                     try:
                         event = conn.next_event()
                     except LookupProtocolError as exc:
                         log.error("CLIENT(%s): %s", remote, exc)
                         replies.append(exc.frame())
-                        ending = True
+                        ending = failed = True
                         break
                     if event is None:
                         break
@@ -108,6 +119,12 @@ class TcpPeerHandler:
                 if replies:
                     await stream.send_all(b"".join(replies))
                 if ending:
+                    if failed:
+                        # Unregister now: lingering is about the peer's bytes, not its topics.
+                        if peer is not None:
+                            self.db.disconnect(peer.id)
+                            peer = None
+                        await _linger(stream)
                     return
                 conn.receive_data(await stream.receive_some(RECEIVE_SIZE))
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
@@ -150,3 +167,16 @@ class TcpPeerHandler:
                 self.db.register(peer, topic, channel)
             case Unregister(topic=topic, channel=channel):
                 self.db.unregister(peer, topic, channel)
+
+
+async def _linger(stream: trio.abc.Stream) -> None:
+    """Half-close, then discard input until EOF or the linger bounds (see the module doc)."""
+    if isinstance(stream, trio.abc.HalfCloseableStream):
+        await stream.send_eof()
+    discarded = 0
+    with trio.move_on_after(LINGER_S):
+        while discarded < LINGER_BYTES:
+            data = await stream.receive_some(RECEIVE_SIZE)
+            if not data:
+                return
+            discarded += len(data)
