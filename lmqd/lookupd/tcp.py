@@ -12,8 +12,9 @@ then the connection is closed. Closing a socket that still has unread input make
 reset the connection, and a reset can destroy the error frame before the peer reads it; so
 after an error the server half-closes (the peer reads the error, then EOF) and reads and
 discards what is still coming for at most ``LINGER_S`` seconds and ``LINGER_BYTES`` bytes
-before it closes (the "lingering close" of HTTP servers). However the connection ends (EOF, reset, error, shutdown), its
-producer records are removed from every key (``RegistrationDB.disconnect``); the keys stay.
+before it closes (the "lingering close" of HTTP servers). However the connection ends (EOF,
+reset, error, shutdown), its producer records are removed from every key
+(``RegistrationDB.disconnect``); the keys stay.
 
 There is no idle timeout, as in nsqlookupd: a node that stops PINGing stays connected and
 becomes inactive after ``--inactive-producer-timeout``.
