@@ -230,6 +230,7 @@ def _run(*, config: str | None, version: str | None, verbose: str | None, **valu
 
 async def _serve(options: LookupdOptions) -> None:
     daemon = LookupDaemon(options)
+    daemon.bind()  # here, so that an address in use is a plain OSError, not in a group
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
             await nursery.start(daemon.run)

@@ -1,7 +1,8 @@
 """``LookupDaemon``: the registration DB, the V1 TCP listener and the HTTP API, run together.
 
 ``run`` binds both sockets first (so an address in use fails the start-up before anything is
-served, and port 0 is resolved), then serves them in its own nursery; ``task_status.started``
+served, and port 0 is resolved; ``bind`` does it alone, outside any nursery, for the CLI to
+report the failure plainly), then serves them in its own nursery; ``task_status.started``
 gets the bound addresses once both listen. The IDENTIFY answer carries the real ports, so a
 lookupd started on port 0 still tells nodes where its HTTP API is.
 
@@ -71,20 +72,30 @@ class LookupDaemon:
         self.options = options
         self.db = RegistrationDB()
         self._cancel = trio.CancelScope()
+        self._sockets: tuple[socket.socket, socket.socket] | None = None
+
+    def bind(self) -> Addresses:
+        """Bind both listening sockets now (``run`` does it if this was not called); OSError
+        (``TCP listen (<address>) failed - <reason>``) if one cannot be bound."""
+        if self._sockets is None:
+            tcp_sock = _bind("TCP", self.options.tcp_address)
+            try:
+                http_sock = _bind("HTTP", self.options.http_address)
+            except BaseException:
+                tcp_sock.close()
+                raise
+            self._sockets = (tcp_sock, http_sock)
+        return Addresses(tcp=_bound(self._sockets[0]), http=_bound(self._sockets[1]))
 
     async def run(
         self, *, task_status: trio.TaskStatus[Addresses] = trio.TASK_STATUS_IGNORED
     ) -> None:
         """Serve until ``shutdown()`` or cancellation."""
         options = self.options
-        tcp_sock = _bind("TCP", options.tcp_address)
+        addresses = self.bind()
+        assert self._sockets is not None
+        tcp_sock, http_sock = self._sockets
         try:
-            http_sock = _bind("HTTP", options.http_address)
-        except BaseException:
-            tcp_sock.close()
-            raise
-        try:
-            addresses = Addresses(tcp=_bound(tcp_sock), http=_bound(http_sock))
             answer = IdentifyResponse(
                 broadcast_address=options.broadcast_address,
                 hostname=socket.gethostname(),
@@ -122,6 +133,7 @@ class LookupDaemon:
             log.info("TCP: closing %s", format_address(*addresses.tcp))
             log.info("HTTP: closing %s", format_address(*addresses.http))
         finally:
+            self._sockets = None
             tcp_sock.close()
             http_sock.close()
 

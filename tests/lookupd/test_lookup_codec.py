@@ -16,6 +16,7 @@ import sys
 import pytest
 
 from lmqd.lookup import (
+    Command,
     ConnectionClosed,
     Error,
     Identify,
@@ -136,13 +137,14 @@ def test_line_forms(line: bytes, event: object) -> None:
 
 def test_identify_moves_the_state() -> None:
     conn = LookupServerConnection()
-    assert conn.state is PeerState.AWAITING_MAGIC
+    states: list[PeerState] = [conn.state]
     conn.receive_data(MAGIC)
     assert conn.next_event() is None
-    assert conn.state is PeerState.ANONYMOUS
+    states.append(conn.state)
     conn.receive_data(NSQD_IDENTIFY)
     assert conn.next_event() == NSQD_PEER
-    assert conn.state is PeerState.IDENTIFIED
+    states.append(conn.state)
+    assert states == [PeerState.AWAITING_MAGIC, PeerState.ANONYMOUS, PeerState.IDENTIFIED]
 
 
 def test_eof_is_connection_closed_even_mid_line() -> None:
@@ -389,8 +391,9 @@ def test_client_identify_answer_null_is_empty_info() -> None:
 def test_client_and_server_codecs_round_trip() -> None:
     client = LookupClientConnection()
     server = LookupServerConnection()
-    commands = [NSQD_PEER, Register(topic="t", channel="c#ephemeral"), Unregister(topic="t"),
-                Ping()]  # fmt: skip
+    commands: list[Command] = [
+        NSQD_PEER, Register(topic="t", channel="c#ephemeral"), Unregister(topic="t"), Ping(),
+    ]  # fmt: skip
     server.receive_data(client.initial_bytes() + b"".join(client.send(c) for c in commands))
     assert server.next_events() == commands
 

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import gevent  # type: ignore[import-untyped]
@@ -21,7 +22,7 @@ def _plain(value: Any) -> Any:
 
 
 def lookupd_client(params: Params) -> Result:
-    client = gnsq.LookupdClient(host=params["host"], port=params["port"])
+    client: Any = gnsq.LookupdClient(host=params["host"], port=params["port"])
     topic = params["registered_topic"]
     out: Result = {}
     out["ping"] = _plain(client.ping())
@@ -40,10 +41,11 @@ def lookupd_client(params: Params) -> Result:
     out["channels_after"] = client.channels("made")
     out["delete_topic"] = _plain(client.delete_topic("made"))
     out["topics_after"] = client.topics()
-    for name, call in [
+    calls: list[tuple[str, Callable[[], Any]]] = [
         ("lookup_missing", lambda: client.lookup("missing")),
         ("delete_missing_channel", lambda: client.delete_channel("made", "nope")),
-    ]:
+    ]
+    for name, call in calls:
         try:
             out[name] = {"ok": _plain(call())}
         except NSQHttpError as exc:
