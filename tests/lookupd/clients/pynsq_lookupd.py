@@ -1,0 +1,50 @@
+"""pynsq 0.9.1 against an lmqlookupd: a ``Reader`` that finds its nsqd only through the
+lookupd (``lookupd_http_addresses``); ``python pynsq_lookupd.py consume '<json>'``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+import nsq  # type: ignore[import-untyped]
+from harness import Params, Result, main
+from tornado.ioloop import IOLoop
+
+
+async def _consume(params: Params) -> Result:
+    received: list[str] = []
+    all_received = asyncio.Event()
+
+    def handler(message: Any) -> bool:
+        received.append(message.body.decode())
+        if len(received) >= params["count"]:
+            all_received.set()
+        return True
+
+    reader = nsq.Reader(
+        topic=params["topic"],
+        channel=params["channel"],
+        message_handler=handler,
+        lookupd_http_addresses=[params["lookupd_url"]],
+        lookupd_poll_interval=60,
+        max_in_flight=10,
+    )
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(all_received.wait(), params["within_s"])
+    connections = sorted(reader.conns)
+    reader.connect_to_nsqd = lambda *args, **kwargs: None  # no reconnect timers
+    reader.close()
+    return {"bodies": received, "connections": connections}
+
+
+def consume(params: Params) -> Result:
+    result: Result = IOLoop.current().run_sync(
+        lambda: _consume(params), timeout=params["within_s"] + 5
+    )
+    return result
+
+
+if __name__ == "__main__":
+    main({"consume": consume})
