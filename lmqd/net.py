@@ -18,9 +18,12 @@ def split_address(address: str, *, default_host: str | None = None) -> tuple[str
     ``ValueError`` with a message naming the address.
     """
     host, sep, port = address.rpartition(":")
-    host = host.strip("[]")
     if not sep or not port.isdigit():
         raise ValueError(f"invalid address {address!r}: want HOST:PORT")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    elif ":" in host:
+        raise ValueError(f"invalid address {address!r}: an IPv6 host needs brackets")
     number = int(port)
     if number > MAX_PORT:
         raise ValueError(f"invalid address {address!r}: port {number} is out of range (0-65535)")

@@ -246,6 +246,7 @@ def test_the_wheel_ships_both_packages_typed_with_their_console_scripts(
     assert _console_scripts(wheel) == {
         "lmqd": "lmqd.cli:main",
         "lmqadmin": "lmq_client.admin.cli:main",
+        "lmqlookupd": "lmqd.lookupd.cli:main",
     }
 
 

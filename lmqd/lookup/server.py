@@ -47,7 +47,7 @@ from lmqd.lookup.events import (
 )
 from lmqd.lookup.gojson import decode_struct
 from lmqd.lookup.state import COMMANDS, TRANSITIONS, PeerState
-from lmqd.protocol.names import decode_name
+from lmqd.names import decode_name
 
 __all__ = [
     "MAGIC_V1",

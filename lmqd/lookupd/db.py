@@ -36,7 +36,7 @@ from collections.abc import Iterable, Iterator
 
 import attrs
 
-from lmqd.protocol.names import is_ephemeral
+from lmqd.names import is_ephemeral
 
 __all__ = [
     "CLIENT",

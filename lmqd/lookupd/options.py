@@ -8,7 +8,7 @@ from typing import Any
 import attrs
 
 from lmqd.logging_setup import LEVELS
-from lmqd.lookupd.listen import split_host_port
+from lmqd.net import split_address
 
 __all__ = ["NSQLOOKUPD_COMPAT_VERSION", "LookupdOptions"]
 
@@ -18,7 +18,7 @@ report (nsqadmin flags nodes below the highest version it sees as out of date)."
 
 
 def _address(instance: Any, attribute: attrs.Attribute[str], value: str) -> None:
-    split_host_port(value)  # raises ValueError with the reason
+    split_address(value, default_host="0.0.0.0")  # raises ValueError with the reason
 
 
 def _non_negative(instance: Any, attribute: attrs.Attribute[float], value: float) -> None:

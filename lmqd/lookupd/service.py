@@ -27,10 +27,11 @@ from hypercorn.utils import wrap_app
 from lmqd.lookup import IdentifyResponse
 from lmqd.lookupd.db import RegistrationDB
 from lmqd.lookupd.httpapi import LookupdHttpApi
-from lmqd.lookupd.listen import bind_tcp, format_address
+from lmqd.lookupd.listen import bind_tcp
 from lmqd.lookupd.options import NSQLOOKUPD_COMPAT_VERSION, LookupdOptions
 from lmqd.lookupd.tcp import TcpPeerHandler
 from lmqd.lookupd.views import Settings, Views
+from lmqd.net import format_address
 
 __all__ = ["Addresses", "LookupDaemon"]
 
@@ -119,7 +120,7 @@ class LookupDaemon:
             with self._cancel:
                 async with trio.open_nursery() as nursery:
                     await nursery.start(trio.serve_listeners, handler.serve_socket, [listener])
-                    log.info("TCP: listening on %s", format_address(*addresses.tcp))
+                    log.info("TCP: listening on %s", format_address(addresses.tcp))
                     await nursery.start(
                         lambda task_status: worker_serve(
                             wrap_app(app, config.wsgi_max_body_size, "asgi"),
@@ -128,10 +129,10 @@ class LookupDaemon:
                             task_status=task_status,
                         )
                     )
-                    log.info("HTTP: listening on %s", format_address(*addresses.http))
+                    log.info("HTTP: listening on %s", format_address(addresses.http))
                     task_status.started(addresses)
-            log.info("TCP: closing %s", format_address(*addresses.tcp))
-            log.info("HTTP: closing %s", format_address(*addresses.http))
+            log.info("TCP: closing %s", format_address(addresses.tcp))
+            log.info("HTTP: closing %s", format_address(addresses.http))
         finally:
             self._sockets = None
             tcp_sock.close()

@@ -39,7 +39,7 @@ from lmqd.lookup import (
     Unregister,
 )
 from lmqd.lookupd.db import PeerInfo, RegistrationDB
-from lmqd.lookupd.listen import format_address
+from lmqd.net import format_address
 
 __all__ = ["RECEIVE_SIZE", "TcpPeerHandler"]
 
@@ -62,7 +62,7 @@ _OK = Ok().encode()
 def peer_address(stream: trio.SocketStream) -> str:
     """The remote ``ip:port`` of a TCP stream, as Go's ``RemoteAddr().String()`` writes it."""
     name = stream.socket.getpeername()
-    return format_address(str(name[0]), int(name[1]))
+    return format_address((str(name[0]), int(name[1])))
 
 
 class TcpPeerHandler:

@@ -28,7 +28,7 @@ from lmqd.lookupd.db import (
     RegistrationDB,
     active,
 )
-from lmqd.protocol.names import valid_name
+from lmqd.names import valid_name
 
 __all__ = ["GO_ZERO_TIME_NS", "ApiError", "Settings", "Views"]
 

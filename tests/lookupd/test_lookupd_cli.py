@@ -115,7 +115,7 @@ def test_help_names_the_flags() -> None:
          "Error: invalid value 'loud' for --log-level: "
          "invalid log level 'loud' (debug, info, warn, error, fatal)"),
         (["--tcp-address=nowhere"], 1,
-         "Error: invalid address 'nowhere': want host:port"),
+         "Error: invalid address 'nowhere': want HOST:PORT"),
         (["--version=maybe"], 2, "Error: not a boolean (true, false, 1, 0, t, f)"),
     ],
 )  # fmt: skip
