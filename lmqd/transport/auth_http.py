@@ -15,8 +15,10 @@ invalid answer all raise ``AuthQueryError``, which the connection turns into
 ``E_AUTH_FAILED AUTH failed`` (the detail is only logged, as nsqd does not tell untrusted
 clients how its auth server failed).
 
-HTTP is httpx (it runs on trio through httpcore's trio backend). Timeouts are nsqd's two:
-``--http-client-connect-timeout`` (2 s) for the TCP (and TLS) connect and
+HTTP is h11 (the sans-I/O HTTP/1.1 codec hypercorn is built on) over trio streams: one request
+per connection, as an auth check is rare (once per AUTH and per ttl), and no async generators
+or connection pools to clean up when a request is abandoned. Timeouts are nsqd's two:
+``--http-client-connect-timeout`` (2 s) for the TCP connect and TLS handshake and
 ``--http-client-request-timeout`` (5 s) for the whole request, per server tried.
 
 Not reproduced: Go's http_api client retries a ``403`` from a plain-HTTP endpoint over HTTPS
@@ -32,9 +34,10 @@ import ssl
 import urllib.parse
 from collections.abc import Sequence
 
-import httpx
+import h11
 import trio
 
+import lmqd
 from lmqd.protocol import errors
 from lmqd.transport.auth import (
     AuthExpired,
@@ -68,6 +71,7 @@ each), so 1 MiB holds thousands; past that the server is broken or hostile and A
 instead of the daemon buffering whatever it sends."""
 
 ACCEPT_V1 = "application/vnd.nsq; version=1.0"
+USER_AGENT = f"lmqd/{lmqd.__version__}"
 
 
 class AuthQueryError(Exception):
@@ -91,52 +95,133 @@ def _form(remote_ip: str, tls: bool, secret: bytes | str, common_name: str) -> s
 
 
 async def query_auth_server(
-    client: httpx.AsyncClient,
     address: str,
     form: str,
     *,
-    method: str = "get",
+    ssl_context: ssl.SSLContext | None = None,
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S,
     request_timeout: float = DEFAULT_REQUEST_TIMEOUT_S,
+    method: str = "get",
 ) -> AuthState:
     """Ask one auth server; ``AuthQueryError`` for any failure."""
     endpoint = auth_endpoint(address)
-    headers = {"Accept": ACCEPT_V1}
+    if method == "post":
+        url, body = endpoint, form.encode("ascii")
+    else:
+        url, body = endpoint + ("&" if "?" in endpoint else "?") + form, b""
     try:
         with trio.fail_after(request_timeout):
-            if method == "post":
-                headers["Content-Type"] = "application/x-www-form-urlencoded"
-                request = client.build_request("POST", endpoint, content=form, headers=headers)
-            else:
-                separator = "&" if "?" in endpoint else "?"
-                request = client.build_request("GET", endpoint + separator + form, headers=headers)
-            response = await client.send(request, stream=True)
-            try:
-                body = await _read_bounded(response)
-            finally:
-                await response.aclose()
+            status, answer = await _http_request(
+                method.upper(), url, body, ssl_context=ssl_context, connect_timeout=connect_timeout
+            )
     except trio.TooSlowError:
         raise AuthQueryError(f"{endpoint}: no answer within {request_timeout:g}s") from None
-    except httpx.HTTPError as exc:
-        raise AuthQueryError(f"{endpoint}: {type(exc).__name__} {exc}") from None
-    if response.status_code != 200:
-        raise AuthQueryError(
-            f"{endpoint}: got response {response.status_code} {body[:200]!r}"
-        )
+    except AuthQueryError as exc:
+        raise AuthQueryError(f"{endpoint}: {exc}") from None
+    if status != 200:
+        raise AuthQueryError(f"{endpoint}: got response {status} {answer[:200]!r}")
     try:
-        return parse_auth_response(body, trio.current_time())
+        return parse_auth_response(answer, trio.current_time())
     except AuthResponseError as exc:
         raise AuthQueryError(f"{endpoint}: {exc}") from None
 
 
-async def _read_bounded(response: httpx.Response) -> bytes:
+async def _http_request(
+    method: str,
+    url: str,
+    body: bytes,
+    *,
+    ssl_context: ssl.SSLContext | None,
+    connect_timeout: float,
+) -> tuple[int, bytes]:
+    """One HTTP/1.1 request on a new connection: the status and the (bounded) body."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise AuthQueryError(f"unsupported URL {url!r}")
+    https = parts.scheme == "https"
+    try:
+        port = parts.port or (443 if https else 80)
+    except ValueError:
+        raise AuthQueryError(f"invalid port in {url!r}") from None
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    headers = [
+        ("Host", parts.netloc),
+        ("Accept", ACCEPT_V1),
+        ("User-Agent", USER_AGENT),
+        ("Connection", "close"),
+    ]
+    if method == "POST":
+        headers.append(("Content-Type", "application/x-www-form-urlencoded"))
+        headers.append(("Content-Length", str(len(body))))
+    try:
+        stream = await _connect(parts.hostname, port, https, ssl_context, connect_timeout)
+        async with stream:
+            return await _exchange(stream, method, target, headers, body)
+    except OSError as exc:
+        raise AuthQueryError(f"cannot connect ({exc.strerror or exc})") from None
+    except trio.BrokenResourceError as exc:
+        raise AuthQueryError(f"connection failed ({exc.__cause__ or exc})") from None
+    except h11.ProtocolError as exc:
+        raise AuthQueryError(f"invalid HTTP answer ({exc})") from None
+
+
+async def _connect(
+    host: str, port: int, https: bool, ssl_context: ssl.SSLContext | None, connect_timeout: float
+) -> trio.abc.Stream:
+    stream: trio.abc.Stream | None = None
+    try:
+        with trio.move_on_after(connect_timeout):
+            stream = await trio.open_tcp_stream(host, port)
+            if https:
+                stream = trio.SSLStream(
+                    stream,
+                    ssl_context or ssl.create_default_context(),
+                    server_hostname=host,
+                    https_compatible=True,
+                )
+                await stream.do_handshake()
+            return stream
+    except BaseException:
+        if stream is not None:
+            await trio.aclose_forcefully(stream)
+        raise
+    if stream is not None:
+        await trio.aclose_forcefully(stream)
+    raise AuthQueryError(f"cannot connect within {connect_timeout:g}s")
+
+
+async def _exchange(
+    stream: trio.abc.Stream,
+    method: str,
+    target: str,
+    headers: list[tuple[str, str]],
+    body: bytes,
+) -> tuple[int, bytes]:
+    conn = h11.Connection(h11.CLIENT)
+    out = conn.send(h11.Request(method=method, target=target, headers=headers))
+    if body:
+        out += conn.send(h11.Data(data=body))
+    out += conn.send(h11.EndOfMessage())
+    await stream.send_all(out)
+    status = 0
     chunks: list[bytes] = []
     size = 0
-    async for chunk in response.aiter_bytes():
-        size += len(chunk)
-        if size > MAX_AUTH_RESPONSE_SIZE:
-            raise AuthQueryError(f"answer larger than {MAX_AUTH_RESPONSE_SIZE} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
+    while True:
+        event = conn.next_event()
+        if event is h11.NEED_DATA:
+            conn.receive_data(bytes(await stream.receive_some(64 * 1024)))
+        elif isinstance(event, h11.Response):
+            status = event.status_code
+        elif isinstance(event, h11.Data):
+            size += len(event.data)
+            if size > MAX_AUTH_RESPONSE_SIZE:
+                raise AuthQueryError(f"answer larger than {MAX_AUTH_RESPONSE_SIZE} bytes")
+            chunks.append(bytes(event.data))
+        elif isinstance(event, h11.EndOfMessage):
+            return status, b"".join(chunks)
+        elif isinstance(event, h11.ConnectionClosed):
+            raise AuthQueryError("connection closed before the answer was complete")
+        # h11.InformationalResponse (1xx): wait for the real answer
 
 
 async def query_auth_servers(
@@ -162,21 +247,20 @@ async def query_auth_servers(
     form = _form(remote_ip, tls, secret, common_name)
     start = (rng or random).randrange(len(addresses))
     last_error = AuthQueryError("no auth server answered")
-    async with httpx.AsyncClient(
-        verify=ssl_context if ssl_context is not None else True,
-        timeout=httpx.Timeout(None, connect=connect_timeout),
-        follow_redirects=False,
-        trust_env=False,
-    ) as client:
-        for i in range(len(addresses)):
-            address = addresses[(start + i) % len(addresses)]
-            try:
-                return await query_auth_server(
-                    client, address, form, method=method, request_timeout=request_timeout
-                )
-            except AuthQueryError as exc:
-                log.warning("AUTH(%s): failed: %s", address, exc)
-                last_error = exc
+    for i in range(len(addresses)):
+        address = addresses[(start + i) % len(addresses)]
+        try:
+            return await query_auth_server(
+                address,
+                form,
+                ssl_context=ssl_context,
+                connect_timeout=connect_timeout,
+                request_timeout=request_timeout,
+                method=method,
+            )
+        except AuthQueryError as exc:
+            log.warning("AUTH(%s): failed: %s", address, exc)
+            last_error = exc
     raise last_error
 
 
@@ -289,4 +373,3 @@ class ConnectionAuth:
             if not self.check_nowait(cmd, topic, channel, trio.current_time()):
                 # A fresh answer with ttl > 0 cannot be expired at once; be safe anyway.
                 raise errors.auth_failed()
-

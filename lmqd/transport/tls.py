@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import enum
 import ssl
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
 
@@ -38,6 +38,7 @@ __all__ = [
     "PeerCertificateError",
     "ServerTLS",
     "TLSConfigError",
+    "TLSPeer",
     "TLSState",
     "client_context",
     "connection_state",
@@ -63,6 +64,19 @@ _MIN_VERSIONS = {
     "tls1.2": ssl.TLSVersion.TLSv1_2,
     "tls1.3": ssl.TLSVersion.TLSv1_3,
 }
+
+
+class TLSPeer(Protocol):
+    """The end of an established TLS connection: ``ssl.SSLObject``, ``ssl.SSLSocket`` or
+    ``trio.SSLStream`` (which forwards these methods to its ``SSLObject``)."""
+
+    def getpeercert(self, binary_form: bool = ...) -> Any: ...
+
+    def version(self) -> str | None: ...
+
+    def cipher(self) -> tuple[str, str, int] | None: ...
+
+    def selected_alpn_protocol(self) -> str | None: ...
 
 
 class TLSConfigError(ValueError):
@@ -122,7 +136,7 @@ class ServerTLS:
         """Setting a client auth policy makes nsqd require TLS on every TCP connection."""
         return self.client_auth_policy is not ClientAuthPolicy.NONE
 
-    def check_peer(self, ssl_object: ssl.SSLObject | ssl.SSLSocket) -> None:
+    def check_peer(self, ssl_object: TLSPeer) -> None:
         """After the handshake: raise ``PeerCertificateError`` if the policy wants a client
         certificate and none was sent (``require``; ``require-verify`` fails the handshake)."""
         if self.requires_client_certificate and ssl_object.getpeercert(binary_form=True) is None:
@@ -162,9 +176,7 @@ def server_tls_from_options(options: Options) -> ServerTLS | None:
     IDENTIFY never offers ``tls_v1`` and no HTTPS listener starts, as in nsqd)."""
     if not options.tls_cert and not options.tls_key:
         if options.tls_client_auth_policy:
-            raise TLSConfigError(
-                "cannot require TLS client connections without TLS key and cert"
-            )
+            raise TLSConfigError("cannot require TLS client connections without TLS key and cert")
         return None
     return server_tls(
         cert_file=options.tls_cert,
@@ -201,7 +213,7 @@ def client_context(
     return context
 
 
-def peer_common_name(ssl_object: ssl.SSLObject | ssl.SSLSocket) -> str:
+def peer_common_name(ssl_object: TLSPeer) -> str:
     """The subject common name of the client's certificate ("" without one), which nsqd sends
     to the auth server as ``common_name``. With several CNs the last wins, as in Go's
     ``pkix.Name``."""
@@ -249,7 +261,7 @@ _IANA_CIPHER_NAMES = {
 }
 
 
-def connection_state(ssl_object: ssl.SSLObject | ssl.SSLSocket) -> TLSState:
+def connection_state(ssl_object: TLSPeer) -> TLSState:
     """The stats fields of an established TLS connection."""
     version = ssl_object.version() or ""
     cipher = ssl_object.cipher()
@@ -304,6 +316,6 @@ def _ssl_reason(exc: ssl.SSLError, fallback: str) -> str:
     reason: Any = getattr(exc, "reason", None)
     if reason == "KEY_VALUES_MISMATCH":
         return "the private key does not match the certificate"
-    if reason in (None, "PEM_LIB", "NO_START_LINE"):
+    if reason in (None, "PEM_LIB", "NO_START_LINE", "NO_CERTIFICATE_OR_CRL_FOUND"):
         return fallback
     return str(reason).lower().replace("_", " ")
