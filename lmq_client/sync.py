@@ -283,18 +283,26 @@ class _SocketConnection:
             # a message frame on a publishing connection: not ours to handle
 
     def poll_idle(self) -> None:
-        """Handle what arrived while idle without waiting: heartbeats get one NOP; EOF closes."""
+        """Handle what arrived while idle without waiting: heartbeats get one NOP; EOF closes.
+
+        Frames already parsed count too: a heartbeat can arrive in the same read as the answer
+        to the last command.
+        """
         heartbeats = 0
-        while self._open and (self._buffered() or select.select([self._sock], [], [], 0)[0]):
+        while True:
+            while self._events:
+                event = self._events.popleft()
+                if isinstance(event, Response) and event.is_heartbeat:
+                    heartbeats += 1
+            if not self._open:
+                break
+            if not (self._buffered() or select.select([self._sock], [], [], 0)[0]):
+                break
             try:
                 if not self._receive(0):
                     break
             except ConnectionFailed:
                 return  # closed by the daemon while idle: the caller reconnects
-            while self._events:
-                event = self._events.popleft()
-                if isinstance(event, Response) and event.is_heartbeat:
-                    heartbeats += 1
         if heartbeats and self._open:
             with contextlib.suppress(ConnectionFailed):
                 self.sendall(_NOP)

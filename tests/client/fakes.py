@@ -5,6 +5,10 @@ client opens becomes a ``memory_stream_pair`` whose server end is a ``FakeDaemon
 drives step by step. The fake parses what the client sends with the real sans-IO
 ``ServerConnection`` (so the client's bytes are checked by the same parser lmqd uses) and
 timestamps every command on the trio clock, which the tests compare with exact virtual times.
+
+Upgrades are real: ``start_tls`` runs the server side of a TLS handshake on the connection (with
+lmqd's ``start_tls_server``) and ``start_compression`` wraps it in lmqd's ``CompressedStream``,
+each followed by the ``OK`` frame nsqd sends, so the client's TLS and codecs meet the server's.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import errno
 import json
 import math
+import ssl
 from typing import Any
 
 import trio
@@ -27,6 +32,8 @@ from lmqd.protocol import (
     encode_response,
     one_per_command,
 )
+from lmqd.transport.compression import StreamCodec
+from lmqd.transport.streams import CompressedStream, start_tls_server
 
 IDENTIFY_RESPONSE: dict[str, Any] = {
     "max_rdy_count": 2500,
@@ -117,6 +124,18 @@ class FakeDaemon:
         while not isinstance(await self.next_command(), Cls):
             pass
         await self.respond(b"CLOSE_WAIT")
+
+    async def start_tls(self, context: ssl.SSLContext) -> trio.SSLStream[trio.abc.Stream]:
+        """The server side of the ``tls_v1`` upgrade, then ``OK`` over TLS (as nsqd)."""
+        secure = await start_tls_server(self.stream, context)
+        self.stream = secure
+        await self.respond()
+        return secure
+
+    async def start_compression(self, codec: StreamCodec) -> None:
+        """Compress both directions from now on, then ``OK`` through the codec (as nsqd)."""
+        self.stream = CompressedStream(self.stream, codec)
+        await self.respond()
 
     async def close(self) -> None:
         await self.stream.aclose()
