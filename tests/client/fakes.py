@@ -17,6 +17,7 @@ import errno
 import json
 import math
 import ssl
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
@@ -32,8 +33,9 @@ from lmqd.protocol import (
     encode_response,
     one_per_command,
 )
-from lmqd.transport.compression import StreamCodec
+from lmqd.transport.compression import DeflateStream, SnappyStream, StreamCodec
 from lmqd.transport.streams import CompressedStream, start_tls_server
+from lmqd.transport.tls import ServerTLS
 
 IDENTIFY_RESPONSE: dict[str, Any] = {
     "max_rdy_count": 2500,
@@ -162,3 +164,43 @@ class FakeNetwork:
         """The daemon end of the next connection the client opens."""
         with trio.fail_after(limit):
             return await self._receive.receive()
+
+
+async def upgrade(
+    fake: FakeDaemon,
+    *,
+    tls: ServerTLS | None = None,
+    codec: StreamCodec | None = None,
+    auth: bool = False,
+) -> dict[str, Any]:
+    """nsqd's side of IDENTIFY and the upgrades; returns the client's IDENTIFY document."""
+    identify = await fake.handshake(
+        tls_v1=tls is not None,
+        snappy=isinstance(codec, SnappyStream),
+        deflate=isinstance(codec, DeflateStream),
+        deflate_level=codec.level if isinstance(codec, DeflateStream) else 6,
+        auth_required=auth,
+    )
+    if tls is not None:
+        await fake.start_tls(tls.context)
+    if codec is not None:
+        await fake.start_compression(codec)
+    return identify
+
+
+async def serve_one(
+    script: Callable[[FakeDaemon], Awaitable[None]],
+    *,
+    task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Accept one connection on 127.0.0.1 and run ``script(FakeDaemon)`` on it."""
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    listener = listeners[0]
+    task_status.started(f"127.0.0.1:{listener.socket.getsockname()[1]}")
+    async with listener:
+        stream = await listener.accept()
+    fake = FakeDaemon("sync", stream)
+    try:
+        await script(fake)
+    finally:
+        await fake.close()

@@ -29,7 +29,7 @@ from lmqd.transport.compression import DeflateStream, SnappyStream, StreamCodec
 from lmqd.transport.streams import CompressedStream, start_tls_server
 from lmqd.transport.tls import ServerTLS, peer_common_name, server_tls
 
-from .fakes import IDENTIFY_RESPONSE, FakeDaemon, FakeNetwork
+from .fakes import IDENTIFY_RESPONSE, FakeDaemon, FakeNetwork, serve_one, upgrade
 
 AUTH_ANSWER = {"identity": "alice", "identity_url": "", "permission_count": 1}
 
@@ -40,28 +40,6 @@ def _server_tls(certs: Certs, **kwargs: str) -> ServerTLS:
 
 def _tls_options(certs: Certs, **kwargs: Any) -> TransportOptions:
     return TransportOptions(tls=True, tls_root_ca_file=certs.ca_file, **kwargs)
-
-
-async def _upgrade(
-    fake: FakeDaemon,
-    *,
-    tls: ServerTLS | None = None,
-    codec: StreamCodec | None = None,
-    auth: bool = False,
-) -> dict[str, Any]:
-    """nsqd's side of IDENTIFY and the upgrades; returns the client's IDENTIFY document."""
-    identify = await fake.handshake(
-        tls_v1=tls is not None,
-        snappy=isinstance(codec, SnappyStream),
-        deflate=isinstance(codec, DeflateStream),
-        deflate_level=codec.level if isinstance(codec, DeflateStream) else 6,
-        auth_required=auth,
-    )
-    if tls is not None:
-        await fake.start_tls(tls.context)
-    if codec is not None:
-        await fake.start_compression(codec)
-    return identify
 
 
 def _no_codec() -> StreamCodec | None:
@@ -88,7 +66,7 @@ async def test_producer_tls_compression_matrix(
 
             async def daemon() -> None:
                 fake = await net.accept()
-                identify = await _upgrade(
+                identify = await upgrade(
                     fake, tls=_server_tls(certs) if use_tls else None, codec=make_codec()
                 )
                 assert identify.get("tls_v1", False) is use_tls
@@ -122,7 +100,7 @@ async def test_consumer_over_tls_and_snappy(certs: Certs, autojump_clock: trio.a
 
             async def daemon() -> None:
                 fake = await net.accept()
-                await _upgrade(fake, tls=_server_tls(certs), codec=SnappyStream())
+                await upgrade(fake, tls=_server_tls(certs), codec=SnappyStream())
                 await fake.expect(Sub)
                 await fake.respond()
                 assert (await fake.expect(Rdy)).count == 5
@@ -156,7 +134,7 @@ async def test_auth_secret_sent_after_upgrades(
 
             async def daemon() -> None:
                 fake = await net.accept()
-                await _upgrade(fake, tls=_server_tls(certs), codec=DeflateStream(), auth=True)
+                await upgrade(fake, tls=_server_tls(certs), codec=DeflateStream(), auth=True)
                 auth = await fake.expect(Auth)
                 assert auth.secret == b"s3cret"
                 await fake.respond(json.dumps(AUTH_ANSWER).encode())
@@ -254,7 +232,7 @@ async def test_untrusted_daemon_certificate_is_refused_unless_skipping_verificat
                 with pytest.raises(trio.BrokenResourceError):
                     await fake.start_tls(_server_tls(certs).context)
                 fake = await net.accept()
-                await _upgrade(fake, tls=_server_tls(certs))
+                await upgrade(fake, tls=_server_tls(certs))
                 await fake.expect(Pub)
                 await fake.respond()
 
@@ -307,7 +285,7 @@ async def test_corrupt_compressed_stream_closes_the_connection(
 
             async def daemon() -> None:
                 fake = await net.accept()
-                await _upgrade(fake, codec=SnappyStream())
+                await upgrade(fake, codec=SnappyStream())
                 await fake.expect(Pub)
                 # bypass the codec: garbage where a compressed frame belongs
                 assert isinstance(fake.stream, CompressedStream)
@@ -346,28 +324,12 @@ def test_transport_options_validation_and_identify_fields(certs: Certs) -> None:
 # -- the blocking client ---------------------------------------------------------------------------
 
 
-async def _serve_one(
-    script: Any, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED
-) -> None:
-    """Accept one connection on 127.0.0.1 and run ``script(FakeDaemon)`` on it."""
-    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
-    listener = listeners[0]
-    task_status.started(f"127.0.0.1:{listener.socket.getsockname()[1]}")
-    async with listener:
-        stream = await listener.accept()
-    fake = FakeDaemon("sync", stream)
-    try:
-        await script(fake)
-    finally:
-        await fake.close()
-
-
 @pytest.mark.parametrize("compression", list(COMPRESSIONS))
 async def test_blocking_producer_tls_compression_and_auth(compression: str, certs: Certs) -> None:
     make_codec, options = COMPRESSIONS[compression]
 
     async def script(fake: FakeDaemon) -> None:
-        await _upgrade(fake, tls=_server_tls(certs), codec=make_codec(), auth=True)
+        await upgrade(fake, tls=_server_tls(certs), codec=make_codec(), auth=True)
         assert (await fake.expect(Auth)).secret == b"pw"
         await fake.respond(json.dumps(AUTH_ANSWER).encode())
         for _ in range(2):
@@ -377,7 +339,7 @@ async def test_blocking_producer_tls_compression_and_auth(compression: str, cert
     transport = _tls_options(certs, auth_secret="pw", **options)
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:
-            address = await nursery.start(_serve_one, script)
+            address = await nursery.start(serve_one, script)
 
             def publish() -> None:
                 with sync.Producer(address, transport=transport, timeout=10) as producer:
@@ -389,7 +351,7 @@ async def test_blocking_producer_tls_compression_and_auth(compression: str, cert
 
 async def test_blocking_consumer_over_tls_and_deflate(certs: Certs) -> None:
     async def script(fake: FakeDaemon) -> None:
-        await _upgrade(fake, tls=_server_tls(certs), codec=DeflateStream())
+        await upgrade(fake, tls=_server_tls(certs), codec=DeflateStream())
         await fake.expect(Sub)
         await fake.respond()
         await fake.expect(Rdy)
@@ -398,7 +360,7 @@ async def test_blocking_consumer_over_tls_and_deflate(certs: Certs) -> None:
 
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:
-            address = await nursery.start(_serve_one, script)
+            address = await nursery.start(serve_one, script)
 
             def consume() -> bytes:
                 transport = _tls_options(certs, deflate=True)
@@ -419,7 +381,7 @@ async def test_blocking_client_refuses_untrusted_certificate(certs: Certs) -> No
 
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:
-            address = await nursery.start(_serve_one, script)
+            address = await nursery.start(serve_one, script)
             producer = sync.Producer(address, transport=TransportOptions(tls=True), timeout=10)
             with pytest.raises(errors.ConnectionFailed, match="CERTIFICATE_VERIFY_FAILED"):
                 await trio.to_thread.run_sync(functools.partial(producer.publish, "t", b"x"))
@@ -481,7 +443,7 @@ async def test_blocking_client_keeps_bytes_behind_a_handshake_frame(
 
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:
-            address = await nursery.start(_serve_one, script)
+            address = await nursery.start(serve_one, script)
 
             def publish_then_idle() -> None:
                 with sync.Producer(address, transport=transport, timeout=10) as producer:
