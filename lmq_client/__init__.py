@@ -17,6 +17,7 @@ from lmq_client.consumer import Consumer, ConsumerStats
 from lmq_client.errors import ConnectionFailed, InvalidNameError, LmqClientError, NSQError
 from lmq_client.message import Message
 from lmq_client.producer import Producer
+from lmq_client.transport import TransportOptions
 
 __all__ = [
     "Backoff",
@@ -28,4 +29,5 @@ __all__ = [
     "Message",
     "NSQError",
     "Producer",
+    "TransportOptions",
 ]

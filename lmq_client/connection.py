@@ -3,8 +3,11 @@
 Theory of operation
 -------------------
 The framing is the sans-IO ``lmqd.protocol.ClientConnection``; this module only moves bytes.
-``run()`` connects, sends the magic and IDENTIFY (with ``feature_negotiation``), reports itself
-started, then runs a reader and a writer task until either ends.
+``run()`` connects, sends the magic and IDENTIFY (with ``feature_negotiation``), performs the
+upgrades the daemon granted (TLS, then snappy or deflate, then AUTH: ``lmq_client.transport``),
+reports itself started, then runs a reader and a writer task until either ends. After the
+upgrades the stream is a ``trio.SSLStream`` and/or an ``lmqd.transport.streams.CompressedStream``
+around the socket, and the two tasks do not know the difference.
 
 Writing is synchronous: ``write()`` appends bytes to an output list and wakes the writer, which
 sends everything pending in one ``send_all``. So a thousand FINs queued by message handlers cost
@@ -35,8 +38,24 @@ import trio
 
 from lmq_client._util import USER_AGENT, identify_body, parse_identify_response
 from lmq_client.errors import ConnectionFailed, LmqClientError, NSQError, error_from_frame
+from lmq_client.transport import (
+    PLAIN,
+    FrameReader,
+    TransportOptions,
+    parse_auth_answer,
+    plan_upgrades,
+)
 from lmqd.net import split_address
-from lmqd.protocol import ClientConnection, Error, MessageFrame, Nop, Response, encode_identify
+from lmqd.protocol import (
+    Auth,
+    ClientConnection,
+    Error,
+    MessageFrame,
+    Nop,
+    Response,
+    encode_identify,
+)
+from lmqd.transport.streams import CompressedStream, PrefixedStream, start_tls_client
 
 __all__ = ["Connection", "Reply", "open_tcp_stream"]
 
@@ -94,7 +113,9 @@ class Connection:
     """A V2 connection to the daemon at ``address``; ``await nursery.start(conn.run)`` opens it.
 
     ``identify`` holds extra IDENTIFY keys (``msg_timeout`` in ms, ``output_buffer_timeout``...);
-    ``server_settings`` is the daemon's answer to IDENTIFY (``max_rdy_count``...).
+    ``server_settings`` is the daemon's answer to IDENTIFY (``max_rdy_count``...);
+    ``transport`` asks for TLS, compression and gives the AUTH secret; ``auth_identity`` is the
+    daemon's answer to AUTH (``identity``, ``identity_url``, ``permission_count``), if it asked.
     """
 
     def __init__(
@@ -107,15 +128,19 @@ class Connection:
         on_messages: MessagesCallback | None = None,
         on_error: ErrorCallback | None = None,
         open_stream: StreamOpener = open_tcp_stream,
+        transport: TransportOptions = PLAIN,
     ) -> None:
         self.address = address
         self.heartbeat_interval = heartbeat_interval
         self.connect_timeout = connect_timeout
+        self.transport = transport
         self.identify = identify_body(heartbeat_interval=heartbeat_interval, user_agent=USER_AGENT)
+        self.identify.update(transport.identify_fields())
         self.identify.update(identify or {})
         self.on_messages = on_messages
         self.on_error = on_error
         self.server_settings: dict[str, Any] = {}
+        self.auth_identity: dict[str, Any] | None = None
         self.error: LmqClientError | None = None
         """Why the connection ended (None while it is open or after a clean close)."""
         self._open_stream = open_stream
@@ -230,34 +255,64 @@ class Connection:
             log.info("NSQD(%s): %s", self.address, reason)
 
     async def _connect(self) -> None:
+        reader = FrameReader(self.address)
         try:
             with trio.fail_after(self.connect_timeout):
                 self._stream = await self._open_stream(self.address)
                 await self._stream.send_all(
                     self._codec.initial_bytes() + encode_identify(self.identify)
                 )
-                data = await self._handshake_response()
+                self.server_settings = parse_identify_response(await self._handshake_frame(reader))
+                await self._upgrade(reader)
         except trio.TooSlowError:
             raise ConnectionFailed(self.address, "timed out connecting") from None
         except (OSError, trio.BrokenResourceError) as exc:
             raise ConnectionFailed(self.address, f"cannot connect ({_reason(exc)})") from None
-        self.server_settings = parse_identify_response(data)
-        if self.server_settings.get("auth_required"):
-            raise ConnectionFailed(self.address, "the daemon requires AUTH (not supported)")
         log.debug("NSQD(%s): connected, %s", self.address, self.server_settings)
 
-    async def _handshake_response(self) -> bytes:
+    async def _upgrade(self, reader: FrameReader) -> None:
+        """TLS, compression, AUTH, as the daemon's IDENTIFY answer says (nsqd's order)."""
+        assert self._stream is not None
+        upgrades = plan_upgrades(self.transport, self.server_settings, self.address)
+        if upgrades.tls:
+            host, _ = split_address(self.address)
+            self._stream = await start_tls_client(
+                self._with_rest(reader),
+                self.transport.ssl_context(),
+                server_hostname=host,
+                handshake_timeout_s=math.inf,  # bounded by connect_timeout
+            )
+            await self._expect_ok(reader, "TLS")
+        if upgrades.codec is not None:
+            self._stream = CompressedStream(self._with_rest(reader), upgrades.codec)
+            await self._expect_ok(reader, upgrades.codec.name)
+        if upgrades.auth_secret is not None:
+            await self._stream.send_all(Auth(secret=upgrades.auth_secret).encode())
+            self.auth_identity = parse_auth_answer(await self._handshake_frame(reader))
+            log.info("NSQD(%s): authenticated as %s", self.address, self.auth_identity)
+        # Frames that came right behind the last handshake frame go to the reader task.
+        self._stream = self._with_rest(reader)
+
+    def _with_rest(self, reader: FrameReader) -> trio.abc.Stream:
+        assert self._stream is not None
+        rest = reader.take_rest()
+        return PrefixedStream(self._stream, rest) if rest else self._stream
+
+    async def _expect_ok(self, reader: FrameReader, upgrade: str) -> None:
+        data = await self._handshake_frame(reader)
+        if data != b"OK":
+            raise ConnectionFailed(self.address, f"invalid answer {data[:50]!r} after {upgrade}")
+
+    async def _handshake_frame(self, reader: FrameReader) -> bytes:
         assert self._stream is not None
         while True:
-            data = await self._stream.receive_some(RECEIVE_SIZE)
-            if not data:
-                raise ConnectionFailed(self.address, "connection closed during IDENTIFY")
-            self._codec.receive_data(bytes(data))
-            for event in self._codec.next_events():
-                if isinstance(event, Error):
-                    raise error_from_frame(event.code, event.text, address=self.address)
-                if isinstance(event, Response) and not event.is_heartbeat:
-                    return event.data
+            data = reader.next_response()
+            if data is not None:
+                return data
+            received = await self._stream.receive_some(RECEIVE_SIZE)
+            if not received:
+                raise ConnectionFailed(self.address, "connection closed during the handshake")
+            reader.receive_data(bytes(received))
 
     # -- the two tasks ---------------------------------------------------------------------------
 
@@ -349,4 +404,7 @@ class Connection:
 def _reason(exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.strerror:
         return exc.strerror
+    if isinstance(exc, trio.BrokenResourceError) and exc.__cause__ is not None:
+        # a failed TLS handshake or a corrupt compressed stream: the cause says which
+        return str(exc.__cause__) or type(exc.__cause__).__name__
     return str(exc) or type(exc).__name__

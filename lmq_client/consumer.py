@@ -48,6 +48,7 @@ from lmq_client.connection import Connection, StreamOpener, open_tcp_stream
 from lmq_client.errors import ConnectionFailed, NSQError
 from lmq_client.message import Message
 from lmq_client.rdy import choose_active, rdy_targets
+from lmq_client.transport import PLAIN, TransportOptions
 from lmqd.protocol import Cls, MessageFrame, Rdy, Sub
 
 __all__ = ["Consumer", "ConsumerStats"]
@@ -115,6 +116,7 @@ class Consumer:
         close_timeout: float = 30.0,
         open_stream: StreamOpener = open_tcp_stream,
         rng: random.Random | None = None,
+        transport: TransportOptions = PLAIN,
     ) -> None:
         check_name("topic", topic)
         check_name("channel", channel)
@@ -138,6 +140,7 @@ class Consumer:
         self.rdy_redistribute_interval = rdy_redistribute_interval
         self.close_timeout = close_timeout
         self._open_stream = open_stream
+        self.transport = transport
         self._rng = rng or random.Random()
 
         self._states: dict[Connection, _ConnState] = {}
@@ -323,6 +326,7 @@ class Consumer:
                 identify=identify,
                 on_messages=self._on_messages,
                 open_stream=self._open_stream,
+                transport=self.transport,
             )
             try:
                 async with trio.open_nursery() as nursery:

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 __all__ = [
     "AuthError",
+    "AuthRequired",
     "BadBodyError",
     "BadChannelError",
     "BadMessageError",
@@ -136,9 +137,18 @@ class IdentifyFailedError(NSQError):
 
 
 class AuthError(NSQError):
-    """The ``E_AUTH_*`` and ``E_UNAUTHORIZED`` family (this client does not send AUTH)."""
+    """The ``E_AUTH_*`` and ``E_UNAUTHORIZED`` family: ``E_AUTH_FAILED`` (the daemon's auth
+    server refused the secret or could not be asked), ``E_UNAUTHORIZED`` (the secret grants
+    nothing, or not this topic/channel), ``E_AUTH_FIRST``, ``E_AUTH_DISABLED``."""
 
     code = "E_AUTH_FAILED"
+
+
+class AuthRequired(AuthError):
+    """The daemon requires AUTH and the client has no secret (raised before sending anything
+    the daemon would refuse with ``E_AUTH_FIRST``)."""
+
+    code = "E_AUTH_FIRST"
 
 
 _BY_CODE: dict[str, type[NSQError]] = {

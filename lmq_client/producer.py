@@ -20,6 +20,7 @@ import trio
 from lmq_client._util import address_list, check_name
 from lmq_client.connection import Connection, StreamOpener, open_tcp_stream
 from lmq_client.errors import ConnectionFailed, LmqClientError, all_addresses_failed
+from lmq_client.transport import PLAIN, TransportOptions
 from lmqd.protocol import Dpub, Mpub, Pub
 
 __all__ = ["Producer"]
@@ -31,7 +32,8 @@ class Producer:
     """Publishes to the daemon(s) at ``address``; use as ``async with Producer(...) as p:``.
 
     Errors from the daemon are raised as ``lmq_client.errors.NSQError`` subclasses carrying the
-    NSQ ``code``; a daemon that cannot be reached raises ``ConnectionFailed``.
+    NSQ ``code``; a daemon that cannot be reached raises ``ConnectionFailed``. ``transport``
+    asks for TLS and compression and carries the AUTH secret.
     """
 
     def __init__(
@@ -42,8 +44,10 @@ class Producer:
         connect_timeout: float = 5.0,
         identify: dict[str, Any] | None = None,
         open_stream: StreamOpener = open_tcp_stream,
+        transport: TransportOptions = PLAIN,
     ) -> None:
         self.addresses = address_list(address)
+        self.transport = transport
         self.heartbeat_interval = heartbeat_interval
         self.connect_timeout = connect_timeout
         self._identify = identify
@@ -122,6 +126,7 @@ class Producer:
                     connect_timeout=self.connect_timeout,
                     identify=self._identify,
                     open_stream=self._open_stream,
+                    transport=self.transport,
                 )
                 try:
                     await self._nursery.start(conn.run)

@@ -8,6 +8,11 @@ idle producer never loses a publish to a stale socket.
 
 ``Consumer`` is deliberately simple: one daemon, ``RDY max_in_flight``, and messages from
 ``get()`` or iteration, answered with the same ``Message`` API as the trio consumer.
+
+Both take ``transport`` (``lmq_client.transport.TransportOptions``): the connection then performs
+the upgrades the daemon grants after IDENTIFY, as the trio client does: TLS with
+``ssl.SSLContext.wrap_socket`` on the same socket, compression with lmqd's codecs around every
+send and receive, then AUTH.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import contextlib
 import logging
 import select
 import socket
+import ssl
 import time
 from collections.abc import Iterator, Sequence
 from types import TracebackType
@@ -36,8 +42,16 @@ from lmq_client.errors import (
     error_from_frame,
 )
 from lmq_client.message import Message
+from lmq_client.transport import (
+    PLAIN,
+    FrameReader,
+    TransportOptions,
+    parse_auth_answer,
+    plan_upgrades,
+)
 from lmqd.net import split_address
 from lmqd.protocol import (
+    Auth,
     ClientConnection,
     Cls,
     Dpub,
@@ -50,6 +64,7 @@ from lmqd.protocol import (
     Response,
     Sub,
 )
+from lmqd.transport.compression import CompressionError, StreamCodec
 
 __all__ = ["Consumer", "Message", "Producer"]
 
@@ -60,30 +75,88 @@ _NOP = Nop().encode()
 
 
 class _SocketConnection:
-    """One blocking V2 connection: handshake, send, and read frames with a timeout."""
+    """One blocking V2 connection: handshake and upgrades, send, read frames with a timeout."""
 
-    def __init__(self, address: str, *, timeout: float, heartbeat_interval: float,
-                 identify: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        address: str,
+        *,
+        timeout: float,
+        heartbeat_interval: float,
+        identify: dict[str, Any] | None = None,
+        transport: TransportOptions = PLAIN,
+    ) -> None:
         self.address = address
         self.timeout = timeout
         self._codec = ClientConnection()
         self._events: collections.deque[Response | Error | MessageFrame] = collections.deque()
+        self._compression: StreamCodec | None = None
         self._open = False
+        self.auth_identity: dict[str, Any] | None = None
         host, port = split_address(address)
         try:
-            self._sock = socket.create_connection((host, port), timeout=timeout)
+            self._sock: socket.socket = socket.create_connection((host, port), timeout=timeout)
         except OSError as exc:
             raise ConnectionFailed(address, f"cannot connect ({_reason(exc)})") from None
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._open = True
         body = identify_body(heartbeat_interval=heartbeat_interval)
+        body.update(transport.identify_fields())
         body.update(identify or {})
         try:
             self.sendall(self._codec.initial_bytes() + self._codec.send(body))
-            self.server_settings = parse_identify_response(self.read_response())
+            reader = FrameReader(address)
+            self.server_settings = parse_identify_response(self._handshake_frame(reader))
+            self._upgrade(reader, transport, host)
         except BaseException:
             self.close()
             raise
+
+    def _upgrade(self, reader: FrameReader, transport: TransportOptions, host: str) -> None:
+        """TLS, compression, AUTH, as the daemon's IDENTIFY answer says (nsqd's order)."""
+        upgrades = plan_upgrades(transport, self.server_settings, self.address)
+        if upgrades.tls:
+            if reader.take_rest():
+                raise ConnectionFailed(self.address, "unexpected data before the TLS handshake")
+            context = transport.ssl_context()
+            try:
+                self._sock = context.wrap_socket(self._sock, server_hostname=host)
+            except (ssl.SSLError, ssl.CertificateError) as exc:
+                raise ConnectionFailed(self.address, f"TLS handshake failed ({exc})") from None
+            except OSError as exc:
+                reason = _reason(exc)
+                raise ConnectionFailed(self.address, f"TLS handshake failed ({reason})") from None
+            self._expect_ok(reader, "TLS")
+        if upgrades.codec is not None:
+            self._compression = upgrades.codec
+            # What followed the plaintext answer was already compressed.
+            reader.receive_data(self._decompress(reader.take_rest()))
+            self._expect_ok(reader, upgrades.codec.name)
+        if upgrades.auth_secret is not None:
+            self.sendall(Auth(secret=upgrades.auth_secret).encode())
+            self.auth_identity = parse_auth_answer(self._handshake_frame(reader))
+        rest = reader.take_rest()
+        if rest:
+            self._parse(rest)
+
+    def _expect_ok(self, reader: FrameReader, upgrade: str) -> None:
+        data = self._handshake_frame(reader)
+        if data != b"OK":
+            self.close()
+            raise ConnectionFailed(self.address, f"invalid answer {data[:50]!r} after {upgrade}")
+
+    def _handshake_frame(self, reader: FrameReader) -> bytes:
+        deadline = time.monotonic() + self.timeout
+        while True:
+            data = reader.next_response()
+            if data is not None:
+                return data
+            received = self._read(max(0.0, deadline - time.monotonic()))
+            if received is None:
+                raise ConnectionFailed(
+                    self.address, f"no answer within {self.timeout:g}s during the handshake"
+                )
+            reader.receive_data(received)
 
     @property
     def is_open(self) -> bool:
@@ -95,6 +168,8 @@ class _SocketConnection:
             self.sendall(data)
 
     def sendall(self, data: bytes) -> None:
+        if self._compression is not None:
+            data = self._compression.compress(data)
         try:
             self._sock.sendall(data)
         except OSError as exc:
@@ -106,19 +181,55 @@ class _SocketConnection:
             self._open = False
             self._sock.close()
 
-    def _receive(self, timeout: float | None) -> bool:
-        """Read once (waiting up to ``timeout``); False if nothing arrived in time."""
-        self._sock.settimeout(timeout)
+    def _decompress(self, data: bytes) -> bytes:
+        assert self._compression is not None
         try:
-            data = self._sock.recv(RECEIVE_SIZE)
-        except (TimeoutError, BlockingIOError):
-            return False
-        except OSError as exc:
+            return self._compression.decompress(data)
+        except CompressionError as exc:
             self.close()
-            raise ConnectionFailed(self.address, f"connection lost ({_reason(exc)})") from None
-        if not data:
-            self.close()
-            raise ConnectionFailed(self.address, "connection closed by the daemon")
+            raise ConnectionFailed(self.address, f"connection lost ({exc})") from None
+
+    def _buffered(self) -> bool:
+        """Bytes are ready without reading the socket (TLS records, pending decompression)."""
+        if self._compression is not None and self._compression.has_pending_output:
+            return True
+        return isinstance(self._sock, ssl.SSLSocket) and self._sock.pending() > 0
+
+    def _read(self, timeout: float | None) -> bytes | None:
+        """Plaintext bytes (after TLS and decompression), None if none came within ``timeout``.
+
+        EOF and errors close the connection and raise ``ConnectionFailed``.
+        """
+        if self._compression is not None and self._compression.has_pending_output:
+            out = self._decompress(b"")
+            if out:
+                return out
+        while True:
+            self._sock.settimeout(timeout)
+            try:
+                data = self._sock.recv(RECEIVE_SIZE)
+            except (TimeoutError, BlockingIOError, ssl.SSLWantReadError):
+                return None
+            except OSError as exc:
+                self.close()
+                raise ConnectionFailed(self.address, f"connection lost ({_reason(exc)})") from None
+            if not data:
+                if self._compression is not None:
+                    try:
+                        self._compression.end_of_input()
+                    except CompressionError as exc:
+                        self.close()
+                        raise ConnectionFailed(self.address, f"connection lost ({exc})") from None
+                self.close()
+                raise ConnectionFailed(self.address, "connection closed by the daemon")
+            if self._compression is None:
+                return data
+            out = self._decompress(data)
+            if out:
+                return out
+            # only part of a compressed chunk: read on
+
+    def _parse(self, data: bytes) -> None:
         self._codec.receive_data(data)
         try:
             while events := self._codec.next_events():
@@ -126,6 +237,13 @@ class _SocketConnection:
         except Exception as exc:
             self.close()
             raise ConnectionFailed(self.address, f"protocol error ({exc})") from None
+
+    def _receive(self, timeout: float | None) -> bool:
+        """Read once (waiting up to ``timeout``); False if nothing arrived in time."""
+        data = self._read(timeout)
+        if data is None:
+            return False
+        self._parse(data)
         return True
 
     def next_event(self, timeout: float | None) -> Response | Error | MessageFrame | None:
@@ -140,7 +258,9 @@ class _SocketConnection:
                 return event
             # Heartbeats must not extend the wait: it ends at the deadline, whatever arrived.
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-            if remaining == 0.0 or not self._receive(remaining):
+            if remaining == 0.0 and not self._buffered():
+                return None
+            if not self._receive(remaining):
                 return None
 
     def read_response(self) -> bytes:
@@ -163,18 +283,26 @@ class _SocketConnection:
             # a message frame on a publishing connection: not ours to handle
 
     def poll_idle(self) -> None:
-        """Handle what arrived while idle without waiting: heartbeats get one NOP; EOF closes."""
+        """Handle what arrived while idle without waiting: heartbeats get one NOP; EOF closes.
+
+        Frames already parsed count too: a heartbeat can arrive in the same read as the answer
+        to the last command.
+        """
         heartbeats = 0
-        while self._open and select.select([self._sock], [], [], 0)[0]:
+        while True:
+            while self._events:
+                event = self._events.popleft()
+                if isinstance(event, Response) and event.is_heartbeat:
+                    heartbeats += 1
+            if not self._open:
+                break
+            if not (self._buffered() or select.select([self._sock], [], [], 0)[0]):
+                break
             try:
                 if not self._receive(0):
                     break
             except ConnectionFailed:
                 return  # closed by the daemon while idle: the caller reconnects
-            while self._events:
-                event = self._events.popleft()
-                if isinstance(event, Response) and event.is_heartbeat:
-                    heartbeats += 1
         if heartbeats and self._open:
             with contextlib.suppress(ConnectionFailed):
                 self.sendall(_NOP)
@@ -196,10 +324,12 @@ class Producer:
         *,
         timeout: float = 10.0,
         heartbeat_interval: float = 30.0,
+        transport: TransportOptions = PLAIN,
     ) -> None:
         self.addresses = address_list(address)
         self.timeout = timeout
         self.heartbeat_interval = heartbeat_interval
+        self.transport = transport
         self._conn: _SocketConnection | None = None
         self._next = 0
 
@@ -267,6 +397,7 @@ class Producer:
                     self.addresses[index],
                     timeout=self.timeout,
                     heartbeat_interval=self.heartbeat_interval,
+                    transport=self.transport,
                 )
             except ConnectionFailed as exc:
                 log.info("producer: %s", exc)
@@ -307,6 +438,7 @@ class Consumer:
         timeout: float = 10.0,
         heartbeat_interval: float = 30.0,
         msg_timeout: float | None = None,
+        transport: TransportOptions = PLAIN,
     ) -> None:
         check_name("topic", topic)
         check_name("channel", channel)
@@ -314,7 +446,11 @@ class Consumer:
         self.channel = channel
         identify = {} if msg_timeout is None else {"msg_timeout": round(msg_timeout * 1000)}
         self._conn = _SocketConnection(
-            address, timeout=timeout, heartbeat_interval=heartbeat_interval, identify=identify
+            address,
+            timeout=timeout,
+            heartbeat_interval=heartbeat_interval,
+            identify=identify,
+            transport=transport,
         )
         try:
             self._conn.sendall(Sub(topic=topic, channel=channel).encode())

@@ -5,8 +5,9 @@ The layers (docs/architecture.md, "The house"), lowest first::
     root      lmqd (the package root: versions), units
     leaves    net, names, message, options, stats
     settings  config, logging_setup                   flags, TOML, nsqd's log format
-    codecs    protocol, storage, lookup, transport    sans-IO / trio-free codecs and storage
-    engine    engine                                  queue logic on plain def
+    codecs    protocol, storage, lookup               sans-IO / trio-free codecs and storage
+    engine    engine, transport                       queue logic on plain def; TLS, compression
+                                                      and AUTH around the V2 codec
     broker    broker                                  what the network layers call
     metrics   metrics                                 the Prometheus collector over the broker
     network   server, httpapi, lookupd                I/O around the broker (lookupd: lmqlookupd)
@@ -35,8 +36,8 @@ LAYERS: dict[str, int] = {
     **dict.fromkeys(("", "units"), 0),
     **dict.fromkeys(("net", "names", "message", "options", "stats"), 1),
     **dict.fromkeys(("config", "logging_setup"), 2),
-    **dict.fromkeys(("protocol", "storage", "lookup", "transport"), 3),
-    "engine": 4,
+    **dict.fromkeys(("protocol", "storage", "lookup"), 3),
+    **dict.fromkeys(("engine", "transport"), 4),
     "broker": 5,
     "metrics": 6,
     **dict.fromkeys(("server", "httpapi", "lookupd"), 7),

@@ -39,6 +39,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from lmq_client.errors import ConnectionFailed
+from lmq_client.transport import PLAIN, TransportOptions
 
 __all__ = ["BenchConfig", "LatencyHistogram", "format_report", "run_bench"]
 
@@ -65,6 +66,8 @@ class BenchConfig:
     count: int | None = None
     pipeline: int = 4
     timeout: float = 5.0
+    transport: TransportOptions = PLAIN
+    """TLS, compression, AUTH secret (picklable: writer and reader processes get a copy)."""
 
 
 class LatencyHistogram:
@@ -155,7 +158,9 @@ async def _write(
     address = config.tcp[index % len(config.tcp)]
     pad = b"x" * (config.size - _STAMP.size)
     sent = 0
-    async with Producer(address, connect_timeout=config.timeout) as producer:
+    async with Producer(
+        address, connect_timeout=config.timeout, transport=config.transport
+    ) as producer:
         conn = await producer.connect()
         in_flight: list[tuple[Any, int]] = []
         start = time.time()
@@ -238,7 +243,12 @@ async def _read(
 
     async with trio.open_nursery() as nursery:
         for address in config.tcp:
-            conn = Connection(address, connect_timeout=config.timeout, on_messages=on_messages)
+            conn = Connection(
+                address,
+                connect_timeout=config.timeout,
+                on_messages=on_messages,
+                transport=config.transport,
+            )
             await nursery.start(conn.run)
             await conn.request(Sub(topic=config.topic, channel=config.channel).encode())
             conn.write(Rdy(count=config.rdy).encode())

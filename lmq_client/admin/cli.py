@@ -27,6 +27,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from lmq_client._util import check_name
 from lmq_client.errors import ConnectionFailed, InvalidNameError, LmqClientError, NSQError
 from lmq_client.http import HTTPClient, HTTPError
+from lmq_client.transport import PLAIN, TransportOptions
 from lmqd.net import split_address
 
 __all__ = ["cli", "main"]
@@ -47,11 +48,19 @@ F = TypeVar("F", bound=Callable[..., Any])
 class Settings:
     """What the group options resolved to, passed to every command."""
 
-    def __init__(self, tcp: list[str], http: list[str], as_json: bool, timeout: float) -> None:
+    def __init__(
+        self,
+        tcp: list[str],
+        http: list[str],
+        as_json: bool,
+        timeout: float,
+        transport: TransportOptions = PLAIN,
+    ) -> None:
         self.tcp = tcp
         self.http = http
         self.as_json = as_json
         self.timeout = timeout
+        self.transport = transport
 
     def http_clients(self) -> list[HTTPClient]:
         return [HTTPClient(a, timeout=self.timeout) for a in self.http]
@@ -149,6 +158,21 @@ def _emit_json(data: Any) -> None:
 @click.option("--timeout", default=5.0, show_default=True, type=click.FloatRange(min=0.1),
               help="Seconds to wait for a daemon.")
 @click.option("-v", "--verbose", count=True, help="Log client activity to stderr (-vv: debug).")
+@click.option("--tls", is_flag=True, help="TLS on TCP connections (go-nsq's tls_v1).")
+@click.option("--tls-root-ca-file", metavar="PEM", type=click.Path(dir_okay=False),
+              help="CA certificates that sign the daemon's (default: the system's). Implies --tls.")
+@click.option("--tls-cert", metavar="PEM", type=click.Path(dir_okay=False),
+              help="Client certificate, for --tls-client-auth-policy daemons. Implies --tls.")
+@click.option("--tls-key", metavar="PEM", type=click.Path(dir_okay=False),
+              help="Private key of --tls-cert.")
+@click.option("--tls-insecure-skip-verify", is_flag=True,
+              help="Don't verify the daemon's certificate. Implies --tls.")
+@click.option("--snappy", is_flag=True, help="Snappy compression on TCP connections.")
+@click.option("--deflate", is_flag=True, help="Deflate compression on TCP connections.")
+@click.option("--deflate-level", default=6, show_default=True, type=click.IntRange(1, 9),
+              help="Deflate level (the daemon caps it at its --max-deflate-level).")
+@click.option("--auth-secret", envvar="LMQ_AUTH_SECRET", metavar="SECRET",
+              help="Secret for daemons with --auth-http-address [env LMQ_AUTH_SECRET].")
 @click.pass_context
 def cli(
     ctx: click.Context,
@@ -157,6 +181,15 @@ def cli(
     as_json: bool,
     timeout: float,
     verbose: int,
+    tls: bool,
+    tls_root_ca_file: str | None,
+    tls_cert: str | None,
+    tls_key: str | None,
+    tls_insecure_skip_verify: bool,
+    snappy: bool,
+    deflate: bool,
+    deflate_level: int,
+    auth_secret: str | None,
 ) -> None:
     """Administer and exercise lmqd (or any nsqd): stats, topics, channels, pub, tail, bench."""
     if verbose:
@@ -164,11 +197,27 @@ def cli(
             level=logging.DEBUG if verbose > 1 else logging.INFO,
             format="%(asctime)s %(name)s %(levelname)s %(message)s",
         )
+    if snappy and deflate:
+        raise click.UsageError("give --snappy or --deflate, not both")
+    if tls_key and not tls_cert:
+        raise click.UsageError("--tls-key needs --tls-cert")
+    transport = TransportOptions(
+        tls=tls or bool(tls_root_ca_file or tls_cert or tls_insecure_skip_verify),
+        tls_root_ca_file=tls_root_ca_file,
+        tls_cert=tls_cert,
+        tls_key=tls_key,
+        tls_insecure_skip_verify=tls_insecure_skip_verify,
+        snappy=snappy,
+        deflate=deflate,
+        deflate_level=deflate_level,
+        auth_secret=auth_secret,
+    )
     settings = Settings(
         _addresses(tcp, DEFAULT_TCP, "--tcp-address"),
         _addresses(http, DEFAULT_HTTP, "--http-address"),
         as_json,
         timeout,
+        transport,
     )
     if isinstance(ctx.obj, Settings) and ctx.obj.as_json:
         settings.as_json = True
@@ -335,7 +384,9 @@ def pub(
         TextColumn("publishing to {task.fields[topic]}"), BarColumn(), MofNCompleteColumn(),
         TimeElapsedColumn(), console=console, disable=quiet or not console.is_terminal,
     )
-    with Producer(settings.tcp, timeout=settings.timeout) as producer, progress:
+    with Producer(
+        settings.tcp, timeout=settings.timeout, transport=settings.transport
+    ) as producer, progress:
         task = progress.add_task("pub", total=len(bodies), topic=topic)
         for i in range(0, len(bodies), batch_size):
             batch = bodies[i : i + batch_size]
@@ -402,7 +453,7 @@ async def _tail(
         max_in_flight = min(max_in_flight, count)
     consumer = Consumer(
         topic, channel, settings.tcp, max_in_flight=max_in_flight, max_attempts=0,
-        connect_timeout=settings.timeout, close_timeout=2.0,
+        connect_timeout=settings.timeout, close_timeout=2.0, transport=settings.transport,
     )
     seen = 0
     async with consumer:
@@ -486,7 +537,7 @@ def bench(
     config = BenchConfig(
         tcp=settings.tcp, topic=topic, channel=channel, writers=writers, readers=readers,
         batch_size=batch_size, rdy=rdy, size=size, duration=duration, count=count,
-        pipeline=pipeline, timeout=settings.timeout,
+        pipeline=pipeline, timeout=settings.timeout, transport=settings.transport,
     )
     console = _console(err=True)
     report = run_bench(config, console=None if quiet or not console.is_terminal else console)

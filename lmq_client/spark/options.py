@@ -23,6 +23,7 @@ from pyspark.sql.types import (
 )
 
 from lmq_client._util import address_list, check_name
+from lmq_client.transport import PLAIN, TransportOptions
 
 __all__ = ["DEFAULT_BATCH_BYTES", "DEFAULT_BATCH_SIZE", "SinkOptions"]
 
@@ -52,6 +53,16 @@ _KNOWN = {
         "deferMs",
         "deferColumn",
         "timeout",
+        # TLS, compression and AUTH: go-nsq's names in camelCase
+        "tls",
+        "tlsRootCaFile",
+        "tlsCert",
+        "tlsKey",
+        "tlsInsecureSkipVerify",
+        "snappy",
+        "deflate",
+        "deflateLevel",
+        "authSecret",
         # Spark passes these through to every sink; they are Spark's, not ours.
         "checkpointLocation",
         "path",
@@ -67,7 +78,10 @@ class SinkOptions:
     column sent as each message's body, or None to send each row as a JSON object;
     ``batch_size``/``batch_bytes``: limits of one MPUB; ``defer_ms``: DPUB delay for every row
     (0: publish at once); ``defer_column``: an integer column of per-row delays in ms (null: use
-    ``defer_ms``); ``timeout_s``: the producer's connect and answer timeout.
+    ``defer_ms``); ``timeout_s``: the producer's connect and answer timeout; ``transport``: TLS
+    (``tls``, ``tlsRootCaFile``, ``tlsCert``, ``tlsKey``, ``tlsInsecureSkipVerify``), compression
+    (``snappy``, or ``deflate`` with ``deflateLevel``) and ``authSecret`` (Spark redacts option
+    values whose key contains "secret" in its UI and logs).
     """
 
     addresses: tuple[str, ...]
@@ -78,6 +92,7 @@ class SinkOptions:
     defer_ms: int = 0
     defer_column: str | None = None
     timeout_s: float = DEFAULT_TIMEOUT_S
+    transport: TransportOptions = PLAIN
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SinkOptions:
@@ -113,6 +128,7 @@ class SinkOptions:
             defer_ms=_int_option(given, "deferMs", 0, minimum=0),
             defer_column=given.get("deferColumn") or None,
             timeout_s=_float_option(given, "timeout", DEFAULT_TIMEOUT_S),
+            transport=_transport(given),
         )
         if result.body_column is not None and result.body_column == result.defer_column:
             raise ValueError("lmq sink: bodyColumn and deferColumn must be different columns")
@@ -145,6 +161,41 @@ class SinkOptions:
 
 
 _SPARK_OWN = frozenset({"checkpointLocation", "path"})
+
+
+def _transport(given: Mapping[str, str]) -> TransportOptions:
+    tls_files = {
+        "tls_root_ca_file": given.get("tlsRootCaFile") or None,
+        "tls_cert": given.get("tlsCert") or None,
+        "tls_key": given.get("tlsKey") or None,
+    }
+    skip_verify = _bool_option(given, "tlsInsecureSkipVerify")
+    try:
+        transport = TransportOptions(
+            # a CA file, a certificate or skipping verification only make sense with TLS
+            tls=_bool_option(given, "tls") or skip_verify or any(tls_files.values()),
+            tls_insecure_skip_verify=skip_verify,
+            snappy=_bool_option(given, "snappy"),
+            deflate=_bool_option(given, "deflate"),
+            deflate_level=_int_option(given, "deflateLevel", 6, minimum=1),
+            auth_secret=given.get("authSecret") or None,
+            **tls_files,
+        )
+        if transport.tls:
+            transport.ssl_context()  # unreadable files fail the query now, on the driver
+    except ValueError as exc:
+        raise ValueError(f"lmq sink: {exc}") from None
+    return transport
+
+
+def _bool_option(given: Mapping[str, str], name: str) -> bool:
+    raw = given.get(name)
+    if raw is None:
+        return False
+    value = raw.strip().lower()
+    if value not in ("true", "false"):
+        raise ValueError(f"lmq sink: option {name!r} must be true or false, not {raw!r}")
+    return value == "true"
 
 
 def _find_field(schema: StructType, name: str, option: str) -> StructField:

@@ -16,6 +16,7 @@ whether an unanswered MPUB was stored.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
@@ -27,6 +28,7 @@ from lmq_client.spark.encode import BadRowError, RowEncoder
 from lmq_client.spark.errors import LmqSinkError
 from lmq_client.spark.options import SinkOptions
 from lmq_client.sync import Producer
+from lmq_client.transport import PLAIN, TransportOptions
 
 __all__ = [
     "BatchingPublisher",
@@ -160,8 +162,10 @@ def addresses_for_partition(addresses: Sequence[str], partition_id: int) -> list
 ProducerFactory = Callable[[list[str], float], MessageProducer]
 
 
-def _sync_producer(addresses: list[str], timeout: float) -> MessageProducer:
-    return Producer(addresses, timeout=timeout)
+def _sync_producer(
+    addresses: list[str], timeout: float, transport: TransportOptions = PLAIN
+) -> MessageProducer:
+    return Producer(addresses, timeout=timeout, transport=transport)
 
 
 def write_partition(
@@ -170,7 +174,7 @@ def write_partition(
     *,
     partition_id: int = 0,
     attempt: int = 0,
-    producer_factory: ProducerFactory = _sync_producer,
+    producer_factory: ProducerFactory | None = None,
 ) -> LmqCommitMessage:
     """Publish every row of ``batches`` (pyarrow record batches); the commit message when done.
 
@@ -178,6 +182,8 @@ def write_partition(
     failure; rows published before it stay published.
     """
     addresses = addresses_for_partition(options.addresses, partition_id)
+    if producer_factory is None:
+        producer_factory = functools.partial(_sync_producer, transport=options.transport)
     producer = producer_factory(addresses, options.timeout_s)
     publisher = BatchingPublisher(
         producer, options.topic, batch_size=options.batch_size, batch_bytes=options.batch_bytes

@@ -5,6 +5,10 @@ client opens becomes a ``memory_stream_pair`` whose server end is a ``FakeDaemon
 drives step by step. The fake parses what the client sends with the real sans-IO
 ``ServerConnection`` (so the client's bytes are checked by the same parser lmqd uses) and
 timestamps every command on the trio clock, which the tests compare with exact virtual times.
+
+Upgrades are real: ``start_tls`` runs the server side of a TLS handshake on the connection (with
+lmqd's ``start_tls_server``) and ``start_compression`` wraps it in lmqd's ``CompressedStream``,
+each followed by the ``OK`` frame nsqd sends, so the client's TLS and codecs meet the server's.
 """
 
 from __future__ import annotations
@@ -12,6 +16,8 @@ from __future__ import annotations
 import errno
 import json
 import math
+import ssl
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
@@ -27,6 +33,9 @@ from lmqd.protocol import (
     encode_response,
     one_per_command,
 )
+from lmqd.transport.compression import DeflateStream, SnappyStream, StreamCodec
+from lmqd.transport.streams import CompressedStream, start_tls_server
+from lmqd.transport.tls import ServerTLS
 
 IDENTIFY_RESPONSE: dict[str, Any] = {
     "max_rdy_count": 2500,
@@ -118,6 +127,18 @@ class FakeDaemon:
             pass
         await self.respond(b"CLOSE_WAIT")
 
+    async def start_tls(self, context: ssl.SSLContext) -> trio.SSLStream[trio.abc.Stream]:
+        """The server side of the ``tls_v1`` upgrade, then ``OK`` over TLS (as nsqd)."""
+        secure = await start_tls_server(self.stream, context)
+        self.stream = secure
+        await self.respond()
+        return secure
+
+    async def start_compression(self, codec: StreamCodec) -> None:
+        """Compress both directions from now on, then ``OK`` through the codec (as nsqd)."""
+        self.stream = CompressedStream(self.stream, codec)
+        await self.respond()
+
     async def close(self) -> None:
         await self.stream.aclose()
 
@@ -143,3 +164,43 @@ class FakeNetwork:
         """The daemon end of the next connection the client opens."""
         with trio.fail_after(limit):
             return await self._receive.receive()
+
+
+async def upgrade(
+    fake: FakeDaemon,
+    *,
+    tls: ServerTLS | None = None,
+    codec: StreamCodec | None = None,
+    auth: bool = False,
+) -> dict[str, Any]:
+    """nsqd's side of IDENTIFY and the upgrades; returns the client's IDENTIFY document."""
+    identify = await fake.handshake(
+        tls_v1=tls is not None,
+        snappy=isinstance(codec, SnappyStream),
+        deflate=isinstance(codec, DeflateStream),
+        deflate_level=codec.level if isinstance(codec, DeflateStream) else 6,
+        auth_required=auth,
+    )
+    if tls is not None:
+        await fake.start_tls(tls.context)
+    if codec is not None:
+        await fake.start_compression(codec)
+    return identify
+
+
+async def serve_one(
+    script: Callable[[FakeDaemon], Awaitable[None]],
+    *,
+    task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Accept one connection on 127.0.0.1 and run ``script(FakeDaemon)`` on it."""
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    listener = listeners[0]
+    task_status.started(f"127.0.0.1:{listener.socket.getsockname()[1]}")
+    async with listener:
+        stream = await listener.accept()
+    fake = FakeDaemon("sync", stream)
+    try:
+        await script(fake)
+    finally:
+        await fake.close()

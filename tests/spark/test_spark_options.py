@@ -100,8 +100,9 @@ def test_unknown_option_lists_the_known_ones_but_not_sparks() -> None:
     with pytest.raises(ValueError) as info:
         SinkOptions.parse({"address": "h:1", "topic": "t", "bodycol": "x"})
     assert str(info.value) == (
-        "lmq sink: unknown option 'bodycol' (known: address, batchBytes, batchSize, bodyColumn, "
-        "deferColumn, deferMs, timeout, topic)"
+        "lmq sink: unknown option 'bodycol' (known: address, authSecret, batchBytes, batchSize, "
+        "bodyColumn, deferColumn, deferMs, deflate, deflateLevel, snappy, timeout, tls, tlsCert, "
+        "tlsInsecureSkipVerify, tlsKey, tlsRootCaFile, topic)"
     )
 
 
