@@ -3,7 +3,7 @@
 The layers (docs/architecture.md, "The house"), lowest first::
 
     root      lmqd (the package root: versions), units
-    leaves    net, names, message, options, stats
+    leaves    net, names, message, options, stats, gohttp
     settings  config, logging_setup                   flags, TOML, nsqd's log format
     codecs    protocol, storage, lookup               sans-IO / trio-free codecs and storage
     engine    engine, transport                       queue logic on plain def; TLS, compression
@@ -34,7 +34,7 @@ PACKAGE = ROOT / "lmqd"
 
 LAYERS: dict[str, int] = {
     **dict.fromkeys(("", "units"), 0),
-    **dict.fromkeys(("net", "names", "message", "options", "stats"), 1),
+    **dict.fromkeys(("net", "names", "message", "options", "stats", "gohttp"), 1),
     **dict.fromkeys(("config", "logging_setup"), 2),
     **dict.fromkeys(("protocol", "storage", "lookup"), 3),
     **dict.fromkeys(("engine", "transport"), 4),

@@ -27,13 +27,13 @@ from prometheus_client.exposition import choose_encoder
 from lmqd import NSQD_COMPAT_VERSION
 from lmqd.engine.backend import BackendError
 from lmqd.engine.topic import Topic, TopicExiting
+from lmqd.gohttp import QueryError
 from lmqd.httpapi.asgi import (
     EMPTY,
     OK,
     AsgiApp,
     HttpError,
     Query,
-    QueryError,
     Request,
     Response,
     go_json,

@@ -20,14 +20,14 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import time
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Any
-from urllib.parse import unquote_to_bytes
 
 import attrs
 import trio
+
+from lmqd.gohttp import parse_query
 
 log = logging.getLogger("lmqd.httpapi")
 
@@ -52,10 +52,6 @@ class HttpError(Exception):
 
 class ClientGone(Exception):
     """The client disconnected before its request body arrived: nothing to answer."""
-
-
-class QueryError(ValueError):
-    """The query string does not parse (nsqd: ``400 INVALID_REQUEST``)."""
 
 
 @attrs.frozen
@@ -99,40 +95,6 @@ def json_response(value: Any, status: int = 200) -> Response:
 
 def error_response(status: int, message: str) -> Response:
     return json_response({"message": message}, status)
-
-
-# -- query strings -----------------------------------------------------------------------------
-
-_BAD_ESCAPE = re.compile(rb"%(?![0-9A-Fa-f]{2})")
-
-
-def _unescape(raw: bytes) -> str:
-    if _BAD_ESCAPE.search(raw):
-        raise QueryError("invalid URL escape")
-    # Names are ASCII; anything else only has to survive long enough to be rejected as invalid.
-    return unquote_to_bytes(raw.replace(b"+", b" ")).decode("utf-8", "replace")
-
-
-def parse_query(raw: bytes) -> dict[str, list[str]]:
-    """Go's ``url.ParseQuery``: every well-formed pair, then ``QueryError`` if any was bad."""
-    values: dict[str, list[str]] = {}
-    bad = False
-    for part in raw.split(b"&"):
-        if not part:
-            continue
-        if b";" in part:  # Go 1.17+: "invalid semicolon separator in query"
-            bad = True
-            continue
-        key, _, value = part.partition(b"=")
-        try:
-            k, v = _unescape(key), _unescape(value)
-        except QueryError:
-            bad = True
-            continue
-        values.setdefault(k, []).append(v)
-    if bad:
-        raise QueryError("invalid query string")
-    return values
 
 
 class Query:

@@ -28,16 +28,15 @@ from __future__ import annotations
 
 import logging
 import posixpath
-import re
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from html import escape
 from typing import Any
-from urllib.parse import unquote_to_bytes
 
 import attrs
 import trio
 
+from lmqd.gohttp import QueryError, parse_query
 from lmqd.lookup import gojson
 from lmqd.lookupd.views import ApiError, Views
 
@@ -56,42 +55,6 @@ HTML_CONTENT_TYPE = "text/html; charset=utf-8"
 # Header names as Go's net/http writes them (canonical case: X-NSQ-Content-Type becomes
 # X-Nsq-Content-Type); clients compare them case-insensitively anyway.
 _V1_HEADER = (b"X-Nsq-Content-Type", b"nsq; version=1.0")
-
-
-class QueryError(ValueError):
-    """The query string does not parse (nsqlookupd: ``400 INVALID_REQUEST``)."""
-
-
-_BAD_ESCAPE = re.compile(rb"%(?![0-9A-Fa-f]{2})")
-
-
-def _unescape(raw: bytes) -> str:
-    if _BAD_ESCAPE.search(raw):
-        raise QueryError("invalid URL escape")
-    # Valid names are ASCII; anything else only has to survive until it is rejected.
-    return unquote_to_bytes(raw.replace(b"+", b" ")).decode("utf-8", "replace")
-
-
-def parse_query(raw: bytes) -> dict[str, list[str]]:
-    """Go's ``url.ParseQuery``: every pair in order; ``QueryError`` if any pair is bad."""
-    values: dict[str, list[str]] = {}
-    bad = False
-    for part in raw.split(b"&"):
-        if not part:
-            continue
-        if b";" in part:  # Go 1.17+: "invalid semicolon separator in query"
-            bad = True
-            continue
-        key, _, value = part.partition(b"=")
-        try:
-            name, text = _unescape(key), _unescape(value)
-        except QueryError:
-            bad = True
-            continue
-        values.setdefault(name, []).append(text)
-    if bad:
-        raise QueryError("invalid query string")
-    return values
 
 
 @attrs.frozen
