@@ -15,8 +15,9 @@ from __future__ import annotations
 import datetime
 import logging
 import sys
+from typing import Protocol
 
-from lmqd.options import LOG_LEVELS, Options
+from lmqd.options import LOG_LEVELS
 
 __all__ = ["LEVELS", "NsqdFormatter", "configure", "level_from_name", "set_level"]
 
@@ -65,6 +66,16 @@ class NsqdFormatter(logging.Formatter):
         return line
 
 
+class LogSettings(Protocol):
+    """What ``configure`` reads: lmqd's and lmqlookupd's options both have it."""
+
+    @property
+    def log_level(self) -> str: ...
+
+    @property
+    def log_prefix(self) -> str: ...
+
+
 class _StderrHandler(logging.Handler):
     # Looks sys.stderr up per record rather than holding the stream it was created with, so a
     # redirected or replaced stderr (daemonisers, click's test runner) keeps receiving the logs.
@@ -77,7 +88,7 @@ class _StderrHandler(logging.Handler):
             self.handleError(record)
 
 
-def configure(options: Options) -> logging.Handler:
+def configure(options: LogSettings) -> logging.Handler:
     """Send every log record at ``options.log_level`` or above to stderr in nsqd's format.
 
     Installs one handler on the root logger (so third-party libraries' records share the

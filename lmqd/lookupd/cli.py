@@ -32,9 +32,8 @@ import attrs
 import click
 import trio
 
-from lmqd import __version__
+from lmqd import __version__, logging_setup
 from lmqd.config import ConfigError, format_duration, load_toml, parse_bool, parse_duration
-from lmqd.logging_setup import NsqdFormatter, level_from_name
 from lmqd.lookupd.options import NSQLOOKUPD_COMPAT_VERSION, LookupdOptions
 from lmqd.lookupd.service import LookupDaemon
 
@@ -56,7 +55,7 @@ class _Flag:
 
 
 def _level(text: str) -> str:
-    level_from_name(text)  # ValueError naming the valid levels
+    logging_setup.level_from_name(text)  # ValueError naming the valid levels
     return text.lower()
 
 
@@ -179,28 +178,6 @@ def _build_command() -> click.Command:
     )
 
 
-class _StderrHandler(logging.Handler):
-    # Looks sys.stderr up per record, so a replaced stderr (tests, daemonisers) gets the logs.
-    def emit(self, record: logging.LogRecord) -> None:
-        try:
-            sys.stderr.write(self.format(record) + "\n")
-            sys.stderr.flush()
-        except Exception:
-            self.handleError(record)
-
-
-def configure_logging(options: LookupdOptions) -> None:
-    """nsqd-style log lines (``<prefix><date> <LEVEL>: <msg>``) on stderr at the chosen level."""
-    root = logging.getLogger()
-    for handler in list(root.handlers):
-        if isinstance(handler, _StderrHandler):
-            root.removeHandler(handler)
-    handler = _StderrHandler()
-    handler.setFormatter(NsqdFormatter(options.log_prefix))
-    root.addHandler(handler)
-    root.setLevel(level_from_name(options.log_level))
-
-
 def _run(*, config: str | None, version: str | None, verbose: str | None, **values: Any) -> None:
     try:
         if version is not None and parse_bool(version):
@@ -220,7 +197,7 @@ def _run(*, config: str | None, version: str | None, verbose: str | None, **valu
         options = build_options(flags, file_values, source=config or "config")
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
-    configure_logging(options)
+    logging_setup.configure(options)
     try:
         trio.run(_serve, options)
     except OSError as exc:
