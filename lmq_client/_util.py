@@ -8,10 +8,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from lmq_client.errors import InvalidNameError
+from lmqd import __version__
 from lmqd.names import valid_name
 from lmqd.net import split_address
 
-USER_AGENT = "lmq_client/0.1.0"
+USER_AGENT = f"lmq_client/{__version__}"
 
 
 def address_list(addresses: str | Sequence[str]) -> list[str]:

@@ -28,6 +28,7 @@ from lmq_client._util import check_name
 from lmq_client.errors import ConnectionFailed, InvalidNameError, LmqClientError, NSQError
 from lmq_client.http import HTTPClient, HTTPError
 from lmq_client.transport import PLAIN, TransportOptions
+from lmqd import NSQD_COMPAT_VERSION, __version__
 from lmqd.net import split_address
 
 __all__ = ["cli", "main"]
@@ -146,6 +147,12 @@ def _emit_json(data: Any) -> None:
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(
+    __version__,
+    "--version",
+    prog_name="lmqadmin",
+    message=f"%(prog)s v%(version)s (lmq {__version__}, nsqd-compatible v{NSQD_COMPAT_VERSION})",
+)
 @click.option(
     "--tcp-address", "tcp", multiple=True, envvar="LMQ_TCP_ADDRESS", metavar="HOST:PORT",
     help=f"Daemon TCP address, repeatable [env LMQ_TCP_ADDRESS; default {DEFAULT_TCP}].",
