@@ -12,10 +12,23 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Protocol
 
-from conftest import REPO_ROOT, LmqdServer
-
+REPO_ROOT = Path(__file__).resolve().parent.parent
 README = REPO_ROOT / "README.md"
+
+
+class LmqdServer(Protocol):
+    """What the tests use of the ``lmqd_server`` fixture's daemon."""
+
+    @property
+    def tcp_address(self) -> str: ...
+
+    @property
+    def http_address(self) -> str | None: ...
+
+    @property
+    def tcp_host_port(self) -> tuple[str, int]: ...
 STEP_TIMEOUT_S = 30
 
 
