@@ -75,6 +75,9 @@ class HttpApi(AsgiApp):
         """The bound HTTP port, reported by /info (``-1`` as nsqd reports a unix socket)."""
         self.registry = make_registry(broker)
         self.quiet_paths = frozenset({"/pub", "/mpub"})
+        # Prometheus scrapes /metrics and health checks poll /ping every few seconds: their
+        # request lines at INFO would bury everything else in the log.
+        self.debug_paths = frozenset({"/metrics", "/ping"})
         add = self.router.add
         add("GET", "/ping", self.ping)
         add("GET", "/info", self.info)

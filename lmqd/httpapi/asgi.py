@@ -235,6 +235,8 @@ class AsgiApp:
         self.router = Router()
         self.quiet_paths: frozenset[str] = frozenset()
         """Paths not logged per request (nsqd does not log /pub and /mpub: the hot path)."""
+        self.debug_paths: frozenset[str] = frozenset()
+        """Paths whose request lines are logged at DEBUG, not INFO (polled by machines)."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -271,8 +273,9 @@ class AsgiApp:
                           request.remote)
             response = error_response(500, "INTERNAL_ERROR")
         if request.path not in self.quiet_paths:
-            log.info("%d %s %s (%s) %.3fms", response.status, request.method, request.uri,
-                     request.remote, (time.perf_counter() - start) * 1000)
+            level = logging.DEBUG if request.path in self.debug_paths else logging.INFO
+            log.log(level, "%d %s %s (%s) %.3fms", response.status, request.method, request.uri,
+                    request.remote, (time.perf_counter() - start) * 1000)
         try:
             await send_response(send, response)
         except (trio.BusyResourceError, trio.BrokenResourceError, trio.ClosedResourceError):
