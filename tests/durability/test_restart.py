@@ -194,24 +194,6 @@ async def test_metadata_restores_topics_channels_and_paused_flags(
         await second.stop()
 
 
-async def test_a_burst_of_creations_costs_few_metadata_writes(
-    start_daemon: StartDaemon, tmp_path: Path
-) -> None:
-    with trio.fail_after(30):
-        running = await start_daemon(tmp_path)
-        syncer = running.broker.syncer
-        await eventually(lambda: not syncer.busy)
-        before = syncer.statistics().metadata_writes
-        for i in range(50):
-            running.broker.get_topic(f"burst{i}").get_channel("c")
-        await eventually(lambda: not syncer.busy)
-        writes = syncer.statistics().metadata_writes - before
-        assert 1 <= writes <= 2  # one, or two if a round had started during the burst
-        saved = json.loads((tmp_path / "lmqd.dat").read_text())
-        assert len(saved["topics"]) == 50
-        await running.stop()
-
-
 async def test_damaged_metadata_file_does_not_stop_the_daemon(
     start_daemon: StartDaemon, tmp_path: Path, connect: Connect
 ) -> None:
