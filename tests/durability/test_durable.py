@@ -30,6 +30,7 @@ from lmqd.protocol import Error, Response
 from lmqd.storage import DiskQueue
 from tests.support.daemon import RunningDaemon, StartDaemon, eventually
 from tests.support.faults import FsyncFault
+from tests.support.http import HttpResult, http
 from tests.support.wire import Connect, ConnectionClosed
 
 TIMEOUT = 20
@@ -69,24 +70,14 @@ async def test_http_pub_answers_only_after_the_fsync(
     """/pub shares the durable path: its 200 OK, like a TCP OK, waits for the fsync."""
     with trio.fail_after(TIMEOUT):
         running = await durable(start_daemon, tmp_path, http=True)
-        assert running.broker.addresses is not None and running.broker.addresses.http
-        host, port = running.broker.addresses.http
-        request = b"POST /pub?topic=h HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n\r\nbody"
-        answers: list[bytes] = []
+        answers: list[HttpResult] = []
 
         async def post() -> None:
-            async with await trio.open_tcp_stream(host, port) as stream:
-                await stream.send_all(request)
-                answer = b""
-                while not answer.endswith(b"\r\n\r\nOK"):  # headers and body may come apart
-                    chunk = await stream.receive_some(65536)
-                    assert chunk, f"connection closed after {answer!r}"
-                    answer += chunk
-                answers.append(answer)
+            answers.append(await http(running.http, "POST", "/pub?topic=h", b"body"))
 
         async with trio.open_nursery() as posts:
             posts.start_soon(post)  # creates the topic (and its queue)
-        assert answers[0].startswith(b"HTTP/1.1 200")
+        assert (answers[0].status, answers[0].body) == (200, b"OK")
         await eventually(lambda: not running.broker.syncer.busy)
         fsync.hold = True
         async with trio.open_nursery() as posts:
@@ -96,7 +87,7 @@ async def test_http_pub_answers_only_after_the_fsync(
             assert len(answers) == 1, "/pub answered before the fsync completed"
             fsync.hold = False
             fsync.released.set()
-        assert answers[1].startswith(b"HTTP/1.1 200")
+        assert (answers[1].status, answers[1].body) == (200, b"OK")
         assert running.broker.topics["h"].depth == 2
 
 

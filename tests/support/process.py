@@ -93,14 +93,23 @@ class LmqdProcess:
 
     Construction starts the process and returns at once; ``wait_started()`` waits until it
     listens (TCP, and HTTP when ``http``). Pass ``http=False`` rather than an ``--http-address=``
-    flag, so that no HTTP line is waited for.
+    flag, so that no HTTP line is waited for. With ``bare``, ``flags`` are the whole command line
+    after ``python -m lmqd`` (for tests of the command line itself): no defaults are added.
     """
 
     def __init__(
-        self, data_path: str | os.PathLike[str], flags: Sequence[str] = (), *, http: bool = True
+        self,
+        data_path: str | os.PathLike[str],
+        flags: Sequence[str] = (),
+        *,
+        http: bool = True,
+        bare: bool = False,
     ) -> None:
         self.data_path = Path(data_path)
-        self.args = lmqd_command(data_path, flags, http=http)
+        if bare:
+            self.args = [sys.executable, "-m", "lmqd", *flags]
+        else:
+            self.args = lmqd_command(data_path, flags, http=http)
         self.process = subprocess.Popen(
             self.args,
             cwd=REPO_ROOT,
