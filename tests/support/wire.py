@@ -22,7 +22,6 @@ import json
 from collections import deque
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
-from types import TracebackType
 from typing import Any
 
 import pytest
@@ -55,9 +54,8 @@ __all__ = [
 Address = tuple[str, int]
 
 RECEIVE_SIZE = 256 * 1024
-"""Bytes asked of the stream per read: a few hundred small messages' frames at once, as a real
-client reads; the codec keeps what a read splits."""
-
+"""Bytes asked of the stream per read: many frames at once, as a real client reads (the codec
+keeps whatever a read splits)."""
 
 OK = Response(data=b"OK")
 """The frame that answers a successful PUB, MPUB, DPUB, SUB or IDENTIFY."""
@@ -86,17 +84,6 @@ class Wire:
         if identify:
             await wire.identify(**identify)
         return wire
-
-    async def __aenter__(self) -> Wire:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     @property
     def local_address(self) -> Address:
