@@ -45,7 +45,16 @@ import urllib.request
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from lmqd_process import REPO, Daemon, lmqadmin_command, load_average
+# The checkout's root on sys.path: the lmqd subprocess helper is shared with the tests.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tests.support.process import (
+    BENCH_SHUTDOWN_TIMEOUT_S,
+    REPO_ROOT,
+    LmqdProcess,
+    lmqadmin_command,
+    load_average,
+    start_lmqd,
+)
 
 GB = 1000**3
 MIN_FREE_BYTES = 3 * GB
@@ -67,14 +76,14 @@ class Sample(NamedTuple):
     load: str
 
 
-def http(daemon: Daemon, method: str, path: str, **params: str) -> bytes:
+def http(daemon: LmqdProcess, method: str, path: str, **params: str) -> bytes:
     url = f"http://{daemon.http_address}{path}?{urllib.parse.urlencode(params)}"
     with urllib.request.urlopen(urllib.request.Request(url, method=method), timeout=10) as r:
         data: bytes = r.read()
         return data
 
 
-def depths(daemon: Daemon, topic: str, channel: str | None) -> tuple[int, int]:
+def depths(daemon: LmqdProcess, topic: str, channel: str | None) -> tuple[int, int]:
     """(channel depth or topic depth without a channel, topic depth)."""
     stats = json.loads(http(daemon, "GET", "/stats", format="json", topic=topic,
                             include_clients="false", include_mem="false"))
@@ -89,7 +98,9 @@ def depths(daemon: Daemon, topic: str, channel: str | None) -> tuple[int, int]:
 class Sampler:
     """A thread that records a ``Sample`` every ``interval`` seconds until ``stop``."""
 
-    def __init__(self, daemon: Daemon, topic: str, channel: str | None, interval: float) -> None:
+    def __init__(
+        self, daemon: LmqdProcess, topic: str, channel: str | None, interval: float
+    ) -> None:
         self.daemon, self.topic, self.channel, self.interval = daemon, topic, channel, interval
         self.samples: list[Sample] = []
         self._stop = threading.Event()
@@ -116,10 +127,10 @@ class Sampler:
         self._thread.join(30)
 
 
-def bench(daemon: Daemon, timeout: float, *args: str) -> dict[str, Any]:
+def bench(daemon: LmqdProcess, timeout: float, *args: str) -> dict[str, Any]:
     """``lmqadmin bench --json -q ARGS``: its report; raises if it failed."""
-    command = lmqadmin_command(daemon.address, "bench", "--json", "-q", *args)
-    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, check=False,
+    command = lmqadmin_command(daemon.tcp_address, "bench", "--json", "-q", *args)
+    done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, check=False,
                           timeout=timeout)
     if done.returncode != 0:
         raise RuntimeError(f"lmqadmin bench failed ({done.returncode}):\n{done.stderr}"
@@ -161,8 +172,8 @@ def run_backlog(args: argparse.Namespace) -> dict[str, Any]:
         sys.exit(f"bench_backlog: {free / GB:.1f} GB free under {args.dir or tempfile.gettempdir()}"
                  f", {need / GB:.1f} GB needed for {n:,} messages: refusing to run")
     with tempfile.TemporaryDirectory(prefix="lmq-backlog-", dir=args.dir) as data:
-        daemon = Daemon(data, [f"--mem-queue-size={args.mem_queue_size}", *args.lmqd_flag],
-                        http=True)
+        daemon = start_lmqd(Path(data), [f"--mem-queue-size={args.mem_queue_size}",
+                                         *args.lmqd_flag])
         try:
             http(daemon, "POST", "/topic/create", topic=TOPIC)
             http(daemon, "POST", "/channel/create", topic=TOPIC, channel=CHANNEL)
@@ -189,7 +200,7 @@ def run_backlog(args: argparse.Namespace) -> dict[str, Any]:
                              "daemon_cpu_us": (daemon.cpu_seconds() - cpu0) / n * 1e6,
                              "samples": sampler.samples[mark:], "first": mark, "end": drained}
         finally:
-            daemon.stop()
+            daemon.terminate(BENCH_SHUTDOWN_TIMEOUT_S)
     samples = sampler.samples
     full = next((s for s in samples if s.depth >= args.mem_queue_size), None)
     after = [s for s in samples if full is not None and s.t >= full.t and s.t <= end.t]
@@ -257,7 +268,7 @@ def run_overhead(args: argparse.Namespace, with_channel: bool) -> dict[str, Any]
     n = args.overhead_messages
     topic, channel = "overhead", ("overhead" if with_channel else None)
     with tempfile.TemporaryDirectory(prefix="lmq-overhead-", dir=args.dir) as data:
-        daemon = Daemon(data, [f"--mem-queue-size={2 * n}", *args.lmqd_flag], http=True)
+        daemon = start_lmqd(Path(data), [f"--mem-queue-size={2 * n}", *args.lmqd_flag])
         try:
             http(daemon, "POST", "/topic/create", topic=topic)
             if channel:
@@ -270,7 +281,7 @@ def run_overhead(args: argparse.Namespace, with_channel: bool) -> dict[str, Any]
             time.sleep(args.settle)
             after = sampler.sample()
         finally:
-            daemon.stop()
+            daemon.terminate(BENCH_SHUTDOWN_TIMEOUT_S)
     per_message = (after.rss_kb - before.rss_kb) * 1024 / n
     return {"before_kb": before.rss_kb, "after_kb": after.rss_kb, "per_message": per_message,
             "overhead": per_message - args.size, "load": f"{before.load}/{after.load}"}

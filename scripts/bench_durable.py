@@ -28,24 +28,29 @@ import argparse
 import os
 import re
 import statistics
+import sys
 import tempfile
 import time
+from pathlib import Path
 
 import trio
-from lmqd_process import Daemon
 
 from lmqd.protocol import ClientConnection, Pub, Response
+
+# The checkout's root on sys.path: the lmqd subprocess helper is shared with the tests.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tests.support.process import BENCH_SHUTDOWN_TIMEOUT_S, LmqdProcess, start_lmqd
 
 _SYNCER = re.compile(r"SYNCER: (\d+) rounds, (\d+) queue syncs")
 
 
-def sync_rounds(daemon: Daemon) -> tuple[int, int]:
+def sync_rounds(daemon: LmqdProcess) -> tuple[int, int]:
     """(sync rounds, queue syncs) from a stopped daemon's shutdown log line."""
-    for line in reversed(daemon.lines):
+    for line in reversed(daemon.output_lines()):
         m = _SYNCER.search(line)
         if m:
             return int(m.group(1)), int(m.group(2))
-    raise RuntimeError("no SYNCER line in the daemon's output:\n" + "\n".join(daemon.lines))
+    raise RuntimeError("no SYNCER line in the daemon's output:\n" + daemon.output())
 
 
 async def publisher(
@@ -109,14 +114,13 @@ def run_once(
     directory: str, publishers: int, window: int, size: int, seconds: float, durable: bool
 ) -> dict[str, float]:
     with tempfile.TemporaryDirectory(dir=directory, prefix="bench-durable-") as data:
-        daemon = Daemon(data, ["--durable"] if durable else [])
-        host, _, port = daemon.address.rpartition(":")
+        daemon = start_lmqd(Path(data), ["--durable"] if durable else [], http=False)
         try:
             acked, latencies = trio.run(
-                measure, (host.strip("[]"), int(port)), publishers, window, size, seconds
+                measure, daemon.tcp_host_port, publishers, window, size, seconds
             )
         finally:
-            daemon.stop()
+            daemon.terminate(BENCH_SHUTDOWN_TIMEOUT_S)
         rounds, queue_syncs = sync_rounds(daemon)
     latencies.sort()
     return {

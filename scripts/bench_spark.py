@@ -25,15 +25,13 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import re
 import statistics
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
@@ -44,6 +42,10 @@ from pyspark.sql.types import StructType
 from lmq_client.spark import LmqDataSource, SinkOptions, local_session
 from lmq_client.spark.publish import BatchingPublisher, LmqCommitMessage
 from lmq_client.sync import Producer
+
+# The checkout's root on sys.path: the lmqd subprocess helper is shared with the tests.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tests.support.process import LmqdProcess, start_lmqd
 
 log = logging.getLogger("bench_spark")
 
@@ -81,35 +83,6 @@ class LmqRowsDataSource(LmqDataSource):
         return RowsWriter(SinkOptions.parse(self.options).resolve_columns(schema))
 
 
-def start_daemon(data_path: str) -> tuple[subprocess.Popen[bytes], str]:
-    """``python -m lmqd`` on 127.0.0.1:0; returns it and its TCP address once it listens."""
-    process = subprocess.Popen(
-        [sys.executable, "-m", "lmqd", "--tcp-address=127.0.0.1:0", "--http-address=",
-         f"--data-path={data_path}"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-    )
-    assert process.stdout is not None
-    found = threading.Event()
-    address: list[str] = []
-
-    def drain() -> None:
-        # Keep reading for the daemon's whole life: a full pipe would stall its logging.
-        assert process.stdout is not None
-        for raw in process.stdout:
-            match = re.search(r"TCP: listening on (\S+)", raw.decode("utf-8", "replace"))
-            if match and not address:
-                address.append(match.group(1))
-                found.set()
-        found.set()
-
-    threading.Thread(target=drain, daemon=True).start()
-    found.wait(30)
-    if not address:
-        process.kill()
-        raise SystemExit("lmqd did not start listening within 30 s")
-    return process, address[0]
-
-
 def frame(spark: SparkSession, rows: int, partitions: int, size: int) -> DataFrame:
     body = F.rpad(F.concat(F.lit("event-"), F.col("id").cast("string")), size, "x")
     return spark.range(0, rows, numPartitions=partitions).select(body.alias("body"))
@@ -135,10 +108,11 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
 
     with tempfile.TemporaryDirectory(prefix="bench-spark-") as tmp:
-        process = None
+        daemon: LmqdProcess | None = None
         address = args.address
         if address is None:
-            process, address = start_daemon(os.path.join(tmp, "lmqd"))
+            daemon = start_lmqd(Path(tmp) / "lmqd", http=False)
+            address = daemon.tcp_address
         try:
             spark = local_session("lmq-bench", install_java=True, log_level="ERROR")
             spark.dataSource.register(LmqRowsDataSource)
@@ -172,9 +146,8 @@ def main() -> None:
                              args.rows / seconds)
             spark.stop()
         finally:
-            if process is not None:
-                process.terminate()
-                process.wait(60)
+            if daemon is not None:
+                daemon.terminate(60)
     cpus = os.cpu_count()
     print(f"{args.rows} rows of {args.size} bytes, {args.partitions} partitions, "
           f"batchSize {args.batch_size}, {args.runs} runs, {cpus} CPUs")

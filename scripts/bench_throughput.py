@@ -24,18 +24,27 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 from typing import Any
 
-from lmqd_process import REPO, Daemon, lmqadmin_command, load_average
+# The checkout's root on sys.path: the lmqd subprocess helper is shared with the tests.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tests.support.process import (
+    BENCH_SHUTDOWN_TIMEOUT_S,
+    REPO_ROOT,
+    lmqadmin_command,
+    load_average,
+    start_lmqd,
+)
 
 
 def run_once(args: argparse.Namespace, index: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="lmq-bench-", dir=args.dir) as data:
-        daemon = Daemon(data, args.lmqd_flag)
+        daemon = start_lmqd(Path(data), args.lmqd_flag, http=False)
         try:
             load = load_average()
             command = lmqadmin_command(
-                daemon.address,
+                daemon.tcp_address,
                 "bench", "--json", "-q",
                 "--topic", f"bench{index}",
                 "--writers", str(args.writers), "--readers", str(args.readers),
@@ -44,13 +53,15 @@ def run_once(args: argparse.Namespace, index: int) -> dict[str, Any]:
             )  # fmt: skip
             cpu0 = daemon.cpu_seconds()
             written0 = daemon.bytes_written()
-            done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, check=False)
+            done = subprocess.run(
+                command, cwd=REPO_ROOT, capture_output=True, text=True, check=False
+            )
             cpu1 = daemon.cpu_seconds()
             rss, hwm = daemon.memory_kb()
             # What the daemon wrote to files (segments, positions): ~0 unless the backlog spilled.
             spilled = daemon.bytes_written() - written0
         finally:
-            daemon.stop()
+            daemon.terminate(BENCH_SHUTDOWN_TIMEOUT_S)
     if done.returncode != 0:
         raise RuntimeError(f"lmqadmin bench failed ({done.returncode}):\n{done.stderr}")
     report = json.loads(done.stdout)

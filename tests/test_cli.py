@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ from click.testing import CliRunner, Result
 
 from lmqd import cli, logging_setup
 from lmqd.options import Options
+from tests.support.process import LmqdProcess
 
 WARNING_LINE = re.compile(
     r"^\[lmqd\] \d{4}/\d\d/\d\d \d\d:\d\d:\d\d\.\d{6} WARNING: "
@@ -417,29 +417,18 @@ def test_configure_replaces_its_handler_and_set_level(capsys: pytest.CaptureFixt
 
 
 def test_real_daemon_started_with_nsqd_flags(tmp_path: Path) -> None:
-    log_path = tmp_path / "lmqd.log"
     args = [
         *("-tcp-address", "127.0.0.1:0", "-http-address=127.0.0.1:0"),
         *("-data-path", str(tmp_path), "-msg-timeout", "1m30s", "-snappy"),
         *("-statsd-address=127.0.0.1:8125", "--log-prefix=[nsqd] "),
     ]
-    with log_path.open("wb") as log_file:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "lmqd", *args],
-            stdin=subprocess.DEVNULL,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-        )
-        try:
-            # Interpreter + trio start-up takes ~1 s; 20 s allows for a loaded 2-core box.
-            deadline = time.monotonic() + 20
-            while "TCP: listening on" not in log_path.read_text() and proc.poll() is None:
-                assert time.monotonic() < deadline, log_path.read_text()
-                time.sleep(0.05)
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            returncode = proc.wait(timeout=15)
-    lines = log_path.read_text().splitlines()
+    server = LmqdProcess(tmp_path, args, bare=True)
+    try:
+        server.wait_started()
+    finally:
+        server.terminate()
+    returncode = server.process.returncode
+    lines = server.output_lines()
     assert returncode == 0, lines
     stamp = r"\d{4}/\d\d/\d\d \d\d:\d\d:\d\d\.\d{6}"
     assert any(
@@ -448,4 +437,4 @@ def test_real_daemon_started_with_nsqd_flags(tmp_path: Path) -> None:
     ), lines
     warning = "WARNING: --statsd-address is accepted for nsqd compatibility and has no effect"
     assert [line.split(" ", 3)[3] for line in lines if "WARNING:" in line] == [warning]
-    assert "Traceback" not in log_path.read_text()
+    assert "Traceback" not in server.output()

@@ -13,25 +13,23 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
 
 from lmq_client.admin.cli import cli
 from lmq_client.http import HTTPClient
-
-if TYPE_CHECKING:
-    from tests.conftest import LmqdServer
+from tests.support.process import LmqdProcess
 
 
-def run(server: LmqdServer, *args: str, input: str | bytes | None = None) -> Result:
+def run(server: LmqdProcess, *args: str, input: str | bytes | None = None) -> Result:
     assert server.http_address is not None
     env = {"LMQ_TCP_ADDRESS": server.tcp_address, "LMQ_HTTP_ADDRESS": server.http_address}
     return CliRunner().invoke(cli, list(args), input=input, env=env, catch_exceptions=False)
 
 
-def topic_stats(server: LmqdServer, topic: str) -> dict[str, Any]:
+def topic_stats(server: LmqdProcess, topic: str) -> dict[str, Any]:
     assert server.http_address is not None
     data = HTTPClient(server.http_address).stats(topic)
     topics = data["topics"] or []
@@ -47,7 +45,7 @@ def free_address() -> str:
 
 
 def test_pub_arguments_stdin_file_and_batches(
-    lmqd_module_server: LmqdServer, tmp_path: Path
+    lmqd_module_server: LmqdProcess, tmp_path: Path
 ) -> None:
     server = lmqd_module_server
     result = run(server, "pub", "p1", "hello", "world")
@@ -70,7 +68,7 @@ def test_pub_arguments_stdin_file_and_batches(
     assert (data["topic"], data["messages"], data["batches"]) == ("p1", 1, 1)
 
 
-def test_pub_usage_errors(lmqd_module_server: LmqdServer, tmp_path: Path) -> None:
+def test_pub_usage_errors(lmqd_module_server: LmqdProcess, tmp_path: Path) -> None:
     result = run(lmqd_module_server, "pub", "p2", "x", "--file", str(tmp_path / "f"))
     assert result.exit_code == 2
     assert "not both" in result.output
@@ -82,7 +80,7 @@ def test_pub_usage_errors(lmqd_module_server: LmqdServer, tmp_path: Path) -> Non
     assert "no messages" in result.output
 
 
-def test_tail_prints_messages_and_stops_after_n(lmqd_module_server: LmqdServer) -> None:
+def test_tail_prints_messages_and_stops_after_n(lmqd_module_server: LmqdProcess) -> None:
     server = lmqd_module_server
     assert run(server, "pub", "tail1", "one", "two", "three", "four").exit_code == 0
     # the topic has no channel yet: tail's ephemeral channel is the first and gets the backlog
@@ -100,7 +98,7 @@ def test_tail_prints_messages_and_stops_after_n(lmqd_module_server: LmqdServer) 
     assert (result.exit_code, result.output) == (0, "tail3: m\n")
 
 
-def test_topic_and_channel_actions(lmqd_module_server: LmqdServer) -> None:
+def test_topic_and_channel_actions(lmqd_module_server: LmqdProcess) -> None:
     server = lmqd_module_server
     http = server.http_address
     result = run(server, "topic", "create", "adm")
@@ -133,7 +131,7 @@ def test_topic_and_channel_actions(lmqd_module_server: LmqdServer) -> None:
     assert HTTPClient(http or "").stats("adm")["topics"] in (None, [])
 
 
-def test_errors_and_exit_codes(lmqd_module_server: LmqdServer) -> None:
+def test_errors_and_exit_codes(lmqd_module_server: LmqdProcess) -> None:
     server = lmqd_module_server
     result = run(server, "topic", "delete", "never-existed")
     assert result.exit_code == 1
@@ -160,7 +158,7 @@ def test_errors_and_exit_codes(lmqd_module_server: LmqdServer) -> None:
     assert "want HOST:PORT" in result.output
 
 
-def test_stats_table_json_and_watch(lmqd_module_server: LmqdServer) -> None:
+def test_stats_table_json_and_watch(lmqd_module_server: LmqdProcess) -> None:
     server = lmqd_module_server
     assert run(server, "channel", "create", "st", "c1").exit_code == 1  # topic must exist
     assert run(server, "topic", "create", "st").exit_code == 0
@@ -196,7 +194,7 @@ def test_stats_table_json_and_watch(lmqd_module_server: LmqdServer) -> None:
     assert result.exit_code == 0 and "c1" in result.output
 
 
-def test_stats_rates_between_samples(lmqd_module_server: LmqdServer) -> None:
+def test_stats_rates_between_samples(lmqd_module_server: LmqdProcess) -> None:
     from lmq_client.admin.stats import sample
 
     server = lmqd_module_server
@@ -212,7 +210,7 @@ def test_stats_rates_between_samples(lmqd_module_server: LmqdServer) -> None:
     assert row.rate == pytest.approx(20 / elapsed)
 
 
-def test_bench_reports_plausible_figures(lmqd_module_server: LmqdServer) -> None:
+def test_bench_reports_plausible_figures(lmqd_module_server: LmqdProcess) -> None:
     server = lmqd_module_server
     result = run(server, "--json", "bench", "--count", "4000", "--batch-size", "100",
                  "--size", "64", "--rdy", "200")
@@ -232,7 +230,7 @@ def test_bench_reports_plausible_figures(lmqd_module_server: LmqdServer) -> None
     assert not [t for t in topics if t["topic_name"] == report["topic"]]
 
 
-def test_bench_text_report_with_duration(lmqd_module_server: LmqdServer) -> None:
+def test_bench_text_report_with_duration(lmqd_module_server: LmqdProcess) -> None:
     result = run(lmqd_module_server, "bench", "--duration", "0.5", "--topic", "benchtext",
                  "--keep-topic")
     assert result.exit_code == 0, result.output
@@ -245,7 +243,7 @@ def test_bench_text_report_with_duration(lmqd_module_server: LmqdServer) -> None
 
 
 def test_bench_without_writers_drains_a_backlog_to_count(
-    lmqd_module_server: LmqdServer, monkeypatch: pytest.MonkeyPatch
+    lmqd_module_server: LmqdProcess, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     server = lmqd_module_server
     result = run(server, "--json", "bench", "--topic", "backlog", "--writers", "1",
@@ -270,14 +268,14 @@ def test_bench_without_writers_drains_a_backlog_to_count(
     assert topic_stats(server, "backlog")["channels"][0]["depth"] == 0
 
 
-def test_bench_unreachable_daemon_exit_code(lmqd_module_server: LmqdServer) -> None:
+def test_bench_unreachable_daemon_exit_code(lmqd_module_server: LmqdProcess) -> None:
     dead = free_address()
     result = run(lmqd_module_server, "--tcp-address", dead, "bench", "--count", "10")
     assert result.exit_code == 3
     assert dead in result.output
 
 
-def test_console_script_module_entry(lmqd_module_server: LmqdServer) -> None:
+def test_console_script_module_entry(lmqd_module_server: LmqdProcess) -> None:
     """``python -m lmq_client.admin`` (what the lmqadmin script runs) with real exit codes."""
     server = lmqd_module_server
     assert server.http_address is not None

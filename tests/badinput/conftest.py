@@ -3,18 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
 import pytest
 
-from .wire import assert_daemon_serves
-
-if TYPE_CHECKING:
-    from conftest import LmqdServer
+from tests.support.process import LmqdProcess
+from tests.support.rawbytes import assert_daemon_serves
 
 
 @pytest.fixture
-def daemon(lmqd_module_server: LmqdServer) -> Iterator[LmqdServer]:
+def daemon(lmqd_module_server: LmqdProcess) -> Iterator[LmqdProcess]:
     """The module's daemon; after the case it must still be running, quiet and serving."""
     yield lmqd_module_server
     assert lmqd_module_server.process.poll() is None, lmqd_module_server.output()

@@ -1,17 +1,15 @@
 """The trio clients against real lmqd daemons running in this process.
 
-Rules for this module: daemons listen on 127.0.0.1 with port 0 (except the restart test, which
-reuses the port the first daemon got), data in ``tmp_path``; every test is bounded by
-``trio.fail_after``; delays (backoff, reconnect) are set to a few milliseconds so the real clock
-costs little. Exact backoff timing is tested against the fake daemon (test_consumer_fake.py).
+Rules for this module: daemons run in-process (``start_daemon``) on 127.0.0.1 with port 0
+(except the restart test, which reuses the port the first daemon got), data in ``tmp_path``;
+every test is bounded by ``trio.fail_after``; delays (backoff, reconnect) are set to a few
+milliseconds so the real clock costs little. Exact backoff timing is tested against the fake
+daemon (test_consumer_fake.py).
 """
 
 from __future__ import annotations
 
 import collections
-from collections.abc import AsyncIterator
-from pathlib import Path
-from typing import Any
 
 import pytest
 import trio
@@ -21,58 +19,15 @@ from lmq_client.backoff import Backoff
 from lmq_client.consumer import Consumer
 from lmq_client.message import Message
 from lmq_client.producer import Producer
-from lmqd.options import Options
-from lmqd.service import LmqDaemon
+from tests.support.daemon import StartDaemon
 
 FAST = Backoff(base=0.01, max_delay=0.05, jitter=0.0)
 
 
-def _options(tmp_path: Path, name: str, port: int = 0) -> Options:
-    data = tmp_path / name
-    data.mkdir(exist_ok=True)
-    return Options(tcp_address=f"127.0.0.1:{port}", http_address="", data_path=str(data))
-
-
-class Daemons:
-    """Start (and stop) in-process daemons inside the test's nursery."""
-
-    def __init__(self, nursery: trio.Nursery, tmp_path: Path) -> None:
-        self.nursery = nursery
-        self.tmp_path = tmp_path
-        self.count = 0
-        self.stopped: dict[LmqDaemon, trio.Event] = {}
-
-    async def start(self, port: int = 0) -> tuple[LmqDaemon, str]:
-        self.count += 1
-        daemon = LmqDaemon(_options(self.tmp_path, f"d{self.count}", port))
-        bound = await self.nursery.start(self._run, daemon)
-        host, port = bound.tcp
-        return daemon, f"{host}:{port}"
-
-    async def stop(self, daemon: LmqDaemon) -> None:
-        """Shut the daemon down and wait until it has closed its listener."""
-        daemon.shutdown()
-        await self.stopped[daemon].wait()
-
-    async def _run(self, daemon: LmqDaemon, *, task_status: trio.TaskStatus[Any]) -> None:
-        self.stopped[daemon] = trio.Event()
-        try:
-            await daemon.run(task_status=task_status)
-        finally:
-            self.stopped[daemon].set()
-
-
-@pytest.fixture
-async def daemons(tmp_path: Path) -> AsyncIterator[Daemons]:
-    async with trio.open_nursery() as nursery:
-        yield Daemons(nursery, tmp_path)
-        nursery.cancel_scope.cancel()
-
-
-async def test_several_consumers_several_daemons(daemons: Daemons) -> None:
+async def test_several_consumers_several_daemons(start_daemon: StartDaemon) -> None:
     """Two daemons, two consumers on one channel (each on both daemons): every message once."""
-    _, a = await daemons.start()
-    _, b = await daemons.start()
+    a = (await start_daemon()).tcp_address
+    b = (await start_daemon()).tcp_address
     n = 300
     got: dict[str, list[bytes]] = collections.defaultdict(list)
     done = trio.Event()
@@ -107,8 +62,8 @@ async def test_several_consumers_several_daemons(daemons: Daemons) -> None:
     assert stats[0].finished + stats[1].finished == 2 * n
 
 
-async def test_pipelined_publishes_from_many_tasks(daemons: Daemons) -> None:
-    _, a = await daemons.start()
+async def test_pipelined_publishes_from_many_tasks(start_daemon: StartDaemon) -> None:
+    a = (await start_daemon()).tcp_address
     with trio.fail_after(20):
         async with Producer(a) as producer:
             async with trio.open_nursery() as nursery:
@@ -125,8 +80,8 @@ async def test_pipelined_publishes_from_many_tasks(daemons: Daemons) -> None:
     assert b"deferred" in received
 
 
-async def test_publish_errors_carry_nsq_codes(daemons: Daemons) -> None:
-    _, a = await daemons.start()
+async def test_publish_errors_carry_nsq_codes(start_daemon: StartDaemon) -> None:
+    a = (await start_daemon()).tcp_address
     with trio.fail_after(10):
         async with Producer(a) as producer:
             with pytest.raises(errors.BadMessageError) as info:
@@ -138,9 +93,10 @@ async def test_publish_errors_carry_nsq_codes(daemons: Daemons) -> None:
                 await producer.dpub("t", 10_000_000, b"too late")
 
 
-async def test_reconnect_after_daemon_restart(daemons: Daemons) -> None:
-    daemon, a = await daemons.start()
-    port = int(a.rpartition(":")[2])
+async def test_reconnect_after_daemon_restart(start_daemon: StartDaemon) -> None:
+    daemon = await start_daemon()
+    a = daemon.tcp_address
+    port = daemon.tcp[1]
     got: list[bytes] = []
     arrived = trio.Event()
 
@@ -156,19 +112,19 @@ async def test_reconnect_after_daemon_restart(daemons: Daemons) -> None:
             await producer.publish("r", b"before")
             await arrived.wait()
             arrived = trio.Event()
-            await daemons.stop(daemon)
+            await daemon.stop()
             await consumer.wait_connections(0)
             with pytest.raises(errors.ConnectionFailed):
                 await producer.publish("r", b"while down")
-            await daemons.start(port)  # same address again
+            await start_daemon(tcp_address=f"127.0.0.1:{port}")  # same address again
             await consumer.wait_connections(1)
             await producer.publish("r", b"after")  # the producer reconnects on demand
             await arrived.wait()
     assert got == [b"before", b"after"]
 
 
-async def test_give_up_after_max_attempts_real_daemon(daemons: Daemons) -> None:
-    _, a = await daemons.start()
+async def test_give_up_after_max_attempts_real_daemon(start_daemon: StartDaemon) -> None:
+    a = (await start_daemon()).tcp_address
     attempts: list[int] = []
     given_up = trio.Event()
     gave_up: list[Message] = []

@@ -12,18 +12,15 @@ import pickle
 import socket
 import time
 import urllib.request
-from typing import TYPE_CHECKING
 
 import pytest
 
 from lmq_client import errors
 from lmq_client.sync import Consumer, Producer
-
-if TYPE_CHECKING:
-    from tests.conftest import LmqdServer
+from tests.support.process import LmqdProcess
 
 
-def _depth(server: LmqdServer, topic: str) -> int:
+def _depth(server: LmqdProcess, topic: str) -> int:
     url = f"http://{server.http_address}/stats?format=json&topic={topic}"
     with urllib.request.urlopen(url, timeout=5) as response:
         data = json.load(response)
@@ -32,7 +29,7 @@ def _depth(server: LmqdServer, topic: str) -> int:
     )
 
 
-def test_publish_mpub_dpub_then_consume(lmqd_server: LmqdServer) -> None:
+def test_publish_mpub_dpub_then_consume(lmqd_server: LmqdProcess) -> None:
     with Producer(lmqd_server.tcp_address, timeout=5) as producer:
         producer.publish("s", b"one")
         producer.mpub("s", [b"two", b"three"])
@@ -53,7 +50,7 @@ def test_publish_mpub_dpub_then_consume(lmqd_server: LmqdServer) -> None:
     assert sorted(bodies) == [b"four", b"one", b"three", b"two"]
 
 
-def test_errors_carry_codes_and_connection_recovers(lmqd_server: LmqdServer) -> None:
+def test_errors_carry_codes_and_connection_recovers(lmqd_server: LmqdProcess) -> None:
     producer = Producer(lmqd_server.tcp_address, timeout=5)
     with pytest.raises(errors.BadMessageError) as info:
         producer.publish("s", b"")
@@ -78,7 +75,7 @@ def test_unreachable_daemon_names_address() -> None:
     assert address in str(info.value)
 
 
-def test_failover_to_second_address(lmqd_server: LmqdServer) -> None:
+def test_failover_to_second_address(lmqd_server: LmqdProcess) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         dead = f"127.0.0.1:{s.getsockname()[1]}"
@@ -92,7 +89,7 @@ def test_failover_to_second_address(lmqd_server: LmqdServer) -> None:
     producer.close()
 
 
-def test_idle_producer_survives_heartbeat_timeout(lmqd_server: LmqdServer) -> None:
+def test_idle_producer_survives_heartbeat_timeout(lmqd_server: LmqdProcess) -> None:
     """Idle past two heartbeat intervals: the daemon drops the connection; publish reconnects."""
     producer = Producer(lmqd_server.tcp_address, timeout=5, heartbeat_interval=1.0)
     producer.publish("idle", b"first")
@@ -102,7 +99,7 @@ def test_idle_producer_survives_heartbeat_timeout(lmqd_server: LmqdServer) -> No
     assert _depth(lmqd_server, "idle") == 2
 
 
-def test_heartbeat_answered_while_waiting(lmqd_server: LmqdServer) -> None:
+def test_heartbeat_answered_while_waiting(lmqd_server: LmqdProcess) -> None:
     """A consumer that waits in get() for 2.5 s with 1 s heartbeats stays connected."""
     with Consumer("hb", "c", lmqd_server.tcp_address, heartbeat_interval=1.0) as consumer:
         assert consumer.get(timeout=2.5) is None

@@ -1,28 +1,24 @@
-"""Fixtures for the durability tests: client connections that are closed after the test."""
+"""The durability tests' clients: ``Wire``\\ s that ask for heartbeats every 2 s.
+
+``IDENTIFY`` is what every client here sends: heartbeats every 2 s, the setting these tests were
+written with (a ``Wire`` answers them whenever it reads). ``connect`` is tests/conftest.py's
+fixture with ``IDENTIFY`` as its default.
+"""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 
 import pytest
-import trio
 
-from .wire import Wire
+from tests.support.wire import Connect, open_connections
 
-Connect = Callable[..., Awaitable[Wire]]
+IDENTIFY: dict[str, object] = {"heartbeat_interval": 2000}
 
 
 @pytest.fixture
 async def connect() -> AsyncIterator[Connect]:
-    """``await connect(address, **identify)`` -> a ``Wire``, closed at the end of the test."""
-    opened: list[Wire] = []
-
-    async def open_wire(address: tuple[str, int], **identify: object) -> Wire:
-        wire = await Wire.connect(address, **identify)
-        opened.append(wire)
-        return wire
-
-    yield open_wire
-    with trio.CancelScope(shield=True):
-        for wire in opened:
-            await wire.aclose()
+    """``await connect(address, **identify)`` -> a ``Wire`` sending ``IDENTIFY``, closed at the
+    end of the test."""
+    async with open_connections(**IDENTIFY) as connect:
+        yield connect

@@ -1,8 +1,8 @@
 """Crash tests on a real ``lmqd`` subprocess: SIGTERM under load, and ``kill -9`` with --durable.
 
 Rules for this module (STYLE.md):
-- The daemon is ``python -m lmqd`` (``tests/conftest.py``'s ``start_lmqd``) on 127.0.0.1 port 0
-  with its data in ``tmp_path``; clients speak raw V2 (``wire.Wire``) from trio tasks.
+- The daemon is ``python -m lmqd`` (``tests.support.process.start_lmqd``) on 127.0.0.1 port 0
+  with its data in ``tmp_path``; clients speak V2 (``tests.support.wire.Wire``) from trio tasks.
 - A message counts as acknowledged only when its ``OK`` frame was read; FINs are sent only until
   a moment well before the signal, so every FIN counted was applied.
 - Bodies carry their own checksum (``body``/``check``): content is verified, not just counted.
@@ -21,11 +21,13 @@ from collections import deque
 from pathlib import Path
 
 import trio
-from conftest import REPO_ROOT, LmqdServer, lmqd_command, start_lmqd, stop_lmqd
 
 from lmqd.protocol import Dpub, Error, Mpub, Pub, Response
+from tests.support.daemon import eventually
+from tests.support.process import REPO_ROOT, LmqdProcess, lmqd_command, start_lmqd, stop_lmqd
+from tests.support.wire import ConnectionClosed, Wire
 
-from .wire import ConnectionClosed, Wire, eventually
+from .conftest import IDENTIFY
 
 OK = Response(data=b"OK")
 WINDOW = 8  # commands in flight per publisher: pipelining, as real producers do
@@ -43,15 +45,16 @@ def check(data: bytes) -> str:
     return tag
 
 
-def address(server: LmqdServer) -> tuple[str, int]:
-    return server.tcp_host_port
+async def connect(server: LmqdProcess, **identify: object) -> Wire:
+    """A ``Wire`` to ``server`` sending the durability tests' ``IDENTIFY`` (and ``identify``)."""
+    return await Wire.connect(server.tcp_host_port, **{**IDENTIFY, **identify})
 
 
-async def start(data_path: Path, flags: list[str]) -> LmqdServer:
+async def start(data_path: Path, flags: list[str]) -> LmqdProcess:
     return await trio.to_thread.run_sync(start_lmqd, data_path, flags)
 
 
-async def kill9(server: LmqdServer) -> None:
+async def kill9(server: LmqdProcess) -> None:
     server.process.kill()
     await trio.to_thread.run_sync(server.process.wait)
     server.terminate()  # already dead: only collects its output
@@ -133,11 +136,11 @@ class Reader:
 
 
 async def drain(
-    server: LmqdServer, topic: str, channel: str, want: set[bytes], limit: float
+    server: LmqdProcess, topic: str, channel: str, want: set[bytes], limit: float
 ) -> Reader:
     """Consume (and FIN) until ``want`` has been delivered or ``limit`` seconds passed."""
     reader = Reader()
-    wire = await Wire.connect(address(server))
+    wire = await connect(server)
     try:
         await wire.sub(topic, channel, rdy=500)
         with trio.move_on_after(limit):
@@ -160,16 +163,16 @@ async def test_sigterm_under_load_loses_nothing_and_deferred_keep_their_time(
         server = await start(tmp_path, flags)
         try:
             reader = Reader()
-            consumer = await Wire.connect(address(server), msg_timeout=60000)
+            consumer = await connect(server, msg_timeout=60000)
             await consumer.sub("load", "c", rdy=40)
-            idle = await Wire.connect(address(server))
+            idle = await connect(server)
             await idle.sub("later", "c")  # no backlog: the deferred ones' timing shows
             publishers = [Publisher(f"p{i}", "load", acked, rng) for i in range(4)]
             for publisher, topic in zip(publishers[:2], ("load", "later"), strict=True):
                 publisher.dpub_every = 25
                 publisher.dpub_delay_ms = 4500
                 publisher.dpub_topic = topic
-            wires = [idle] + [await Wire.connect(address(server)) for _ in publishers]
+            wires = [idle] + [await connect(server) for _ in publishers]
             stop = trio.Event()
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(reader.run, consumer)
@@ -241,7 +244,7 @@ async def test_kill9_in_durable_mode_never_loses_an_acknowledged_message(
                 # Channel b finishes every other message: the rest is in flight at the kill.
                 readers = [Reader(), Reader(fin_every=2)]
                 for channel in channels:
-                    wire = await Wire.connect(address(server))
+                    wire = await connect(server)
                     await wire.sub("crash", channel, rdy=100)
                     wires.append(wire)
                 publishers = [
@@ -249,7 +252,7 @@ async def test_kill9_in_durable_mode_never_loses_an_acknowledged_message(
                 ]
                 publishers[0].dpub_every = 10
                 publishers[0].dpub_delay_ms = 200
-                pub_wires = [await Wire.connect(address(server)) for _ in publishers]
+                pub_wires = [await connect(server) for _ in publishers]
                 stop = trio.Event()
                 moment = rng.uniform(0.2, 1.5)
                 kill_moments.append(round(moment, 3))

@@ -1,12 +1,13 @@
-"""``--durable`` in process: OK after fsync, group commit, failures, crash snapshots, restarts.
+"""``--durable`` in process: OK after fsync, failures, crash snapshots, restarts.
 
 Rules for this module (STYLE.md):
-- Real ``LmqDaemon``\\ s in the test's nursery on 127.0.0.1 port 0, ``data_path`` in ``tmp_path``;
-  raw V2 clients (``wire.Wire``). Real clock: the daemon's fsyncs run in worker threads, and a
-  publisher's ``OK`` waits for them, which a jumping clock would reorder with heartbeats.
-- Faults are injected by wrapping ``os.fsync`` / ``os.pwrite`` (the calls a full or failing disk
-  fails); a "gate" holds the worker thread's fsyncs to show what waits for them. The event-loop
-  thread (opening a queue) is never held or failed.
+- Real ``LmqDaemon``\\ s in the test's nursery on 127.0.0.1 port 0 (``start_daemon``),
+  ``data_path`` in ``tmp_path``; V2 clients (``tests.support.wire.Wire``). Real clock: the
+  daemon's fsyncs run in worker threads, and a publisher's ``OK`` waits for them, which a jumping
+  clock would reorder with heartbeats.
+- Faults are injected by wrapping ``os.fsync`` (the ``fsync`` fixture) / ``os.pwrite`` (the
+  calls a full or failing disk fails); holding the worker thread's fsyncs shows what waits for
+  them. The event-loop thread (opening a queue) is never held or failed.
 - A ``kill -9`` is simulated by copying the data directory from the event-loop thread between two
   steps of the daemon (an instant at which no worker thread is running): the copy is exactly what
   the OS would hold if the process died there. A new daemon on the copy is the restart.
@@ -18,8 +19,6 @@ from __future__ import annotations
 import errno
 import os
 import shutil
-import threading
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,60 +28,29 @@ import trio
 from lmqd.engine.backend import BackendError
 from lmqd.protocol import Error, Response
 from lmqd.storage import DiskQueue
-
-from .conftest import Connect
-from .wire import ConnectionClosed, Running, eventually, start_daemon
+from tests.support.daemon import RunningDaemon, StartDaemon, eventually
+from tests.support.faults import FsyncFault
+from tests.support.http import HttpResult, http
+from tests.support.wire import Connect, ConnectionClosed
 
 TIMEOUT = 20
 OK = Response(data=b"OK")
 
 
-def _in_worker_thread() -> bool:
-    return threading.current_thread() is not threading.main_thread()
-
-
-class FsyncFault:
-    """``os.fsync`` that, in worker threads, can be held (``hold``) or can fail (``fail``)."""
-
-    def __init__(self, real: Callable[[int], None]) -> None:
-        self.real = real
-        self.hold = False
-        self.fail = False
-        self.released = threading.Event()
-        self.held = threading.Event()
-        self.calls = 0
-
-    def __call__(self, fd: int) -> None:
-        if _in_worker_thread():
-            if self.hold:
-                self.held.set()
-                self.released.wait(TIMEOUT)
-            if self.fail:
-                raise OSError(errno.EIO, "Input/output error")
-            self.calls += 1
-        self.real(fd)
-
-
-@pytest.fixture
-def fsync(monkeypatch: pytest.MonkeyPatch) -> Iterator[FsyncFault]:
-    fault = FsyncFault(os.fsync)
-    monkeypatch.setattr(os, "fsync", fault)
-    yield fault
-    fault.released.set()
-
-
-async def durable(nursery: trio.Nursery, path: Path, **options: Any) -> Running:
-    running = await start_daemon(nursery, path, durable=True, **options)
+async def durable(
+    start_daemon: StartDaemon, path: Path | None = None, **options: Any
+) -> RunningDaemon:
+    running = await start_daemon(path, durable=True, **options)
     await eventually(lambda: not running.broker.syncer.busy)
     return running
 
 
 async def test_ok_is_sent_only_after_the_fsync(
-    nursery: trio.Nursery, tmp_path: Path, connect: Connect, fsync: FsyncFault
+    start_daemon: StartDaemon, tmp_path: Path, connect: Connect, fsync: FsyncFault
 ) -> None:
     with trio.fail_after(TIMEOUT):
-        running = await durable(nursery, tmp_path)
-        producer = await connect(running.address)
+        running = await durable(start_daemon, tmp_path)
+        producer = await connect(running.tcp)
         assert await producer.pub("t", b"first") == OK  # creates the topic
         await eventually(lambda: not running.broker.syncer.busy)
         fsync.hold = True
@@ -97,29 +65,19 @@ async def test_ok_is_sent_only_after_the_fsync(
 
 
 async def test_http_pub_answers_only_after_the_fsync(
-    nursery: trio.Nursery, tmp_path: Path, fsync: FsyncFault
+    start_daemon: StartDaemon, tmp_path: Path, fsync: FsyncFault
 ) -> None:
     """/pub shares the durable path: its 200 OK, like a TCP OK, waits for the fsync."""
     with trio.fail_after(TIMEOUT):
-        running = await durable(nursery, tmp_path, http_address="127.0.0.1:0")
-        assert running.broker.addresses is not None and running.broker.addresses.http
-        host, port = running.broker.addresses.http
-        request = b"POST /pub?topic=h HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n\r\nbody"
-        answers: list[bytes] = []
+        running = await durable(start_daemon, tmp_path, http=True)
+        answers: list[HttpResult] = []
 
         async def post() -> None:
-            async with await trio.open_tcp_stream(host, port) as stream:
-                await stream.send_all(request)
-                answer = b""
-                while not answer.endswith(b"\r\n\r\nOK"):  # headers and body may come apart
-                    chunk = await stream.receive_some(65536)
-                    assert chunk, f"connection closed after {answer!r}"
-                    answer += chunk
-                answers.append(answer)
+            answers.append(await http(running.http, "POST", "/pub?topic=h", b"body"))
 
         async with trio.open_nursery() as posts:
             posts.start_soon(post)  # creates the topic (and its queue)
-        assert answers[0].startswith(b"HTTP/1.1 200")
+        assert (answers[0].status, answers[0].body) == (200, b"OK")
         await eventually(lambda: not running.broker.syncer.busy)
         fsync.hold = True
         async with trio.open_nursery() as posts:
@@ -129,32 +87,8 @@ async def test_http_pub_answers_only_after_the_fsync(
             assert len(answers) == 1, "/pub answered before the fsync completed"
             fsync.hold = False
             fsync.released.set()
-        assert answers[1].startswith(b"HTTP/1.1 200")
+        assert (answers[1].status, answers[1].body) == (200, b"OK")
         assert running.broker.topics["h"].depth == 2
-
-
-async def test_publishers_on_many_connections_share_fsyncs(
-    nursery: trio.Nursery, tmp_path: Path, connect: Connect, fsync: FsyncFault
-) -> None:
-    with trio.fail_after(TIMEOUT):
-        running = await durable(nursery, tmp_path)
-        producers = [await connect(running.address) for _ in range(20)]
-        for i, p in enumerate(producers[:2]):
-            assert await p.pub(f"t{i}", b"warm-up") == OK
-        await eventually(lambda: not running.broker.syncer.busy)
-        before = running.broker.syncer.statistics().rounds
-        fsync.hold = True
-        for i, p in enumerate(producers):
-            await p.send(b"PUB t%d\n\x00\x00\x00\x01x" % (i % 2))
-        await trio.to_thread.run_sync(fsync.held.wait, TIMEOUT)
-        await trio.sleep(0.2)  # every PUB has arrived while the first round is held
-        fsync.hold = False
-        fsync.released.set()
-        for p in producers:
-            assert await p.frame() == OK
-        rounds = running.broker.syncer.statistics().rounds - before
-        # The held round took the first publisher(s); every other one shared the next round.
-        assert rounds <= 2, rounds
 
 
 @pytest.mark.parametrize(
@@ -166,7 +100,7 @@ async def test_publishers_on_many_connections_share_fsyncs(
     ],
 )
 async def test_failed_fsync_fails_the_publish_and_health_recovers(
-    nursery: trio.Nursery,
+    start_daemon: StartDaemon,
     tmp_path: Path,
     connect: Connect,
     fsync: FsyncFault,
@@ -174,9 +108,9 @@ async def test_failed_fsync_fails_the_publish_and_health_recovers(
     code: str,
 ) -> None:
     with trio.fail_after(TIMEOUT):
-        running = await durable(nursery, tmp_path)
+        running = await durable(start_daemon, tmp_path)
         daemon = running.broker
-        producer = await connect(running.address)
+        producer = await connect(running.tcp)
         assert await producer.pub("t", b"stored") == OK
         await eventually(lambda: not daemon.syncer.busy)
         fsync.fail = True
@@ -189,10 +123,10 @@ async def test_failed_fsync_fails_the_publish_and_health_recovers(
             await producer.frame()
         assert daemon.health.startswith("NOK - sync failed")
         fsync.fail = False
-        again = await connect(running.address)
+        again = await connect(running.tcp)
         assert await again.pub("t", b"after") == OK
         assert daemon.health == "OK"
-        consumer = await connect(running.address)
+        consumer = await connect(running.tcp)
         await consumer.sub("t", "c", rdy=10)
         bodies = set()
         with trio.move_on_after(0.5):
@@ -203,11 +137,11 @@ async def test_failed_fsync_fails_the_publish_and_health_recovers(
 
 
 async def test_failed_write_answers_at_once_and_loses_nothing_stored(
-    nursery: trio.Nursery, tmp_path: Path, connect: Connect, monkeypatch: pytest.MonkeyPatch
+    start_daemon: StartDaemon, tmp_path: Path, connect: Connect, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     with trio.fail_after(TIMEOUT):
-        running = await durable(nursery, tmp_path)
-        producer = await connect(running.address)
+        running = await durable(start_daemon, tmp_path)
+        producer = await connect(running.tcp)
         assert await producer.pub("t", b"stored") == OK
         real_pwrite = os.pwrite
         full = True
@@ -223,10 +157,10 @@ async def test_failed_write_answers_at_once_and_loses_nothing_stored(
         assert "No space left on device" in error.text
         assert running.broker.health.startswith("NOK - ")
         full = False
-        again = await connect(running.address)
+        again = await connect(running.tcp)
         assert await again.pub("t", b"after") == OK
         assert running.broker.health == "OK"
-        consumer = await connect(running.address)
+        consumer = await connect(running.tcp)
         await consumer.sub("t", "c", rdy=10)
         assert [(await consumer.message()).body for _ in range(2)] == [b"stored", b"after"]
 
@@ -237,17 +171,17 @@ def snapshot(source: Path, target: Path) -> None:
 
 
 async def test_kill9_snapshot_keeps_every_ok_and_every_unfinished_message(
-    nursery: trio.Nursery, tmp_path: Path, connect: Connect
+    start_daemon: StartDaemon, tmp_path: Path, connect: Connect
 ) -> None:
     with trio.fail_after(TIMEOUT):
         live = tmp_path / "live"
-        running = await durable(nursery, live, sync_timeout=60.0)
+        running = await durable(start_daemon, live, sync_timeout=60.0)
         daemon = running.broker
-        consumer = await connect(running.address, msg_timeout=60000)
+        consumer = await connect(running.tcp, msg_timeout=60000)
         await consumer.sub("t", "c", rdy=20)
-        other = await connect(running.address)
+        other = await connect(running.tcp)
         await other.sub("t", "d")  # a second channel, never read: it must hold everything
-        producer = await connect(running.address)
+        producer = await connect(running.tcp)
         published = [b"m%03d" % i for i in range(200)]
         for i in range(0, 200, 20):
             assert await producer.mpub("t", published[i : i + 20]) == OK
@@ -261,8 +195,8 @@ async def test_kill9_snapshot_keeps_every_ok_and_every_unfinished_message(
         await eventually(lambda: not daemon.syncer.busy)
         snapshot(live, tmp_path / "crashed")  # no await: the event loop stands still
 
-        restarted = await durable(nursery, tmp_path / "crashed")
-        consumer = await connect(restarted.address)
+        restarted = await durable(start_daemon, tmp_path / "crashed")
+        consumer = await connect(restarted.tcp)
         await consumer.sub("t", "c", rdy=300)
         delivered: list[bytes] = []
         with trio.move_on_after(1.0):
@@ -273,7 +207,7 @@ async def test_kill9_snapshot_keeps_every_ok_and_every_unfinished_message(
         # At least once: everything not finished, in flight included; finished ones may return.
         assert set(delivered) >= set(published) - finished
         assert set(in_flight) <= set(delivered)
-        reader = await connect(restarted.address)
+        reader = await connect(restarted.tcp)
         await reader.sub("t", "d", rdy=300)
         on_d: set[bytes] = set()
         with trio.move_on_after(1.0):
@@ -286,13 +220,13 @@ async def test_kill9_snapshot_keeps_every_ok_and_every_unfinished_message(
 
 
 async def test_clean_restart_delivers_exactly_the_unfinished_messages(
-    nursery: trio.Nursery, tmp_path: Path, connect: Connect
+    start_daemon: StartDaemon, tmp_path: Path, connect: Connect
 ) -> None:
     with trio.fail_after(TIMEOUT):
-        first = await durable(nursery, tmp_path)
-        consumer = await connect(first.address, msg_timeout=60000)
+        first = await durable(start_daemon, tmp_path)
+        consumer = await connect(first.tcp, msg_timeout=60000)
         await consumer.sub("t", "c", rdy=5)
-        producer = await connect(first.address)
+        producer = await connect(first.tcp)
         published = [b"m%d" % i for i in range(10)]
         assert await producer.mpub("t", published) == OK
         got = [await consumer.message() for _ in range(5)]
@@ -305,11 +239,11 @@ async def test_clean_restart_delivers_exactly_the_unfinished_messages(
         await eventually(lambda: channel.deferred_count == 2 and channel.in_flight_count == 1)
         await first.stop()
 
-        second = await durable(nursery, tmp_path)
+        second = await durable(start_daemon, tmp_path)
         channel = second.broker.topics["t"].channels["c"]
         assert isinstance(channel.backend, DiskQueue)
         assert channel.deferred_count == 2  # read back from the deferred store at start-up
-        consumer = await connect(second.address)
+        consumer = await connect(second.tcp)
         await consumer.sub("t", "c", rdy=20)
         delivered = []
         with trio.move_on_after(1.0):
@@ -325,14 +259,14 @@ async def test_clean_restart_delivers_exactly_the_unfinished_messages(
 
 
 async def test_a_failed_channel_write_is_retried_for_that_channel_only(
-    nursery: trio.Nursery, tmp_path: Path, connect: Connect, monkeypatch: pytest.MonkeyPatch
+    start_daemon: StartDaemon, tmp_path: Path, connect: Connect, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     with trio.fail_after(TIMEOUT):
-        running = await durable(nursery, tmp_path, sync_timeout=0.2)
+        running = await durable(start_daemon, tmp_path, sync_timeout=0.2)
         daemon = running.broker
-        ok_reader = await connect(running.address, heartbeat_interval=30000)
+        ok_reader = await connect(running.tcp, heartbeat_interval=30000)
         await ok_reader.sub("t", "ok", rdy=10)
-        bad_reader = await connect(running.address, heartbeat_interval=30000)
+        bad_reader = await connect(running.tcp, heartbeat_interval=30000)
         await bad_reader.sub("t", "bad", rdy=10)
         bad_queue = daemon.topics["t"].channels["bad"].backend
         assert isinstance(bad_queue, DiskQueue)
@@ -345,7 +279,7 @@ async def test_a_failed_channel_write_is_retried_for_that_channel_only(
             real_put(messages)
 
         monkeypatch.setattr(bad_queue, "put_many", put_many)
-        producer = await connect(running.address)
+        producer = await connect(running.tcp)
         assert await producer.mpub("t", [b"a", b"b"]) == OK
         assert [(await ok_reader.message()).body for _ in range(2)] == [b"a", b"b"]
         await eventually(lambda: daemon.health.startswith("NOK"))
@@ -361,13 +295,13 @@ async def test_a_failed_channel_write_is_retried_for_that_channel_only(
 
 
 async def test_deferred_messages_are_due_on_time_behind_a_backlog(
-    nursery: trio.Nursery, tmp_path: Path, connect: Connect
+    start_daemon: StartDaemon, tmp_path: Path, connect: Connect
 ) -> None:
     with trio.fail_after(TIMEOUT):
-        running = await durable(nursery, tmp_path, sync_timeout=0.1)
-        consumer = await connect(running.address, msg_timeout=60000)
+        running = await durable(start_daemon, tmp_path, sync_timeout=0.1)
+        consumer = await connect(running.tcp, msg_timeout=60000)
         await consumer.sub("t", "c", rdy=1)
-        producer = await connect(running.address)
+        producer = await connect(running.tcp)
         assert await producer.mpub("t", [b"backlog%d" % i for i in range(500)]) == OK
         assert await producer.dpub("t", 300, b"soon") == OK
         first = await consumer.message()

@@ -3,7 +3,7 @@
 Rules for this module (STYLE.md):
 - Real ``LmqDaemon``\\ s run in the test's nursery on 127.0.0.1 port 0 with ``data_path`` in
   ``tmp_path``; "restart" is a graceful shutdown (what SIGTERM does) and a new daemon on the same
-  directory. Clients speak raw V2 through ``wire.Wire``.
+  directory. Clients speak V2 through ``tests.support.wire.Wire``.
 - Timing tests run on ``clock`` (a ``MockClock`` that jumps only after 0.1 s of real idleness, so
   the daemon's worker-thread calls finish before virtual time moves) with the wall clock the
   storage reads tied to virtual time (``fake_wall``): stored deadlines are then exact, and tests
@@ -24,9 +24,8 @@ import trio.testing
 
 from lmqd.protocol import MessageFrame, Response
 from lmqd.storage import DataDirLocked, DiskQueue
-
-from .conftest import Connect
-from .wire import Running, eventually, start_daemon
+from tests.support.daemon import RunningDaemon, StartDaemon, eventually
+from tests.support.wire import Connect
 
 TIMEOUT = 300.0  # virtual seconds (the clock below jumps)
 TICK = 10.0
@@ -68,7 +67,7 @@ def body_set(n: int, prefix: bytes = b"m") -> set[bytes]:
 
 
 async def test_graceful_restart_loses_nothing_and_deferred_keep_their_time(
-    nursery: trio.Nursery,
+    start_daemon: StartDaemon,
     tmp_path: Path,
     connect: Connect,
     clock: trio.testing.MockClock,
@@ -76,10 +75,10 @@ async def test_graceful_restart_loses_nothing_and_deferred_keep_their_time(
     ticker: None,
 ) -> None:
     with trio.fail_after(TIMEOUT):
-        first = await start_daemon(nursery, tmp_path, mem_queue_size=4)
-        consumer = await connect(first.address, msg_timeout=60000)
+        first = await start_daemon(tmp_path, mem_queue_size=4)
+        consumer = await connect(first.tcp, msg_timeout=60000)
         await consumer.sub("t", "c", rdy=3)
-        producer = await connect(first.address)
+        producer = await connect(first.tcp)
         bodies = [b"m%d" % i for i in range(20)]
         assert await producer.mpub("t", bodies) == OK
         held = [await consumer.message() for _ in range(3)]  # in flight at the shutdown
@@ -96,10 +95,10 @@ async def test_graceful_restart_loses_nothing_and_deferred_keep_their_time(
         await trio.sleep(1)
         await first.stop()
 
-        second = await start_daemon(nursery, tmp_path, mem_queue_size=4)
+        second = await start_daemon(tmp_path, mem_queue_size=4)
         restarted = trio.current_time()
         assert set(second.broker.topics) == {"t", "kept"}
-        consumer = await connect(second.address, msg_timeout=60000)
+        consumer = await connect(second.tcp, msg_timeout=60000)
         await consumer.sub("t", "c", rdy=100)
         got: dict[bytes, MessageFrame] = {}
         while len(got) < 19:  # 17 never delivered + 2 that were in flight
@@ -118,7 +117,7 @@ async def test_graceful_restart_loses_nothing_and_deferred_keep_their_time(
         assert trio.current_time() == pytest.approx(deferred_at + 30.0, abs=1e-6)
         await consumer.fin(late.id)
 
-        other = await connect(second.address)
+        other = await connect(second.tcp)
         await other.sub("kept", "c", rdy=10)
         kept = {(await other.message()).body for _ in range(6)}
         # Order across a restart is not kept (nsqd's flush: memory after the disk's contents).
@@ -128,17 +127,17 @@ async def test_graceful_restart_loses_nothing_and_deferred_keep_their_time(
 
 @pytest.mark.parametrize("mem_queue_size", [0, 10])
 async def test_topic_and_channel_spill_to_disk_in_order(
-    nursery: trio.Nursery, tmp_path: Path, connect: Connect, mem_queue_size: int
+    start_daemon: StartDaemon, tmp_path: Path, connect: Connect, mem_queue_size: int
 ) -> None:
     with trio.fail_after(30):
-        running = await start_daemon(nursery, tmp_path, mem_queue_size=mem_queue_size)
-        producer = await connect(running.address)
+        running = await start_daemon(tmp_path, mem_queue_size=mem_queue_size)
+        producer = await connect(running.tcp)
         bodies = [b"s%d" % i for i in range(100)]
         assert await producer.mpub("spill", bodies) == OK
         topic = running.broker.topics["spill"]
         assert isinstance(topic.backend, DiskQueue)
         assert (topic.depth, topic.backend_depth) == (100, 100 - mem_queue_size)
-        consumer = await connect(running.address)
+        consumer = await connect(running.tcp)
         await consumer.sub("spill", "c")
         channel = topic.channels["c"]
         await eventually(lambda: topic.depth == 0)
@@ -154,10 +153,10 @@ async def test_topic_and_channel_spill_to_disk_in_order(
 
 
 async def test_metadata_restores_topics_channels_and_paused_flags(
-    nursery: trio.Nursery, tmp_path: Path
+    start_daemon: StartDaemon, tmp_path: Path
 ) -> None:
     with trio.fail_after(30):
-        first = await start_daemon(nursery, tmp_path)
+        first = await start_daemon(tmp_path)
         daemon = first.broker
         a = daemon.get_topic("a")
         a.get_channel("x").pause()
@@ -185,7 +184,7 @@ async def test_metadata_restores_topics_channels_and_paused_flags(
             p.name.startswith(("deleted", "e%23")) for p in await trio.Path(tmp_path).iterdir()
         )
 
-        second = await start_daemon(nursery, tmp_path)
+        second = await start_daemon(tmp_path)
         topics = second.broker.topics
         assert set(topics) == {"a", "b"}
         assert topics["a"].paused and not topics["b"].paused
@@ -195,55 +194,37 @@ async def test_metadata_restores_topics_channels_and_paused_flags(
         await second.stop()
 
 
-async def test_a_burst_of_creations_costs_few_metadata_writes(
-    nursery: trio.Nursery, tmp_path: Path
-) -> None:
-    with trio.fail_after(30):
-        running = await start_daemon(nursery, tmp_path)
-        syncer = running.broker.syncer
-        await eventually(lambda: not syncer.busy)
-        before = syncer.statistics().metadata_writes
-        for i in range(50):
-            running.broker.get_topic(f"burst{i}").get_channel("c")
-        await eventually(lambda: not syncer.busy)
-        writes = syncer.statistics().metadata_writes - before
-        assert 1 <= writes <= 2  # one, or two if a round had started during the burst
-        saved = json.loads((tmp_path / "lmqd.dat").read_text())
-        assert len(saved["topics"]) == 50
-        await running.stop()
-
-
 async def test_damaged_metadata_file_does_not_stop_the_daemon(
-    nursery: trio.Nursery, tmp_path: Path, connect: Connect
+    start_daemon: StartDaemon, tmp_path: Path, connect: Connect
 ) -> None:
     with trio.fail_after(30):
-        first = await start_daemon(nursery, tmp_path)
-        producer = await connect(first.address)
+        first = await start_daemon(tmp_path)
+        producer = await connect(first.tcp)
         assert await producer.pub("orders", b"one") == OK
-        consumer = await connect(first.address)
+        consumer = await connect(first.tcp)
         await consumer.sub("orders", "archive")
         first.broker.topics["orders"].pause()
         assert await producer.pub("orders", b"two") == OK
         await first.stop()
         (tmp_path / "lmqd.dat").write_bytes(b'{"topics": [{"name": ')  # torn
 
-        second = await start_daemon(nursery, tmp_path)
+        second = await start_daemon(tmp_path)
         # Restored from the queues' files (unpaused: the flag was only in the damaged file).
         assert (tmp_path / "lmqd.dat.bad").exists()
         topic = second.broker.topics["orders"]
         assert set(topic.channels) == {"archive"}
-        consumer = await connect(second.address)
+        consumer = await connect(second.tcp)
         await consumer.sub("orders", "archive", rdy=5)
         assert {(await consumer.message()).body for _ in range(2)} == {b"one", b"two"}
         await second.stop()
 
 
 async def test_corrupt_segment_does_not_stop_the_daemon(
-    nursery: trio.Nursery, tmp_path: Path, connect: Connect
+    start_daemon: StartDaemon, tmp_path: Path, connect: Connect
 ) -> None:
     with trio.fail_after(30):
-        first = await start_daemon(nursery, tmp_path, mem_queue_size=0)
-        producer = await connect(first.address)
+        first = await start_daemon(tmp_path, mem_queue_size=0)
+        producer = await connect(first.tcp)
         for i in range(3):
             assert await producer.pub("t", b"message-%d" % i) == OK
         await first.stop()
@@ -252,23 +233,23 @@ async def test_corrupt_segment_does_not_stop_the_daemon(
         data[data.index(b"message-1")] ^= 0xFF  # damage the second record's body
         (tmp_path / segment).write_bytes(bytes(data))
 
-        second = await start_daemon(nursery, tmp_path, mem_queue_size=0)
+        second = await start_daemon(tmp_path, mem_queue_size=0)
         topic = second.broker.topics["t"]
         assert isinstance(topic.backend, DiskQueue) and topic.backend.corrupt_count == 1
-        consumer = await connect(second.address)
+        consumer = await connect(second.tcp)
         await consumer.sub("t", "c", rdy=5)
         assert [(await consumer.message()).body for _ in range(2)] == [b"message-0", b"message-2"]
         await second.stop()
 
 
 async def test_second_daemon_on_the_same_data_path_fails_to_start(
-    nursery: trio.Nursery, tmp_path: Path
+    start_daemon: StartDaemon, tmp_path: Path
 ) -> None:
     with trio.fail_after(30):
-        first: Running = await start_daemon(nursery, tmp_path)
+        first: RunningDaemon = await start_daemon(tmp_path)
         with pytest.raises(DataDirLocked, match="in use by another lmqd"):
-            await start_daemon(nursery, tmp_path)
+            await start_daemon(tmp_path)
         assert first.broker.addresses is not None  # the first one is unaffected
         await first.stop()
-        again = await start_daemon(nursery, tmp_path)  # released at shutdown
+        again = await start_daemon(tmp_path)  # released at shutdown
         await again.stop()

@@ -1,9 +1,11 @@
 """The TCP connection handler driven over in-memory streams, on trio's autojump clock.
 
 Rules for this module (STYLE.md):
-- A real ``LmqDaemon`` runs (listening on 127.0.0.1 port 0, unused); each test client talks to a
-  ``TcpClient`` through ``trio.testing.memory_stream_pair()`` so virtual time is exact.
-- Bytes are written and checked raw, as a client would see them: frames are read by size.
+- A real ``LmqDaemon`` runs (``start_daemon``: listening on 127.0.0.1 port 0, unused); each test
+  client is a ``Wire`` talking to a ``TcpConnection`` through ``serve_in_memory`` (a
+  ``trio.testing.memory_stream_pair()``), so virtual time is exact.
+- Commands are written as raw bytes (``tests.support.rawbytes``), several to a buffer where that
+  is the point; frames are read back through ``ClientConnection``, heartbeats included.
 - Every timeout assertion is an exact virtual time.
 """
 
@@ -11,106 +13,39 @@ from __future__ import annotations
 
 import json
 import struct
-from collections.abc import AsyncIterator
 
 import pytest
 import trio
 import trio.testing
 
 from lmqd.broker import Broker
-from lmqd.options import Options
-from lmqd.server import TcpConnection
-from lmqd.service import LmqDaemon
-
-MAGIC = b"  V2"
-
-
-def pub(topic: str, body: bytes) -> bytes:
-    return f"PUB {topic}\n".encode() + struct.pack(">i", len(body)) + body
-
-
-def identify(**fields: object) -> bytes:
-    body = json.dumps(fields).encode()
-    return b"IDENTIFY\n" + struct.pack(">i", len(body)) + body
-
-
-class RawClient:
-    """The client end of one connection: send bytes, read frames by their size prefix."""
-
-    def __init__(self, stream: trio.abc.Stream) -> None:
-        self.stream = stream
-        self.buffer = bytearray()
-
-    async def send(self, data: bytes) -> None:
-        await self.stream.send_all(data)
-
-    async def frame(self) -> tuple[int, bytes]:
-        while True:
-            if len(self.buffer) >= 4:
-                (size,) = struct.unpack(">i", self.buffer[:4])
-                if len(self.buffer) >= 4 + size:
-                    frame_type = struct.unpack(">i", self.buffer[4:8])[0]
-                    data = bytes(self.buffer[8 : 4 + size])
-                    del self.buffer[: 4 + size]
-                    return frame_type, data
-            chunk = await self.stream.receive_some(65536)
-            if not chunk:
-                raise EOFError("connection closed")
-            self.buffer += chunk
-
-    async def response(self) -> bytes:
-        frame_type, data = await self.frame()
-        assert frame_type == 0, (frame_type, data)
-        return data
-
-    async def error(self) -> bytes:
-        frame_type, data = await self.frame()
-        assert frame_type == 1, (frame_type, data)
-        return data
-
-    async def message(self) -> tuple[int, int, bytes, bytes]:
-        frame_type, data = await self.frame()
-        assert frame_type == 2, (frame_type, data)
-        timestamp, attempts = struct.unpack(">qH", data[:10])
-        return timestamp, attempts, data[10:26], data[26:]
-
-    async def closed(self) -> bool:
-        """True once the server has closed the connection (after any frames pending)."""
-        try:
-            while True:
-                await self.frame()
-        except (EOFError, trio.BrokenResourceError, trio.ClosedResourceError):
-            return True
+from lmqd.protocol import Error
+from tests.support.daemon import StartDaemon, serve_in_memory
+from tests.support.rawbytes import MAGIC_V2, identify, pub
+from tests.support.wire import Wire
 
 
 @pytest.fixture
-async def daemon(nursery: trio.Nursery, tmp_path: object) -> AsyncIterator[Broker]:
-    options = Options(tcp_address="127.0.0.1:0", http_address="", data_path=str(tmp_path))
-    lmqd = LmqDaemon(options)
-    await nursery.start(lmqd.run)
-    yield lmqd.broker
-    lmqd.shutdown()
+async def daemon(start_daemon: StartDaemon) -> Broker:
+    """The broker of a daemon with the default options."""
+    return (await start_daemon()).broker
 
 
-async def connect(daemon: Broker, nursery: trio.Nursery, name: str = "test") -> RawClient:
-    client_end, server_end = trio.testing.memory_stream_pair()
-    handler = TcpConnection(daemon, server_end, f"{name}:1")
-
-    async def serve() -> None:
-        try:
-            await handler.serve()
-        finally:
-            await server_end.aclose()  # as lmqd.server.tcp does for a socket
-
-    nursery.start_soon(serve)
-    client = RawClient(client_end)
-    await client.send(MAGIC)
+async def connect(daemon: Broker, nursery: trio.Nursery, name: str = "test") -> Wire:
+    """A client connection to ``daemon`` past the magic; heartbeats come back as frames."""
+    client = Wire(serve_in_memory(daemon, nursery, f"{name}:1"), answer_heartbeats=False)
+    await client.send(MAGIC_V2)
     return client
+
+
+def as_sent(error: Error) -> bytes:
+    """An error frame's data as the daemon sent it: the code, a space, the text."""
+    return f"{error.code} {error.text}".encode()
 
 
 async def subscriber(
     daemon: Broker, nursery: trio.Nursery, topic: str, channel: str, rdy: int, **ident: object
-) -> RawClient:
+) -> Wire:
     client = await connect(daemon, nursery)
     if ident:
         await client.send(identify(**ident))
@@ -129,11 +64,11 @@ async def test_pub_sub_fin_round_trip(
     assert await producer.response() == b"OK"
     assert await producer.response() == b"OK"
     consumer = await subscriber(daemon, nursery, "orders", "c", rdy=10)
-    _, attempts, msg_id, body = await consumer.message()
-    assert (attempts, body) == (1, b"hello")
-    _, _, msg_id2, body2 = await consumer.message()
-    assert body2 == b"world"
-    await consumer.send(b"FIN " + msg_id + b"\nFIN " + msg_id2 + b"\n")
+    first = await consumer.message()
+    assert (first.attempts, first.body) == (1, b"hello")
+    second = await consumer.message()
+    assert second.body == b"world"
+    await consumer.send(b"FIN " + first.id + b"\nFIN " + second.id + b"\n")
     await trio.testing.wait_all_tasks_blocked()
     channel = daemon.topics["orders"].channels["c"]
     assert (channel.in_flight_count, channel.depth) == (0, 0)
@@ -178,11 +113,11 @@ async def test_message_timeout_redelivers_with_attempts_two(
     producer = await connect(daemon, nursery)
     await producer.send(pub("t", b"x"))
     await producer.response()
-    _, attempts, msg_id, _ = await consumer.message()
+    first = await consumer.message()
     delivered = trio.current_time()
-    assert attempts == 1
-    _, attempts, msg_id2, body = await consumer.message()
-    assert (attempts, msg_id2, body) == (2, msg_id, b"x")
+    assert first.attempts == 1
+    again = await consumer.message()
+    assert (again.attempts, again.id, again.body) == (2, first.id, b"x")
     assert trio.current_time() == delivered + 5.0
     assert daemon.topics["t"].channels["c"].timeout_count == 1
 
@@ -194,29 +129,23 @@ async def test_req_with_delay_redelivers_exactly_then(
     producer = await connect(daemon, nursery)
     await producer.send(pub("t", b"x"))
     await producer.response()
-    _, _, msg_id, _ = await consumer.message()
+    msg_id = (await consumer.message()).id
     requeued = trio.current_time()
     await consumer.send(b"REQ " + msg_id + b" 2000\n")
-    _, attempts, _, _ = await consumer.message()
-    assert attempts == 2
+    assert (await consumer.message()).attempts == 2
     assert trio.current_time() == requeued + 2.0
 
 
 async def test_req_delay_is_clamped_to_max_req_timeout(
-    nursery: trio.Nursery, tmp_path: object, autojump_clock: trio.testing.MockClock
+    start_daemon: StartDaemon, nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
 ) -> None:
-    options = Options(
-        tcp_address="127.0.0.1:0", http_address="", data_path=str(tmp_path), max_req_timeout=10.0
-    )
-    lmqd = LmqDaemon(options)
-    await nursery.start(lmqd.run)
+    lmqd = await start_daemon(max_req_timeout=10.0)
     consumer = await subscriber(lmqd.broker, nursery, "t", "c", rdy=1, heartbeat_interval=60000)
     lmqd.broker.publish("t", [b"x"])
-    _, _, msg_id, _ = await consumer.message()
+    msg_id = (await consumer.message()).id
     requeued = trio.current_time()
     await consumer.send(b"REQ " + msg_id + b" 99999999\n")  # clamped, not an error (nsqd)
-    _, attempts, _, _ = await consumer.message()
-    assert attempts == 2
+    assert (await consumer.message()).attempts == 2
     assert trio.current_time() == requeued + 10.0
     lmqd.shutdown()
 
@@ -229,8 +158,7 @@ async def test_dpub_delivers_at_its_time(
     sent = trio.current_time()
     await producer.send(b"DPUB t 1500\n" + struct.pack(">i", 5) + b"later")
     assert await producer.response() == b"OK"
-    _, _, _, body = await consumer.message()
-    assert body == b"later"
+    assert (await consumer.message()).body == b"later"
     assert trio.current_time() == sent + 1.5
 
 
@@ -241,12 +169,11 @@ async def test_touch_extends_deadline(
         daemon, nursery, "t", "c", rdy=1, msg_timeout=4000, heartbeat_interval=60000
     )
     daemon.publish("t", [b"x"])
-    _, _, msg_id, _ = await consumer.message()
+    msg_id = (await consumer.message()).id
     delivered = trio.current_time()
     await trio.sleep(3)
     await consumer.send(b"TOUCH " + msg_id + b"\n")
-    _, attempts, _, _ = await consumer.message()
-    assert attempts == 2
+    assert (await consumer.message()).attempts == 2
     assert trio.current_time() == delivered + 3.0 + 4.0
 
 
@@ -255,12 +182,12 @@ async def test_disconnect_requeues_in_flight_at_once(
 ) -> None:
     first = await subscriber(daemon, nursery, "t", "c", rdy=1)
     daemon.publish("t", [b"x"])
-    _, _, msg_id, _ = await first.message()
+    msg_id = (await first.message()).id
     second = await subscriber(daemon, nursery, "t", "c", rdy=1)
     left = trio.current_time()
     await first.stream.aclose()
-    _, attempts, msg_id2, _ = await second.message()
-    assert (msg_id2, attempts) == (msg_id, 2)
+    again = await second.message()
+    assert (again.id, again.attempts) == (msg_id, 2)
     assert trio.current_time() == left  # not after the 60 s msg timeout, as nsqd would
 
 
@@ -269,7 +196,7 @@ async def test_rdy_zero_stops_delivery_and_window_is_respected(
 ) -> None:
     consumer = await subscriber(daemon, nursery, "t", "c", rdy=2)
     daemon.publish("t", [b"1", b"2", b"3"])
-    ids = [(await consumer.message())[2] for _ in range(2)]
+    ids = [(await consumer.message()).id for _ in range(2)]
     await trio.testing.wait_all_tasks_blocked()
     channel = daemon.topics["t"].channels["c"]
     assert (channel.in_flight_count, channel.depth) == (2, 1)  # RDY is a window: 2 in flight
@@ -277,7 +204,7 @@ async def test_rdy_zero_stops_delivery_and_window_is_respected(
     await trio.testing.wait_all_tasks_blocked()
     assert (channel.in_flight_count, channel.depth) == (1, 1)  # freed, but RDY 0 sends nothing
     await consumer.send(b"RDY 1\nFIN " + ids[1] + b"\n")
-    assert (await consumer.message())[3] == b"3"
+    assert (await consumer.message()).body == b"3"
 
 
 async def test_rdy_over_max_rdy_count_is_fatal(
@@ -285,7 +212,7 @@ async def test_rdy_over_max_rdy_count_is_fatal(
 ) -> None:
     consumer = await subscriber(daemon, nursery, "t", "c", rdy=2500)
     await consumer.send(b"RDY 2501\n")
-    assert await consumer.error() == b"E_INVALID RDY count 2501 out of range 0-2500"
+    assert as_sent(await consumer.error()) == b"E_INVALID RDY count 2501 out of range 0-2500"
     assert await consumer.closed()
 
 
@@ -294,9 +221,11 @@ async def test_fin_unknown_id_is_not_fatal(
 ) -> None:
     consumer = await subscriber(daemon, nursery, "t", "c", rdy=1)
     await consumer.send(b"FIN 0123456789abcdef\n")
-    assert await consumer.error() == b"E_FIN_FAILED FIN 0123456789abcdef failed ID not in flight"
+    assert as_sent(await consumer.error()) == (
+        b"E_FIN_FAILED FIN 0123456789abcdef failed ID not in flight"
+    )
     daemon.publish("t", [b"still here"])
-    assert (await consumer.message())[3] == b"still here"
+    assert (await consumer.message()).body == b"still here"
 
 
 async def test_responses_before_a_fatal_error_are_sent_first(
@@ -305,7 +234,7 @@ async def test_responses_before_a_fatal_error_are_sent_first(
     client = await connect(daemon, nursery)
     await client.send(pub("t", b"a") + b"ASDF\n" + pub("t", b"never"))
     assert await client.response() == b"OK"
-    assert await client.error() == b"E_INVALID invalid command ASDF"
+    assert as_sent(await client.error()) == b"E_INVALID invalid command ASDF"
     assert await client.closed()
     assert daemon.topics["t"].message_count == 1
 
@@ -339,7 +268,7 @@ async def test_deleting_a_channel_closes_its_consumers_connections(
     daemon.topics["t"].delete_channel("c")
     assert await consumer.closed()
     daemon.publish("t", [b"x"])
-    assert (await other.message())[3] == b"x"
+    assert (await other.message()).body == b"x"
 
 
 async def test_a_buffer_of_fins_with_one_unknown_id(
@@ -347,9 +276,11 @@ async def test_a_buffer_of_fins_with_one_unknown_id(
 ) -> None:
     consumer = await subscriber(daemon, nursery, "t", "c", rdy=3)
     daemon.publish("t", [b"1", b"2"])
-    ids = [(await consumer.message())[2] for _ in range(2)]
+    ids = [(await consumer.message()).id for _ in range(2)]
     await consumer.send(b"FIN " + ids[0] + b"\nFIN ffffffffffffffff\nFIN " + ids[1] + b"\n")
-    assert await consumer.error() == b"E_FIN_FAILED FIN ffffffffffffffff failed ID not in flight"
+    assert as_sent(await consumer.error()) == (
+        b"E_FIN_FAILED FIN ffffffffffffffff failed ID not in flight"
+    )
     await trio.testing.wait_all_tasks_blocked()
     assert daemon.topics["t"].channels["c"].in_flight_count == 0
 

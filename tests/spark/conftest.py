@@ -1,7 +1,7 @@
 """Fixtures for the Spark sink tests: one local SparkSession, real lmqd daemons, a checker.
 
 Rules for this package: daemons are ``lmqd`` subprocesses on 127.0.0.1 with port 0 (the
-``start_lmqd`` helper of tests/conftest.py), data in pytest's temporary directories; Spark runs
+``start_lmqd`` of tests/support/process.py), data in pytest's temporary directories; Spark runs
 ``local[2]`` with loopback addresses, no UI and 2 shuffle partitions, and starts once per session
 (~15 s); every Spark job is bounded by ``spark_guard`` (jobs cancelled, test failed) and every
 wait for messages by a timeout, so a broken sink fails instead of hanging. Each test publishes to
@@ -19,11 +19,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import LmqdServer, start_lmqd, stop_lmqd
 from pyspark.sql import SparkSession
 
 from lmq_client.spark import local_session
 from lmq_client.sync import Consumer
+from tests.support.process import LmqdProcess, start_lmqd, stop_lmqd
 
 # A Spark job in these tests handles at most a few thousand rows: seconds on an idle machine.
 # The bound is generous for a loaded 2-core CI box, yet fails a hung job long before CI's limit.
@@ -63,9 +63,9 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
 
 
 @pytest.fixture(scope="session")
-def daemons(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[LmqdServer]]:
+def daemons(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[LmqdProcess]]:
     """Two lmqd daemons shared by the package (tests use their own topics)."""
-    started: list[LmqdServer] = []
+    started: list[LmqdProcess] = []
     try:
         for i in range(2):
             started.append(start_lmqd(tmp_path_factory.mktemp(f"lmqd{i}"), []))
@@ -76,7 +76,7 @@ def daemons(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[LmqdServe
 
 
 @pytest.fixture
-def daemon(daemons: list[LmqdServer]) -> LmqdServer:
+def daemon(daemons: list[LmqdProcess]) -> LmqdProcess:
     """The first shared daemon."""
     return daemons[0]
 

@@ -15,11 +15,11 @@ import socket
 import struct
 import threading
 import time
-from typing import TYPE_CHECKING
 
 import pytest
 
-from .wire import (
+from tests.support.process import LmqdProcess
+from tests.support.rawbytes import (
     FRAME_ERROR,
     FRAME_RESPONSE,
     HEARTBEAT,
@@ -36,9 +36,6 @@ from .wire import (
     unique,
 )
 
-if TYPE_CHECKING:
-    from conftest import LmqdServer
-
 LMQD_ARGS: tuple[str, ...] = ()
 
 # lmqd's command-line limit (lmqd/protocol/limits.py MAX_LINE_LENGTH; nsqd's bufio size).
@@ -54,13 +51,13 @@ MAX_LINE_LENGTH = 16 * 1024
         pytest.param(b"V2  PUB t\n", id="shifted-magic"),
     ],
 )
-def test_garbage_instead_of_magic(daemon: LmqdServer, garbage: bytes) -> None:
+def test_garbage_instead_of_magic(daemon: LmqdProcess, garbage: bytes) -> None:
     with NsqSocket(daemon.tcp_address, magic=False) as conn:
         conn.send(garbage)
         conn.expect_fatal_error(b"E_BAD_PROTOCOL")
 
 
-def test_magic_then_disconnect_and_half_magic(daemon: LmqdServer) -> None:
+def test_magic_then_disconnect_and_half_magic(daemon: LmqdProcess) -> None:
     # nsqd closes silently when the 4 magic bytes never arrive (#1153); the daemon must not care.
     with NsqSocket(daemon.tcp_address, magic=False) as conn:
         conn.send(b"  ")
@@ -82,13 +79,13 @@ def test_magic_then_disconnect_and_half_magic(daemon: LmqdServer) -> None:
         pytest.param(b" PUB topic\n", b"E_INVALID invalid command ", id="leading-space"),
     ],
 )
-def test_garbage_after_magic(daemon: LmqdServer, line: bytes, error: bytes) -> None:
+def test_garbage_after_magic(daemon: LmqdProcess, line: bytes, error: bytes) -> None:
     with NsqSocket(daemon.tcp_address) as conn:
         conn.send(line)
         conn.expect_fatal_error(error)
 
 
-def test_valid_commands_before_garbage_are_answered_first(daemon: LmqdServer) -> None:
+def test_valid_commands_before_garbage_are_answered_first(daemon: LmqdProcess) -> None:
     topic = unique("before_garbage")
     with NsqSocket(daemon.tcp_address) as conn:
         conn.send(
@@ -109,13 +106,13 @@ def test_valid_commands_before_garbage_are_answered_first(daemon: LmqdServer) ->
             consumer.read_skipping_heartbeats(timeout=0.3)
 
 
-def test_over_long_command_line_is_refused(daemon: LmqdServer) -> None:
+def test_over_long_command_line_is_refused(daemon: LmqdProcess) -> None:
     with NsqSocket(daemon.tcp_address) as conn:
         conn.send(b"PUB " + b"a" * (MAX_LINE_LENGTH + 4096))
         conn.expect_fatal_error(b"E_INVALID command line too long (limit 16384 bytes)")
 
 
-def test_endless_command_line_is_not_buffered(daemon: LmqdServer) -> None:
+def test_endless_command_line_is_not_buffered(daemon: LmqdProcess) -> None:
     # A client streaming a line that never ends: the daemon must cut it off after a bounded
     # amount, so our sendall() of 64 MiB has to fail long before it completes.
     before = daemon.rss_bytes()
@@ -133,7 +130,7 @@ def test_endless_command_line_is_not_buffered(daemon: LmqdServer) -> None:
     assert daemon.rss_bytes() - before < 32 * 1024 * 1024
 
 
-def test_commands_split_at_every_byte(daemon: LmqdServer) -> None:
+def test_commands_split_at_every_byte(daemon: LmqdProcess) -> None:
     # Commands trickling in one byte per send are parsed by size, not by read boundaries.
     topic = unique("trickle")
     with NsqSocket(daemon.tcp_address) as consumer, NsqSocket(daemon.tcp_address) as producer:
@@ -153,7 +150,7 @@ def test_commands_split_at_every_byte(daemon: LmqdServer) -> None:
         assert sorted(received) == [b"1", b"22", b"a\nb c"]
 
 
-def test_many_commands_in_one_send(daemon: LmqdServer) -> None:
+def test_many_commands_in_one_send(daemon: LmqdProcess) -> None:
     topic = unique("coalesced")
     count = 2000
     with NsqSocket(daemon.tcp_address) as consumer, NsqSocket(daemon.tcp_address) as producer:
@@ -214,7 +211,7 @@ def test_many_commands_in_one_send(daemon: LmqdServer) -> None:
         ),
     ],
 )
-def test_mpub_parts_that_do_not_add_up(daemon: LmqdServer, payload: bytes, error: bytes) -> None:
+def test_mpub_parts_that_do_not_add_up(daemon: LmqdProcess, payload: bytes, error: bytes) -> None:
     topic = unique("mpub_mismatch")
     with NsqSocket(daemon.tcp_address) as conn:
         # The good MPUB first shows that the bad one's error belongs to it alone.
@@ -240,7 +237,7 @@ def test_mpub_parts_that_do_not_add_up(daemon: LmqdServer, payload: bytes, error
         pytest.param(b"IDENTIFY\n" + struct.pack(">l", 100) + b'{"client_id":', id="identify"),
     ],
 )
-def test_half_sent_frame_then_disconnect(daemon: LmqdServer, partial: bytes) -> None:
+def test_half_sent_frame_then_disconnect(daemon: LmqdProcess, partial: bytes) -> None:
     with NsqSocket(daemon.tcp_address) as conn:
         conn.send(partial)
     # Nothing of the torn command may have been published.
@@ -250,7 +247,7 @@ def test_half_sent_frame_then_disconnect(daemon: LmqdServer, partial: bytes) -> 
             consumer.read_skipping_heartbeats(timeout=0.3)
 
 
-def test_half_sent_frame_then_silence_is_dropped_after_two_heartbeats(daemon: LmqdServer) -> None:
+def test_half_sent_frame_then_silence_is_dropped_after_two_heartbeats(daemon: LmqdProcess) -> None:
     with NsqSocket(daemon.tcp_address) as conn:
         conn.send(identify(heartbeat_interval=1000, feature_negotiation=False))
         conn.expect_response()
@@ -269,7 +266,7 @@ def test_half_sent_frame_then_silence_is_dropped_after_two_heartbeats(daemon: Lm
     assert set(frames) <= allowed, frames
 
 
-def test_idle_connection_answering_heartbeats_is_kept(daemon: LmqdServer) -> None:
+def test_idle_connection_answering_heartbeats_is_kept(daemon: LmqdProcess) -> None:
     # The counterpart of the previous case: NOP answers keep a connection alive past 2 intervals.
     with NsqSocket(daemon.tcp_address) as conn:
         conn.send(identify(heartbeat_interval=1000, feature_negotiation=False))
@@ -289,7 +286,7 @@ def test_idle_connection_answering_heartbeats_is_kept(daemon: LmqdServer) -> Non
         conn.expect_response()
 
 
-def test_bad_input_on_one_connection_leaves_others_alone(daemon: LmqdServer) -> None:
+def test_bad_input_on_one_connection_leaves_others_alone(daemon: LmqdProcess) -> None:
     topic = unique("bystander")
     with NsqSocket(daemon.tcp_address) as consumer, NsqSocket(daemon.tcp_address) as producer:
         consumer.subscribe(topic, "c", ready=100)
@@ -304,7 +301,7 @@ def test_bad_input_on_one_connection_leaves_others_alone(daemon: LmqdServer) -> 
             consumer.send(fin(message.id))
 
 
-def test_abrupt_disconnects_while_subscribed(daemon: LmqdServer) -> None:
+def test_abrupt_disconnects_while_subscribed(daemon: LmqdProcess) -> None:
     # Consumers that vanish with messages in flight: the messages go to the next consumer.
     topic = unique("vanish")
     with NsqSocket(daemon.tcp_address) as producer:
@@ -326,7 +323,7 @@ def test_abrupt_disconnects_while_subscribed(daemon: LmqdServer) -> None:
         assert bodies == {b"%d" % i for i in range(10)}
 
 
-def test_subscriber_that_never_sends_rdy_gets_nothing(daemon: LmqdServer) -> None:
+def test_subscriber_that_never_sends_rdy_gets_nothing(daemon: LmqdProcess) -> None:
     topic = unique("no_rdy")
     with NsqSocket(daemon.tcp_address) as idle, NsqSocket(daemon.tcp_address) as producer:
         idle.send(sub(topic, "c"))
@@ -339,7 +336,7 @@ def test_subscriber_that_never_sends_rdy_gets_nothing(daemon: LmqdServer) -> Non
         assert idle.read_message().body == b"x"
 
 
-def test_writes_after_fatal_error_are_ignored(daemon: LmqdServer) -> None:
+def test_writes_after_fatal_error_are_ignored(daemon: LmqdProcess) -> None:
     # A client that keeps writing after its fatal error: the daemon closes, reads nothing more.
     topic = unique("after_fatal")
     with NsqSocket(daemon.tcp_address) as conn:
@@ -365,7 +362,7 @@ def test_writes_after_fatal_error_are_ignored(daemon: LmqdServer) -> None:
             consumer.read_skipping_heartbeats(timeout=0.3)
 
 
-def test_magic_twice(daemon: LmqdServer) -> None:
+def test_magic_twice(daemon: LmqdProcess) -> None:
     # The second "  V2" is a command line starting with two spaces: nsqd splits it on spaces and
     # the empty first field is the command.
     with NsqSocket(daemon.tcp_address) as conn:

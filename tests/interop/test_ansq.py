@@ -8,19 +8,16 @@ Rules for this module (see STYLE.md, Tests):
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import pytest
 
-from .runner import assert_every_message_once, run_client
+from tests.support.process import LmqdProcess
 
-if TYPE_CHECKING:
-    from conftest import LmqdServer
+from .runner import assert_every_message_once, run_client
 
 pytestmark = pytest.mark.interop
 
 
-def test_2000_messages_across_three_readers(lmqd_server: LmqdServer) -> None:
+def test_2000_messages_across_three_readers(lmqd_server: LmqdProcess) -> None:
     count, batch, single = 2000, 100, 50
     result = run_client(
         "ansq",
@@ -42,7 +39,7 @@ def test_2000_messages_across_three_readers(lmqd_server: LmqdServer) -> None:
     )
 
 
-def test_exactly_one_heartbeat_within_1_1s_of_identify(lmqd_server: LmqdServer) -> None:
+def test_exactly_one_heartbeat_within_1_1s_of_identify(lmqd_server: LmqdProcess) -> None:
     # ansq's expectation: the heartbeat ticker is replaced at IDENTIFY (heartbeat_interval=1000).
     result = run_client(
         "ansq", "heartbeat", timeout=20, address=lmqd_server.tcp_address, more_s=1.2
@@ -53,7 +50,7 @@ def test_exactly_one_heartbeat_within_1_1s_of_identify(lmqd_server: LmqdServer) 
     assert result["connected_after"] is True
 
 
-def test_msg_timeout_1000_redelivers_with_attempts_2(lmqd_server: LmqdServer) -> None:
+def test_msg_timeout_1000_redelivers_with_attempts_2(lmqd_server: LmqdProcess) -> None:
     result = run_client(
         "ansq",
         "msg_timeout",
@@ -72,7 +69,7 @@ def test_msg_timeout_1000_redelivers_with_attempts_2(lmqd_server: LmqdServer) ->
     assert result["connected_after"] is True
 
 
-def test_invalid_command_returns_the_error_and_connection_closes(lmqd_server: LmqdServer) -> None:
+def test_invalid_command_returns_the_error_and_connection_closes(lmqd_server: LmqdProcess) -> None:
     result = run_client(
         "ansq", "raw_error", timeout=20, address=lmqd_server.tcp_address, command="ASDF"
     )
@@ -83,7 +80,7 @@ def test_invalid_command_returns_the_error_and_connection_closes(lmqd_server: Lm
     assert result["closed_after"] is True
 
 
-def test_rdy_before_sub_logs_the_exact_error(lmqd_server: LmqdServer) -> None:
+def test_rdy_before_sub_logs_the_exact_error(lmqd_server: LmqdProcess) -> None:
     # ansq's own suite asserts this log text.
     result = run_client("ansq", "rdy_before_sub", timeout=20, address=lmqd_server.tcp_address)
     assert "[E_INVALID] cannot RDY in current state" in result["logged"], result

@@ -5,7 +5,10 @@ from __future__ import annotations
 import time
 
 import pytest
-from protocol_helpers import (
+
+from lmqd.protocol import Limits, Nop, ProtocolError, Pub, ServerConnection
+
+from .feeding import (
     MAGIC,
     MODES,
     MSG_ID,
@@ -17,8 +20,6 @@ from protocol_helpers import (
     size,
     sized,
 )
-
-from lmqd.protocol import Limits, Nop, ProtocolError, Pub, ServerConnection
 
 CLOSING = SUBSCRIBE + b"CLS\n"
 SMALL = Limits(max_msg_size=100, max_body_size=1000, max_rdy_count=50)

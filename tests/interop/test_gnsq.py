@@ -9,19 +9,17 @@ Rules for this module (see STYLE.md, Tests):
 from __future__ import annotations
 
 import itertools
-from typing import TYPE_CHECKING
 
 import pytest
 
-from .runner import assert_every_message_once, run_client
+from tests.support.process import LmqdProcess
 
-if TYPE_CHECKING:
-    from conftest import LmqdServer
+from .runner import assert_every_message_once, run_client
 
 pytestmark = pytest.mark.interop
 
 
-def test_2000_messages_across_three_consumers(lmqd_server: LmqdServer) -> None:
+def test_2000_messages_across_three_consumers(lmqd_server: LmqdProcess) -> None:
     count, batch, single = 2000, 100, 50
     result = run_client(
         "gnsq",
@@ -43,7 +41,7 @@ def test_2000_messages_across_three_consumers(lmqd_server: LmqdServer) -> None:
     )
 
 
-def test_invalid_command_surfaces_as_nsqinvalid(lmqd_server: LmqdServer) -> None:
+def test_invalid_command_surfaces_as_nsqinvalid(lmqd_server: LmqdProcess) -> None:
     result = run_client(
         "gnsq", "raw_error", timeout=20, address=lmqd_server.tcp_address, command="ASDF\n"
     )
@@ -54,7 +52,7 @@ def test_invalid_command_surfaces_as_nsqinvalid(lmqd_server: LmqdServer) -> None
     assert result["connected_after"] is False
 
 
-def test_cls_before_sub_is_e_invalid(lmqd_server: LmqdServer) -> None:
+def test_cls_before_sub_is_e_invalid(lmqd_server: LmqdProcess) -> None:
     # From gnsq's own test suite.
     result = run_client("gnsq", "cls_before_sub", timeout=20, address=lmqd_server.tcp_address)
     assert result["frame"] == 1
@@ -63,7 +61,7 @@ def test_cls_before_sub_is_e_invalid(lmqd_server: LmqdServer) -> None:
     assert result["connected_after"] is False
 
 
-def test_heartbeats_every_second_keep_the_connection(lmqd_server: LmqdServer) -> None:
+def test_heartbeats_every_second_keep_the_connection(lmqd_server: LmqdProcess) -> None:
     result = run_client(
         "gnsq", "heartbeat", timeout=20, address=lmqd_server.tcp_address, topic="hb", seconds=2.9
     )
@@ -76,7 +74,7 @@ def test_heartbeats_every_second_keep_the_connection(lmqd_server: LmqdServer) ->
     assert (result["publish_frame"], result["publish_response"]) == (0, "OK")
 
 
-def test_http_stats_depths(lmqd_server: LmqdServer) -> None:
+def test_http_stats_depths(lmqd_server: LmqdProcess) -> None:
     http = lmqd_server.http_address
     assert http is not None, "lmqd logged no 'HTTP: listening on' line"
     result = run_client(

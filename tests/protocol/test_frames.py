@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from protocol_helpers import MODES, MSG_ID, client_feed, size
 
 from lmqd.message import Message
 from lmqd.protocol import (
@@ -25,6 +24,8 @@ from lmqd.protocol import (
     errors,
     message_frame_parts,
 )
+
+from .feeding import MODES, MSG_ID, client_feed, size
 
 TS = 1_700_000_000_123_456_789
 

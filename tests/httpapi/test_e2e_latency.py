@@ -13,17 +13,13 @@ import random
 
 import pytest
 import trio
-from httpwire import (
-    StartDaemon,
-    V2Client,
-    eventually,
-    http,
-    start_daemon_fixture,  # noqa: F401 - the start_daemon fixture
-)
 
 from lmqd.engine.e2e import E2eLatencyStream, new_stream
 from lmqd.options import Options
 from lmqd.stats import NO_E2E_LATENCY, E2eLatency, Percentile
+from tests.support.daemon import StartDaemon, eventually
+from tests.support.http import http
+from tests.support.wire import OK, Wire
 
 
 def values(result: E2eLatency) -> list[float]:
@@ -151,12 +147,12 @@ async def test_stats_report_percentiles_of_finished_messages(start_daemon: Start
     """Through the real daemon: FINs over TCP feed the channel's stream; /stats shows the
     configured percentiles for the channel and, merged, for its topic."""
     with trio.fail_after(10):
-        running = await start_daemon(e2e_processing_latency_percentiles=(0.5, 0.99))
-        consumer = await V2Client.connect(running.tcp)
-        await consumer.subscribe("lat", "c", rdy=10)
-        producer = await V2Client.connect(running.tcp)
+        running = await start_daemon(http=True, e2e_processing_latency_percentiles=(0.5, 0.99))
+        consumer = await Wire.connect(running.tcp)
+        await consumer.sub("lat", "c", rdy=10)
+        producer = await Wire.connect(running.tcp)
         for i in range(5):
-            await producer.publish("lat", b"m%d" % i)
+            assert await producer.pub("lat", b"m%d" % i) == OK
         for _ in range(5):
             message = await consumer.message()
             await consumer.send(b"FIN " + message.id + b"\n")

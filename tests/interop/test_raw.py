@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import socket
 import struct
-from typing import TYPE_CHECKING
 
 import pytest
 
-if TYPE_CHECKING:
-    from conftest import LmqdServer
+from tests.support.process import LmqdProcess
 
 pytestmark = pytest.mark.interop
 
@@ -29,7 +27,7 @@ def recv_exactly(sock: socket.socket, n: int) -> bytes:
     return data
 
 
-def test_invalid_command_gets_nsqds_exact_error_then_close(lmqd_server: LmqdServer) -> None:
+def test_invalid_command_gets_nsqds_exact_error_then_close(lmqd_server: LmqdProcess) -> None:
     with socket.create_connection(lmqd_server.tcp_host_port, timeout=5) as sock:
         sock.sendall(b"  V2ASDF\n")
         size, frame_type = struct.unpack(">ii", recv_exactly(sock, 8))

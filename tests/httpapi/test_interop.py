@@ -21,12 +21,9 @@ from ansq.http.http_exceptions import NSQHTTPException
 from ansq.http.writer import NSQDHTTPWriter
 from gnsq import NsqdHTTPClient  # type: ignore[import-untyped]
 from gnsq.errors import NSQHttpError  # type: ignore[import-untyped]
-from httpwire import (
-    StartDaemon,
-    V2Client,
-    eventually,
-    start_daemon_fixture,  # noqa: F401 - the start_daemon fixture
-)
+
+from tests.support.daemon import StartDaemon, eventually
+from tests.support.wire import Wire
 
 pytestmark = pytest.mark.interop
 
@@ -40,7 +37,7 @@ async def in_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
 
 async def test_gnsq_every_endpoint(start_daemon: StartDaemon) -> None:
     with trio.fail_after(TIMEOUT):
-        running = await start_daemon()
+        running = await start_daemon(http=True)
         daemon = running.broker
         client = NsqdHTTPClient("127.0.0.1", running.http[1])
         try:
@@ -51,8 +48,8 @@ async def test_gnsq_every_endpoint(start_daemon: StartDaemon) -> None:
 
             assert await in_thread(client.create_topic, "gtopic") == b""
             assert await in_thread(client.create_channel, "gtopic", "gchan") == b""
-            consumer = await V2Client.connect(running.tcp)
-            await consumer.subscribe("gtopic", "gchan", 10)
+            consumer = await Wire.connect(running.tcp)
+            await consumer.sub("gtopic", "gchan", 10)
 
             assert await in_thread(client.publish, "gtopic", b"one") == b"OK"
             assert await in_thread(client.multipublish, "gtopic", [b"two", b"three"]) == b"OK"
@@ -110,7 +107,7 @@ async def test_gnsq_every_endpoint(start_daemon: StartDaemon) -> None:
 
 async def test_ansq_writer(start_daemon: StartDaemon) -> None:
     with trio.fail_after(TIMEOUT):
-        running = await start_daemon()
+        running = await start_daemon(http=True)
         daemon = running.broker
         port = running.http[1]
 

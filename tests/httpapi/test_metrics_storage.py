@@ -14,17 +14,13 @@ import contextlib
 from pathlib import Path
 
 import trio
-from httpwire import (
-    StartDaemon,
-    eventually,
-    http,
-    start_daemon_fixture,  # noqa: F401 - the start_daemon fixture
-)
 from prometheus_client.parser import text_string_to_metric_families
 
 from lmqd.broker import Broker
 from lmqd.storage import DiskQueue
 from lmqd.storage.files import queue_stem
+from tests.support.daemon import StartDaemon, eventually
+from tests.support.http import http
 
 TIMEOUT = 15.0
 BODY = b"x" * 100
@@ -100,9 +96,9 @@ def disk_queue(queue: object) -> DiskQueue:
     return queue
 
 
-async def test_disk_bytes_and_fsync_histogram(start_daemon: StartDaemon, tmp_path: Path) -> None:
+async def test_disk_bytes_and_fsync_histogram(start_daemon: StartDaemon) -> None:
     with trio.fail_after(TIMEOUT):
-        running = await start_daemon(mem_queue_size=1, sync_timeout=0.05,
+        running = await start_daemon(http=True, mem_queue_size=1, sync_timeout=0.05,
                                      max_bytes_per_file=1024)
         daemon: Broker = running.broker
         base = running.http
@@ -125,8 +121,8 @@ async def test_disk_bytes_and_fsync_histogram(start_daemon: StartDaemon, tmp_pat
         assert samples[("lmqd_sync_failures_total", frozenset())] == 0
         assert check_histogram(samples) > 0
         disk = disk_gauge(samples)
-        on_disk = segment_bytes(tmp_path, "spill")
-        assert len(segment_files(tmp_path, "spill")) > 1
+        on_disk = segment_bytes(running.data_path, "spill")
+        assert len(segment_files(running.data_path, "spill")) > 1
         assert disk == {("spill", ""): tq.bytes_on_disk}  # no series for the ephemeral topic
         assert tq.bytes_on_disk == on_disk > 19 * len(BODY)
 
@@ -136,8 +132,8 @@ async def test_disk_bytes_and_fsync_histogram(start_daemon: StartDaemon, tmp_pat
         channel = topic.channels["c"]
         cq = disk_queue(channel.backend)
         await eventually(lambda: channel.depth == 20 and topic.depth == 0)
-        await eventually(lambda: tq.bytes_on_disk == segment_bytes(tmp_path, "spill")
-                         and cq.bytes_on_disk == segment_bytes(tmp_path, "spill:c")
+        await eventually(lambda: tq.bytes_on_disk == segment_bytes(running.data_path, "spill")
+                         and cq.bytes_on_disk == segment_bytes(running.data_path, "spill:c")
                          and tq.dirty_count == 0 and cq.dirty_count == 0)
         samples, _ = await scrape(base)
         check_histogram(samples)
@@ -150,10 +146,10 @@ async def test_disk_bytes_and_fsync_histogram(start_daemon: StartDaemon, tmp_pat
 
 
 async def test_durable_channel_counts_its_deferred_store(
-    start_daemon: StartDaemon, tmp_path: Path
+    start_daemon: StartDaemon
 ) -> None:
     with trio.fail_after(TIMEOUT):
-        running = await start_daemon(durable=True, sync_timeout=0.05)
+        running = await start_daemon(http=True, durable=True, sync_timeout=0.05)
         daemon: Broker = running.broker
         base = running.http
         assert (await http(base, "POST", "/topic/create?topic=t")).status == 200
@@ -168,5 +164,5 @@ async def test_durable_channel_counts_its_deferred_store(
         disk = disk_gauge(samples)
         assert deferred.bytes_on_disk > len(BODY)
         assert disk[("t", "c")] == main.bytes_on_disk + deferred.bytes_on_disk
-        assert segment_bytes(tmp_path, None) == sum(disk.values())
+        assert segment_bytes(running.data_path, None) == sum(disk.values())
         check_histogram(samples)

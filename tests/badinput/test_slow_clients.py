@@ -15,11 +15,11 @@ import socket
 import struct
 import threading
 import time
-from typing import TYPE_CHECKING
 
 import pytest
 
-from .wire import (
+from tests.support.process import LmqdProcess
+from tests.support.rawbytes import (
     FRAME_MESSAGE,
     ConnectionClosed,
     NsqSocket,
@@ -32,9 +32,6 @@ from .wire import (
     sub,
     unique,
 )
-
-if TYPE_CHECKING:
-    from conftest import LmqdServer
 
 MiB = 1024 * 1024
 
@@ -81,7 +78,7 @@ class FastConsumer(threading.Thread):
 
 
 @pytest.mark.lmqd_args("--msg-timeout=500ms", f"--mem-queue-size={STUCK_RDY}")
-def test_subscriber_that_never_reads_is_stalled_or_dropped(lmqd_server: LmqdServer) -> None:
+def test_subscriber_that_never_reads_is_stalled_or_dropped(lmqd_server: LmqdProcess) -> None:
     address = lmqd_server.tcp_address
     topic = unique("stuck")
     # Ephemeral, so the stuck channel's overflow is dropped rather than stored: what remains to
@@ -145,7 +142,7 @@ STALL_S = 2.0
 
 
 def test_publisher_that_never_reads_responses_is_stalled_or_dropped(
-    lmqd_server: LmqdServer,
+    lmqd_server: LmqdProcess,
 ) -> None:
     address = lmqd_server.tcp_address
     baseline = lmqd_server.rss_bytes()

@@ -17,11 +17,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import LmqdServer, start_lmqd, stop_lmqd
 from pyspark.errors import PySparkException
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.query import StreamingQuery
+
+from tests.support.process import LmqdProcess, start_lmqd, stop_lmqd
 
 from .conftest import receive, spark_guard, write_lines
 
@@ -41,7 +42,7 @@ def _closed_port_address() -> str:
 
 
 def test_stream_publishes_each_row_once_and_restarts_from_the_checkpoint(
-    spark: SparkSession, daemon: LmqdServer, topic: str, tmp_path: Path
+    spark: SparkSession, daemon: LmqdProcess, topic: str, tmp_path: Path
 ) -> None:
     source, checkpoint = tmp_path / "in", tmp_path / "checkpoint"
     write_lines(source, "part-0.txt", [f"event {i}" for i in range(600)])
@@ -74,7 +75,7 @@ def test_stream_publishes_each_row_once_and_restarts_from_the_checkpoint(
 
 
 def test_batch_write_of_a_binary_column(
-    spark: SparkSession, daemon: LmqdServer, topic: str
+    spark: SparkSession, daemon: LmqdProcess, topic: str
 ) -> None:
     df = spark.range(0, 3000, numPartitions=3).select(
         F.concat(F.lit(b"\x00\x01"), F.col("id").cast("string").cast("binary")).alias("payload")
@@ -88,7 +89,7 @@ def test_batch_write_of_a_binary_column(
 
 
 def test_rows_without_a_body_column_arrive_as_json(
-    spark: SparkSession, daemon: LmqdServer, topic: str
+    spark: SparkSession, daemon: LmqdProcess, topic: str
 ) -> None:
     df = spark.sql(
         """SELECT * FROM VALUES
@@ -124,7 +125,7 @@ def _zoneinfo(name: str) -> datetime.tzinfo:
 
 
 def test_partitions_spread_over_several_daemons(
-    spark: SparkSession, daemons: list[LmqdServer], topic: str
+    spark: SparkSession, daemons: list[LmqdProcess], topic: str
 ) -> None:
     addresses = ",".join(d.tcp_address for d in daemons)
     df = spark.range(0, 400, numPartitions=4).select(F.col("id").cast("string").alias("v"))
@@ -143,7 +144,7 @@ def test_partitions_spread_over_several_daemons(
 
 
 def test_deferred_rows_from_a_delay_column(
-    spark: SparkSession, daemon: LmqdServer, topic: str
+    spark: SparkSession, daemon: LmqdProcess, topic: str
 ) -> None:
     df = spark.createDataFrame([("soon", 0), ("later", 1500)], "v string, wait_ms int")
     with spark_guard(spark):
@@ -184,7 +185,7 @@ def test_stream_fails_clearly_when_the_daemon_is_down(
 
 
 @pytest.fixture
-def strict_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LmqdServer]:
+def strict_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LmqdProcess]:
     server = start_lmqd(tmp_path_factory.mktemp("lmqd-strict"), ["--max-msg-size=100"])
     try:
         yield server
@@ -193,7 +194,7 @@ def strict_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LmqdServ
 
 
 def test_batch_write_fails_clearly_when_the_daemon_rejects_a_publish(
-    spark: SparkSession, strict_daemon: LmqdServer, topic: str
+    spark: SparkSession, strict_daemon: LmqdProcess, topic: str
 ) -> None:
     address = strict_daemon.tcp_address
     df = spark.range(0, 10, numPartitions=1).select(

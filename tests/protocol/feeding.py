@@ -114,5 +114,5 @@ def client_feed(
             events.extend(conn.next_events())
         events.extend(conn.next_events())
     except ProtocolError as exc:
-        return one_per_command(events), exc
+        return events, exc  # frames: nothing to split per command
     return events, None

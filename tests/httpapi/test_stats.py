@@ -15,15 +15,11 @@ from typing import Any
 
 import attrs
 import trio
-from httpwire import (
-    Running,
-    StartDaemon,
-    V2Client,
-    eventually,
-    http,
-    start_daemon_fixture,  # noqa: F401 - the start_daemon fixture
-)
 from prometheus_client.parser import text_string_to_metric_families
+
+from tests.support.daemon import RunningDaemon, StartDaemon, eventually
+from tests.support.http import http
+from tests.support.wire import OK, Wire
 
 TIMEOUT = 15.0
 
@@ -46,12 +42,12 @@ E2E_KEYS = ["count", "percentiles"]
 
 @attrs.frozen
 class Traffic:
-    producer: V2Client
-    consumer: V2Client
+    producer: Wire
+    consumer: Wire
     in_flight_id: bytes
 
 
-async def make_traffic(running: Running) -> Traffic:
+async def make_traffic(running: RunningDaemon) -> Traffic:
     """orders: channels ship (1 consumer, RDY 2 then 0, one FIN) and audit (no consumer); 2 messages
     published over TCP, 3 by /mpub, 1 deferred by /pub; topic ``other`` with channel ``x``."""
     base = running.http
@@ -60,17 +56,17 @@ async def make_traffic(running: Running) -> Traffic:
     await http(base, "POST", "/channel/create?topic=orders&channel=audit")
     await http(base, "POST", "/topic/create?topic=other")
     await http(base, "POST", "/channel/create?topic=other&channel=x")
-    producer = await V2Client.connect(
+    producer = await Wire.connect(
         running.tcp, client_id="prod", hostname="prod.example", user_agent="test-producer/1.0",
         feature_negotiation=False,
     )
-    consumer = await V2Client.connect(
+    consumer = await Wire.connect(
         running.tcp, client_id="cons", hostname="cons.example", user_agent="test-consumer/1.0",
         feature_negotiation=False,
     )
-    await consumer.subscribe("orders", "ship", 2)
-    await producer.publish("orders", b"p1")
-    await producer.publish("orders", b"p2")
+    await consumer.sub("orders", "ship", 2)
+    assert await producer.pub("orders", b"p1") == OK
+    assert await producer.pub("orders", b"p2") == OK
     assert (await http(base, "POST", "/mpub?topic=orders", b"m1\nm2\nm3")).status == 200
     assert (await http(base, "POST", "/pub?topic=orders&defer=60000", b"later")).status == 200
     first = await consumer.message()
@@ -96,7 +92,7 @@ def check_e2e(e2e: dict[str, Any], count: int) -> None:
 
 async def test_stats_json_has_nsqds_shape_and_counts(start_daemon: StartDaemon) -> None:
     with trio.fail_after(TIMEOUT):
-        running = await start_daemon(e2e_processing_latency_percentiles=(0.5, 0.99))
+        running = await start_daemon(http=True, e2e_processing_latency_percentiles=(0.5, 0.99))
         traffic = await make_traffic(running)
         r = await http(running.http, "GET", "/stats?format=json")
         assert r.status == 200 and r.v1
@@ -136,7 +132,7 @@ async def test_stats_json_has_nsqds_shape_and_counts(start_daemon: StartDaemon) 
 
         (client,) = ship["clients"]
         assert list(client) == CLIENT_KEYS
-        local = traffic.consumer.stream.socket.getsockname()
+        local = traffic.consumer.local_address
         assert client["remote_address"] == f"{local[0]}:{local[1]}"
         assert {k: client[k] for k in CLIENT_KEYS if k not in ("remote_address", "connect_ts")} == {
             "client_id": "cons", "hostname": "cons.example", "version": "V2", "state": 3,
@@ -163,7 +159,7 @@ async def test_stats_json_has_nsqds_shape_and_counts(start_daemon: StartDaemon) 
 
 async def test_stats_json_filters(start_daemon: StartDaemon) -> None:
     with trio.fail_after(TIMEOUT):
-        running = await start_daemon()
+        running = await start_daemon(http=True)
         traffic = await make_traffic(running)
 
         async def stats(query: str) -> dict[str, Any]:
@@ -206,7 +202,7 @@ async def test_stats_json_filters(start_daemon: StartDaemon) -> None:
 
 async def test_stats_json_empty_daemon(start_daemon: StartDaemon) -> None:
     with trio.fail_after(TIMEOUT):
-        running = await start_daemon()
+        running = await start_daemon(http=True)
         r = await http(running.http, "GET", "/stats?format=json")
         # nsqd's own test checks this prefix for an empty daemon (TestHTTPgetStatusJSON).
         prefix = (
@@ -219,7 +215,7 @@ async def test_stats_json_empty_daemon(start_daemon: StartDaemon) -> None:
 
 async def test_stats_text(start_daemon: StartDaemon) -> None:
     with trio.fail_after(TIMEOUT):
-        running = await start_daemon()
+        running = await start_daemon(http=True)
         traffic = await make_traffic(running)
         await http(running.http, "POST", "/channel/pause?topic=orders&channel=audit")
         await http(running.http, "POST", "/topic/pause?topic=other")
@@ -241,8 +237,8 @@ async def test_stats_text(start_daemon: StartDaemon) -> None:
             f"   {key:<25}" for key in MEMORY_KEYS
         ]
         assert lines[16:18] == ["", "Topics:"]
-        cport = traffic.consumer.stream.socket.getsockname()[1]
-        pport = traffic.producer.stream.socket.getsockname()[1]
+        cport = traffic.consumer.local_address[1]
+        pport = traffic.producer.local_address[1]
         expected = [
             "   [orders         ] depth: 0     be-depth: 0     msgs: 6        e2e%: ",
             "   *P [audit                    ] depth: 5     be-depth: 0     inflt: 0    def: 1"
@@ -269,7 +265,7 @@ async def test_stats_text(start_daemon: StartDaemon) -> None:
 
 async def test_stats_text_empty_daemon(start_daemon: StartDaemon) -> None:
     with trio.fail_after(TIMEOUT):
-        running = await start_daemon()
+        running = await start_daemon(http=True)
         text = (await http(running.http, "GET", "/stats?include_mem=false")).body.decode()
         assert text.split("\n")[3:] == ["", "Health: OK", "", "Topics: None", "",
                                         "Producers: None", ""]
@@ -285,7 +281,7 @@ def samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
 
 async def test_metrics_parse_and_agree_with_stats(start_daemon: StartDaemon) -> None:
     with trio.fail_after(TIMEOUT):
-        running = await start_daemon()
+        running = await start_daemon(http=True)
         traffic = await make_traffic(running)
         r = await http(running.http, "GET", "/metrics")
         assert r.status == 200

@@ -6,7 +6,6 @@ import json
 from typing import Any
 
 import pytest
-from protocol_helpers import parse_error, server, sized
 
 from lmqd.options import Options
 from lmqd.protocol import (
@@ -18,6 +17,8 @@ from lmqd.protocol import (
     identify_response,
     negotiate,
 )
+
+from .feeding import parse_error, server, sized
 
 LIMITS = Limits()
 

@@ -1,6 +1,6 @@
 """The example pipeline (scripts/spark_pipeline.py) on the shared Spark session and daemon.
 
-Same rules as test_spark_sink.py: 127.0.0.1 only, a topic per test, bounded Spark jobs and waits.
+Same rules as test_sink.py: 127.0.0.1 only, a topic per test, bounded Spark jobs and waits.
 """
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-from conftest import LmqdServer
 from pyspark.sql import SparkSession
+
+from tests.support.process import LmqdProcess
 
 from .conftest import receive, spark_guard, write_lines
 
@@ -29,7 +30,7 @@ def _load_pipeline() -> ModuleType:
 
 
 def test_pipeline_publishes_valid_orders_enriched(
-    spark: SparkSession, daemon: LmqdServer, topic: str, tmp_path: Path
+    spark: SparkSession, daemon: LmqdProcess, topic: str, tmp_path: Path
 ) -> None:
     pipeline = _load_pipeline()
     orders = [

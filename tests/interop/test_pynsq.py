@@ -9,20 +9,17 @@ Rules for this module (see STYLE.md, Tests):
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import pytest
 
-from .runner import assert_every_message_once, run_client
+from tests.support.process import LmqdProcess
 
-if TYPE_CHECKING:
-    from conftest import LmqdServer
+from .runner import assert_every_message_once, run_client
 
 pytestmark = pytest.mark.interop
 
 
 def test_10000_messages_across_three_readers_none_lost_or_duplicated(
-    lmqd_server: LmqdServer,
+    lmqd_server: LmqdProcess,
 ) -> None:
     count, batch, single = 10_000, 100, 100
     result = run_client(
@@ -46,7 +43,7 @@ def test_10000_messages_across_three_readers_none_lost_or_duplicated(
     )
 
 
-def test_dpub_is_not_delivered_before_its_delay(lmqd_server: LmqdServer) -> None:
+def test_dpub_is_not_delivered_before_its_delay(lmqd_server: LmqdProcess) -> None:
     delay_ms = 1500
     result = run_client(
         "pynsq",
@@ -64,7 +61,7 @@ def test_dpub_is_not_delivered_before_its_delay(lmqd_server: LmqdServer) -> None
 
 
 @pytest.mark.parametrize("delay_s", [0, 1])
-def test_req_redelivers_with_attempts_2(lmqd_server: LmqdServer, delay_s: int) -> None:
+def test_req_redelivers_with_attempts_2(lmqd_server: LmqdProcess, delay_s: int) -> None:
     result = run_client(
         "pynsq",
         "requeue",
@@ -85,7 +82,7 @@ def test_req_redelivers_with_attempts_2(lmqd_server: LmqdServer, delay_s: int) -
     assert delay_s <= waited < delay_s + 2.0, result["deliveries"]
 
 
-def test_ephemeral_channel_is_gone_once_its_consumer_leaves(lmqd_server: LmqdServer) -> None:
+def test_ephemeral_channel_is_gone_once_its_consumer_leaves(lmqd_server: LmqdProcess) -> None:
     # Observed over TCP only: a new consumer of the same ephemeral channel is on a new channel.
     result = run_client(
         "pynsq",
@@ -99,7 +96,7 @@ def test_ephemeral_channel_is_gone_once_its_consumer_leaves(lmqd_server: LmqdSer
     check_ephemeral(result)
 
 
-def test_ephemeral_channel_disappears_from_stats(lmqd_server: LmqdServer) -> None:
+def test_ephemeral_channel_disappears_from_stats(lmqd_server: LmqdProcess) -> None:
     http = lmqd_server.http_address
     assert http is not None, "lmqd logged no 'HTTP: listening on' line"
     result = run_client(

@@ -14,7 +14,6 @@ from collections.abc import Iterator, Sequence
 
 import pyarrow as pa  # type: ignore[import-untyped]
 import pytest
-from conftest import LmqdServer, start_lmqd, stop_lmqd
 
 from lmq_client.errors import ConnectionFailed, MpubFailedError
 from lmq_client.spark import LmqCommitMessage, LmqSinkError, SinkOptions
@@ -25,6 +24,7 @@ from lmq_client.spark.publish import (
     write_partition,
 )
 from lmq_client.sync import Consumer
+from tests.support.process import LmqdProcess, start_lmqd, stop_lmqd
 
 from .conftest import receive
 
@@ -214,7 +214,7 @@ def _closed_port_address() -> str:
         return f"127.0.0.1:{sock.getsockname()[1]}"
 
 
-def test_rows_reach_a_real_daemon(daemon: LmqdServer, topic: str) -> None:
+def test_rows_reach_a_real_daemon(daemon: LmqdProcess, topic: str) -> None:
     options = SinkOptions(addresses=(daemon.tcp_address,), topic=topic, body_column="v",
                           batch_size=7)
     rows = [f"row-{i}" for i in range(50)]
@@ -223,7 +223,7 @@ def test_rows_reach_a_real_daemon(daemon: LmqdServer, topic: str) -> None:
     assert receive(daemon.tcp_address, topic, 50) == [r.encode() for r in rows]
 
 
-def test_a_dead_daemon_is_skipped_for_the_next(daemon: LmqdServer, topic: str) -> None:
+def test_a_dead_daemon_is_skipped_for_the_next(daemon: LmqdProcess, topic: str) -> None:
     dead = _closed_port_address()
     options = SinkOptions(addresses=(daemon.tcp_address, dead), topic=topic, body_column="v")
     # Partition 1 starts at the dead daemon and fails over to the live one when connecting.
@@ -245,7 +245,7 @@ def test_no_daemon_reachable_fails_naming_the_address(topic: str) -> None:
     assert isinstance(info.value.__context__, ConnectionFailed)
 
 
-def test_deferred_rows_arrive_after_their_delay(daemon: LmqdServer, topic: str) -> None:
+def test_deferred_rows_arrive_after_their_delay(daemon: LmqdProcess, topic: str) -> None:
     options = SinkOptions(addresses=(daemon.tcp_address,), topic=topic, body_column="v",
                           defer_column="wait")
     batch = pa.record_batch([pa.array(["now", "later", "also-now"]), pa.array([0, 600, None])],
@@ -265,7 +265,7 @@ def test_deferred_rows_arrive_after_their_delay(daemon: LmqdServer, topic: str) 
 
 
 @pytest.fixture
-def small_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LmqdServer]:
+def small_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LmqdProcess]:
     server = start_lmqd(tmp_path_factory.mktemp("lmqd-small"), ["--max-msg-size=64"])
     try:
         yield server
@@ -273,7 +273,9 @@ def small_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LmqdServe
         stop_lmqd(server)
 
 
-def test_a_rejected_mpub_fails_with_the_daemons_error(small_daemon: LmqdServer, topic: str) -> None:
+def test_a_rejected_mpub_fails_with_the_daemons_error(
+    small_daemon: LmqdProcess, topic: str
+) -> None:
     address = small_daemon.tcp_address
     options = SinkOptions(addresses=(address,), topic=topic, body_column="v", batch_size=2)
     with pytest.raises(LmqSinkError) as info:

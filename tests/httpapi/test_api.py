@@ -14,24 +14,18 @@ import logging
 import struct
 
 import trio
-from httpwire import (
-    Running,
-    StartDaemon,
-    V2Client,
-    eventually,
-    http,
-    http_headers_only,
-    start_daemon_fixture,  # noqa: F401 - the start_daemon fixture
-)
 
 from lmqd.names import MAX_NAME_LENGTH
+from tests.support.daemon import RunningDaemon, StartDaemon, eventually
+from tests.support.http import http, http_headers_only
+from tests.support.wire import Wire
 
 TIMEOUT = 10.0
 
 
-async def subscribed(running: Running, topic: str, channel: str, rdy: int) -> V2Client:
-    client = await V2Client.connect(running.tcp)
-    await client.subscribe(topic, channel, rdy)
+async def subscribed(running: RunningDaemon, topic: str, channel: str, rdy: int) -> Wire:
+    client = await Wire.connect(running.tcp)
+    await client.sub(topic, channel, rdy)
     return client
 
 
@@ -43,7 +37,7 @@ def binary_mpub(*bodies: bytes) -> bytes:
 
 async def test_ping_answers_health_in_plain_text(start_daemon: StartDaemon) -> None:
     with trio.fail_after(TIMEOUT):
-        running = await start_daemon()
+        running = await start_daemon(http=True)
         r = await http(running.http, "GET", "/ping")
         assert (r.status, r.body) == (200, b"OK")
         assert r.headers["content-type"] == "text/plain; charset=utf-8"
@@ -61,7 +55,7 @@ async def test_ping_answers_health_in_plain_text(start_daemon: StartDaemon) -> N
 async def test_info(start_daemon: StartDaemon) -> None:
     with trio.fail_after(TIMEOUT):
         running = await start_daemon(
-            broadcast_address="node-1.example", max_heartbeat_interval=45.0,
+            http=True, broadcast_address="node-1.example", max_heartbeat_interval=45.0,
             max_output_buffer_timeout=0.5, max_deflate_level=3,
         )
         r = await http(running.http, "GET", "/info")
@@ -85,7 +79,7 @@ async def test_info(start_daemon: StartDaemon) -> None:
 
 async def test_pub_delivers_through_the_topic(start_daemon: StartDaemon) -> None:
     with trio.fail_after(TIMEOUT):
-        running = await start_daemon()
+        running = await start_daemon(http=True)
         r = await http(running.http, "POST", "/topic/create?topic=orders")
         consumer = await subscribed(running, "orders", "ship", 10)
         r = await http(running.http, "POST", "/pub?topic=orders", b"order 1")
@@ -99,7 +93,7 @@ async def test_pub_delivers_through_the_topic(start_daemon: StartDaemon) -> None
 
 async def test_pub_defer(start_daemon: StartDaemon) -> None:
     with trio.fail_after(TIMEOUT):
-        running = await start_daemon(max_req_timeout=10.0)
+        running = await start_daemon(http=True, max_req_timeout=10.0)
         await http(running.http, "POST", "/topic/create?topic=t")
         await http(running.http, "POST", "/channel/create?topic=t&channel=c")
         channel = running.broker.topics["t"].channels["c"]
@@ -120,7 +114,7 @@ async def test_pub_defer(start_daemon: StartDaemon) -> None:
 
 async def test_pub_bad_requests(start_daemon: StartDaemon) -> None:
     with trio.fail_after(TIMEOUT):
-        running = await start_daemon(max_msg_size=100)
+        running = await start_daemon(http=True, max_msg_size=100)
         cases = [
             ("GET", "/pub?topic=t", None, 405, "METHOD_NOT_ALLOWED"),
             ("POST", "/pub?topic=t", b"", 400, "MSG_EMPTY"),
@@ -149,7 +143,7 @@ async def test_oversized_bodies_are_refused_before_and_while_reading(
     start_daemon: StartDaemon,
 ) -> None:
     with trio.fail_after(TIMEOUT):
-        running = await start_daemon(max_msg_size=1000, max_body_size=5000)
+        running = await start_daemon(http=True, max_msg_size=1000, max_body_size=5000)
         # Content-Length alone decides: the answer comes without the body ever being sent.
         r = await http_headers_only(running.http, "POST", "/pub?topic=t", 10**9)
         assert (r.status, r.json()) == (413, {"message": "MSG_TOO_BIG"})
@@ -173,7 +167,7 @@ async def test_oversized_bodies_are_refused_before_and_while_reading(
 
 async def test_mpub_text_mode(start_daemon: StartDaemon) -> None:
     with trio.fail_after(TIMEOUT):
-        running = await start_daemon(max_msg_size=10, max_body_size=60)
+        running = await start_daemon(http=True, max_msg_size=10, max_body_size=60)
         await http(running.http, "POST", "/topic/create?topic=t")
         consumer = await subscribed(running, "t", "c", 100)
         # empty lines are skipped, a trailing newline is fine, "\r" is kept (nsqd splits on \n)
@@ -201,7 +195,7 @@ async def test_mpub_text_mode(start_daemon: StartDaemon) -> None:
 
 async def test_mpub_binary_mode(start_daemon: StartDaemon) -> None:
     with trio.fail_after(TIMEOUT):
-        running = await start_daemon(max_msg_size=10, max_body_size=100)
+        running = await start_daemon(http=True, max_msg_size=10, max_body_size=100)
         await http(running.http, "POST", "/topic/create?topic=t")
         consumer = await subscribed(running, "t", "c", 100)
         for flag in ("true", "1", "yes"):  # an unknown value means binary (deprecated)
@@ -232,10 +226,10 @@ async def test_mpub_binary_mode(start_daemon: StartDaemon) -> None:
 
 async def test_topic_admin(start_daemon: StartDaemon) -> None:
     with trio.fail_after(TIMEOUT):
-        running = await start_daemon()
+        running = await start_daemon(http=True)
         daemon = running.broker
         persisted: list[str] = []
-        daemon.persist_metadata = lambda: persisted.append("x")  # type: ignore[attr-defined]
+        daemon.persist_metadata = lambda: persisted.append("x")  # type: ignore[method-assign]
         r = await http(running.http, "POST", "/topic/create?topic=t")
         assert (r.status, r.body, r.v1) == (200, b"", True)
         assert "t" in daemon.topics and not daemon.topics["t"].channels
@@ -287,10 +281,10 @@ async def test_topic_admin(start_daemon: StartDaemon) -> None:
 
 async def test_channel_admin(start_daemon: StartDaemon) -> None:
     with trio.fail_after(TIMEOUT):
-        running = await start_daemon()
+        running = await start_daemon(http=True)
         daemon = running.broker
         persisted: list[str] = []
-        daemon.persist_metadata = lambda: persisted.append("x")  # type: ignore[attr-defined]
+        daemon.persist_metadata = lambda: persisted.append("x")  # type: ignore[method-assign]
         errors = [
             ("/channel/create", 400, "MISSING_ARG_TOPIC"),
             ("/channel/create?topic=bad!&channel=c", 400, "INVALID_ARG_TOPIC"),
@@ -346,7 +340,7 @@ async def test_channel_admin(start_daemon: StartDaemon) -> None:
 
 async def test_config_get(start_daemon: StartDaemon) -> None:
     with trio.fail_after(TIMEOUT):
-        running = await start_daemon(node_id=77, msg_timeout=30.0, mem_queue_size=123,
+        running = await start_daemon(http=True, node_id=77, msg_timeout=30.0, mem_queue_size=123,
                                      e2e_processing_latency_percentiles=(0.5, 0.99))
         expected = {
             "msg_timeout": 30_000_000_000,  # time.Duration: integer nanoseconds
@@ -382,7 +376,7 @@ async def test_config_put(start_daemon: StartDaemon) -> None:
     level = root.level
     try:
         with trio.fail_after(TIMEOUT):
-            running = await start_daemon(max_msg_size=64)
+            running = await start_daemon(http=True, max_msg_size=64)
             daemon = running.broker
             addrs = json.dumps(["127.0.0.1:4160", "10.0.0.2:4160"]).encode()
             r = await http(running.http, "PUT", "/config/nsqlookupd_tcp_addresses", addrs)
@@ -415,7 +409,7 @@ async def test_config_put(start_daemon: StartDaemon) -> None:
 
 async def test_routing_conventions(start_daemon: StartDaemon) -> None:
     with trio.fail_after(TIMEOUT):
-        running = await start_daemon()
+        running = await start_daemon(http=True)
         r = await http(running.http, "GET", "/nope")
         assert (r.status, r.json(), r.v1) == (404, {"message": "NOT_FOUND"}, True)
         r = await http(running.http, "POST", "/stats")
@@ -438,6 +432,6 @@ async def test_routing_conventions(start_daemon: StartDaemon) -> None:
 
 async def test_debug_freememory(start_daemon: StartDaemon) -> None:
     with trio.fail_after(TIMEOUT):
-        running = await start_daemon()
+        running = await start_daemon(http=True)
         r = await http(running.http, "POST", "/debug/freememory")
         assert (r.status, r.body) == (200, b"")

@@ -13,14 +13,11 @@ from __future__ import annotations
 
 import struct
 import time
-from typing import TYPE_CHECKING
 
 import pytest
 
-from .wire import NsqSocket, dpub, identify, mpub, pub, size_prefixed, unique
-
-if TYPE_CHECKING:
-    from conftest import LmqdServer
+from tests.support.process import LmqdProcess
+from tests.support.rawbytes import NsqSocket, dpub, identify, mpub, pub, size_prefixed, unique
 
 MAX_MSG_SIZE = 100
 MAX_BODY_SIZE = 1000
@@ -30,7 +27,7 @@ LMQD_ARGS = (f"--max-msg-size={MAX_MSG_SIZE}", f"--max-body-size={MAX_BODY_SIZE}
 PROMPT_S = 2.0
 
 
-def test_pub_at_the_limit_then_over_it(daemon: LmqdServer) -> None:
+def test_pub_at_the_limit_then_over_it(daemon: LmqdProcess) -> None:
     topic = unique("limit")
     with NsqSocket(daemon.tcp_address) as conn:
         conn.send(pub(topic, b"x" * MAX_MSG_SIZE))
@@ -64,7 +61,7 @@ def test_pub_at_the_limit_then_over_it(daemon: LmqdServer) -> None:
         ),
     ],
 )
-def test_body_over_the_limit(daemon: LmqdServer, command: bytes, error: bytes) -> None:
+def test_body_over_the_limit(daemon: LmqdProcess, command: bytes, error: bytes) -> None:
     with NsqSocket(daemon.tcp_address) as conn:
         conn.send(command)
         conn.expect_fatal_error(error)
@@ -138,7 +135,7 @@ def test_body_over_the_limit(daemon: LmqdServer, command: bytes, error: bytes) -
     ],
 )
 def test_declared_size_is_checked_before_the_body(
-    daemon: LmqdServer, header: bytes, error: bytes
+    daemon: LmqdProcess, header: bytes, error: bytes
 ) -> None:
     before = daemon.rss_bytes()
     with NsqSocket(daemon.tcp_address) as conn:
@@ -150,7 +147,7 @@ def test_declared_size_is_checked_before_the_body(
     assert daemon.rss_bytes() - before < 16 * 1024 * 1024
 
 
-def test_size_split_across_sends(daemon: LmqdServer) -> None:
+def test_size_split_across_sends(daemon: LmqdProcess) -> None:
     # The 4 size bytes arrive one per send; the limit check still happens when they are complete.
     with NsqSocket(daemon.tcp_address) as conn:
         conn.send(b"PUB t\n")
@@ -160,7 +157,7 @@ def test_size_split_across_sends(daemon: LmqdServer) -> None:
         conn.expect_fatal_error(b"E_BAD_MESSAGE PUB message too big 2147483647 > 100")
 
 
-def test_identify_that_is_not_json(daemon: LmqdServer) -> None:
+def test_identify_that_is_not_json(daemon: LmqdProcess) -> None:
     with NsqSocket(daemon.tcp_address) as conn:
         conn.send(b"IDENTIFY\n" + size_prefixed(b"\xff{not json"))
         conn.expect_fatal_error(b"E_BAD_BODY IDENTIFY failed to decode JSON body")
@@ -192,7 +189,7 @@ def test_identify_that_is_not_json(daemon: LmqdServer) -> None:
     ],
 )
 def test_identify_values_out_of_range(
-    daemon: LmqdServer, fields: dict[str, int], error: bytes
+    daemon: LmqdProcess, fields: dict[str, int], error: bytes
 ) -> None:
     with NsqSocket(daemon.tcp_address) as conn:
         conn.send(identify(**fields))

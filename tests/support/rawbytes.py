@@ -1,7 +1,11 @@
-"""A deliberately dumb blocking NSQ V2 client for feeding lmqd bad input over raw sockets.
+"""Raw bytes for bad input: commands built by hand and a deliberately dumb blocking V2 client.
 
-Frames are parsed by their size prefix from a receive buffer, never by assuming one ``recv`` is one
-frame (nsqio/nsq#1250: a reader that trusts read boundaries breaks as soon as frames coalesce or
+The command builders (``pub``, ``mpub``, ``identify``, ...) give the bytes a client would send,
+so a test can cut, corrupt or repeat them. ``NsqSocket`` speaks to a daemon over a blocking raw
+socket and returns frames as ``(type, data)`` byte strings, exactly as sent: it trusts no codec
+of ours (``tests.support.wire`` is the client built on ``ClientConnection``). Frames are parsed
+by their size prefix from a receive buffer, never by assuming one ``recv`` is one frame
+(nsqio/nsq#1250: a reader that trusts read boundaries breaks as soon as frames coalesce or
 split). Everything has a timeout so a daemon that hangs fails the test instead of hanging it.
 """
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from protocol_helpers import MAGIC, MODES, MSG_ID, SUBSCRIBE, parse_ok, server, size, sized
 
 from lmqd.protocol import (
     Auth,
@@ -25,6 +24,8 @@ from lmqd.protocol import (
     Sub,
     Touch,
 )
+
+from .feeding import MAGIC, MODES, MSG_ID, SUBSCRIBE, parse_ok, server, size, sized
 
 SUBSCRIBED = SUBSCRIBE
 CLOSING = SUBSCRIBE + b"CLS\n"

@@ -8,7 +8,6 @@ import sys
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from protocol_helpers import MAGIC, MSG_ID, SUBSCRIBE, server, size
 
 from lmqd.message import Message
 from lmqd.protocol import (
@@ -35,6 +34,8 @@ from lmqd.protocol import (
     negotiate,
     one_per_command,
 )
+
+from .feeding import MAGIC, MSG_ID, SUBSCRIBE, server, size
 
 COMMANDS: list[Command] = [
     Nop(),

@@ -1,0 +1,1 @@
+"""Engine tests: plain-def queue logic (topics, channels, queues, syncer) on trio's mock clock."""

@@ -1,0 +1,1 @@
+"""HTTP API tests: nsqd's endpoints and /metrics against an in-process daemon."""

@@ -1,0 +1,1 @@
+"""Server tests: the TCP connection handler over in-memory streams."""
