@@ -74,7 +74,7 @@ class Result:
         self.cpu = 0.0
         self.wall = 0.0
         self.publish = 0.0  # Topic.publish: ids, Message objects, queueing
-        self.finish = 0.0  # FIN of every message (the delivery it asks for runs in the channel task)
+        self.finish = 0.0  # FIN of every message (its delivery round runs in the channel task)
 
 
 async def run(

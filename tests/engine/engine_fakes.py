@@ -1,7 +1,7 @@
 """Fakes for the engine tests: a subscriber that records what it is sent, and backends that fail.
 
-Not a test module (no ``test_`` prefix); the engine tests import it by name, which works because
-pytest puts this directory on ``sys.path`` (no ``__init__.py`` here, rootdir-relative imports).
+Not a test module (no ``test_`` prefix); the engine tests import it relatively
+(``from .engine_fakes import ...``).
 """
 
 from __future__ import annotations

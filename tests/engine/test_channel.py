@@ -11,7 +11,6 @@ import random
 
 import pytest
 import trio
-from engine_fakes import FailingBackend, FakeClient, bodies, make_messages
 
 from lmqd.engine.backend import DummyBackend, MemoryBackend
 from lmqd.engine.channel import (
@@ -23,6 +22,8 @@ from lmqd.engine.channel import (
     is_ephemeral,
 )
 from lmqd.options import Options
+
+from .engine_fakes import FailingBackend, FakeClient, bodies, make_messages
 
 
 def make_channel(

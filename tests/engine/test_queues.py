@@ -9,11 +9,12 @@ import math
 import random
 
 import pytest
-from engine_fakes import make_messages
 
 from lmqd.engine.deferred import DeferredQueue
 from lmqd.engine.inflight import COMPACT_FLOOR, COMPACT_RATIO, InFlightQueue, NotInFlight, NotOwner
 from lmqd.message import Message
+
+from .engine_fakes import make_messages
 
 
 def _in_flight(messages: list[Message], deadlines: list[float]) -> InFlightQueue:

@@ -7,10 +7,11 @@ full disk); no trio.
 from __future__ import annotations
 
 import pytest
-from engine_fakes import FailingBackend, bodies, make_messages
 
 from lmqd.engine.backend import BackendError, MemoryBackend
 from lmqd.engine.spill import SpillQueue
+
+from .engine_fakes import FailingBackend, bodies, make_messages
 
 
 def test_memory_up_to_the_limit_then_the_backend_in_order() -> None:

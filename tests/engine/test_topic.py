@@ -10,13 +10,14 @@ import random
 
 import pytest
 import trio
-from engine_fakes import FailingBackend, FakeClient, bodies, make_messages
 
 from lmqd.engine.backend import BackendError, BackendQueue, DummyBackend, MemoryBackend
 from lmqd.engine.channel import Channel
 from lmqd.engine.topic import Topic, TopicExiting
 from lmqd.message import GuidFactory
 from lmqd.options import Options
+
+from .engine_fakes import FailingBackend, FakeClient, bodies, make_messages
 
 
 class Backends:

@@ -6,7 +6,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from storage_helpers import memory_dir
+
+from .storage_helpers import memory_dir
 
 
 @pytest.fixture

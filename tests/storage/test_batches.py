@@ -17,17 +17,6 @@ from pathlib import Path
 
 import pytest
 from crc32c import crc32c
-from record_encoders import encode_records
-from storage_helpers import (
-    FakeTimeBase,
-    bad_files,
-    crash_copy,
-    drain,
-    keys,
-    make_messages,
-    open_queue,
-    segment_paths,
-)
 
 from lmqd.message import Message
 from lmqd.storage import StoredMessage, token_index, token_position
@@ -42,6 +31,18 @@ from lmqd.storage.record import (
 )
 from lmqd.storage.scan import scan_records
 from lmqd.storage.verify import verify_record
+
+from .record_encoders import encode_records
+from .storage_helpers import (
+    FakeTimeBase,
+    bad_files,
+    crash_copy,
+    drain,
+    keys,
+    make_messages,
+    open_queue,
+    segment_paths,
+)
 
 POSITIONS = "t%3Ac.lmq.pos.json"
 BODY = 30

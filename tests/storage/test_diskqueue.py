@@ -16,16 +16,6 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from storage_helpers import (
-    FakeTimeBase,
-    crash_copy,
-    drain,
-    key,
-    keys,
-    make_messages,
-    open_queue,
-    segment_paths,
-)
 
 from lmqd.engine.backend import BackendError
 from lmqd.message import Message
@@ -42,6 +32,17 @@ from lmqd.storage.record import (
     BATCH_OF_ONE_OVERHEAD,
     BATCH_OVERHEAD,
     SEGMENT_HEADER_SIZE,
+)
+
+from .storage_helpers import (
+    FakeTimeBase,
+    crash_copy,
+    drain,
+    key,
+    keys,
+    make_messages,
+    open_queue,
+    segment_paths,
 )
 
 

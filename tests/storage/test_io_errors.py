@@ -13,10 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from storage_helpers import drain, keys, make_messages, open_queue, put_each, segment_paths
 
 from lmqd.engine.backend import BackendError
 from lmqd.storage.record import BATCH_OF_ONE_OVERHEAD, SEGMENT_HEADER_SIZE
+
+from .storage_helpers import drain, keys, make_messages, open_queue, put_each, segment_paths
 
 BODY = 30
 RECORD = BATCH_OF_ONE_OVERHEAD + BODY

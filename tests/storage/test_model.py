@@ -26,10 +26,11 @@ from hypothesis.stateful import (
     precondition,
     rule,
 )
-from storage_helpers import WALL_EPOCH_NS, key, memory_dir, open_queue
 
 from lmqd.message import Message
 from lmqd.storage import DiskQueue, StoredMessage
+
+from .storage_helpers import WALL_EPOCH_NS, key, memory_dir, open_queue
 
 MAX_BYTES = 300
 """A batch is 14 bytes + 38 per message + bodies: a new segment every 1-6 messages, so batches are

@@ -14,7 +14,6 @@ import pytest
 from crc32c import crc32c
 from hypothesis import given
 from hypothesis import strategies as st
-from record_encoders import encode_batch, encode_record, encode_records, frame_batch
 
 from lmqd.storage.decoder import decode_any, decode_record, decode_records
 from lmqd.storage.record import (
@@ -35,6 +34,8 @@ from lmqd.storage.record import (
     encode_segment_header,
 )
 from lmqd.storage.verify import check_record, find_next_record, verify_record
+
+from .record_encoders import encode_batch, encode_record, encode_records, frame_batch
 
 ID = b"0123456789abcdef"
 

@@ -17,17 +17,6 @@ import pytest
 from crc32c import crc32c
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from storage_helpers import (
-    bad_files,
-    crash_copy,
-    drain,
-    keys,
-    make_messages,
-    memory_dir,
-    open_queue,
-    put_each,
-    segment_paths,
-)
 
 from lmqd.message import Message
 from lmqd.storage.record import (
@@ -38,6 +27,18 @@ from lmqd.storage.record import (
     BATCH_OF_ONE_OVERHEAD,
     SEGMENT_HEADER_SIZE,
     encode_segment_header,
+)
+
+from .storage_helpers import (
+    bad_files,
+    crash_copy,
+    drain,
+    keys,
+    make_messages,
+    memory_dir,
+    open_queue,
+    put_each,
+    segment_paths,
 )
 
 BODY = 30

@@ -13,8 +13,6 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from record_encoders import encode_batch, encode_record
-from storage_helpers import FakeTimeBase
 
 from lmqd.message import Message
 from lmqd.storage.decoder import decode_any, decode_batch, decode_message
@@ -28,6 +26,9 @@ from lmqd.storage.record import (
 )
 from lmqd.storage.tokens import StoredMessage, record_token, token_index, token_position
 from lmqd.storage.verify import verify_record
+
+from .record_encoders import encode_batch, encode_record
+from .storage_helpers import FakeTimeBase
 
 TB = FakeTimeBase()
 ID = b"0123456789abcdef"

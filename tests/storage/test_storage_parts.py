@@ -10,8 +10,6 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from storage_helpers import make_messages
-
 import lmqd.storage
 from lmqd.engine import backend
 from lmqd.storage.acks import AckTracker
@@ -20,6 +18,8 @@ from lmqd.storage.record import BATCH_ENTRY_SIZE, BATCH_OVERHEAD, SEGMENT_HEADER
 from lmqd.storage.segments import Segment, SegmentList
 from lmqd.storage.tokens import record_token
 from lmqd.storage.write_cache import WriteCache
+
+from .storage_helpers import make_messages
 
 STORAGE = Path(lmqd.storage.__file__).parent
 

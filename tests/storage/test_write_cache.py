@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections import deque
 from pathlib import Path
 
-from storage_helpers import keys, make_messages, open_queue, segment_paths
-
 from lmqd.storage.record import BATCH_ENTRY_SIZE, BATCH_OVERHEAD, SEGMENT_HEADER_SIZE
 from lmqd.storage.scan import scan_records
+
+from .storage_helpers import keys, make_messages, open_queue, segment_paths
 
 BODY = 30
 
