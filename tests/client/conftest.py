@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from transport.certs import Certs, make_certs
+
+from tests.transport.certs import Certs, make_certs
 
 
 @pytest.fixture(scope="session")

@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 import trio
-from transport.certs import Certs
 
 from lmq_client import errors, sync
 from lmq_client.connection import Connection
@@ -28,6 +27,7 @@ from lmqd.protocol import Auth, Cls, Fin, Identify, Nop, Pub, Rdy, Sub, encode_r
 from lmqd.transport.compression import DeflateStream, SnappyStream, StreamCodec
 from lmqd.transport.streams import CompressedStream, start_tls_server
 from lmqd.transport.tls import ServerTLS, peer_common_name, server_tls
+from tests.transport.certs import Certs
 
 from .fakes import IDENTIFY_RESPONSE, FakeDaemon, FakeNetwork, serve_one, upgrade
 

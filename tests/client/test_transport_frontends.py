@@ -15,7 +15,6 @@ import pyarrow as pa  # type: ignore[import-untyped]
 import pytest
 import trio
 from click.testing import CliRunner
-from transport.certs import Certs
 
 from lmq_client.admin.cli import cli
 from lmq_client.spark import SinkOptions
@@ -24,6 +23,7 @@ from lmq_client.transport import TransportOptions
 from lmqd.protocol import Auth, Mpub, Pub
 from lmqd.transport.compression import DeflateStream, SnappyStream
 from lmqd.transport.tls import server_tls
+from tests.transport.certs import Certs
 
 from .fakes import FakeDaemon, serve_one, upgrade
 
