@@ -114,7 +114,7 @@ def test_every_metric_used_is_one_lmqd_exports(lmqd_server: LmqdServer) -> None:
 
 
 class LoggingServer(LmqdServer, Protocol):
-    def stderr_lines(self) -> list[str]: ...
+    def output_lines(self) -> list[str]: ...
 
 
 def test_scrapes_and_health_checks_are_not_logged_at_info(lmqd_server: LoggingServer) -> None:
@@ -124,7 +124,7 @@ def test_scrapes_and_health_checks_are_not_logged_at_info(lmqd_server: LoggingSe
         urllib.request.urlopen(f"http://{http}{path}", timeout=10).read()
     deadline_lines: list[str] = []
     for _ in range(100):  # the daemon logs from its own process: wait (bounded) for the line
-        deadline_lines = lmqd_server.stderr_lines()
+        deadline_lines = lmqd_server.output_lines()
         if any("GET /stats" in line for line in deadline_lines):
             break
         time.sleep(0.05)
