@@ -28,7 +28,6 @@ import trio
 
 from lmqd.broker import BoundAddresses, Broker
 from lmqd.engine.stores import queues_to_open, restore_plan, stored_queue_names
-from lmqd.httpapi import serve_http
 from lmqd.options import Options
 from lmqd.server import serve_tcp
 from lmqd.storage import (
@@ -164,6 +163,10 @@ class LmqDaemon:
                 tcp = await nursery.start(serve_tcp, broker)
                 http = None
                 if self.options.http_address:
+                    # Imported only when served: hypercorn and prometheus-client cost ~6 MB of
+                    # RSS that a daemon without an HTTP listener does not need to carry.
+                    from lmqd.httpapi import serve_http
+
                     http = await nursery.start(serve_http, broker, self.options.http_address)
                 broker.addresses = BoundAddresses(tcp=tcp, http=http)
                 task_status.started(broker.addresses)
