@@ -38,6 +38,7 @@ import logging
 import mmap
 import os
 import time
+from collections.abc import Callable
 
 import attrs
 
@@ -51,12 +52,13 @@ from lmqd.storage.files import (
 from lmqd.storage.positions import Positions, decode_positions
 from lmqd.storage.record import (
     FORMAT_VERSION,
+    READABLE_VERSIONS,
     SEGMENT_HEADER_SIZE,
     FormatError,
     decode_segment_header,
     encode_segment_header,
 )
-from lmqd.storage.scan import scan_segment
+from lmqd.storage.scan import RecordVisitor, scan_segment
 
 log = logging.getLogger("lmqd.storage")
 
@@ -85,6 +87,30 @@ class RecoveredSegment:
     corrupt_count: int = 0
     corrupt_bytes: int = 0
     torn_bytes: int = 0
+    version: int = 0
+    """The header's format version (0 if it was damaged)."""
+    base_offset: int = -1
+    """Version 3 (a topic log's segment): the base offset in its header; -1 otherwise."""
+
+
+@attrs.frozen
+class SegmentFormat:
+    """What a segment's owner reads and writes: a disk queue's format (the default) or a topic
+    log's (``log_recovery.py``)."""
+
+    readable: tuple[int, ...] = READABLE_VERSIONS
+    """The versions read; a segment of another version is left untouched."""
+    version: int = FORMAT_VERSION
+    """The version written: the newest segment is appended to only if it has this version."""
+    fresh_header: Callable[[int], bytes] = lambda number: encode_segment_header(
+        number, time.time_ns()
+    )
+    """The header to write into segment ``number`` when it was created but never got one."""
+    visit: RecordVisitor | None = None
+    """Called for each valid record found (``scan.scan_records``)."""
+
+
+QUEUE_FORMAT = SegmentFormat()
 
 
 def recover_segment(
@@ -95,6 +121,7 @@ def recover_segment(
     newest: bool,
     synced_end: int,
     count_from: int = 0,
+    fmt: SegmentFormat = QUEUE_FORMAT,
 ) -> RecoveredSegment:
     """Scan segment file ``path`` and repair it as the module docstring describes.
 
@@ -102,6 +129,7 @@ def recover_segment(
     ``synced_end``: offset below which the file's content was fsynced (0 if unknown), so a
     partial record there is corruption, not a torn write. ``count_from``: the persisted read
     offset in this segment, for counting the unread records and checking it is a boundary.
+    ``fmt``: the owner's format (a disk queue's by default).
     Raises ``OSError`` only if the file cannot be opened or repaired at all.
     """
     # Only the newest segment may be repaired; older ones need no write access.
@@ -109,9 +137,11 @@ def recover_segment(
     try:
         size = os.fstat(fd).st_size
         if size == 0:
-            return _recover(fd, b"", 0, path, number, queue, newest, synced_end, count_from)
+            return _recover(fd, b"", 0, path, number, queue, newest, synced_end, count_from, fmt)
         with mmap.mmap(fd, size, access=mmap.ACCESS_READ) as mm:
-            return _recover(fd, mm, size, path, number, queue, newest, synced_end, count_from)
+            return _recover(
+                fd, mm, size, path, number, queue, newest, synced_end, count_from, fmt
+            )
     finally:
         os.close(fd)
 
@@ -126,8 +156,9 @@ def _recover(
     newest: bool,
     synced_end: int,
     count_from: int,
+    fmt: SegmentFormat,
 ) -> RecoveredSegment:
-    scan = scan_segment(buf, size, count_from)
+    scan = scan_segment(buf, size, count_from, readable=fmt.readable, visit=fmt.visit)
     result = RecoveredSegment(
         number=number,
         path=path,
@@ -137,8 +168,10 @@ def _recover(
         records_from=scan.records.records_from,
         floor=scan.records.floor,
         floor_count=scan.records.floor_count,
-        appendable=newest and scan.header_ok and scan.version == FORMAT_VERSION,
+        appendable=newest and scan.header_ok and scan.version == fmt.version,
         unsupported=scan.unsupported,
+        version=scan.version,
+        base_offset=scan.header.base_offset if scan.header is not None else -1,
     )
     if scan.unsupported:
         log.error(
@@ -180,8 +213,11 @@ def _recover(
     if not scan.header_ok and newest and scan.valid_end == 0:
         # The file never got past (a copy of) its header: start it afresh and keep using it.
         os.ftruncate(fd, 0)
-        os.pwrite(fd, encode_segment_header(number, time.time_ns()), 0)
+        header = fmt.fresh_header(number)
+        os.pwrite(fd, header, 0)
         os.fsync(fd)
+        result.version = fmt.version
+        result.base_offset = decode_segment_header(header, fmt.readable).base_offset
         result.end = SEGMENT_HEADER_SIZE
         result.floor = SEGMENT_HEADER_SIZE
         result.floor_count = 0

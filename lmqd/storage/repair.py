@@ -25,6 +25,7 @@ import os
 import attrs
 
 from lmqd.storage.files import save_aside
+from lmqd.storage.record import RECORD_TYPES
 from lmqd.storage.scan import scan_records
 from lmqd.storage.segments import Segment
 
@@ -47,9 +48,15 @@ class Damage:
 
 
 def set_aside_damage(
-    name: str, seg: Segment, fd: int, pos: int, damage: Damage
+    name: str,
+    seg: Segment,
+    fd: int,
+    pos: int,
+    damage: Damage,
+    types: tuple[int, ...] = RECORD_TYPES,
 ) -> tuple[list[tuple[int, int]], int]:
     """Set aside every bad region of ``seg`` (open as ``fd``) from ``pos`` to its end.
+    ``types``: the record types valid in the segment (a disk queue's by default).
 
     Returns the new bad regions (start, end), not yet in ``seg.skips``, and the number of
     messages in the valid records from ``pos`` on. Raises ``OSError`` if the file cannot be
@@ -72,7 +79,7 @@ def set_aside_damage(
             for start, stop in ranges:
                 if start >= stop:
                     continue
-                scan = scan_records(mm, start, stop)
+                scan = scan_records(mm, start, stop, types=types)
                 remaining += scan.records
                 for bad_start, bad_end, _ in scan.regions:
                     _set_aside(name, seg, mm[bad_start:bad_end], bad_start, bad_end, damage)
