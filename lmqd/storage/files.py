@@ -44,6 +44,11 @@ def positions_filename(name: str) -> str:
     return f"{queue_stem(name)}.lmq.pos.json"
 
 
+def log_state_filename(name: str) -> str:
+    """File name of the state file of topic ``name``'s log: ``<stem>.lmq.log.json``."""
+    return f"{queue_stem(name)}.lmq.log.json"
+
+
 def list_segments(directory: str, name: str) -> dict[int, str]:
     """Segment number -> path of every segment file of queue ``name`` in ``directory``.
 

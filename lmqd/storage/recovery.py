@@ -39,6 +39,7 @@ import mmap
 import os
 import time
 from collections.abc import Callable
+from typing import TypeVar
 
 import attrs
 
@@ -61,6 +62,8 @@ from lmqd.storage.record import (
 from lmqd.storage.scan import RecordVisitor, scan_segment
 
 log = logging.getLogger("lmqd.storage")
+
+T = TypeVar("T")
 
 
 @attrs.define(slots=True)
@@ -108,6 +111,8 @@ class SegmentFormat:
     """The header to write into segment ``number`` when it was created but never got one."""
     visit: RecordVisitor | None = None
     """Called for each valid record found (``scan.scan_records``)."""
+    subject: str = "DISKQUEUE"
+    """How log lines name the owner: ``DISKQUEUE(<name>)`` or ``TOPICLOG(<name>)``."""
 
 
 QUEUE_FORMAT = SegmentFormat()
@@ -139,9 +144,7 @@ def recover_segment(
         if size == 0:
             return _recover(fd, b"", 0, path, number, queue, newest, synced_end, count_from, fmt)
         with mmap.mmap(fd, size, access=mmap.ACCESS_READ) as mm:
-            return _recover(
-                fd, mm, size, path, number, queue, newest, synced_end, count_from, fmt
-            )
+            return _recover(fd, mm, size, path, number, queue, newest, synced_end, count_from, fmt)
     finally:
         os.close(fd)
 
@@ -175,7 +178,10 @@ def _recover(
     )
     if scan.unsupported:
         log.error(
-            "DISKQUEUE(%s): %s has an unsupported format version; left untouched", queue, path
+            "%s(%s): %s has an unsupported format version; left untouched",
+            fmt.subject,
+            queue,
+            path,
         )
         return result
     truncate_at = -1
@@ -185,7 +191,8 @@ def _recover(
             result.torn_bytes += end - start
             truncate_at = start
             log.warning(
-                "DISKQUEUE(%s): %s: torn write of %d bytes at offset %d truncated",
+                "%s(%s): %s: torn write of %d bytes at offset %d truncated",
+                fmt.subject,
                 queue,
                 path,
                 end - start,
@@ -196,7 +203,8 @@ def _recover(
         result.corrupt_count += 1
         result.corrupt_bytes += end - start
         log.error(
-            "DISKQUEUE(%s): %s: corrupt region of %d bytes at offset %d set aside in %s",
+            "%s(%s): %s: corrupt region of %d bytes at offset %d set aside in %s",
+            fmt.subject,
             queue,
             path,
             end - start,
@@ -269,16 +277,34 @@ def load_positions(path: str, name: str) -> tuple[Positions | None, bool]:
 
     A damaged file is renamed to ``<path>.bad`` (or a free ``.bad.N``) and logged.
     """
+    return load_state_file(path, name, decode_positions)
+
+
+def load_state_file(
+    path: str,
+    name: str,
+    decode: Callable[[str, bytes], T],
+    *,
+    subject: str = "DISKQUEUE",
+    what: str = "positions",
+    max_bytes: int = 64 * 1024,
+) -> tuple[T | None, bool]:
+    """Read a small state file with ``decode`` (raising ``ValueError`` for bad content):
+    (its content or None, whether it was damaged or unreadable).
+
+    A damaged file is renamed to ``<path>.bad`` (or a free ``.bad.N``) and logged; ``what`` is
+    what the log line says is rebuilt from the segments.
+    """
     try:
         with open(path, "rb") as f:
-            data = f.read(64 * 1024)
+            data = f.read(max_bytes)
     except FileNotFoundError:
         return None, False
     except OSError:
-        log.error("DISKQUEUE(%s): cannot read %s", name, path, exc_info=True)
+        log.error("%s(%s): cannot read %s", subject, name, path, exc_info=True)
         return None, True
     try:
-        return decode_positions(name, data), False
+        return decode(name, data), False
     except ValueError as exc:
         aside = free_aside_path(path + ".bad")
         try:
@@ -286,11 +312,13 @@ def load_positions(path: str, name: str) -> tuple[Positions | None, bool]:
         except OSError:
             aside = "(could not be moved)"
         log.error(
-            "DISKQUEUE(%s): %s damaged (%s), kept as %s; rebuilding positions from the segments",
+            "%s(%s): %s damaged (%s), kept as %s; rebuilding %s from the segments",
+            subject,
             name,
             path,
             exc,
             aside,
+            what,
         )
         return None, True
 

@@ -155,9 +155,7 @@ def verify_record(
     return rec_end, 1
 
 
-def check_record(
-    buf: Buffer, offset: int, end: int, types: tuple[int, ...] = RECORD_TYPES
-) -> int:
+def check_record(buf: Buffer, offset: int, end: int, types: tuple[int, ...] = RECORD_TYPES) -> int:
     """``verify_record`` without the count: the offset after the record, ``-1`` or ``-2``."""
     return verify_record(buf, offset, end, types)[0]
 

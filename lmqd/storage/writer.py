@@ -51,7 +51,7 @@ class SegmentWriter:
 
     __slots__ = (
         "_max_bytes",
-        "_name",
+        "_owner",
         "_pending_fds",
         "_segments",
         "_timebase",
@@ -61,9 +61,16 @@ class SegmentWriter:
     )
 
     def __init__(
-        self, name: str, segments: SegmentList, timebase: TimeBase, max_bytes_per_file: int
+        self,
+        name: str,
+        segments: SegmentList,
+        timebase: TimeBase,
+        max_bytes_per_file: int,
+        *,
+        subject: str = "DISKQUEUE",
     ) -> None:
-        self._name = name
+        self._owner = f"{subject}({name})"
+        """How log lines and errors name the owner: ``DISKQUEUE(<name>)``, ``TOPICLOG(<name>)``."""
         self._segments = segments
         self._timebase = timebase
         self._max_bytes = max_bytes_per_file
@@ -116,7 +123,7 @@ class SegmentWriter:
                 try:
                     os.close(fd)
                 except OSError:
-                    log.warning("DISKQUEUE(%s): close failed", self._name, exc_info=True)
+                    log.warning("%s: close failed", self._owner, exc_info=True)
         self._pending_fds = []
         self.fd = -1
 
@@ -160,8 +167,8 @@ class SegmentWriter:
                 self._truncate_to = start_end
                 with contextlib.suppress(BackendError):  # retried before the next write
                     self._truncate_tail()
-            log.error("DISKQUEUE(%s): write failed: %s", self._name, exc)
-            raise BackendError(f"DISKQUEUE({self._name}): write failed: {exc}") from exc
+            log.error("%s: write failed: %s", self._owner, exc)
+            raise BackendError(f"{self._owner}: write failed: {exc}") from exc
         # Commit: only now do the positions move.
         placed: list[Placed] = []
         if wrote_current:
@@ -187,8 +194,8 @@ class SegmentWriter:
         try:
             os.ftruncate(self.fd, self._truncate_to)
         except OSError as exc:
-            log.error("DISKQUEUE(%s): cannot truncate a failed write: %s", self._name, exc)
-            raise BackendError(f"DISKQUEUE({self._name}): write failed: {exc}") from exc
+            log.error("%s: cannot truncate a failed write: %s", self._owner, exc)
+            raise BackendError(f"{self._owner}: write failed: {exc}") from exc
         self._truncate_to = -1
 
     def _roll_to(self, fd: int, seg: Segment) -> None:
