@@ -85,6 +85,15 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
+def fsync_path(path: str) -> None:
+    """fsync a file by name (raises ``OSError``)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def pwrite_all(fd: int, data: bytes | bytearray, offset: int) -> None:
     """Write all of ``data`` at ``offset`` (``pwrite`` may write less than asked)."""
     view = memoryview(data)

@@ -47,7 +47,7 @@ from typing import Literal
 
 from lmqd.message import Message
 from lmqd.storage.errors import BackendError
-from lmqd.storage.files import fsync_dir, log_state_filename, unlink_quietly
+from lmqd.storage.files import fsync_dir, fsync_path, log_state_filename, unlink_quietly
 from lmqd.storage.log_cache import LOG_CACHE_BYTES, TailCache
 from lmqd.storage.log_cursor import Cursor
 from lmqd.storage.log_index import NO_TIMESTAMP, LogIndex, SegmentIndex
@@ -436,7 +436,13 @@ class TopicLog:
         self._adopted = r.adopted
         for name, low in r.cursors.items():
             self._cursors[name] = Cursor(name, index, self._cache, low)
-        # Persist what recovery found at once, so a crash now does not redo the repairs.
+        # What recovery found may have been in the OS only (a kill -9 before a sync): make it
+        # durable before a state file says so, then persist that state at once, so a crash now
+        # neither redoes the repairs nor takes the records found for corruption.
+        synced = r.state.write_segment if r.state is not None else -1
+        for file in segments.live:
+            if file.number >= synced and file.end > SEGMENT_HEADER_SIZE:
+                fsync_path(file.path)
         self._last_state = self._state()
         self._files.persist_now(encode_log_state(self.name, self._last_state))
         if r.next_offset or damage.corrupt_count or damage.rebuilt_positions:
