@@ -23,7 +23,9 @@ everything themselves (``verify.py``) and raise ``FormatError``. Nothing here do
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable
+from operator import itemgetter
 
 from lmqd.message import Message
 from lmqd.storage.record import (
@@ -44,6 +46,10 @@ from lmqd.storage.record import (
 from lmqd.storage.tokens import StoredMessage
 from lmqd.storage.verify import batch_layout, check_record, parse_optional_fields
 
+_ENTRY_LENGTHS = struct.Struct(">I34x")
+"""Just the body length of each batch entry, for stepping over skipped messages in C."""
+_first = itemgetter(0)
+
 # -- records to messages (the disk queue's reader) ---------------------------------------------
 
 
@@ -56,12 +62,14 @@ def decode_batch(
     from_wall_ns: Callable[[int], float],
     ack_mode: bool,
     header_size: int = BATCH_HEADER_SIZE,
+    skip: int = 0,
 ) -> list[Message] | None:
     """The messages of the batch at ``buf[i:rec_end]`` (CRC already checked; ``view`` is
     ``memoryview(buf)``); None if its structure is inconsistent. ``token``: the token of its
     first message (acknowledgement mode); ``header_size``: ``OFFSET_BATCH_HEADER_SIZE`` for an
-    offset batch. The hot path: one ``iter_unpack`` for all the entries, then per message one
-    slice and one message object."""
+    offset batch; ``skip``: leave out that many messages at the start (a read from the middle
+    of a batch: their bodies are stepped over, not copied). The hot path: one ``iter_unpack``
+    for all the entries, then per message one slice and one message object."""
     _, _, flags, count = BATCH_HEADER.unpack_from(buf, i)
     crc_at = rec_end - 4
     at = i + header_size + count * BATCH_ENTRY_SIZE
@@ -70,8 +78,14 @@ def decode_batch(
             records = decode_batch_records(buf, i, rec_end)
         except FormatError:
             return None
-        return _messages(records, token, from_wall_ns, ack_mode)
-    entries = BATCH_ENTRY.iter_unpack(view[i + header_size : at])
+        return _messages(records[skip:], token + skip, from_wall_ns, ack_mode)
+    entries_at = i + header_size
+    if skip:
+        skipped_at = entries_at + min(skip, count) * BATCH_ENTRY_SIZE
+        at += sum(map(_first, _ENTRY_LENGTHS.iter_unpack(view[entries_at:skipped_at])))
+        entries_at = skipped_at
+        token += skip
+    entries = BATCH_ENTRY.iter_unpack(view[entries_at : i + header_size + count * BATCH_ENTRY_SIZE])
     msgs: list[Message] = []
     add = msgs.append
     if ack_mode:

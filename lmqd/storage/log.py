@@ -141,6 +141,11 @@ class TopicLog:
         return len(self._index.segments)
 
     @property
+    def index_entries(self) -> int:
+        """Entries of the sparse offset and time index, over every segment (held in memory)."""
+        return sum(len(seg.positions) for seg in self._index.segments)
+
+    @property
     def bytes_on_disk(self) -> int:
         """Bytes of the log's segment files (a running sum, as a disk queue's)."""
         return self._segments.bytes_on_disk
@@ -253,6 +258,14 @@ class TopicLog:
             return reader.read_many(limit, end_offset)
         finally:
             reader.close()
+
+    def open_reader(self, offset: int) -> LogReader:
+        """A reader for a tool that reads on from ``offset`` in several calls
+        (``LogReader.read_many``): it keeps its place and the rest of a decoded batch between
+        calls, where each ``read_range`` finds its start again. It consumes nothing and holds
+        no claim on the log: if the segments under it are deleted, it goes on from the earliest
+        offset left. Drop it (or ``close`` it) when done."""
+        return LogReader(self._index, self._cache, offset)
 
     # -- cursors ------------------------------------------------------------------------------
 

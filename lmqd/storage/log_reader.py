@@ -22,7 +22,8 @@ are copied aside, counted and skipped, for every reader of the log at once (the 
 segment's); if they cannot be copied aside the read stops before them and is tried again later.
 
 A reader holds no claim on the log: the segments it reads are kept by the cursors' low-water
-marks (``log_cursor.py``), or, for a tool's ``TopicLog.read_range``, by reading within one call.
+marks (``log_cursor.py``). A tool's reader (``TopicLog.open_reader``, ``read_range``) that finds
+its position deleted under it goes on from the earliest offset left.
 """
 
 from __future__ import annotations
@@ -134,7 +135,12 @@ class LogReader:
         """Up to ``max_count`` messages from the position on, with their offsets (below
         ``until`` if given); the position moves past them."""
         out: list[LogEntry] = []
-        limit = self._index.next_offset if until is None else min(until, self._index.next_offset)
+        index = self._index
+        if self._next < index.earliest_offset:
+            # Only a tool's reader gets here (a cursor's mark keeps its segments): what it was
+            # about to read was deleted under it, so it goes on from what is left.
+            self.seek(index.earliest_offset)
+        limit = index.next_offset if until is None else min(until, index.next_offset)
         while len(out) < max_count:
             pending = self._pending
             if pending is None:
@@ -310,9 +316,11 @@ class LogReader:
         i, rec_end, kind, first, count = framed
         buf = self._buf
         from_wall_ns = self._index.timebase.from_wall_ns
+        skip = self._next - first if self._next > first else 0
         if kind == TYPE_MESSAGE:
             msgs = decode_message(buf, i, rec_end, 0, from_wall_ns, False)
         else:
+            # A read from the middle of a batch (a seek) leaves out the messages before it.
             msgs = decode_batch(
                 buf,
                 memoryview(buf),
@@ -322,11 +330,14 @@ class LogReader:
                 from_wall_ns,
                 False,
                 header_offset_size(kind),
+                skip,
             )
-        if msgs is None or len(msgs) != count:
+        if kind == TYPE_MESSAGE or msgs is None:
+            skip = 0
+        if msgs is None or len(msgs) != count - skip:
             raise _BadRecord
         self._pending = msgs
-        self._pending_first = first
+        self._pending_first = first + skip
         self._pending_end = self._pos + rec_end - i
         if self._next < first:
             self._next = first  # a gap (damage took those offsets): the next message present

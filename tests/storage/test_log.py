@@ -159,6 +159,26 @@ def test_read_range_reads_without_consuming(tmp_path: Path) -> None:
     log.close()
 
 
+def test_a_tool_s_reader_keeps_its_place_and_survives_deletions_under_it(
+    tmp_path: Path,
+) -> None:
+    log = open_log(tmp_path, max_bytes_per_file=SMALL, cache_bytes=0)
+    msgs = stamped(100)
+    for start in range(0, 100, 25):
+        log.append_many(msgs[start : start + 25])
+    reader = log.open_reader(7)
+    got = reader.read_many(10) + reader.read_many(10)
+    assert entry_keys(got) == expected(7, msgs[7:27]) and reader.position == 27
+    cursor = log.create_cursor("c", 60)
+    log.sync()  # the segments wholly before offset 60 go
+    first = log.earliest_offset
+    assert 27 < first <= 60
+    assert entry_keys(reader.read_many(5)) == expected(first, msgs[first : first + 5])
+    assert entry_keys(read_all(cursor)) == expected(60, msgs[60:])
+    reader.close()
+    log.close()
+
+
 def test_a_failed_write_stores_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     log = open_log(tmp_path, max_bytes_per_file=SMALL)
     log.append_many(stamped(5))
