@@ -103,7 +103,9 @@ class TopicLog:
         """Keep such segments while they and the newer ones take at most this many bytes
         (None: no size retention). May be changed at any time."""
         self._dir = os.fspath(data_path)
-        self._files = QueueFiles(name, self._dir, os.path.join(self._dir, log_state_filename(name)))
+        self._files = QueueFiles(
+            name, self._dir, os.path.join(self._dir, log_state_filename(name)), subject="TOPICLOG"
+        )
         self._segments = SegmentList(name, self._dir)
         self._writer = SegmentWriter(
             name, self._segments, timebase, max_bytes_per_file, subject="TOPICLOG"
