@@ -580,6 +580,39 @@ def test_a_damaged_state_file_is_set_aside(tmp_path: Path) -> None:
     log.close()
 
 
+def test_a_segment_created_just_before_a_crash_gets_its_header(tmp_path: Path) -> None:
+    log = open_log(tmp_path)
+    log.append_many(stamped(10))
+    log.close()
+    torn = tmp_path / "t.lmq.000001.dat"
+    torn.write_bytes(b"\x89LMQ")  # the crash came while the header was being written
+    log = open_log(tmp_path)
+    assert (log.next_offset, log.corrupt_count) == (10, 0) and log.torn_bytes == 4
+    assert log.append_many(stamped(2, start=10)) == 10
+    log.close()
+    header = decode_segment_header(torn.read_bytes()[:SEGMENT_HEADER_SIZE], LOG_READABLE_VERSIONS)
+    assert (header.version, header.segment, header.base_offset) == (3, 1, 10)
+    log = open_log(tmp_path)
+    assert entry_keys(log.read_range(0, 100)) == expected(0, stamped(12))
+    log.close()
+
+
+def test_a_segment_of_a_newer_format_is_left_untouched(tmp_path: Path) -> None:
+    log = open_log(tmp_path)
+    log.append_many(stamped(5))
+    log.close()
+    (seg,) = segment_files(tmp_path)
+    data = bytearray(seg.read_bytes())
+    data[8:10] = b"\x00\x09"
+    data[28:32] = struct.pack(">I", crc32c(bytes(data[:28])))
+    seg.write_bytes(bytes(data))
+    log = open_log(tmp_path)
+    assert log.read_range(0, 10) == [] and log.next_offset == 5  # the state file's
+    assert log.append_many(stamped(1, start=5)) == 5
+    log.close()
+    assert seg.read_bytes() == bytes(data) and len(segment_files(tmp_path)) == 2
+
+
 def test_the_state_file_keeps_offsets_that_no_segment_holds_any_more(tmp_path: Path) -> None:
     log = open_log(tmp_path)
     log.append_many(stamped(10))
