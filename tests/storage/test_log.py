@@ -299,9 +299,9 @@ def test_unsettled_messages_are_read_again_after_a_restart(tmp_path: Path) -> No
     assert cursor.low == 7
     log.close()
     log = open_log(tmp_path, max_bytes_per_file=SMALL)
-    cursor = log.cursor("c")
-    assert cursor is not None and (cursor.position, cursor.low) == (7, 7)
-    assert entry_keys(read_all(cursor)) == expected(7, msgs[7:])
+    restored = log.cursor("c")
+    assert restored is not None and (restored.position, restored.low) == (7, 7)
+    assert entry_keys(read_all(restored)) == expected(7, msgs[7:])
     log.close()
 
 
