@@ -4,8 +4,8 @@ Theory of operation
 -------------------
 A ``LogReader`` has one position: the next offset it returns (``position``), and where that
 offset is: a segment, the file position of a record boundary, and the end of the previous
-record's offsets (``_running``, which gives the next record its first offset: ``log_index.
-first_offset``). ``read_many`` returns ``(offset, message)`` pairs in offset order.
+record's offsets (``_running``, which gives the next record its first offset:
+``log_index.first_offset``). ``read_many`` returns ``(offset, message)`` pairs in offset order.
 
 To get its next record, a reader first asks the log's tail cache (``log_cache.py``): if the
 offset is there, it takes that record's message objects as they were appended, shared with every

@@ -6,9 +6,10 @@ check fails the scanner resynchronises: it searches forward for the next offset 
 record with a matching CRC begins (``verify.find_next_record``). The result splits the bytes into
 valid records and *bad regions*; what to do with the regions is ``recovery.py``'s business.
 
-The record types accepted are those of the segment's format version (``record.
-RECORD_TYPES_BY_VERSION``); a caller that needs each valid record (a topic log building its
-offset and time index) passes a ``visit`` callback, called once per valid record in file order.
+The record types accepted are those of the segment's format version
+(``record.RECORD_TYPES_BY_VERSION``); a caller that needs each valid record (a topic log
+building its offset and time index) passes a ``visit`` callback, called once per valid record
+in file order.
 """
 
 from __future__ import annotations

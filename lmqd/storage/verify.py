@@ -1,9 +1,9 @@
 """Checking a record's bytes (``record.py``'s format) without decoding its messages.
 
-Which record types are valid depends on the segment's format version (``record.
-RECORD_TYPES_BY_VERSION``): every function here takes the accepted ``types``, by default a disk
-queue's ('M' and 'B'); a topic log's version-3 segments hold offset batches ('O'), which share
-the batch layout (their header is 8 bytes longer).
+Which record types are valid depends on the segment's format version
+(``record.RECORD_TYPES_BY_VERSION``): every function here takes the accepted ``types``, by
+default a disk queue's ('M' and 'B'); a topic log's version-3 segments hold offset batches
+('O'), which share the batch layout (their header is 8 bytes longer).
 
 ``verify_record`` answers, for the bytes at an offset, one of three things: a valid record ends
 here (and holds this many messages), this is the valid *beginning* of a record whose end is
