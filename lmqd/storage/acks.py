@@ -17,6 +17,9 @@ Two structures, both touched in C loops only:
 
 The reader adds a record's tokens to both as one ``range`` when it hands the messages out
 (``SegmentReader._take``); it holds the two containers directly (they are never replaced).
+
+A topic log's cursor (``log_cursor.py``) keeps its unsettled messages in one too, with their
+offsets as the tokens: they sort in read order just the same.
 """
 
 from __future__ import annotations
@@ -63,6 +66,11 @@ class AckTracker:
         while order and order[0] not in outstanding:
             order.popleft()
         return known
+
+    def oldest(self) -> int | None:
+        """The oldest outstanding token (a topic log's cursor: offset); None if none is."""
+        order = self.order
+        return order[0] if order else None
 
     def oldest_position(self) -> tuple[int, int, int] | None:
         """(segment, record offset, index) of the oldest outstanding message; None if none is."""

@@ -13,6 +13,9 @@ Two forms of output, from the same layout rules:
   ``decode_record``, ``decode_any``, ``decode_records``): ``record.Record`` tuples with every
   field, optional ones included; for tools, tests and the slow path above.
 
+Offset batches ('O', a topic log's records) share the batch layout with an 8-byte longer header:
+``decode_batch`` takes the header's size, and the general form finds it from the type byte.
+
 The message decoders expect a record whose CRC already matched (the reader checks it while
 framing) and return ``None`` for an inconsistent structure; the verifying record decoders check
 everything themselves (``verify.py``) and raise ``FormatError``. Nothing here does I/O.
@@ -20,7 +23,9 @@ everything themselves (``verify.py``) and raise ``FormatError``. Nothing here do
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable
+from operator import itemgetter
 
 from lmqd.message import Message
 from lmqd.storage.record import (
@@ -32,7 +37,7 @@ from lmqd.storage.record import (
     MAX_BATCH_COUNT,
     RECORD_PREFIX,
     RECORD_PREFIX_SIZE,
-    TYPE_BATCH,
+    RECORD_TYPES,
     TYPE_MESSAGE,
     Buffer,
     FormatError,
@@ -40,6 +45,10 @@ from lmqd.storage.record import (
 )
 from lmqd.storage.tokens import StoredMessage
 from lmqd.storage.verify import batch_layout, check_record, parse_optional_fields
+
+_ENTRY_LENGTHS = struct.Struct(">I34x")
+"""Just the body length of each batch entry, for stepping over skipped messages in C."""
+_first = itemgetter(0)
 
 # -- records to messages (the disk queue's reader) ---------------------------------------------
 
@@ -52,21 +61,31 @@ def decode_batch(
     token: int,
     from_wall_ns: Callable[[int], float],
     ack_mode: bool,
+    header_size: int = BATCH_HEADER_SIZE,
+    skip: int = 0,
 ) -> list[Message] | None:
     """The messages of the batch at ``buf[i:rec_end]`` (CRC already checked; ``view`` is
     ``memoryview(buf)``); None if its structure is inconsistent. ``token``: the token of its
-    first message (acknowledgement mode). The hot path: one ``iter_unpack`` for all the
-    entries, then per message one slice and one message object."""
+    first message (acknowledgement mode); ``header_size``: ``OFFSET_BATCH_HEADER_SIZE`` for an
+    offset batch; ``skip``: leave out that many messages at the start (a read from the middle
+    of a batch: their bodies are stepped over, not copied). The hot path: one ``iter_unpack``
+    for all the entries, then per message one slice and one message object."""
     _, _, flags, count = BATCH_HEADER.unpack_from(buf, i)
     crc_at = rec_end - 4
-    at = i + BATCH_HEADER_SIZE + count * BATCH_ENTRY_SIZE
+    at = i + header_size + count * BATCH_ENTRY_SIZE
     if flags or not 1 <= count <= MAX_BATCH_COUNT or at > crc_at:
         try:
             records = decode_batch_records(buf, i, rec_end)
         except FormatError:
             return None
-        return _messages(records, token, from_wall_ns, ack_mode)
-    entries = BATCH_ENTRY.iter_unpack(view[i + BATCH_HEADER_SIZE : at])
+        return _messages(records[skip:], token + skip, from_wall_ns, ack_mode)
+    entries_at = i + header_size
+    if skip:
+        skipped_at = entries_at + min(skip, count) * BATCH_ENTRY_SIZE
+        at += sum(map(_first, _ENTRY_LENGTHS.iter_unpack(view[entries_at:skipped_at])))
+        entries_at = skipped_at
+        token += skip
+    entries = BATCH_ENTRY.iter_unpack(view[entries_at : i + header_size + count * BATCH_ENTRY_SIZE])
     msgs: list[Message] = []
     add = msgs.append
     if ack_mode:
@@ -154,7 +173,8 @@ def decode_message_record(buf: Buffer, offset: int, rec_end: int) -> Record:
 
 
 def decode_batch_records(buf: Buffer, offset: int, rec_end: int) -> list[Record]:
-    """The messages of the batch at ``offset`` whose CRC has been checked (general form).
+    """The messages of the batch ('B' or 'O') at ``offset`` whose CRC has been checked
+    (general form).
 
     Raises ``FormatError`` if its structure is inconsistent.
     """
@@ -163,9 +183,10 @@ def decode_batch_records(buf: Buffer, offset: int, rec_end: int) -> list[Record]
     out = []
     body_at = bodies_at
     opt_at = options_at
+    entries_at = bodies_at - count * BATCH_ENTRY_SIZE
     for i in range(count):
         n, msg_id, timestamp, attempts, deliver = BATCH_ENTRY.unpack_from(
-            buf, offset + BATCH_HEADER_SIZE + i * BATCH_ENTRY_SIZE
+            buf, entries_at + i * BATCH_ENTRY_SIZE
         )
         expires_ns: int | None = None
         headers: bytes | None = None
@@ -194,23 +215,29 @@ def decode_record(buf: bytes | memoryview, offset: int = 0) -> tuple[Record, int
     return decode_message_record(buf, offset, end), end
 
 
-def decode_any(buf: Buffer, offset: int = 0) -> tuple[list[Record], int]:
-    """Decode and verify the record at ``offset``, of either type: its messages and its end.
+def decode_any(
+    buf: Buffer, offset: int = 0, types: tuple[int, ...] = RECORD_TYPES
+) -> tuple[list[Record], int]:
+    """Decode and verify the record at ``offset``, of any of ``types`` (by default a disk
+    queue's: 'M' or 'B'): its messages and its end.
 
     Raises FormatError.
     """
-    end = check_record(buf, offset, len(buf))
+    end = check_record(buf, offset, len(buf), types)
     if end == -1:
         raise FormatError("truncated record")
     if end < 0:
         raise FormatError("invalid record")
-    if buf[offset + 4] == TYPE_BATCH:
+    if buf[offset + 4] != TYPE_MESSAGE:
         return decode_batch_records(buf, offset, end), end
     return [decode_message_record(buf, offset, end)], end
 
 
-def decode_records(buf: Buffer, offset: int = 0) -> tuple[list[Record], int]:
-    """Decode records of either type from ``offset`` until the first incomplete or invalid one.
+def decode_records(
+    buf: Buffer, offset: int = 0, types: tuple[int, ...] = RECORD_TYPES
+) -> tuple[list[Record], int]:
+    """Decode records of any of ``types`` from ``offset`` until the first incomplete or invalid
+    one.
 
     Returns the messages and the offset where decoding stopped (``len(buf)`` if all were valid).
     """
@@ -218,7 +245,7 @@ def decode_records(buf: Buffer, offset: int = 0) -> tuple[list[Record], int]:
     end = len(buf)
     while offset < end:
         try:
-            records, next_offset = decode_any(buf, offset)
+            records, next_offset = decode_any(buf, offset, types)
         except FormatError:
             break
         out.extend(records)

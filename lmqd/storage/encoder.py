@@ -16,6 +16,10 @@ The writer (``writer.py``) then hands each segment's buffer to the OS with one `
 optional fields are written yet (``Message`` has none): batch flags are 0. Single-message ('M')
 records are no longer written at all; ``decoder.py`` still reads both.
 
+A topic log (``log.py``) writes *offset* batches ('O', format version 3): the same steps with
+the call's first offset given, each batch's header then carrying the offset of its first message
+(the call's first offset plus the batch's first index); planning counts their larger overhead.
+
 Theory of operation of ``plan_batches``: ``cum[k]``, the bytes of the entries and bodies of
 messages ``0..k-1``, is built with C loops (``accumulate``, ``map``), then each batch's end is a
 ``bisect`` in it, so planning costs no Python bytecode per message. The common large call (all of
@@ -41,8 +45,11 @@ from lmqd.storage.record import (
     BATCH_OVERHEAD,
     MAX_ATTEMPTS,
     MAX_BATCH_BYTES,
+    OFFSET_BATCH_HEADER,
+    OFFSET_BATCH_OVERHEAD,
     SEGMENT_HEADER_SIZE,
     TYPE_BATCH,
+    TYPE_OFFSET_BATCH,
     U32,
 )
 
@@ -106,21 +113,24 @@ def encode_entries(
     return entries, bodies
 
 
-def plan_batches(bodies: list[bytes], start_pos: int, max_bytes: int) -> list[list[Batch]]:
+def plan_batches(
+    bodies: list[bytes], start_pos: int, max_bytes: int, overhead: int = BATCH_OVERHEAD
+) -> list[list[Batch]]:
     """Split messages into batch records: per segment (the write segment first, possibly
     empty, then new ones), its batches as (first, end, payload bytes): the message range and
     the bytes of its entries and bodies.
 
     ``start_pos``: the write position in the write segment; ``max_bytes``: the segment size
-    limit (``max_bytes_per_file``). A batch ends where the segment is full or at
-    ``MAX_BATCH_BYTES``; a segment always takes at least one message, and a batch holds at
-    least one, however large.
+    limit (``max_bytes_per_file``); ``overhead``: a record's bytes beyond its payload
+    (``BATCH_OVERHEAD``, or ``OFFSET_BATCH_OVERHEAD`` for a topic log). A batch ends where the
+    segment is full or at ``MAX_BATCH_BYTES``; a segment always takes at least one message, and
+    a batch holds at least one, however large.
     """
     n = len(bodies)
-    cap = MAX_BATCH_BYTES - BATCH_OVERHEAD
+    cap = MAX_BATCH_BYTES - overhead
     total = n * BATCH_ENTRY_SIZE + sum(map(len, bodies))
     parts = -(-total // cap)
-    if start_pos + parts * BATCH_OVERHEAD + total <= max_bytes:
+    if start_pos + parts * overhead + total <= max_bytes:
         if parts == 1:
             return [[(0, n, total)]]
         # The common large call: equal counts per batch fit the cap unless sizes are skewed.
@@ -145,7 +155,7 @@ def plan_batches(bodies: list[bytes], start_pos: int, max_bytes: int) -> list[li
     pos = start_pos
     i = 0
     while i < n:
-        room = max_bytes - pos - BATCH_OVERHEAD
+        room = max_bytes - pos - overhead
         j = bisect_right(cum, cum[i] + min(room, cap), i + 1) - 1
         if j == i:
             if pos > SEGMENT_HEADER_SIZE and cum[i + 1] - cum[i] > room:
@@ -155,23 +165,38 @@ def plan_batches(bodies: list[bytes], start_pos: int, max_bytes: int) -> list[li
                 continue
             j = i + 1
         batches.append((i, j, cum[j] - cum[i]))
-        pos += BATCH_OVERHEAD + cum[j] - cum[i]
+        pos += overhead + cum[j] - cum[i]
         i = j
     chunks.append(batches)
     return chunks
 
 
-def frame_batches(entries: list[bytes], bodies: list[bytes], batches: list[Batch]) -> bytearray:
+def frame_batches(
+    entries: list[bytes],
+    bodies: list[bytes],
+    batches: list[Batch],
+    first_offset: int | None = None,
+) -> bytearray:
     """The batch records of one segment's share of a call, in one buffer.
 
     One join copies every body once (no per-batch buffers joined again); the CRC of each
     batch is then computed over its bytes in place and written into its last four bytes.
+    With ``first_offset`` (the topic offset of the call's first message) the records are
+    offset batches ('O'), each carrying the offset of its own first message.
     """
     n = len(bodies)
+    overhead = BATCH_OVERHEAD if first_offset is None else OFFSET_BATCH_OVERHEAD
     parts: list[bytes] = []
     for first, end, payload in batches:
-        length = BATCH_OVERHEAD - 4 + payload
-        parts.append(BATCH_HEADER.pack(length, TYPE_BATCH, 0, end - first))
+        length = overhead - 4 + payload
+        if first_offset is None:
+            parts.append(BATCH_HEADER.pack(length, TYPE_BATCH, 0, end - first))
+        else:
+            parts.append(
+                OFFSET_BATCH_HEADER.pack(
+                    length, TYPE_OFFSET_BATCH, 0, end - first, first_offset + first
+                )
+            )
         if first == 0 and end == n:
             parts += entries
             parts += bodies
@@ -183,7 +208,7 @@ def frame_batches(entries: list[bytes], bodies: list[bytes], batches: list[Batch
     pos = 0
     with memoryview(data) as view:
         for _, _, payload in batches:
-            crc_at = pos + BATCH_OVERHEAD - 4 + payload
+            crc_at = pos + overhead - 4 + payload
             U32.pack_into(data, crc_at, crc32c(view[pos + 4 : crc_at]))
             pos = crc_at + 4
     return data

@@ -44,6 +44,11 @@ def positions_filename(name: str) -> str:
     return f"{queue_stem(name)}.lmq.pos.json"
 
 
+def log_state_filename(name: str) -> str:
+    """File name of the state file of topic ``name``'s log: ``<stem>.lmq.log.json``."""
+    return f"{queue_stem(name)}.lmq.log.json"
+
+
 def list_segments(directory: str, name: str) -> dict[int, str]:
     """Segment number -> path of every segment file of queue ``name`` in ``directory``.
 
@@ -74,6 +79,15 @@ def unlink_quietly(path: str, log: logging.Logger) -> None:
 def fsync_dir(path: str) -> None:
     """fsync a directory, making creations, renames and unlinks in it durable."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_path(path: str) -> None:
+    """fsync a file by name (raises ``OSError``)."""
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:

@@ -4,10 +4,11 @@ Every integer is big-endian. A segment file is one 32-byte header followed by re
 
     segment header (32 bytes)
       0   8  magic  b"\\x89LMQSEG\\n"
-      8   2  format version (2; version 1 segments hold only "M" records, still read)
+      8   2  format version (2: a disk queue's; 3: a topic log's; 1: only "M" records, still read)
      10   2  header length (32; a later version may grow the header, readers skip to this offset)
      12   8  segment number
-     20   8  created, wall-clock nanoseconds
+     20   8  version 1, 2: created, wall-clock nanoseconds
+             version 3: base offset (the topic offset of the segment's first message)
      28   4  CRC32C of bytes 0..28
 
     batch record (what the disk queue writes: N messages, one CRC)
@@ -25,6 +26,16 @@ Every integer is big-endian. A segment file is one 32-byte header followed by re
       .   .  if flag 0x01: N option blocks, in order, each
                [uint8 flags][optional fields in flag-bit order, each [uint32 length][value]]
     L   4  CRC32C of bytes 4..L (everything after the length, before the CRC)
+
+    offset batch record (version 3, what a topic log writes): a batch record whose header also
+    carries the topic offset of its first message; message k of the batch has offset first + k
+      0   4  length L
+      4   1  type (0x4F "O": offset batch)
+      5   1  batch flags (as "B")
+      6   4  count N of messages
+     10   8  first offset, uint64
+     18   .  N entries, the bodies, the option blocks, as in "B"
+    L   4  CRC32C of bytes 4..L
 
     message record (the format before batches; still read, no longer written)
       0   4  length L: bytes after this field, CRC included
@@ -62,9 +73,17 @@ from crc32c import crc32c
 
 SEGMENT_MAGIC = b"\x89LMQSEG\n"
 FORMAT_VERSION = 2
-"""The version this build writes: 2 since batch records. An older build reads version 1 only, so
-it leaves a version-2 segment untouched instead of taking its batches for corruption."""
+"""The version a disk queue writes: 2 since batch records. An older build reads version 1 only,
+so it leaves a version-2 segment untouched instead of taking its batches for corruption."""
 READABLE_VERSIONS = (1, 2)
+"""The versions a disk queue reads. Not 3: a topic log's segments are not a queue's."""
+LOG_FORMAT_VERSION = 3
+"""The version a topic log (``log.py``) writes: offset batch records ('O') and a header whose
+bytes 20..28 hold the segment's base offset. A build that reads versions 1 and 2 only leaves
+such a segment untouched (it could not tell the offsets)."""
+LOG_READABLE_VERSIONS = (1, 2, 3)
+"""The versions a topic log reads: its own, and a disk queue's segments (offsets assigned when
+the log first opens them, see ``log_recovery.py``)."""
 SEGMENT_HEADER_SIZE = 32
 
 TYPE_MESSAGE = 0x4D
@@ -72,7 +91,16 @@ TYPE_MESSAGE = 0x4D
 TYPE_BATCH = 0x42
 """'B': a batch of messages under one CRC (what the disk queue writes). The type byte is readable
 at offset 4 of every record in a hex dump of a segment."""
+TYPE_OFFSET_BATCH = 0x4F
+"""'O': a batch whose header carries the topic offset of its first message (version 3, what a
+topic log writes)."""
 RECORD_TYPES = (TYPE_MESSAGE, TYPE_BATCH)
+"""The record types of segment versions 1 and 2 (a disk queue's)."""
+LOG_RECORD_TYPES = (TYPE_OFFSET_BATCH,)
+"""The record types of a version-3 segment (a topic log's)."""
+RECORD_TYPES_BY_VERSION = {1: RECORD_TYPES, 2: RECORD_TYPES, 3: LOG_RECORD_TYPES}
+"""What a scanner accepts in a segment of each version. A segment whose header is damaged is
+scanned for every type of the versions its reader reads (``types_for``)."""
 
 FLAG_EXPIRY = 0x01
 """Optional field: int64 wall-clock ns after which the message is dropped (reserved for TTL)."""
@@ -103,6 +131,12 @@ BATCH_ENTRY = struct.Struct(">I16sqHq")
 BATCH_ENTRY_SIZE = BATCH_ENTRY.size
 BATCH_OF_ONE_OVERHEAD = BATCH_OVERHEAD + BATCH_ENTRY_SIZE
 """A batch record holding one message: its size beyond the body (52 bytes)."""
+OFFSET_BATCH_HEADER = struct.Struct(">IBBIQ")
+"""An offset batch record's header: length, type, batch flags, message count, first offset. The
+first 10 bytes are laid out as a batch header's, so one structure check serves both types."""
+OFFSET_BATCH_HEADER_SIZE = OFFSET_BATCH_HEADER.size
+OFFSET_BATCH_OVERHEAD = OFFSET_BATCH_HEADER_SIZE + 4
+"""An offset batch record's size beyond its entries, bodies and option blocks (22 bytes)."""
 BATCH_FLAG_OPTIONS = 0x01
 """Batch flag: an option block per message follows the bodies."""
 MAX_BATCH_COUNT = (1 << 24) - 1
@@ -142,6 +176,9 @@ class SegmentHeader(NamedTuple):
     header_length: int
     segment: int
     created_ns: int
+    """Versions 1 and 2; 0 in version 3, whose header holds ``base_offset`` there instead."""
+    base_offset: int = -1
+    """Version 3: the topic offset of the segment's first message (-1 in older versions)."""
 
 
 class Record(NamedTuple):
@@ -157,16 +194,41 @@ class Record(NamedTuple):
     headers: bytes | None = None
 
 
-def encode_segment_header(segment: int, created_ns: int) -> bytes:
-    """The 32-byte header that starts segment file ``segment``."""
-    head = _SEGMENT_HEADER.pack(
-        SEGMENT_MAGIC, FORMAT_VERSION, SEGMENT_HEADER_SIZE, segment, created_ns
-    )
+def header_offset_size(kind: int) -> int:
+    """Bytes before the entries of a batch record of type ``kind`` ('B' or 'O')."""
+    return OFFSET_BATCH_HEADER_SIZE if kind == TYPE_OFFSET_BATCH else BATCH_HEADER_SIZE
+
+
+def types_for(readable: tuple[int, ...]) -> tuple[int, ...]:
+    """Every record type a segment of one of the ``readable`` versions may hold."""
+    out: list[int] = []
+    for version in readable:
+        out.extend(t for t in RECORD_TYPES_BY_VERSION[version] if t not in out)
+    return tuple(out)
+
+
+def encode_segment_header(
+    segment: int, created_ns: int, *, base_offset: int | None = None
+) -> bytes:
+    """The 32-byte header that starts segment file ``segment``: a disk queue's (version 2), or
+    with ``base_offset`` a topic log's (version 3, the base offset where ``created`` was)."""
+    if base_offset is None:
+        head = _SEGMENT_HEADER.pack(
+            SEGMENT_MAGIC, FORMAT_VERSION, SEGMENT_HEADER_SIZE, segment, created_ns
+        )
+    else:
+        head = _SEGMENT_HEADER.pack(
+            SEGMENT_MAGIC, LOG_FORMAT_VERSION, SEGMENT_HEADER_SIZE, segment, base_offset
+        )
     return head + U32.pack(crc32c(head))
 
 
-def decode_segment_header(data: bytes) -> SegmentHeader:
-    """Parse and verify a segment header; raises ``FormatError`` (``UnsupportedVersion``)."""
+def decode_segment_header(
+    data: bytes, readable: tuple[int, ...] = READABLE_VERSIONS
+) -> SegmentHeader:
+    """Parse and verify a segment header; raises ``FormatError`` (``UnsupportedVersion`` for a
+    version not in ``readable``: by default a disk queue's, ``LOG_READABLE_VERSIONS`` for a
+    topic log)."""
     if len(data) < SEGMENT_HEADER_SIZE:
         raise FormatError(f"short segment header ({len(data)} bytes)")
     magic, version, header_length, segment, created_ns = _SEGMENT_HEADER.unpack_from(data)
@@ -175,10 +237,12 @@ def decode_segment_header(data: bytes) -> SegmentHeader:
     (crc,) = U32.unpack_from(data, _CRC_ABOUT_HEADER)
     if crc != crc32c(data[:_CRC_ABOUT_HEADER]):
         raise FormatError("segment header checksum mismatch")
-    if version not in READABLE_VERSIONS:
-        raise UnsupportedVersion(
-            f"segment format version {version} (this build reads {READABLE_VERSIONS})"
-        )
+    if version not in readable:
+        raise UnsupportedVersion(f"segment format version {version} (readable: {readable})")
     if header_length != SEGMENT_HEADER_SIZE:
         raise FormatError(f"bad segment header length {header_length}")
+    if version == LOG_FORMAT_VERSION:
+        if created_ns < 0:
+            raise FormatError(f"bad base offset {created_ns}")
+        return SegmentHeader(version, header_length, segment, 0, created_ns)
     return SegmentHeader(version, header_length, segment, created_ns)

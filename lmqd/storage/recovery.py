@@ -38,6 +38,8 @@ import logging
 import mmap
 import os
 import time
+from collections.abc import Callable
+from typing import TypeVar
 
 import attrs
 
@@ -51,14 +53,17 @@ from lmqd.storage.files import (
 from lmqd.storage.positions import Positions, decode_positions
 from lmqd.storage.record import (
     FORMAT_VERSION,
+    READABLE_VERSIONS,
     SEGMENT_HEADER_SIZE,
     FormatError,
     decode_segment_header,
     encode_segment_header,
 )
-from lmqd.storage.scan import scan_segment
+from lmqd.storage.scan import RecordVisitor, scan_segment
 
 log = logging.getLogger("lmqd.storage")
+
+T = TypeVar("T")
 
 
 @attrs.define(slots=True)
@@ -85,6 +90,32 @@ class RecoveredSegment:
     corrupt_count: int = 0
     corrupt_bytes: int = 0
     torn_bytes: int = 0
+    version: int = 0
+    """The header's format version (0 if it was damaged)."""
+    base_offset: int = -1
+    """Version 3 (a topic log's segment): the base offset in its header; -1 otherwise."""
+
+
+@attrs.frozen
+class SegmentFormat:
+    """What a segment's owner reads and writes: a disk queue's format (the default) or a topic
+    log's (``log_recovery.py``)."""
+
+    readable: tuple[int, ...] = READABLE_VERSIONS
+    """The versions read; a segment of another version is left untouched."""
+    version: int = FORMAT_VERSION
+    """The version written: the newest segment is appended to only if it has this version."""
+    fresh_header: Callable[[int], bytes] = lambda number: encode_segment_header(
+        number, time.time_ns()
+    )
+    """The header to write into segment ``number`` when it was created but never got one."""
+    visit: RecordVisitor | None = None
+    """Called for each valid record found (``scan.scan_records``)."""
+    subject: str = "DISKQUEUE"
+    """How log lines name the owner: ``DISKQUEUE(<name>)`` or ``TOPICLOG(<name>)``."""
+
+
+QUEUE_FORMAT = SegmentFormat()
 
 
 def recover_segment(
@@ -95,6 +126,7 @@ def recover_segment(
     newest: bool,
     synced_end: int,
     count_from: int = 0,
+    fmt: SegmentFormat = QUEUE_FORMAT,
 ) -> RecoveredSegment:
     """Scan segment file ``path`` and repair it as the module docstring describes.
 
@@ -102,6 +134,7 @@ def recover_segment(
     ``synced_end``: offset below which the file's content was fsynced (0 if unknown), so a
     partial record there is corruption, not a torn write. ``count_from``: the persisted read
     offset in this segment, for counting the unread records and checking it is a boundary.
+    ``fmt``: the owner's format (a disk queue's by default).
     Raises ``OSError`` only if the file cannot be opened or repaired at all.
     """
     # Only the newest segment may be repaired; older ones need no write access.
@@ -109,9 +142,9 @@ def recover_segment(
     try:
         size = os.fstat(fd).st_size
         if size == 0:
-            return _recover(fd, b"", 0, path, number, queue, newest, synced_end, count_from)
+            return _recover(fd, b"", 0, path, number, queue, newest, synced_end, count_from, fmt)
         with mmap.mmap(fd, size, access=mmap.ACCESS_READ) as mm:
-            return _recover(fd, mm, size, path, number, queue, newest, synced_end, count_from)
+            return _recover(fd, mm, size, path, number, queue, newest, synced_end, count_from, fmt)
     finally:
         os.close(fd)
 
@@ -126,8 +159,9 @@ def _recover(
     newest: bool,
     synced_end: int,
     count_from: int,
+    fmt: SegmentFormat,
 ) -> RecoveredSegment:
-    scan = scan_segment(buf, size, count_from)
+    scan = scan_segment(buf, size, count_from, readable=fmt.readable, visit=fmt.visit)
     result = RecoveredSegment(
         number=number,
         path=path,
@@ -137,12 +171,17 @@ def _recover(
         records_from=scan.records.records_from,
         floor=scan.records.floor,
         floor_count=scan.records.floor_count,
-        appendable=newest and scan.header_ok and scan.version == FORMAT_VERSION,
+        appendable=newest and scan.header_ok and scan.version == fmt.version,
         unsupported=scan.unsupported,
+        version=scan.version,
+        base_offset=scan.header.base_offset if scan.header is not None else -1,
     )
     if scan.unsupported:
         log.error(
-            "DISKQUEUE(%s): %s has an unsupported format version; left untouched", queue, path
+            "%s(%s): %s has an unsupported format version; left untouched",
+            fmt.subject,
+            queue,
+            path,
         )
         return result
     truncate_at = -1
@@ -152,7 +191,8 @@ def _recover(
             result.torn_bytes += end - start
             truncate_at = start
             log.warning(
-                "DISKQUEUE(%s): %s: torn write of %d bytes at offset %d truncated",
+                "%s(%s): %s: torn write of %d bytes at offset %d truncated",
+                fmt.subject,
                 queue,
                 path,
                 end - start,
@@ -163,7 +203,8 @@ def _recover(
         result.corrupt_count += 1
         result.corrupt_bytes += end - start
         log.error(
-            "DISKQUEUE(%s): %s: corrupt region of %d bytes at offset %d set aside in %s",
+            "%s(%s): %s: corrupt region of %d bytes at offset %d set aside in %s",
+            fmt.subject,
             queue,
             path,
             end - start,
@@ -180,8 +221,11 @@ def _recover(
     if not scan.header_ok and newest and scan.valid_end == 0:
         # The file never got past (a copy of) its header: start it afresh and keep using it.
         os.ftruncate(fd, 0)
-        os.pwrite(fd, encode_segment_header(number, time.time_ns()), 0)
+        header = fmt.fresh_header(number)
+        os.pwrite(fd, header, 0)
         os.fsync(fd)
+        result.version = fmt.version
+        result.base_offset = decode_segment_header(header, fmt.readable).base_offset
         result.end = SEGMENT_HEADER_SIZE
         result.floor = SEGMENT_HEADER_SIZE
         result.floor_count = 0
@@ -233,16 +277,34 @@ def load_positions(path: str, name: str) -> tuple[Positions | None, bool]:
 
     A damaged file is renamed to ``<path>.bad`` (or a free ``.bad.N``) and logged.
     """
+    return load_state_file(path, name, decode_positions)
+
+
+def load_state_file(
+    path: str,
+    name: str,
+    decode: Callable[[str, bytes], T],
+    *,
+    subject: str = "DISKQUEUE",
+    what: str = "positions",
+    max_bytes: int = 64 * 1024,
+) -> tuple[T | None, bool]:
+    """Read a small state file with ``decode`` (raising ``ValueError`` for bad content):
+    (its content or None, whether it was damaged or unreadable).
+
+    A damaged file is renamed to ``<path>.bad`` (or a free ``.bad.N``) and logged; ``what`` is
+    what the log line says is rebuilt from the segments.
+    """
     try:
         with open(path, "rb") as f:
-            data = f.read(64 * 1024)
+            data = f.read(max_bytes)
     except FileNotFoundError:
         return None, False
     except OSError:
-        log.error("DISKQUEUE(%s): cannot read %s", name, path, exc_info=True)
+        log.error("%s(%s): cannot read %s", subject, name, path, exc_info=True)
         return None, True
     try:
-        return decode_positions(name, data), False
+        return decode(name, data), False
     except ValueError as exc:
         aside = free_aside_path(path + ".bad")
         try:
@@ -250,11 +312,13 @@ def load_positions(path: str, name: str) -> tuple[Positions | None, bool]:
         except OSError:
             aside = "(could not be moved)"
         log.error(
-            "DISKQUEUE(%s): %s damaged (%s), kept as %s; rebuilding positions from the segments",
+            "%s(%s): %s damaged (%s), kept as %s; rebuilding %s from the segments",
+            subject,
             name,
             path,
             exc,
             aside,
+            what,
         )
         return None, True
 

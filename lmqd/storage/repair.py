@@ -25,6 +25,7 @@ import os
 import attrs
 
 from lmqd.storage.files import save_aside
+from lmqd.storage.record import RECORD_TYPES
 from lmqd.storage.scan import scan_records
 from lmqd.storage.segments import Segment
 
@@ -47,9 +48,17 @@ class Damage:
 
 
 def set_aside_damage(
-    name: str, seg: Segment, fd: int, pos: int, damage: Damage
+    name: str,
+    seg: Segment,
+    fd: int,
+    pos: int,
+    damage: Damage,
+    types: tuple[int, ...] = RECORD_TYPES,
+    subject: str = "DISKQUEUE",
 ) -> tuple[list[tuple[int, int]], int]:
     """Set aside every bad region of ``seg`` (open as ``fd``) from ``pos`` to its end.
+    ``types``: the record types valid in the segment (a disk queue's by default); ``subject``:
+    how log lines name the owner (``DISKQUEUE(<name>)`` or ``TOPICLOG(<name>)``).
 
     Returns the new bad regions (start, end), not yet in ``seg.skips``, and the number of
     messages in the valid records from ``pos`` on. Raises ``OSError`` if the file cannot be
@@ -72,17 +81,20 @@ def set_aside_damage(
             for start, stop in ranges:
                 if start >= stop:
                     continue
-                scan = scan_records(mm, start, stop)
+                scan = scan_records(mm, start, stop, types=types)
                 remaining += scan.records
                 for bad_start, bad_end, _ in scan.regions:
-                    _set_aside(name, seg, mm[bad_start:bad_end], bad_start, bad_end, damage)
+                    _set_aside(
+                        f"{subject}({name})", seg, mm[bad_start:bad_end], bad_start, bad_end, damage
+                    )
                     found.append((bad_start, bad_end))
     if end < seg.end:
         lost = seg.end - end
         damage.corrupt_count += 1
         damage.corrupt_bytes += lost
         log.error(
-            "DISKQUEUE(%s): %s is %d bytes shorter than written; skipping them",
+            "%s(%s): %s is %d bytes shorter than written; skipping them",
+            subject,
             name,
             seg.path,
             lost,
@@ -91,13 +103,13 @@ def set_aside_damage(
     return found, remaining
 
 
-def _set_aside(name: str, seg: Segment, data: bytes, start: int, end: int, damage: Damage) -> None:
+def _set_aside(owner: str, seg: Segment, data: bytes, start: int, end: int, damage: Damage) -> None:
     aside = save_aside(f"{seg.path}.bad-{start}", data)
     damage.corrupt_count += 1
     damage.corrupt_bytes += end - start
     log.error(
-        "DISKQUEUE(%s): %s: corrupt region of %d bytes at offset %d set aside in %s",
-        name,
+        "%s: %s: corrupt region of %d bytes at offset %d set aside in %s",
+        owner,
         seg.path,
         end - start,
         start,

@@ -5,20 +5,31 @@ CRC32C and, for a batch, its structure; counts are in messages, not records. Whe
 check fails the scanner resynchronises: it searches forward for the next offset where a complete
 record with a matching CRC begins (``verify.find_next_record``). The result splits the bytes into
 valid records and *bad regions*; what to do with the regions is ``recovery.py``'s business.
+
+The record types accepted are those of the segment's format version
+(``record.RECORD_TYPES_BY_VERSION``); a caller that needs each valid record (a topic log
+building its offset and time index) passes a ``visit`` callback, called once per valid record
+in file order.
 """
 
 from __future__ import annotations
 
 import mmap
+from collections.abc import Callable
 
 import attrs
 
 from lmqd.storage.record import (
+    READABLE_VERSIONS,
+    RECORD_TYPES,
+    RECORD_TYPES_BY_VERSION,
     SEGMENT_HEADER_SIZE,
     SEGMENT_MAGIC,
     FormatError,
+    SegmentHeader,
     UnsupportedVersion,
     decode_segment_header,
+    types_for,
 )
 from lmqd.storage.verify import find_next_record, verify_record
 
@@ -39,8 +50,22 @@ class RecordScan:
     """Bad regions ``(start, end, torn)`` in order; ``torn``: the last record runs past the end."""
 
 
-def scan_records(buf: bytes | mmap.mmap, start: int, end: int, count_from: int = 0) -> RecordScan:
-    """Verify the records in ``buf[start:end]``, resynchronising after bad ones. Never raises."""
+RecordVisitor = Callable[[memoryview, int, int, int], None]
+"""Called for each valid record: (the bytes scanned, record offset, offset after it, messages).
+The view is only valid during the call."""
+
+
+def scan_records(
+    buf: bytes | mmap.mmap,
+    start: int,
+    end: int,
+    count_from: int = 0,
+    *,
+    types: tuple[int, ...] = RECORD_TYPES,
+    visit: RecordVisitor | None = None,
+) -> RecordScan:
+    """Verify the records in ``buf[start:end]``, resynchronising after bad ones. Never raises
+    (unless ``visit`` does). ``types``: the record types valid here."""
     scan = RecordScan(floor=start)
     pos = start
     seen = 0  # valid records before pos
@@ -53,14 +78,16 @@ def scan_records(buf: bytes | mmap.mmap, start: int, end: int, count_from: int =
                 scan.floor = pos
                 scan.floor_count = 0
                 before_floor = seen
-            nxt, count = verify_record(view, pos, end)
+            nxt, count = verify_record(view, pos, end, types)
             if nxt > 0:
                 if pos == scan.floor:
                     scan.floor_count = count
+                if visit is not None:
+                    visit(view, pos, nxt, count)
                 seen += count
                 pos = nxt
                 continue
-            resync = find_next_record(buf, pos + 1, end)
+            resync = find_next_record(buf, pos + 1, end, types)
             if resync < 0:
                 scan.regions.append((pos, end, nxt == -1))
                 break
@@ -90,10 +117,22 @@ class SegmentScan:
     records: RecordScan
     version: int = 0
     """The header's format version (0 if the header is damaged)."""
+    header: SegmentHeader | None = None
+    """The decoded header (None if it is damaged or of an unreadable version)."""
 
 
-def scan_segment(buf: bytes | mmap.mmap, size: int, count_from: int = 0) -> SegmentScan:
-    """Verify the header and every record of a segment held in ``buf``. Never raises."""
+def scan_segment(
+    buf: bytes | mmap.mmap,
+    size: int,
+    count_from: int = 0,
+    *,
+    readable: tuple[int, ...] = READABLE_VERSIONS,
+    visit: RecordVisitor | None = None,
+) -> SegmentScan:
+    """Verify the header and every record of a segment held in ``buf``. Never raises (unless
+    ``visit`` does). ``readable``: the format versions the caller reads (a disk queue's by
+    default); the records accepted are those of the header's version, or of every readable
+    version if the header is damaged."""
     if size < SEGMENT_HEADER_SIZE:
         records = RecordScan(floor=0)
         if size:
@@ -101,19 +140,21 @@ def scan_segment(buf: bytes | mmap.mmap, size: int, count_from: int = 0) -> Segm
             torn = SEGMENT_MAGIC.startswith(bytes(buf[: min(size, len(SEGMENT_MAGIC))]))
             records.regions.append((0, size, torn))
         return SegmentScan(size, header_ok=False, unsupported=False, valid_end=0, records=records)
-    header_ok = True
-    version = 0
+    header: SegmentHeader | None = None
     try:
-        version = decode_segment_header(bytes(buf[:SEGMENT_HEADER_SIZE])).version
+        header = decode_segment_header(bytes(buf[:SEGMENT_HEADER_SIZE]), readable)
     except UnsupportedVersion:
         return SegmentScan(size, False, True, SEGMENT_HEADER_SIZE, RecordScan())
     except FormatError:
-        header_ok = False
+        pass
+    header_ok = header is not None
+    version = header.version if header is not None else 0
+    types = RECORD_TYPES_BY_VERSION[version] if header is not None else types_for(readable)
     start = SEGMENT_HEADER_SIZE
     if not header_ok:
-        resync = find_next_record(buf, SEGMENT_HEADER_SIZE, size)
+        resync = find_next_record(buf, SEGMENT_HEADER_SIZE, size, types)
         start = size if resync < 0 else resync
-    records = scan_records(buf, start, size, count_from)
+    records = scan_records(buf, start, size, count_from, types=types, visit=visit)
     if not header_ok:
         records.regions.insert(0, (0, start, False))
         if count_from < start:
@@ -122,4 +163,4 @@ def scan_segment(buf: bytes | mmap.mmap, size: int, count_from: int = 0) -> Segm
             records.records_from = records.records
     last = records.regions[-1] if records.regions else None
     valid_end = last[0] if last is not None and last[1] == size else size
-    return SegmentScan(size, header_ok, False, valid_end, records, version)
+    return SegmentScan(size, header_ok, False, valid_end, records, version, header)

@@ -87,12 +87,17 @@ class SegmentList:
         """The entry for a segment just created: its header and no records."""
         return Segment(number, self.path(number), SEGMENT_HEADER_SIZE, [], 0)
 
-    def create(self, number: int) -> int:
-        """Create segment file ``number`` with its header; returns an fd open for writing."""
+    def create(self, number: int, base_offset: int | None = None) -> int:
+        """Create segment file ``number`` with its header; returns an fd open for writing.
+
+        ``base_offset``: a topic log's segment (format version 3), whose first message will
+        have that offset; None for a disk queue's.
+        """
         path = self.path(number)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
         try:
-            pwrite_all(fd, encode_segment_header(number, time.time_ns()), 0)
+            header = encode_segment_header(number, time.time_ns(), base_offset=base_offset)
+            pwrite_all(fd, header, 0)
         except BaseException:
             os.close(fd)
             unlink_quietly(path, log)

@@ -14,6 +14,10 @@ The order is what makes a crash at any point safe: a positions file never points
 data, and a segment is removed only once a durable positions file says it was consumed. Jobs of
 one queue may be prepared while an earlier one is still running: each carries a sequence number,
 and a positions file is only replaced by a newer snapshot, never an older one.
+
+A topic log (``log.py``) syncs through the same jobs: its state file stands for the positions
+file, and the segments every cursor has passed (and retention no longer keeps) for the consumed
+ones.
 """
 
 from __future__ import annotations
@@ -31,10 +35,23 @@ log = logging.getLogger("lmqd.storage")
 class QueueFiles:
     """The part of a disk queue that sync jobs share with it across threads (under ``lock``)."""
 
-    __slots__ = ("deleted", "directory", "last_seq", "lock", "name", "persisted_seq", "positions")
+    __slots__ = (
+        "deleted",
+        "directory",
+        "last_seq",
+        "lock",
+        "name",
+        "owner",
+        "persisted_seq",
+        "positions",
+    )
 
-    def __init__(self, name: str, directory: str, positions: str) -> None:
+    def __init__(
+        self, name: str, directory: str, positions: str, *, subject: str = "DISKQUEUE"
+    ) -> None:
         self.name = name
+        self.owner = f"{subject}({name})"
+        """How log lines name the owner: ``DISKQUEUE(<name>)`` or ``TOPICLOG(<name>)``."""
         self.directory = directory
         self.positions = positions
         self.lock = threading.Lock()
@@ -81,8 +98,8 @@ class QueueFiles:
                     pass
                 except OSError:
                     log.warning(
-                        "DISKQUEUE(%s): could not remove consumed segment %s",
-                        self.name,
+                        "%s: could not remove consumed segment %s",
+                        self.owner,
                         path,
                         exc_info=True,
                     )
@@ -141,7 +158,7 @@ class SyncJob:
             try:
                 os.close(fd)
             except OSError:
-                log.warning("DISKQUEUE(%s): close failed", self.name, exc_info=True)
+                log.warning("%s: close failed", self._files.owner, exc_info=True)
 
     def _sync_data(self) -> None:
         try:
@@ -189,5 +206,5 @@ def run_sync_jobs(jobs: Sequence[SyncJob]) -> list[OSError | None]:
             job._files.unlink_consumed(job._unlink)
     for job, error in zip(jobs, errors, strict=True):
         if error is not None:
-            log.error("DISKQUEUE(%s): sync failed: %s", job.name, error)
+            log.error("%s: sync failed: %s", job._files.owner, error)
     return errors

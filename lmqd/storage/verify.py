@@ -1,5 +1,10 @@
 """Checking a record's bytes (``record.py``'s format) without decoding its messages.
 
+Which record types are valid depends on the segment's format version
+(``record.RECORD_TYPES_BY_VERSION``): every function here takes the accepted ``types``, by
+default a disk queue's ('M' and 'B'); a topic log's version-3 segments hold offset batches
+('O'), which share the batch layout (their header is 8 bytes longer).
+
 ``verify_record`` answers, for the bytes at an offset, one of three things: a valid record ends
 here (and holds this many messages), this is the valid *beginning* of a record whose end is
 missing (what a torn write leaves), or this is not a record. It checks the length field, the type
@@ -26,7 +31,6 @@ from lmqd.storage.record import (
     BATCH_ENTRY_SIZE,
     BATCH_FLAG_OPTIONS,
     BATCH_HEADER,
-    BATCH_HEADER_SIZE,
     FLAG_EXPIRY,
     FLAG_HEADERS,
     I64,
@@ -35,17 +39,25 @@ from lmqd.storage.record import (
     MIN_RECORD_LENGTH,
     RECORD_PREFIX_SIZE,
     RECORD_TYPES,
-    TYPE_BATCH,
     TYPE_MESSAGE,
     U32,
     Buffer,
     FormatError,
+    header_offset_size,
 )
 
 _ENTRY_LENGTHS = struct.Struct(">I34x")
 """Just the body length of each batch entry, for checking a batch's structure in C."""
 _first = itemgetter(0)
-_TYPE_BYTES = tuple(bytes((t,)) for t in RECORD_TYPES)
+_TYPE_BYTES: dict[tuple[int, ...], tuple[bytes, ...]] = {}
+"""Per set of accepted types, their bytes (what ``find_next_record`` searches for)."""
+
+
+def _type_bytes(types: tuple[int, ...]) -> tuple[bytes, ...]:
+    found = _TYPE_BYTES.get(types)
+    if found is None:
+        found = _TYPE_BYTES[types] = tuple(bytes((t,)) for t in types)
+    return found
 
 
 def parse_optional_fields(
@@ -79,7 +91,7 @@ def parse_optional_fields(
 
 
 def batch_layout(buf: Buffer, offset: int, rec_end: int) -> tuple[int, int, int]:
-    """(count, bodies offset, option blocks offset) of a batch whose CRC matched.
+    """(count, bodies offset, option blocks offset) of a batch ('B' or 'O') whose CRC matched.
 
     Raises ``FormatError`` if its structure is inconsistent (entries or bodies past the end, a
     count out of range, bytes left over).
@@ -88,7 +100,7 @@ def batch_layout(buf: Buffer, offset: int, rec_end: int) -> tuple[int, int, int]
     _, _, flags, count = BATCH_HEADER.unpack_from(buf, offset)
     if not 1 <= count <= MAX_BATCH_COUNT:
         raise FormatError(f"bad batch count {count}")
-    entries_at = offset + BATCH_HEADER_SIZE
+    entries_at = offset + header_offset_size(buf[offset + 4])
     bodies_at = entries_at + count * BATCH_ENTRY_SIZE
     if bodies_at > crc_at:
         raise FormatError("batch entries past the record end")
@@ -107,8 +119,11 @@ def batch_layout(buf: Buffer, offset: int, rec_end: int) -> tuple[int, int, int]
     return count, bodies_at, options_at
 
 
-def verify_record(buf: Buffer, offset: int, end: int) -> tuple[int, int]:
+def verify_record(
+    buf: Buffer, offset: int, end: int, types: tuple[int, ...] = RECORD_TYPES
+) -> tuple[int, int]:
     """Verify the record at ``offset`` (bounded by ``end``): (offset after it, message count).
+    ``types``: the record types valid here.
 
     The offset is ``-1`` if the bytes up to ``end`` are a valid *beginning* of a record that ends
     past ``end`` (what a torn write leaves), and ``-2`` if the record is invalid (bad length,
@@ -120,8 +135,8 @@ def verify_record(buf: Buffer, offset: int, end: int) -> tuple[int, int]:
     if not MIN_RECORD_LENGTH <= length <= MAX_RECORD_LENGTH:
         return -2, 0
     rec_end = offset + 4 + length
-    typ = buf[offset + 4] if offset + 5 <= end else TYPE_BATCH
-    if typ != TYPE_BATCH and typ != TYPE_MESSAGE:
+    typ = buf[offset + 4] if offset + 5 <= end else types[-1]
+    if typ not in types:
         return -2, 0
     if rec_end > end:
         return -1, 0
@@ -130,7 +145,7 @@ def verify_record(buf: Buffer, offset: int, end: int) -> tuple[int, int]:
         if crc32c(view) != crc:
             return -2, 0
     try:
-        if typ == TYPE_BATCH:
+        if typ != TYPE_MESSAGE:
             return rec_end, batch_layout(buf, offset, rec_end)[0]
         flags: int = buf[offset + 5]
         if flags:
@@ -140,12 +155,17 @@ def verify_record(buf: Buffer, offset: int, end: int) -> tuple[int, int]:
     return rec_end, 1
 
 
-def check_record(buf: Buffer, offset: int, end: int) -> int:
+def check_record(buf: Buffer, offset: int, end: int, types: tuple[int, ...] = RECORD_TYPES) -> int:
     """``verify_record`` without the count: the offset after the record, ``-1`` or ``-2``."""
-    return verify_record(buf, offset, end)[0]
+    return verify_record(buf, offset, end, types)[0]
 
 
-def find_next_record(buf: bytes | bytearray | mmap.mmap, start: int, end: int) -> int:
+def find_next_record(
+    buf: bytes | bytearray | mmap.mmap,
+    start: int,
+    end: int,
+    types: tuple[int, ...] = RECORD_TYPES,
+) -> int:
     """The first offset in ``[start, end)`` where a complete, valid record begins, or ``-1``.
 
     Used to resynchronise after a corrupt region: candidates are found by the type bytes (a C
@@ -154,12 +174,13 @@ def find_next_record(buf: bytes | bytearray | mmap.mmap, start: int, end: int) -
     """
     # The next candidate of each type; the smaller one is tried first.
     find = buf.find
-    nxt = [find(t, start + 4, end) for t in _TYPE_BYTES]
+    type_bytes = _type_bytes(types)
+    nxt = [find(t, start + 4, end) for t in type_bytes]
     while True:
         live = [i for i in nxt if i >= 0]
         if not live:
             return -1
         i = min(live)
-        if check_record(buf, i - 4, end) > 0:
+        if check_record(buf, i - 4, end, types) > 0:
             return i - 4
-        nxt = [find(t, i + 1, end) if n == i else n for t, n in zip(_TYPE_BYTES, nxt, strict=True)]
+        nxt = [find(t, i + 1, end) if n == i else n for t, n in zip(type_bytes, nxt, strict=True)]

@@ -16,6 +16,10 @@ and no write is accepted until it succeeds: the failed batch may hold complete r
 recovery after a crash could not tell from records that were stored. Either way the call raises
 ``BackendError``: it is stored whole or not at all.
 
+A topic log (``log.py``) passes the offset of the call's first message: its records are then
+offset batches ('O') and the segments it creates get version-3 headers carrying their base
+offset (the offset of their first message).
+
 Durability is not the writer's business; it only keeps what a sync job needs: whether the write
 segment was written since the last job (``dirty``) and the descriptors of segments it rolled
 away from while dirty, which the next job fsyncs (``take_sync_fds``).
@@ -32,7 +36,7 @@ from lmqd.message import Message
 from lmqd.storage.encoder import Batch, encode_entries, frame_batches, plan_batches
 from lmqd.storage.errors import BackendError
 from lmqd.storage.files import pwrite_all
-from lmqd.storage.record import SEGMENT_HEADER_SIZE
+from lmqd.storage.record import BATCH_OVERHEAD, OFFSET_BATCH_OVERHEAD, SEGMENT_HEADER_SIZE
 from lmqd.storage.segments import Segment, SegmentList
 from lmqd.storage.timebase import TimeBase
 
@@ -47,7 +51,7 @@ class SegmentWriter:
 
     __slots__ = (
         "_max_bytes",
-        "_name",
+        "_owner",
         "_pending_fds",
         "_segments",
         "_timebase",
@@ -57,9 +61,16 @@ class SegmentWriter:
     )
 
     def __init__(
-        self, name: str, segments: SegmentList, timebase: TimeBase, max_bytes_per_file: int
+        self,
+        name: str,
+        segments: SegmentList,
+        timebase: TimeBase,
+        max_bytes_per_file: int,
+        *,
+        subject: str = "DISKQUEUE",
     ) -> None:
-        self._name = name
+        self._owner = f"{subject}({name})"
+        """How log lines and errors name the owner: ``DISKQUEUE(<name>)``, ``TOPICLOG(<name>)``."""
         self._segments = segments
         self._timebase = timebase
         self._max_bytes = max_bytes_per_file
@@ -77,16 +88,19 @@ class SegmentWriter:
         self.fd = fd
         self._truncate_to = -1
 
-    def write(self, messages: Sequence[Message]) -> list[Placed]:
+    def write(self, messages: Sequence[Message], first_offset: int | None = None) -> list[Placed]:
         """Append ``messages`` (at least one) in order; returns where their records went.
 
-        Raises ``BackendError`` having stored none of them.
+        ``first_offset``: a topic log's offset of ``messages[0]`` (offset batch records, see
+        the module docstring); None for a disk queue. Raises ``BackendError`` having stored
+        none of them.
         """
         if self._truncate_to >= 0:
             self._truncate_tail()
         entries, bodies = encode_entries(messages, self._timebase.to_wall_ns)
-        chunks = plan_batches(bodies, self._segments.live[-1].end, self._max_bytes)
-        return self._write_chunks(entries, bodies, chunks)
+        overhead = BATCH_OVERHEAD if first_offset is None else OFFSET_BATCH_OVERHEAD
+        chunks = plan_batches(bodies, self._segments.live[-1].end, self._max_bytes, overhead)
+        return self._write_chunks(entries, bodies, chunks, first_offset)
 
     def take_sync_fds(self) -> list[int]:
         """The descriptors a sync job must fsync, now owned by the caller (``prepare_sync``).
@@ -109,12 +123,16 @@ class SegmentWriter:
                 try:
                     os.close(fd)
                 except OSError:
-                    log.warning("DISKQUEUE(%s): close failed", self._name, exc_info=True)
+                    log.warning("%s: close failed", self._owner, exc_info=True)
         self._pending_fds = []
         self.fd = -1
 
     def _write_chunks(
-        self, entries: list[bytes], bodies: list[bytes], chunks: list[list[Batch]]
+        self,
+        entries: list[bytes],
+        bodies: list[bytes],
+        chunks: list[list[Batch]],
+        first_offset: int | None,
     ) -> list[Placed]:
         """Write the planned batches; returns (segment, offset, batches) per segment written."""
         segments = self._segments
@@ -132,12 +150,13 @@ class SegmentWriter:
                     continue
                 if k > 0:
                     number = segments.next_number + len(created)
-                    fd = segments.create(number)
+                    base = None if first_offset is None else first_offset + batches[0][0]
+                    fd = segments.create(number, base)
                     created.append((number, fd, segments.path(number)))
                     pos = SEGMENT_HEADER_SIZE
                 else:
                     wrote_current = True
-                data = frame_batches(entries, bodies, batches)
+                data = frame_batches(entries, bodies, batches, first_offset)
                 pwrite_all(fd, data, pos)
                 pos += len(data)
                 written.append((len(data), batches[-1][1] - batches[0][0]))
@@ -148,8 +167,8 @@ class SegmentWriter:
                 self._truncate_to = start_end
                 with contextlib.suppress(BackendError):  # retried before the next write
                     self._truncate_tail()
-            log.error("DISKQUEUE(%s): write failed: %s", self._name, exc)
-            raise BackendError(f"DISKQUEUE({self._name}): write failed: {exc}") from exc
+            log.error("%s: write failed: %s", self._owner, exc)
+            raise BackendError(f"{self._owner}: write failed: {exc}") from exc
         # Commit: only now do the positions move.
         placed: list[Placed] = []
         if wrote_current:
@@ -175,8 +194,8 @@ class SegmentWriter:
         try:
             os.ftruncate(self.fd, self._truncate_to)
         except OSError as exc:
-            log.error("DISKQUEUE(%s): cannot truncate a failed write: %s", self._name, exc)
-            raise BackendError(f"DISKQUEUE({self._name}): write failed: {exc}") from exc
+            log.error("%s: cannot truncate a failed write: %s", self._owner, exc)
+            raise BackendError(f"{self._owner}: write failed: {exc}") from exc
         self._truncate_to = -1
 
     def _roll_to(self, fd: int, seg: Segment) -> None:

@@ -1,0 +1,114 @@
+"""A cursor: one channel's read position over its topic's log, and its low-water mark.
+
+A cursor reads the log forward (``LogReader``) and remembers which of the messages it returned
+are not yet **settled**. Its **low-water mark** (``low``) is the oldest offset not settled: the
+oldest unsettled message's, or the read position when every message read is settled. That mark
+is what the log persists for the cursor (``log_state.py``) and where the cursor resumes after a
+restart or a crash: everything not settled is read again (at-least-once), along with settled
+messages that followed the oldest unsettled one (duplicates, never loss). It is also what keeps
+segments on disk: the log deletes a segment only once every cursor's mark has passed it.
+
+Settling is the channel's business: a FIN settles a message; so does moving it into the
+channel's own store (a message that stays unsettled for long must not pin the log). A channel
+that keeps no promise across a crash (nsqd's default mode) reads with ``settle=True``.
+
+The unsettled offsets are kept as an ``acks.AckTracker`` keyed by offset (a set and the read
+order), so settling a batch is one C loop and the mark is the order's head after the settled
+ones are popped from it: O(1) amortised per message.
+
+Messages returned may be the very objects another cursor gets (the log's tail cache shares
+them): a cursor's caller treats them as read-only and copies what it changes (``Message.copy``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from operator import itemgetter
+
+from lmqd.storage.acks import AckTracker
+from lmqd.storage.log_cache import TailCache
+from lmqd.storage.log_index import LogIndex
+from lmqd.storage.log_reader import LogEntry, LogReader
+
+_offset = itemgetter(0)
+
+
+class Cursor:
+    """A named read position over a topic log with a low-water mark; see the module docstring.
+
+    Created by ``TopicLog.create_cursor`` (or restored when the log opens), never directly.
+    """
+
+    __slots__ = ("_acks", "_index", "_reader", "deleted", "dirty", "name")
+
+    def __init__(self, name: str, index: LogIndex, cache: TailCache, offset: int) -> None:
+        self.name = name
+        self._index = index
+        self._reader = LogReader(index, cache, offset)
+        self._acks = AckTracker()
+        self.dirty = 0
+        """Reads settled, settles and seeks since the log's last ``prepare_sync``."""
+        self.deleted = False
+        """Set by ``TopicLog.delete_cursor``: the cursor reads nothing any more."""
+
+    @property
+    def position(self) -> int:
+        """The offset of the next message to read."""
+        return self._reader.position
+
+    @property
+    def low(self) -> int:
+        """The low-water mark: the oldest offset read and not settled, else ``position``."""
+        oldest = self._acks.oldest()
+        return self._reader.position if oldest is None else oldest
+
+    @property
+    def unsettled_count(self) -> int:
+        """Messages read and not yet settled."""
+        return len(self._acks)
+
+    @property
+    def lag(self) -> int:
+        """Offsets between the position and the log's end: the messages not yet read (offsets
+        lost to damage included)."""
+        return max(self._index.next_offset - self._reader.position, 0)
+
+    def read_many(self, max_count: int, *, settle: bool = False) -> list[LogEntry]:
+        """Up to ``max_count`` of the next messages, with their offsets; the position moves
+        past them. They stay unsettled (holding the low-water mark) until ``settle``\\ d,
+        unless ``settle`` is true."""
+        if self.deleted or max_count <= 0:
+            return []
+        got = self._reader.read_many(max_count)
+        if got:
+            if settle:
+                self.dirty += len(got)
+            else:
+                offsets = list(map(_offset, got))
+                self._acks.outstanding.update(offsets)
+                self._acks.order.extend(offsets)
+        return got
+
+    def settle(self, offset: int) -> bool:
+        """Mark one message read as done; False if it is not unsettled."""
+        if not self._acks.ack(offset):
+            return False
+        self.dirty += 1
+        return True
+
+    def settle_many(self, offsets: Iterable[int]) -> int:
+        """Mark many messages done; returns how many were unsettled (each counted once)."""
+        known = self._acks.ack_many(offsets)
+        self.dirty += known
+        return known
+
+    def seek(self, offset: int) -> int:
+        """Read from ``offset`` on (clamped to the log's earliest offset and its end), forgetting
+        every unsettled message: the low-water mark becomes the new position. Returns it."""
+        self._acks.clear()
+        self.dirty += 1
+        return self._reader.seek(offset)
+
+    def close(self) -> None:
+        """Release the read-ahead buffer (the log closes its cursors)."""
+        self._reader.close()

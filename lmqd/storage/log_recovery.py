@@ -1,0 +1,322 @@
+"""Start-up recovery of a topic log: every segment verified, offsets and the index rebuilt.
+
+Theory of operation
+-------------------
+Each segment file ``<stem>.lmq.<n>.dat`` goes through a disk queue's segment recovery
+(``recovery.recover_segment``) with the log's format (``SegmentFormat``: versions 1 to 3 read,
+version 3 written): torn tail truncated, damage set aside and counted, a header-less newest
+segment given a fresh header, a segment of an unknown version left untouched. While it scans,
+recovery hands every valid record to an ``_Indexer``, which gives the record its offsets and adds
+it to the segment's sparse index (``log_index.py``): nothing of the index is stored on disk.
+
+Offsets. A version-3 segment's records carry their first offset ('O' records) and its header
+its base offset; a segment of a disk queue's format (versions 1 and 2: a topic's disk queue the
+log adopted, see below) carries none, so its messages take the offsets that follow the previous
+segment's, from the base the state file remembers for it (``legacy``), or, the first time, from
+where the previous segment ended. Either way ``log_index.first_offset`` keeps them increasing.
+The next offset is the larger of the state file's and the end of the last record found, so an
+offset is never given twice even when every segment that held it is gone. (Offsets of messages
+appended after the last sync and lost in a crash are given again: they were never durable.)
+
+Cursors. The state file's low-water marks are checked against the segments, never trusted
+blindly: a mark before the first offset on disk moves to it, one past the end moves to the end
+(both logged). A missing or damaged state file restores no cursor (``rebuilt_state``): whoever
+owns the cursors recreates them, at the earliest offset if nothing may be lost.
+
+Adoption. When a log opens a directory where a topic's disk queue left its segments (same file
+names) and no log state file exists yet, those segments become the start of the log and the
+queue's positions file says how far the topic had handed messages on: ``adopted`` is that offset
+(where the cursors of the topic's existing channels start). The queue's positions file is left
+in place, unused.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from functools import partial
+from operator import itemgetter
+
+import attrs
+
+from lmqd.storage.files import list_segments, log_state_filename, positions_filename
+from lmqd.storage.log_index import NO_TIMESTAMP, SegmentIndex, first_offset
+from lmqd.storage.log_state import LogState, decode_log_state
+from lmqd.storage.positions import Positions, decode_positions
+from lmqd.storage.record import (
+    BATCH_ENTRY,
+    BATCH_ENTRY_SIZE,
+    LOG_FORMAT_VERSION,
+    LOG_READABLE_VERSIONS,
+    OFFSET_BATCH_HEADER,
+    RECORD_PREFIX,
+    RECORD_TYPES_BY_VERSION,
+    SEGMENT_HEADER_SIZE,
+    TYPE_MESSAGE,
+    TYPE_OFFSET_BATCH,
+    FormatError,
+    SegmentHeader,
+    decode_segment_header,
+    encode_segment_header,
+    header_offset_size,
+    types_for,
+)
+from lmqd.storage.recovery import SegmentFormat, load_state_file, recover_segment
+from lmqd.storage.segments import Segment
+
+log = logging.getLogger("lmqd.storage")
+
+_timestamp = itemgetter(2)
+
+# Everything in a segment older than the state file's write segment was fsynced before the
+# state file was written (as for a disk queue's positions).
+_ALL_SYNCED = 1 << 62
+
+
+@attrs.define(slots=True)
+class RecoveredLog:
+    """A topic log's files after recovery, for ``TopicLog`` to start from."""
+
+    segments: list[SegmentIndex]
+    """Readable segments, oldest first, indexed."""
+    next_offset: int
+    next_number: int
+    """The lowest segment number above every segment file seen."""
+    appendable: bool
+    """Whether appending continues in the last segment (else a new one is created)."""
+    cursors: dict[str, int]
+    """Each restored cursor's low-water mark, clamped to the segments."""
+    legacy: dict[int, int]
+    """Base offsets of the segments of a disk queue's format, by segment number."""
+    adopted: int | None
+    state: LogState | None
+    corrupt_count: int = 0
+    corrupt_bytes: int = 0
+    torn_bytes: int = 0
+    missing_segments: int = 0
+    rebuilt_state: bool = False
+    """The state file was missing (with segments present) or damaged."""
+
+
+class _Indexer:
+    """Recovery's record visitor for one segment: offsets, index entries, the adopted offset."""
+
+    __slots__ = ("adopt_at", "adopted", "number", "running", "seg")
+
+    def __init__(self, seg: SegmentIndex, adopt_at: Positions | None, adopted: int | None) -> None:
+        self.seg = seg
+        self.number = seg.number
+        self.running = seg.base
+        self.adopt_at = adopt_at
+        self.adopted = adopted
+
+    def __call__(self, view: memoryview, pos: int, end: int, count: int) -> None:
+        kind = view[pos + 4]
+        if kind == TYPE_MESSAGE:
+            stated = -1
+            newest = RECORD_PREFIX.unpack_from(view, pos)[4]
+        else:
+            stated = (
+                OFFSET_BATCH_HEADER.unpack_from(view, pos)[4] if kind == TYPE_OFFSET_BATCH else -1
+            )
+            at = pos + header_offset_size(kind)
+            with view[at : at + count * BATCH_ENTRY_SIZE] as entries:
+                newest = max(map(_timestamp, BATCH_ENTRY.iter_unpack(entries)))
+        first = first_offset(stated, self.running)
+        self.seg.add_record(pos, first, count, newest)
+        self.running = first + count
+        where = self.adopt_at
+        if (
+            where is not None
+            and self.adopted is None
+            and (
+                self.number > where.read_segment
+                or (self.number == where.read_segment and pos >= where.read_offset)
+            )
+        ):
+            skip = where.read_index if pos == where.read_offset else 0
+            self.adopted = first + min(skip, count)
+
+
+def _fresh_header(number: int, *, base_offset: int) -> bytes:
+    return encode_segment_header(number, 0, base_offset=base_offset)
+
+
+def _read_header(path: str) -> SegmentHeader | None:
+    """The segment's header if it is valid and of a version the log reads; else None."""
+    try:
+        with open(path, "rb") as f:
+            return decode_segment_header(f.read(SEGMENT_HEADER_SIZE), LOG_READABLE_VERSIONS)
+    except (OSError, FormatError):
+        return None
+
+
+def recover_log(directory: str, name: str) -> RecoveredLog:
+    """Recover the log of topic ``name`` in ``directory`` (blocking: reads every segment).
+
+    Damaged content never raises; ``OSError`` is raised when a file cannot be read or repaired
+    (as for a disk queue, skipping it could let a later start delete it unread).
+    """
+    on_disk = list_segments(directory, name)
+    numbers = sorted(on_disk)
+    state_path = os.path.join(directory, log_state_filename(name))
+    state, damaged = load_state_file(
+        state_path, name, decode_log_state, subject="TOPICLOG", what="the log state"
+    )
+    adopt_at: Positions | None = None
+    if state is None and not damaged and numbers:
+        adopt_at = _queue_positions(directory, name)
+    legacy_bases = dict(state.legacy) if state is not None else {}
+    result = RecoveredLog(
+        segments=[],
+        next_offset=0,
+        next_number=max([*numbers, state.write_segment if state else -1]) + 1,
+        appendable=False,
+        cursors={},
+        legacy={},
+        adopted=state.adopted if state is not None else None,
+        state=state,
+        rebuilt_state=damaged or (state is None and bool(numbers) and adopt_at is None),
+    )
+    if result.rebuilt_state and not damaged:
+        log.warning(
+            "TOPICLOG(%s): %s missing; rebuilding the log state from the segments",
+            name,
+            state_path,
+        )
+    if state is not None:
+        result.missing_segments = _count_missing(name, state, numbers)
+    expected = 0
+    max_ns = NO_TIMESTAMP
+    adopted = None
+    last_number = numbers[-1] if numbers else -1
+    for number in numbers:
+        path = on_disk[number]
+        header = _read_header(path)
+        if header is not None and header.version == LOG_FORMAT_VERSION:
+            base = max(expected, header.base_offset)
+            types = RECORD_TYPES_BY_VERSION[LOG_FORMAT_VERSION]
+        else:
+            base = max(expected, legacy_bases.get(number, expected))
+            types = (
+                RECORD_TYPES_BY_VERSION[header.version]
+                if header is not None
+                else types_for(LOG_READABLE_VERSIONS)
+            )
+        if state is None:
+            synced_end = 0
+        elif number < state.write_segment:
+            synced_end = _ALL_SYNCED
+        elif number == state.write_segment:
+            synced_end = state.write_offset
+        else:
+            synced_end = 0
+        seg = SegmentIndex(Segment(number, path, SEGMENT_HEADER_SIZE, [], 0), base, max_ns, types)
+        indexer = _Indexer(seg, adopt_at, adopted)
+        fmt = SegmentFormat(
+            readable=LOG_READABLE_VERSIONS,
+            version=LOG_FORMAT_VERSION,
+            fresh_header=partial(_fresh_header, base_offset=base),
+            visit=indexer,
+            subject="TOPICLOG",
+        )
+        try:
+            r = recover_segment(
+                path,
+                number,
+                queue=name,
+                newest=number == last_number,
+                synced_end=synced_end,
+                fmt=fmt,
+            )
+        except FileNotFoundError:
+            log.error("TOPICLOG(%s): %s vanished during recovery", name, path)
+            result.missing_segments += 1
+            continue
+        result.corrupt_count += r.corrupt_count
+        result.corrupt_bytes += r.corrupt_bytes
+        result.torn_bytes += r.torn_bytes
+        if r.unsupported:
+            continue
+        if r.version == LOG_FORMAT_VERSION and not seg.positions:
+            # A fresh header (written just now) or an empty segment: its base is the floor.
+            seg.types = RECORD_TYPES_BY_VERSION[LOG_FORMAT_VERSION]
+            seg.base = seg.next = max(seg.base, r.base_offset)
+        seg.file.end = r.end
+        seg.file.skips = r.skips
+        seg.file.records = r.records
+        if r.version != LOG_FORMAT_VERSION:
+            result.legacy[number] = seg.base
+        result.segments.append(seg)
+        expected = seg.next
+        max_ns = seg.max_ns
+        adopted = indexer.adopted
+        result.appendable = r.appendable
+    result.next_offset = max(expected, state.next_offset if state is not None else 0)
+    if adopt_at is not None:
+        result.adopted = adopted if adopted is not None else result.next_offset
+        log.info(
+            "TOPICLOG(%s): adopted the topic's queue segments; it had read up to offset %d",
+            name,
+            result.adopted,
+        )
+    if state is not None:
+        earliest = result.segments[0].base if result.segments else result.next_offset
+        for cursor, low in state.cursors:
+            result.cursors[cursor] = _clamped(name, cursor, low, earliest, result.next_offset)
+    return result
+
+
+def _clamped(name: str, cursor: str, low: int, earliest: int, end: int) -> int:
+    if low < earliest:
+        log.warning(
+            "TOPICLOG(%s): cursor %s was at offset %d, before the first one on disk; moved to %d",
+            name,
+            cursor,
+            low,
+            earliest,
+        )
+        return earliest
+    if low > end:
+        log.warning(
+            "TOPICLOG(%s): cursor %s was at offset %d, past the end; moved to %d",
+            name,
+            cursor,
+            low,
+            end,
+        )
+        return end
+    return low
+
+
+def _queue_positions(directory: str, name: str) -> Positions | None:
+    """The topic's disk queue positions file, if there is a readable one (left untouched)."""
+    try:
+        with open(os.path.join(directory, positions_filename(name)), "rb") as f:
+            return decode_positions(name, f.read(64 * 1024))
+    except (OSError, ValueError):
+        return None
+
+
+def _count_missing(name: str, state: LogState, numbers: list[int]) -> int:
+    """Segments between the first on disk and the state's write segment that are not there."""
+    if not numbers:
+        return 0
+    first, last = numbers[0], state.write_segment
+    last_has_data = state.write_offset > SEGMENT_HEADER_SIZE
+    # Arithmetic, not a loop over the range: a damaged file may name absurd segment numbers.
+    expected = last - first + (1 if last_has_data else 0)
+    present = sum(1 for n in numbers if first <= n < last) + (
+        1 if last_has_data and last in numbers else 0
+    )
+    missing = max(expected - present, 0)
+    if missing:
+        log.error(
+            "TOPICLOG(%s): %d segment file(s) between %d and %d are missing; their messages "
+            "are lost",
+            name,
+            missing,
+            first,
+            last,
+        )
+    return missing

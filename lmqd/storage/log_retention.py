@@ -1,0 +1,57 @@
+"""Which of a topic log's oldest segments may be deleted now: the cursors, then retention.
+
+By default (nsqd's behaviour) a segment is deleted once every cursor has passed it: all its
+offsets are below every cursor's low-water mark. A topic may instead keep its log longer, for a
+time (``retention_ms``, judged by the segment's newest message timestamp against the wall clock)
+and/or a size (``retention_bytes``, the bytes of the segment and every newer one): a segment
+every cursor has passed is kept while each limit that is set still holds for it, so with both
+set, whichever is reached first lets it go (as Kafka's ``retention.ms`` and ``retention.bytes``).
+Retention only ever keeps more: a segment some cursor has not passed is never deleted, and a log
+with no cursor at all deletes nothing (nsqd: a topic without channels holds its messages for the
+first channel created).
+
+Deletion goes from the oldest segment on and stops at the first one that must stay (a log has no
+holes), and never takes the write segment. The caller (``TopicLog.prepare_sync``) retires the
+segments counted here; the sync job that persists the cursors' marks unlinks them afterwards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+
+from lmqd.storage.log_index import NO_TIMESTAMP, SegmentIndex
+
+NS_PER_MS = 1_000_000
+
+
+def deletable_segments(
+    segments: Sequence[SegmentIndex],
+    lows: Collection[int],
+    *,
+    now_ns: int,
+    retention_ms: int | None = None,
+    retention_bytes: int | None = None,
+) -> int:
+    """How many segments from the front of ``segments`` (oldest first, the write segment last)
+    may be deleted, given the cursors' low-water marks ``lows`` and wall-clock ``now_ns``."""
+    if not lows or len(segments) < 2:
+        return 0
+    low = min(lows)
+    newer_bytes = sum(seg.file.end for seg in segments)
+    """Bytes of the segment under consideration and every newer one."""
+    count = 0
+    for seg in segments[:-1]:
+        if seg.next > low:
+            break  # some cursor has not passed it
+        keep: list[bool] = []
+        if retention_ms is not None:
+            keep.append(
+                seg.newest_ns != NO_TIMESTAMP and now_ns - seg.newest_ns < retention_ms * NS_PER_MS
+            )
+        if retention_bytes is not None:
+            keep.append(newer_bytes <= retention_bytes)
+        if keep and all(keep):
+            break
+        newer_bytes -= seg.file.end
+        count += 1
+    return count

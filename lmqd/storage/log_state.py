@@ -1,0 +1,99 @@
+"""A topic log's state file ``<stem>.lmq.log.json``: next offset, write position, cursors.
+
+One small JSON object per log, replaced atomically by sync jobs (temp -> fsync -> rename ->
+fsync the directory, ``sync.py``), as a disk queue's positions file is::
+
+    {"version": 1, "name": "orders", "next_offset": 1234, "write": [4, 65568],
+     "cursors": {"archive": 1000, "audit": 1200}, "legacy": [[0, 0], [1, 57]], "adopted": 0}
+
+* ``next_offset``: the offset the next message gets. Recovery takes the larger of this and what
+  the segments hold, so an offset is not reused even once every segment holding it is deleted.
+* ``write``: (segment, position) up to which the records were fsynced when the file was written:
+  recovery tells a torn write past it from corruption below it.
+* ``cursors``: each cursor's low-water mark (``log_cursor.py``), by name.
+* ``legacy``: the base offset given to each segment of a disk queue's format (versions 1, 2) the
+  log adopted, so those segments' offsets stay the same at every start (their records carry none).
+* ``adopted`` (optional): the offset at which the topic's disk queue had stopped reading when
+  the log adopted its files (``log_recovery.py``); absent or null otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import attrs
+
+LOG_STATE_VERSION = 1
+
+
+@attrs.frozen
+class LogState:
+    """A topic log's persisted state."""
+
+    next_offset: int
+    write_segment: int
+    write_offset: int
+    cursors: tuple[tuple[str, int], ...] = ()
+    """(name, low-water mark) of each cursor, sorted by name."""
+    legacy: tuple[tuple[int, int], ...] = ()
+    """(segment number, base offset) of each adopted segment of a disk queue's format."""
+    adopted: int | None = None
+
+
+def encode_log_state(name: str, state: LogState) -> bytes:
+    """The file content for ``state`` of the log of topic ``name``."""
+    doc: dict[str, Any] = {
+        "version": LOG_STATE_VERSION,
+        "name": name,
+        "next_offset": state.next_offset,
+        "write": [state.write_segment, state.write_offset],
+        "cursors": dict(state.cursors),
+        "legacy": [list(pair) for pair in state.legacy],
+    }
+    if state.adopted is not None:
+        doc["adopted"] = state.adopted
+    return json.dumps(doc, separators=(",", ":")).encode() + b"\n"
+
+
+def _count(value: Any, what: str) -> int:
+    if type(value) is not int or value < 0:
+        raise ValueError(f"bad {what} {value!r}")
+    return value
+
+
+def _pair(value: Any, what: str) -> tuple[int, int]:
+    if not isinstance(value, list) or len(value) != 2:
+        raise ValueError(f"bad {what} {value!r}")
+    return _count(value[0], what), _count(value[1], what)
+
+
+def decode_log_state(name: str, data: bytes) -> LogState:
+    """Parse a state file; raises ``ValueError`` for anything malformed."""
+    try:
+        doc = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"not JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise ValueError("not a JSON object")
+    version = doc.get("version")
+    if type(version) is not int or version != LOG_STATE_VERSION:
+        raise ValueError(f"unknown version {version!r}")
+    if doc.get("name") != name:
+        raise ValueError(f"written for topic {doc.get('name')!r}")
+    next_offset = _count(doc.get("next_offset"), "next offset")
+    write = _pair(doc.get("write"), "write position")
+    cursors = doc.get("cursors")
+    if not isinstance(cursors, dict):
+        raise ValueError(f"bad cursors {cursors!r}")
+    pairs = tuple(
+        sorted((str(k), _count(v, f"low-water mark of {k!r}")) for k, v in cursors.items())
+    )
+    legacy = doc.get("legacy", [])
+    if not isinstance(legacy, list):
+        raise ValueError(f"bad legacy bases {legacy!r}")
+    bases = tuple(_pair(item, "legacy base") for item in legacy)
+    adopted = doc.get("adopted")
+    if adopted is not None:
+        adopted = _count(adopted, "adopted offset")
+    return LogState(next_offset, write[0], write[1], pairs, bases, adopted)
