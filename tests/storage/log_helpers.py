@@ -5,12 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from storage_helpers import WALL_EPOCH_NS, FakeTimeBase, key
-
 from lmqd.message import Message
 from lmqd.storage.log import TopicLog
 from lmqd.storage.log_cursor import Cursor
 from lmqd.storage.log_reader import LogEntry
+
+from .storage_helpers import WALL_EPOCH_NS, FakeTimeBase, key
 
 TOPIC = "t"
 SEGMENTS = "t.lmq.*.dat"

@@ -19,16 +19,6 @@ from typing import Any
 
 import pytest
 from crc32c import crc32c
-from log_helpers import (
-    STATE,
-    entry_keys,
-    expected,
-    open_log,
-    read_all,
-    segment_files,
-    stamped,
-)
-from storage_helpers import WALL_EPOCH_NS, FakeTimeBase, crash_copy, key, open_queue
 
 from lmqd.message import Message
 from lmqd.storage.decoder import decode_any
@@ -47,6 +37,17 @@ from lmqd.storage.record import (
     UnsupportedVersion,
     decode_segment_header,
 )
+
+from .log_helpers import (
+    STATE,
+    entry_keys,
+    expected,
+    open_log,
+    read_all,
+    segment_files,
+    stamped,
+)
+from .storage_helpers import WALL_EPOCH_NS, FakeTimeBase, crash_copy, key, open_queue
 
 SMALL = 1200
 """Segment size for tests that want many segments: ~20 messages of 8 bytes each."""

@@ -34,11 +34,12 @@ from typing import Any
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
-from log_helpers import TOPIC, open_log
-from storage_helpers import WALL_EPOCH_NS, key, memory_dir
 
 from lmqd.message import Message
 from lmqd.storage.log import TopicLog
+
+from .log_helpers import TOPIC, open_log
+from .storage_helpers import WALL_EPOCH_NS, key, memory_dir
 
 MAX_BYTES = 300
 """A batch is 22 bytes + 38 per message + bodies: a new segment every one or two appends (one
