@@ -51,7 +51,10 @@ def connected_peer(now: float = 0.0, **kwargs: float) -> LookupdPeer:
 def test_handshake_is_magic_identify_and_every_registration_in_one_write() -> None:
     peer = connected_peer()
     data = peer.data_to_send()
-    assert data.startswith(b"  V1IDENTIFY\n")
+    body = (b'{"broadcast_address":"node1","hostname":"h","http_port":4151,"tcp_port":4150,'
+            b'"version":"1.3.0"}')  # nsqd's exact IDENTIFY body: Go's sorted map keys
+    assert data == (b"  V1IDENTIFY\n" + len(body).to_bytes(4, "big") + body
+                    + b"REGISTER t c\nREGISTER u\n")  # fmt: skip
     assert parse(data) == [IDENTIFY, Register(topic="t", channel="c"), Register(topic="u")]
     assert peer.pending == 3
     assert peer.data_to_send() == b""
