@@ -86,9 +86,8 @@ class _Link:
 class Registration:
     """lmqd's registration with its lookupds; see the module docstring."""
 
-    def __init__(self, broker: Broker, *, peer_options: dict[str, float] | None = None) -> None:
+    def __init__(self, broker: Broker) -> None:
         self._broker = broker
-        self._peer_options = peer_options or {}
         self._links: dict[str, _Link] = {}
         self._nursery: trio.Nursery | None = None
         broker.add_observer(self)
@@ -189,7 +188,7 @@ class Registration:
                 except ValueError as exc:
                     log.error("LOOKUPD(%s): not registering - %s", address, exc)
                     continue
-                link = _Link(LookupdPeer(address, **self._peer_options))
+                link = _Link(LookupdPeer(address))
                 self._links[address] = link
                 nursery.start_soon(self._run_link, link)
 
