@@ -497,6 +497,8 @@ class Consumer:
         self._rdy: dict[str, int] = {}
         self._active: set[str] = set()
         self._got_message: set[str] = set()
+        self._rdy_stale = True
+        """The connections or the active set changed since RDY was last set."""
         self._turn = 0
         self._redial: dict[str, tuple[int, float]] = {}
         """Addresses given whose connection is down: (failures, when to dial again)."""
@@ -600,6 +602,7 @@ class Consumer:
             raise
         self._conns[address] = conn
         self._rdy[address] = 0
+        self._rdy_stale = True
         self._redial.pop(address, None)
         if self._discovery is not None:
             self._discovery.connected(address)
@@ -607,6 +610,7 @@ class Consumer:
     def _disconnect(self, address: str) -> None:
         conn = self._conns.pop(address, None)
         self._rdy.pop(address, None)
+        self._rdy_stale = True
         self._active.discard(address)
         self._got_message.discard(address)
         if conn is not None and conn.is_open:
@@ -687,9 +691,15 @@ class Consumer:
         if len(conns) > self.max_in_flight:
             idle = [a for a in conns if a not in self._got_message]
             self._active = choose_active(conns, self._active, idle, self.max_in_flight, self._rng)
+            self._rdy_stale = True
         self._got_message.clear()
 
     def _update_rdy(self) -> None:
+        """Send RDY where the wanted value changed (only after connections or slots moved:
+        ``get`` calls this once per message)."""
+        if not self._rdy_stale:
+            return
+        self._rdy_stale = False
         conns = list(self._conns)
         if len(conns) > self.max_in_flight and len(self._active & set(conns)) < min(
             self.max_in_flight, len(conns)

@@ -10,7 +10,10 @@ N lmqd processes, 127.0.0.1 free ports, data in a new temporary directory), then
 writer processes (writer ``i`` publishes to node ``i % N``) and ``--readers`` reader processes,
 each of which asks the lookupd for the topic's producers and subscribes on all of them. The
 daemons' CPU time (user + system, ``/proc/<pid>/stat``, summed over the nodes) is read before
-and after and divided by the messages consumed, as ``bench_throughput.py`` does for one node.
+and after and divided by the messages consumed, as ``bench_throughput.py`` does for one node;
+"cores busy" is that CPU time over the publishing time. The writers' and readers' own CPU time
+(lmqadmin bench reports it) per message consumed is the clients' share: daemons' plus clients'
+CPU per message, divided into the machine's cores, is the most any node count can reach here.
 
 Prints one line per run and the medians per node count (a Markdown table with
 ``--markdown``), with the load average when each run began: on a machine with fewer cores than
@@ -67,6 +70,9 @@ def run_once(args: argparse.Namespace, nodes: int, index: int) -> dict[str, Any]
     if report["errors"]:
         raise RuntimeError(f"lmqadmin bench reported errors: {report['errors']}")
     consumed = report["consume"]["messages"] if report["consume"] else 0
+    clients_cpu = report["publish"]["client_cpu_s"] + (
+        report["consume"]["client_cpu_s"] if report["consume"] else 0.0
+    )
     return {
         "nodes": nodes,
         "run": index,
@@ -76,6 +82,7 @@ def run_once(args: argparse.Namespace, nodes: int, index: int) -> dict[str, Any]
         "consumed": report["consume"]["msgs_per_s"] if report["consume"] else 0.0,
         "daemon_cpu_us": 1e6 * (cpu1 - cpu0) / consumed if consumed else 0.0,
         "daemon_cores": (cpu1 - cpu0) / report["publish"]["seconds"],
+        "clients_cpu_us": 1e6 * clients_cpu / consumed if consumed else 0.0,
         "p99_ms": report["latency_ms"].get("p99"),
     }
 
@@ -85,15 +92,16 @@ def line(r: dict[str, Any]) -> str:
     return (
         f"{r['nodes']} node(s) run {r['run']}: load {r['load']}, {r['writers']} writers: "
         f"published {r['published']:,.0f}/s, consumed {r['consumed']:,.0f}/s, daemons "
-        f"{r['daemon_cpu_us']:.2f} us/msg ({r['daemon_cores']:.2f} cores), p99 {p99}"
+        f"{r['daemon_cpu_us']:.2f} us/msg ({r['daemon_cores']:.2f} cores), clients "
+        f"{r['clients_cpu_us']:.2f} us/msg, p99 {p99}"
     )
 
 
 def markdown(results: list[dict[str, Any]]) -> str:
     rows = [
         "| nodes | run | load | writers | published msgs/s | consumed msgs/s | daemons' CPU/msg "
-        "| daemons' cores busy | p99 latency |",
-        "| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| daemons' cores busy | clients' CPU/msg | p99 latency |",
+        "| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for nodes in sorted({r["nodes"] for r in results}):
         mine = [r for r in results if r["nodes"] == nodes]
@@ -102,14 +110,15 @@ def markdown(results: list[dict[str, Any]]) -> str:
             rows.append(
                 f"| {nodes} | {r['run']} | {r['load']} | {r['writers']} | {r['published']:,.0f} "
                 f"| {r['consumed']:,.0f} | {r['daemon_cpu_us']:.2f} µs | "
-                f"{r['daemon_cores']:.2f} | {p99} |"
+                f"{r['daemon_cores']:.2f} | {r['clients_cpu_us']:.2f} µs | {p99} |"
             )
         rows.append(
             f"| **{nodes}** | **median** | | | "
             f"**{statistics.median(r['published'] for r in mine):,.0f}** | "
             f"**{statistics.median(r['consumed'] for r in mine):,.0f}** | "
             f"**{statistics.median(r['daemon_cpu_us'] for r in mine):.2f} µs** | "
-            f"**{statistics.median(r['daemon_cores'] for r in mine):.2f}** | |"
+            f"**{statistics.median(r['daemon_cores'] for r in mine):.2f}** | "
+            f"**{statistics.median(r['clients_cpu_us'] for r in mine):.2f} µs** | |"
         )
     return "\n".join(rows)
 

@@ -133,6 +133,8 @@ class Registration:
         self._reconcile(options.nsqlookupd_tcp_addresses)
 
     def _broadcast(self, commands: list[Command]) -> None:
+        if not self._links:
+            return  # also: a broker used outside trio (restore, tests) never needs the clock
         now = trio.current_time()
         for link in self._links.values():
             sent = False
