@@ -451,9 +451,10 @@ class Consumer:
     ``max_in_flight`` is spread over the connections as RDY (``lmq_client.rdy``), as the trio
     consumer does.
 
-    The constructor connects to the addresses given and queries the lookupds once. It raises
-    ``ConnectionFailed`` when no daemon was given through lookupds and none of the addresses
-    could be subscribed, and the daemon's ``NSQError`` when one refuses the subscription.
+    The constructor connects to the addresses given and queries the lookupds once. Without
+    lookupds it raises ``ConnectionFailed`` when none of the addresses could be subscribed; it
+    raises the daemon's ``NSQError`` when one refuses the subscription. A connection lost later
+    is never an exception: ``get`` goes on with the others and redials.
     """
 
     def __init__(

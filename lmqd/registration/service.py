@@ -108,6 +108,7 @@ class Registration:
                 await trio.sleep_forever()
             finally:
                 self._nursery = None
+                self._links.clear()  # their tasks end with this nursery
 
     # -- BrokerObserver --------------------------------------------------------------------------
 
