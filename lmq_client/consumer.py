@@ -59,6 +59,7 @@ from lmq_client.lookupd import (
     DEFAULT_POLL_JITTER,
     DEFAULT_TIMEOUT,
     Discovery,
+    check_schedule,
     lookup_producers,
     lookupd_addresses,
 )
@@ -118,7 +119,8 @@ class _Closed(Exception):
 
 class Consumer:
     """Consume ``topic``/``channel`` from the daemon(s) at ``address`` and/or the daemons that
-    the lookupds at ``lookupd_http_addresses`` list for the topic (``host:port`` or URLs).
+    the lookupds at ``lookupd_http_addresses`` list for the topic (``host:port`` or URLs;
+    ``lookupd_query`` replaces the HTTP query itself, e.g. with a scripted lookupd in tests).
 
     Either pass ``handler`` (an async function: returning finishes the message, raising requeues
     it with backoff; ``concurrency`` handlers run at once, default ``max_in_flight``) or iterate
@@ -166,6 +168,7 @@ class Consumer:
         if not given and not self.lookupd_addresses:
             raise ValueError("give daemon addresses, lookupd_http_addresses, or both")
         self.addresses = address_list(given) if given else []
+        check_schedule(lookupd_poll_interval, lookupd_poll_jitter)
         self.lookupd_poll_interval = lookupd_poll_interval
         self.lookupd_poll_jitter = lookupd_poll_jitter
         self._lookupd_query = lookupd_query or functools.partial(

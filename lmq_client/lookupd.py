@@ -48,6 +48,7 @@ __all__ = [
     "DROP_AFTER_MISSES",
     "Discovery",
     "LookupdNode",
+    "check_schedule",
     "lookup_nodes",
     "lookup_producers",
     "lookupd_addresses",
@@ -203,6 +204,14 @@ def _tcp_address(producer: Any, lookupd: str) -> str:
 # -- the schedule ----------------------------------------------------------------------------------
 
 
+def check_schedule(interval: float, jitter: float) -> None:
+    """``ValueError`` unless ``interval`` > 0 and ``jitter`` is within [0, 1]."""
+    if not interval > 0:
+        raise ValueError("lookupd poll interval must be > 0")
+    if not 0 <= jitter <= 1:
+        raise ValueError("lookupd poll jitter must be within [0, 1]")
+
+
 def poll_times(
     start: float, interval: float, jitter: float, rng: random.Random
 ) -> Iterator[float]:
@@ -232,10 +241,7 @@ class Discovery:
         rng: random.Random | None = None,
         start: float = 0.0,
     ) -> None:
-        if not interval > 0:
-            raise ValueError("lookupd poll interval must be > 0")
-        if not 0 <= jitter <= 1:
-            raise ValueError("lookupd poll jitter must be within [0, 1]")
+        check_schedule(interval, jitter)
         self.reconnect_backoff = reconnect_backoff or Backoff(base=1.0, max_delay=60.0)
         self._schedule = poll_times(start, interval, jitter, rng or random.Random())
         self._regular_at = next(self._schedule)

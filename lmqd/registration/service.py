@@ -103,7 +103,12 @@ class Registration:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             try:
-                self._reconcile(self._broker.options.nsqlookupd_tcp_addresses)
+                addresses = self._broker.options.nsqlookupd_tcp_addresses
+                if addresses and not self.identify().http_port:
+                    # nsqd has the same trap: every lookupd refuses such an IDENTIFY.
+                    log.error("LOOKUPD: no HTTP listener and no --broadcast-http-port: "
+                              "lookupds will refuse this node's IDENTIFY")
+                self._reconcile(addresses)
                 task_status.started()
                 await trio.sleep_forever()
             finally:

@@ -48,14 +48,14 @@ async def start_node(nursery: trio.Nursery, tmp_path: Path) -> AsyncIterator[Sta
     brokers: list[Broker] = []
     scopes: list[trio.CancelScope] = []
 
-    async def start(**overrides: Any) -> Node:
+    async def start(*, http: bool = True, **overrides: Any) -> Node:
         data = tmp_path / f"node{len(brokers)}"
         data.mkdir()
         options = Options(**{"broadcast_address": "127.0.0.1", "data_path": str(data),
                              **overrides})  # fmt: skip
         broker = Broker(options, hold_data_dir=lambda: AnchoredTimeBase.now(trio.current_time()))
-        broker.addresses = BoundAddresses(tcp=("127.0.0.1", TCP_PORT),
-                                          http=("127.0.0.1", HTTP_PORT))  # fmt: skip
+        bound_http = ("127.0.0.1", HTTP_PORT) if http else None
+        broker.addresses = BoundAddresses(tcp=("127.0.0.1", TCP_PORT), http=bound_http)
         registration = Registration(broker)
         scope = trio.CancelScope()
 
@@ -286,3 +286,18 @@ async def test_changed_addresses_connect_at_once_and_keep_the_others(
         assert b.connections == 1
         assert [p.address for p in node.registration.peers] == [b.address, a.address]
         assert b.times(Ping) == [changed + 15, changed + 30]
+
+
+async def test_without_an_http_port_the_lookupd_refuses_and_the_log_says_why(
+    nursery: trio.Nursery, start_node: StartNode, autojump_clock: trio.testing.MockClock,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with trio.fail_after(TIMEOUT):
+        fake = await lookupd(nursery)
+        node = await start_node(http=False, nsqlookupd_tcp_addresses=(fake.address,))
+        assert "no HTTP listener and no --broadcast-http-port" in caplog.text
+        await trio.sleep(20)
+        # every IDENTIFY is refused (E_BAD_BODY IDENTIFY missing fields); retried with backoff
+        assert fake.received == []
+        [peer] = node.registration.peers
+        assert peer.failures >= 3 and peer.info is None
