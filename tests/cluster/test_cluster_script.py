@@ -66,7 +66,7 @@ def test_cluster_script_starts_registers_and_stops_cleanly(tmp_path: Path) -> No
             with Producer(tcp) as producer:
                 producer.mpub("events", [f"{tcp}-{i}".encode() for i in range(10)])
         eventually(lambda: lookup_producers(lookupd, "events"), lambda p: len(p) == 3, 20.0)
-        received = []
+        received: list[str] = []
         with Consumer("events", "all", lookupd_http_addresses=lookupd, max_in_flight=6) as c:
             assert len(c.connected_addresses) == 3
             deadline = time.monotonic() + 20
