@@ -1,12 +1,19 @@
-"""The trio Consumer: one topic/channel, from one or several daemons.
+"""The trio Consumer: one topic/channel, from one or several daemons, listed or discovered.
 
 Theory of operation
 -------------------
-One supervisor task per daemon address connects, IDENTIFYs, SUBs, and after a loss reconnects
-with exponential backoff and jitter. Message frames arrive in batches from the connections'
-readers (``_on_messages``, a plain function) and go into one local queue; handler workers (or
-``async for``) take them from it. Answers (``Message.finish``/``requeue``/``touch``) are plain
-calls that queue the command on the message's connection.
+One supervisor task per daemon address given connects, IDENTIFYs, SUBs, and after a loss
+reconnects with exponential backoff and jitter. With lookupd addresses, a discovery task asks
+the lookupds which daemons have the topic, on go-nsq's schedule (at once, then every
+``lookupd_poll_interval`` after a random ``lookupd_poll_jitter`` share of it), and opens one
+connection to each new one; the rules of ``lmq_client.lookupd.Discovery`` decide when a
+discovered daemon is dropped (no longer listed) and when one whose connection ended is
+connected again (only if the lookupds still list it, after its reconnect backoff).
+
+Message frames arrive in batches from the connections' readers (``_on_messages``, a plain
+function) and go into one local queue; handler workers (or ``async for``) take them from it.
+Answers (``Message.finish``/``requeue``/``touch``) are plain calls that queue the command on
+the message's connection.
 
 Flow control is RDY, which nsqd treats as a window (it sends while ``in_flight < rdy``), so the
 consumer only decides one number per connection and sends it when it changes: ``max_in_flight``
@@ -30,6 +37,7 @@ waits up to ``close_timeout`` for handlers to answer the messages they hold, the
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import logging
 import math
@@ -45,18 +53,42 @@ import trio
 from lmq_client._util import address_list, check_name
 from lmq_client.backoff import Backoff
 from lmq_client.connection import Connection, StreamOpener, open_tcp_stream
-from lmq_client.errors import ConnectionFailed, NSQError
+from lmq_client.errors import ConnectionFailed, LmqClientError, NSQError
+from lmq_client.lookupd import (
+    DEFAULT_POLL_INTERVAL,
+    DEFAULT_POLL_JITTER,
+    DEFAULT_TIMEOUT,
+    Discovery,
+    check_schedule,
+    lookup_producers,
+    lookupd_addresses,
+)
 from lmq_client.message import Message
 from lmq_client.rdy import choose_active, rdy_targets
 from lmq_client.transport import PLAIN, TransportOptions
 from lmqd.protocol import Cls, MessageFrame, Rdy, Sub
 
-__all__ = ["Consumer", "ConsumerStats"]
+__all__ = ["Consumer", "ConsumerStats", "LookupdQuery"]
 
 log = logging.getLogger("lmq_client.consumer")
 
 Handler = Callable[[Message], Awaitable[None]]
 GiveUpHook = Callable[[Message], Awaitable[None] | None]
+LookupdQuery = Callable[[str, str], Awaitable[list[str]]]
+"""``query(lookupd_address, topic)`` -> the TCP addresses of the topic's producers; raises
+``LmqClientError`` when that lookupd cannot answer."""
+
+# The first round of connection attempts includes the first lookupd query.
+_LOOKUPD_ROUND = "<lookupd>"
+
+
+async def _threaded_lookup(lookupd: str, topic: str, *, request_timeout: float) -> list[str]:
+    # urllib blocks: a worker thread per query, once a minute per consumer. Abandoned if the
+    # consumer closes meanwhile (the thread then ends within ``request_timeout`` on its own).
+    return await trio.to_thread.run_sync(
+        functools.partial(lookup_producers, lookupd, topic, timeout=request_timeout),
+        abandon_on_cancel=True,
+    )
 
 
 @attrs.frozen
@@ -86,7 +118,9 @@ class _Closed(Exception):
 
 
 class Consumer:
-    """Consume ``topic``/``channel`` from the daemon(s) at ``address``.
+    """Consume ``topic``/``channel`` from the daemon(s) at ``address`` and/or the daemons that
+    the lookupds at ``lookupd_http_addresses`` list for the topic (``host:port`` or URLs;
+    ``lookupd_query`` replaces the HTTP query itself, e.g. with a scripted lookupd in tests).
 
     Either pass ``handler`` (an async function: returning finishes the message, raising requeues
     it with backoff; ``concurrency`` handlers run at once, default ``max_in_flight``) or iterate
@@ -98,8 +132,13 @@ class Consumer:
         self,
         topic: str,
         channel: str,
-        address: str | Sequence[str],
+        address: str | Sequence[str] = (),
         *,
+        lookupd_http_addresses: str | Sequence[str] = (),
+        lookupd_poll_interval: float = DEFAULT_POLL_INTERVAL,
+        lookupd_poll_jitter: float = DEFAULT_POLL_JITTER,
+        lookupd_timeout: float = DEFAULT_TIMEOUT,
+        lookupd_query: LookupdQuery | None = None,
         handler: Handler | None = None,
         max_in_flight: int = 1,
         concurrency: int | None = None,
@@ -124,7 +163,17 @@ class Consumer:
             raise ValueError("max_in_flight must be >= 1")
         self.topic = topic
         self.channel = channel
-        self.addresses = address_list(address)
+        self.lookupd_addresses = lookupd_addresses(lookupd_http_addresses)
+        given = [address] if isinstance(address, str) else list(address)
+        if not given and not self.lookupd_addresses:
+            raise ValueError("give daemon addresses, lookupd_http_addresses, or both")
+        self.addresses = address_list(given) if given else []
+        check_schedule(lookupd_poll_interval, lookupd_poll_jitter)
+        self.lookupd_poll_interval = lookupd_poll_interval
+        self.lookupd_poll_jitter = lookupd_poll_jitter
+        self._lookupd_query = lookupd_query or functools.partial(
+            _threaded_lookup, request_timeout=lookupd_timeout
+        )
         self.handler = handler
         self.max_in_flight = max_in_flight
         self.concurrency = concurrency or max_in_flight
@@ -157,7 +206,12 @@ class Consumer:
         self._next_redistribute = math.inf
         self._timers_changed = trio.Event()
         self._first_round: set[str] = set(self.addresses)
+        if self.lookupd_addresses:
+            self._first_round.add(_LOOKUPD_ROUND)
         self._first_round_done = trio.Event()
+        self._discovery: Discovery | None = None
+        self._discovered: dict[str, trio.CancelScope] = {}
+        self._discovery_wake = trio.Event()
         self._closing = False
         self._closed = trio.Event()
         self._nursery: trio.Nursery | None = None
@@ -170,6 +224,11 @@ class Consumer:
     def connected_addresses(self) -> list[str]:
         """Daemons this consumer is subscribed on right now."""
         return [c.address for c in self._states]
+
+    @property
+    def discovered_addresses(self) -> list[str]:
+        """Daemons the lookupds listed in their last answer (sorted)."""
+        return sorted(self._discovery.producers) if self._discovery is not None else []
 
     def statistics(self) -> ConsumerStats:
         """Counters and state, for logs and tests."""
@@ -302,6 +361,15 @@ class Consumer:
         self._nursery = nursery
         for address in self.addresses:
             nursery.start_soon(self._supervise, address)
+        if self.lookupd_addresses:
+            self._discovery = Discovery(
+                interval=self.lookupd_poll_interval,
+                jitter=self.lookupd_poll_jitter,
+                reconnect_backoff=self.reconnect_backoff,
+                rng=self._rng,
+                start=trio.current_time(),
+            )
+            nursery.start_soon(self._discover, self._discovery)
         nursery.start_soon(self._timers)
         if self.handler is not None:
             for _ in range(self.concurrency):
@@ -314,47 +382,115 @@ class Consumer:
             self._update_rdy()
 
     async def _supervise(self, address: str) -> None:
+        """A daemon given by address: connected to, and reconnected after a loss, until close."""
         failures = 0
-        identify: dict[str, Any] = {}
-        if self.msg_timeout is not None:
-            identify["msg_timeout"] = round(self.msg_timeout * 1000)
         while not self._closing:
-            conn = Connection(
-                address,
-                heartbeat_interval=self.heartbeat_interval,
-                connect_timeout=self.connect_timeout,
-                identify=identify,
-                on_messages=self._on_messages,
-                open_stream=self._open_stream,
-                transport=self.transport,
-            )
-            try:
-                async with trio.open_nursery() as nursery:
-                    try:
-                        await nursery.start(conn.run)
-                        await conn.request(Sub(topic=self.topic, channel=self.channel).encode())
-                    except (ConnectionFailed, NSQError) as exc:
-                        # Raised here, inside the nursery, so it isn't wrapped in a group.
-                        log.warning("consumer %s/%s: %s", self.topic, self.channel, exc)
-                        nursery.cancel_scope.cancel()
-                    else:
-                        failures = 0
-                        self._add_conn(conn)
-                        self._first_attempt_done(address)
-                        await conn.wait_closed()
-                        if conn.error is not None and not self._closing:
-                            log.warning(
-                                "consumer %s/%s: %s", self.topic, self.channel, conn.error
-                            )
-            finally:
-                self._remove_conn(conn)
-                self._first_attempt_done(address)
+            if await self._connect(address):
+                failures = 0
             if self._closing:
                 return
             failures += 1
             delay = self.reconnect_backoff.delay(failures)
             log.info("consumer: reconnecting to %s in %.1fs", address, delay)
             await trio.sleep(delay)
+
+    async def _connect(self, address: str) -> bool:
+        """One connection: connect, SUB, consume until it ends. True if it subscribed."""
+        identify: dict[str, Any] = {}
+        if self.msg_timeout is not None:
+            identify["msg_timeout"] = round(self.msg_timeout * 1000)
+        conn = Connection(
+            address,
+            heartbeat_interval=self.heartbeat_interval,
+            connect_timeout=self.connect_timeout,
+            identify=identify,
+            on_messages=self._on_messages,
+            open_stream=self._open_stream,
+            transport=self.transport,
+        )
+        subscribed = False
+        try:
+            async with trio.open_nursery() as nursery:
+                try:
+                    await nursery.start(conn.run)
+                    await conn.request(Sub(topic=self.topic, channel=self.channel).encode())
+                except (ConnectionFailed, NSQError) as exc:
+                    # Raised here, inside the nursery, so it isn't wrapped in a group.
+                    log.warning("consumer %s/%s: %s", self.topic, self.channel, exc)
+                    nursery.cancel_scope.cancel()
+                else:
+                    subscribed = True
+                    if self._discovery is not None:
+                        self._discovery.connected(address)
+                    self._add_conn(conn)
+                    self._first_attempt_done(address)
+                    await conn.wait_closed()
+                    if conn.error is not None and not self._closing:
+                        log.warning("consumer %s/%s: %s", self.topic, self.channel, conn.error)
+        finally:
+            self._remove_conn(conn)
+            self._first_attempt_done(address)
+        return subscribed
+
+    # -- discovery -------------------------------------------------------------------------------
+
+    async def _discover(self, discovery: Discovery) -> None:
+        assert self._nursery is not None
+        nursery = self._nursery
+        explicit = set(self.addresses)
+        while True:
+            if trio.current_time() < discovery.next_poll_at:
+                self._discovery_wake = trio.Event()
+                with trio.move_on_at(discovery.next_poll_at):
+                    await self._discovery_wake.wait()
+                continue
+            discovery.polled(trio.current_time())
+            found = await self._query_lookupds()
+            if found is not None:
+                found -= explicit  # already supervised
+            connect, drop = discovery.answered(trio.current_time(), found)
+            for address in drop:
+                log.info("consumer %s/%s: %s is no longer listed by the lookupds; dropping it",
+                         self.topic, self.channel, address)
+                scope = self._discovered.pop(address, None)
+                if scope is not None:
+                    scope.cancel()
+                discovery.connection_ended(address, trio.current_time(), dropped=True)
+            for address in connect:
+                log.info("consumer %s/%s: found %s through the lookupds",
+                         self.topic, self.channel, address)
+                scope = self._discovered[address] = trio.CancelScope()
+                if not self._first_round_done.is_set():
+                    self._first_round.add(address)
+                nursery.start_soon(self._run_discovered, discovery, address, scope)
+            self._first_attempt_done(_LOOKUPD_ROUND)
+
+    async def _query_lookupds(self) -> set[str] | None:
+        """The union of what every lookupd that answered lists; None if none answered."""
+        found: set[str] | None = None
+        for lookupd in self.lookupd_addresses:
+            try:
+                producers = await self._lookupd_query(lookupd, self.topic)
+            except LmqClientError as exc:
+                log.warning("consumer %s/%s: lookupd %s: %s", self.topic, self.channel,
+                            lookupd, exc)
+                continue
+            found = (found or set()) | set(producers)
+        return found
+
+    async def _run_discovered(
+        self, discovery: Discovery, address: str, scope: trio.CancelScope
+    ) -> None:
+        """One connection to a discovered daemon; when it ends, discovery decides what next."""
+        try:
+            with scope:
+                await self._connect(address)
+        finally:
+            if self._discovered.get(address) is scope:
+                del self._discovered[address]
+            if not scope.cancel_called and not self._closing:
+                discovery.connection_ended(address, trio.current_time())
+                self._discovery_wake.set()
 
     def _add_conn(self, conn: Connection) -> None:
         self._states[conn] = _ConnState(conn)

@@ -1,4 +1,5 @@
-"""A small blocking client for nsqd's HTTP API (``/stats``, topic and channel admin, ``/pub``).
+"""A small blocking client for nsqd's HTTP API (``/stats``, topic and channel admin, ``/pub``);
+``HTTPClient.fetch`` is also what lookupd queries use (``lmq_client.lookupd``).
 
 Standard library only (``urllib.request``): lmqadmin makes a handful of requests, so a pooled
 HTTP client would buy nothing. Works against lmqd and nsqd alike (both answer errors as
@@ -48,9 +49,24 @@ class HTTPClient:
         url = f"http://{self.address}{path}"
         if params:
             url += "?" + urllib.parse.urlencode(params)
-        req = urllib.request.Request(url, data=body, method=method)
+        return self.fetch(url, address=self.address, timeout=self.timeout, method=method,
+                          body=body)  # fmt: skip
+
+    @staticmethod
+    def fetch(
+        url: str,
+        *,
+        address: str,
+        timeout: float,
+        method: str = "GET",
+        body: bytes | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> bytes:
+        """One request to ``url`` (errors name ``address``): the body of a 2xx answer; raises
+        ``HTTPError`` (with the daemon's ``{"message"}``) or ``ConnectionFailed``."""
+        req = urllib.request.Request(url, data=body, method=method, headers=headers or {})
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as response:
+            with urllib.request.urlopen(req, timeout=timeout) as response:
                 data: bytes = response.read()
                 return data
         except urllib.error.HTTPError as exc:
@@ -59,11 +75,11 @@ class HTTPClient:
                 message = str(json.loads(raw)["message"])
             except (ValueError, KeyError, TypeError):
                 message = raw.decode("utf-8", "replace").strip() or str(exc.reason)
-            raise HTTPError(self.address, exc.code, message) from None
+            raise HTTPError(address, exc.code, message) from None
         except urllib.error.URLError as exc:
-            raise ConnectionFailed(self.address, f"HTTP API unreachable ({exc.reason})") from None
+            raise ConnectionFailed(address, f"HTTP API unreachable ({exc.reason})") from None
         except (TimeoutError, OSError) as exc:
-            raise ConnectionFailed(self.address, f"HTTP API unreachable ({exc})") from None
+            raise ConnectionFailed(address, f"HTTP API unreachable ({exc})") from None
 
     def ping(self) -> str:
         """``/ping``: ``"OK"`` when healthy."""

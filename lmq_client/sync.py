@@ -6,8 +6,9 @@ heartbeats get their NOP, and a connection the daemon closed (for instance after
 unanswered for a long idle spell) is noticed there and replaced before anything is sent, so an
 idle producer never loses a publish to a stale socket.
 
-``Consumer`` is deliberately simple: one daemon, ``RDY max_in_flight``, and messages from
-``get()`` or iteration, answered with the same ``Message`` API as the trio consumer.
+``Consumer`` consumes from several daemons, given or found through lookupds, on one thread:
+``get()`` waits on all of them at once (``select``), and does the lookupd queries and redials
+when they are due; messages are answered with the same ``Message`` API as the trio consumer.
 
 Both take ``transport`` (``lmq_client.transport.TransportOptions``): the connection then performs
 the upgrades the daemon grants after IDENTIFY, as the trio client does: TLS with
@@ -20,6 +21,8 @@ from __future__ import annotations
 import collections
 import contextlib
 import logging
+import math
+import random
 import select
 import socket
 import ssl
@@ -34,6 +37,7 @@ from lmq_client._util import (
     identify_body,
     parse_identify_response,
 )
+from lmq_client.backoff import Backoff
 from lmq_client.errors import (
     ConnectionFailed,
     LmqClientError,
@@ -41,7 +45,16 @@ from lmq_client.errors import (
     all_addresses_failed,
     error_from_frame,
 )
+from lmq_client.lookupd import (
+    DEFAULT_POLL_INTERVAL,
+    DEFAULT_POLL_JITTER,
+    DEFAULT_TIMEOUT,
+    Discovery,
+    lookup_producers,
+    lookupd_addresses,
+)
 from lmq_client.message import Message
+from lmq_client.rdy import choose_active, rdy_targets
 from lmq_client.transport import (
     PLAIN,
     FrameReader,
@@ -420,50 +433,116 @@ class Producer:
 
 
 class Consumer:
-    """A blocking consumer of ``topic``/``channel`` on one daemon.
+    """A blocking consumer of ``topic``/``channel`` on one or several daemons, listed in
+    ``address`` and/or found through the lookupds at ``lookupd_http_addresses``.
 
     ``get(timeout)`` returns the next ``Message`` (or None when nothing came within ``timeout``);
     iterating yields messages until ``close()``. Answer each with ``finish()``/``requeue()``.
     Heartbeats are answered while waiting in ``get``; don't leave it uncalled for longer than two
-    heartbeat intervals, or the daemon drops the connection.
+    heartbeat intervals, or the daemons drop the connections.
+
+    Everything happens inside ``get``: it waits on every connection at once (``select``), takes
+    messages from them in turn, and when they are due queries the lookupds (go-nsq's schedule:
+    at once, then every ``lookupd_poll_interval`` after a random ``lookupd_poll_jitter`` share
+    of it; a query blocks for at most ``lookupd_timeout``) and redials lost connections. The
+    rules for discovered daemons are ``lmq_client.lookupd.Discovery``'s: new ones are connected,
+    ones no longer listed are dropped, and one whose connection ended is redialled only if the
+    lookupds still list it. A daemon given by address is redialled after the reconnect backoff.
+    ``max_in_flight`` is spread over the connections as RDY (``lmq_client.rdy``), as the trio
+    consumer does.
+
+    The constructor connects to the addresses given and queries the lookupds once. Without
+    lookupds it raises ``ConnectionFailed`` when none of the addresses could be subscribed; it
+    raises the daemon's ``NSQError`` when one refuses the subscription. A connection lost later
+    is never an exception: ``get`` goes on with the others and redials.
     """
 
     def __init__(
         self,
         topic: str,
         channel: str,
-        address: str,
+        address: str | Sequence[str] = (),
         *,
+        lookupd_http_addresses: str | Sequence[str] = (),
+        lookupd_poll_interval: float = DEFAULT_POLL_INTERVAL,
+        lookupd_poll_jitter: float = DEFAULT_POLL_JITTER,
+        lookupd_timeout: float = DEFAULT_TIMEOUT,
         max_in_flight: int = 1,
         timeout: float = 10.0,
         heartbeat_interval: float = 30.0,
         msg_timeout: float | None = None,
+        reconnect_backoff: Backoff | None = None,
+        rng: random.Random | None = None,
         transport: TransportOptions = PLAIN,
     ) -> None:
         check_name("topic", topic)
         check_name("channel", channel)
+        if max_in_flight < 1:
+            raise ValueError("max_in_flight must be >= 1")
         self.topic = topic
         self.channel = channel
-        identify = {} if msg_timeout is None else {"msg_timeout": round(msg_timeout * 1000)}
-        self._conn = _SocketConnection(
-            address,
-            timeout=timeout,
-            heartbeat_interval=heartbeat_interval,
-            identify=identify,
-            transport=transport,
+        self.lookupd_addresses = lookupd_addresses(lookupd_http_addresses)
+        given = [address] if isinstance(address, str) else list(address)
+        if not given and not self.lookupd_addresses:
+            raise ValueError("give daemon addresses, lookupd_http_addresses, or both")
+        self.addresses = address_list(given) if given else []
+        self.max_in_flight = max_in_flight
+        self.timeout = timeout
+        self.heartbeat_interval = heartbeat_interval
+        self.lookupd_timeout = lookupd_timeout
+        self.transport = transport
+        self.reconnect_backoff = reconnect_backoff or Backoff(base=1.0, max_delay=60.0)
+        self._identify = {} if msg_timeout is None else {"msg_timeout": round(msg_timeout * 1000)}
+        self._rng = rng or random.Random()
+        self._conns: dict[str, _SocketConnection] = {}
+        self._rdy: dict[str, int] = {}
+        self._active: set[str] = set()
+        self._got_message: set[str] = set()
+        self._rdy_stale = True
+        """The connections or the active set changed since RDY was last set."""
+        self._turn = 0
+        self._redial: dict[str, tuple[int, float]] = {}
+        """Addresses given whose connection is down: (failures, when to dial again)."""
+        self._closed = False
+        self._discovery = (
+            Discovery(
+                interval=lookupd_poll_interval,
+                jitter=lookupd_poll_jitter,
+                reconnect_backoff=self.reconnect_backoff,
+                rng=self._rng,
+                start=time.monotonic(),
+            )
+            if self.lookupd_addresses
+            else None
         )
+        failures: list[ConnectionFailed] = []
         try:
-            self._conn.sendall(Sub(topic=topic, channel=channel).encode())
-            self._conn.read_response()
-            self._conn.sendall(Rdy(count=max_in_flight).encode())
+            for given_address in self.addresses:
+                try:
+                    self._subscribe(given_address)
+                except ConnectionFailed as exc:
+                    failures.append(exc)
+                    self._schedule_redial(given_address, time.monotonic())
+            if self._discovery is None and not self._conns:
+                raise all_addresses_failed(failures)
+            self._maintain(time.monotonic())
         except BaseException:
-            self._conn.close()
+            self.close()
             raise
 
     @property
     def address(self) -> str:
-        """The daemon consumed from."""
-        return self._conn.address
+        """The daemon consumed from (the first connected one, when there are several)."""
+        return next(iter(self._conns), "")
+
+    @property
+    def connected_addresses(self) -> list[str]:
+        """The daemons subscribed on right now."""
+        return list(self._conns)
+
+    def rdy_counts(self) -> dict[str, int]:
+        """The RDY last sent on each connection, by daemon address."""
+        return dict(self._rdy)
 
     def __enter__(self) -> Consumer:
         return self
@@ -477,37 +556,218 @@ class Consumer:
         self.close()
 
     def __iter__(self) -> Iterator[Message]:
-        while self._conn.is_open:
+        while not self._closed:
             message = self.get(None)
             if message is not None:
                 yield message
 
     def get(self, timeout: float | None = None) -> Message | None:
         """The next message, waiting up to ``timeout`` seconds (None: until one comes)."""
-        while True:
-            try:
-                event = self._conn.next_event(timeout)
-            except ConnectionFailed:
-                raise
-            if event is None:
-                return None
-            if isinstance(event, MessageFrame):
-                return Message(event.id, event.body, event.timestamp, event.attempts,
-                               self._conn, None)
-            if isinstance(event, Error):
-                error = error_from_frame(event.code, event.text, address=self._conn.address)
-                if error.fatal:
-                    self._conn.close()
-                    raise error
-                log.info("NSQD(%s): %s", self._conn.address, error)
-            # other responses (CLOSE_WAIT) need nothing
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._closed:
+            now = time.monotonic()
+            self._maintain(now)
+            message = self._next_message()
+            if message is not None:
+                return message
+            now = time.monotonic()
+            wake = self._next_due()
+            if deadline is not None:
+                if now >= deadline:
+                    return None
+                wake = min(wake, deadline)
+            self._wait(max(0.0, wake - now) if wake < math.inf else None)
+        return None
 
     def close(self) -> None:
-        """Send CLS and disconnect; unanswered messages are redelivered by the daemon."""
-        if self._conn.is_open:
+        """Send CLS and disconnect; unanswered messages are redelivered by the daemons."""
+        self._closed = True
+        for address in list(self._conns):
+            self._disconnect(address)
+
+    # -- connections -----------------------------------------------------------------------------
+
+    def _subscribe(self, address: str) -> None:
+        conn = _SocketConnection(
+            address,
+            timeout=self.timeout,
+            heartbeat_interval=self.heartbeat_interval,
+            identify=self._identify,
+            transport=self.transport,
+        )
+        try:
+            conn.sendall(Sub(topic=self.topic, channel=self.channel).encode())
+            conn.read_response()
+        except BaseException:
+            conn.close()
+            raise
+        self._conns[address] = conn
+        self._rdy[address] = 0
+        self._rdy_stale = True
+        self._redial.pop(address, None)
+        if self._discovery is not None:
+            self._discovery.connected(address)
+
+    def _disconnect(self, address: str) -> None:
+        conn = self._conns.pop(address, None)
+        self._rdy.pop(address, None)
+        self._rdy_stale = True
+        self._active.discard(address)
+        self._got_message.discard(address)
+        if conn is not None and conn.is_open:
             with contextlib.suppress(LmqClientError):
-                self._conn.sendall(Cls().encode())
-            self._conn.close()
+                conn.sendall(Cls().encode())
+            conn.close()
+
+    def _lost(self, address: str, reason: object) -> None:
+        """A connection failed or was closed by its daemon: drop it, and decide when to redial."""
+        log.warning("consumer %s/%s: %s: %s", self.topic, self.channel, address, reason)
+        self._disconnect(address)
+        if self._closed:
+            return
+        now = time.monotonic()
+        if address in self.addresses:
+            self._schedule_redial(address, now)
+        elif self._discovery is not None:
+            self._discovery.connection_ended(address, now)
+        self._update_rdy()
+
+    def _schedule_redial(self, address: str, now: float) -> None:
+        failures = self._redial.get(address, (0, 0.0))[0] + 1
+        self._redial[address] = (failures, now + self.reconnect_backoff.delay(failures))
+
+    def _next_due(self) -> float:
+        due = min((at for _, at in self._redial.values()), default=math.inf)
+        if self._discovery is not None:
+            due = min(due, self._discovery.next_poll_at)
+        return due
+
+    def _maintain(self, now: float) -> None:
+        """Redial given addresses and query the lookupds when due; then set RDY."""
+        for address, (_, at) in list(self._redial.items()):
+            if at <= now and address not in self._conns:
+                try:
+                    self._subscribe(address)
+                except (ConnectionFailed, NSQError) as exc:
+                    log.warning("consumer %s/%s: %s", self.topic, self.channel, exc)
+                    self._schedule_redial(address, time.monotonic())
+        discovery = self._discovery
+        if discovery is not None and discovery.next_poll_at <= now:
+            discovery.polled(now)
+            found = self._query_lookupds()
+            if found is not None:
+                found -= set(self.addresses)
+            connect, drop = discovery.answered(time.monotonic(), found)
+            for address in drop:
+                log.info("consumer %s/%s: %s is no longer listed by the lookupds; dropping it",
+                         self.topic, self.channel, address)
+                self._disconnect(address)
+                discovery.connection_ended(address, time.monotonic(), dropped=True)
+            for address in connect:
+                try:
+                    self._subscribe(address)
+                except (ConnectionFailed, NSQError) as exc:
+                    log.warning("consumer %s/%s: %s", self.topic, self.channel, exc)
+                    discovery.connection_ended(address, time.monotonic())
+            self._rotate()
+        self._update_rdy()
+
+    def _query_lookupds(self) -> set[str] | None:
+        found: set[str] | None = None
+        for lookupd in self.lookupd_addresses:
+            try:
+                producers = lookup_producers(lookupd, self.topic, timeout=self.lookupd_timeout)
+            except LmqClientError as exc:
+                log.warning("consumer %s/%s: lookupd %s: %s", self.topic, self.channel,
+                            lookupd, exc)
+                continue
+            found = (found or set()) | set(producers)
+        return found
+
+    # -- RDY -------------------------------------------------------------------------------------
+
+    def _rotate(self) -> None:
+        """With fewer slots than connections: move slots off connections that got nothing."""
+        conns = list(self._conns)
+        if len(conns) > self.max_in_flight:
+            idle = [a for a in conns if a not in self._got_message]
+            self._active = choose_active(conns, self._active, idle, self.max_in_flight, self._rng)
+            self._rdy_stale = True
+        self._got_message.clear()
+
+    def _update_rdy(self) -> None:
+        """Send RDY where the wanted value changed (only after connections or slots moved:
+        ``get`` calls this once per message)."""
+        if not self._rdy_stale:
+            return
+        self._rdy_stale = False
+        conns = list(self._conns)
+        if len(conns) > self.max_in_flight and len(self._active & set(conns)) < min(
+            self.max_in_flight, len(conns)
+        ):
+            self._active = choose_active(conns, self._active, (), self.max_in_flight, self._rng)
+        caps = {a: int(c.server_settings.get("max_rdy_count") or 2500)
+                for a, c in self._conns.items()}  # fmt: skip
+        for address, count in rdy_targets(self.max_in_flight, conns, caps, self._active).items():
+            if self._rdy.get(address) != count:
+                try:
+                    self._conns[address].sendall(Rdy(count=count).encode())
+                except ConnectionFailed as exc:
+                    self._lost(address, exc)
+                    return
+                self._rdy[address] = count
+
+    # -- receiving -------------------------------------------------------------------------------
+
+    def _next_message(self) -> Message | None:
+        """A message already received on some connection (taken in turn), else None."""
+        addresses = list(self._conns)
+        for i in range(len(addresses)):
+            address = addresses[(self._turn + i) % len(addresses)]
+            conn = self._conns.get(address)
+            if conn is None:
+                continue
+            try:
+                event = conn.next_event(0)
+            except ConnectionFailed as exc:
+                self._lost(address, exc)
+                continue
+            while event is not None:
+                if isinstance(event, MessageFrame):
+                    self._turn = (self._turn + i + 1) % max(1, len(addresses))
+                    self._got_message.add(address)
+                    return Message(
+                        event.id, event.body, event.timestamp, event.attempts, conn, None
+                    )
+                if isinstance(event, Error):
+                    error = error_from_frame(event.code, event.text, address=address)
+                    if error.fatal:
+                        self._lost(address, error)
+                        break
+                    log.info("NSQD(%s): %s", address, error)
+                # other responses (CLOSE_WAIT) need nothing
+                try:
+                    event = conn.next_event(0)
+                except ConnectionFailed as exc:
+                    self._lost(address, exc)
+                    break
+        return None
+
+    def _wait(self, timeout: float | None) -> None:
+        """Until some connection has bytes (read and parsed here), or ``timeout``."""
+        conns = list(self._conns.items())
+        if not conns:
+            time.sleep(timeout if timeout is not None else self.heartbeat_interval)
+            return
+        if any(c._buffered() for _, c in conns):
+            timeout = 0.0
+        ready, _, _ = select.select([c._sock for _, c in conns], [], [], timeout)
+        for address, conn in conns:
+            if conn._sock in ready or conn._buffered():
+                try:
+                    conn._receive(0)
+                except ConnectionFailed as exc:
+                    self._lost(address, exc)
 
 
 def _reason(exc: BaseException) -> str:

@@ -26,7 +26,7 @@ from lmqd.options import Options
 from lmqd.stats import ClientStats, TopicStats
 from lmqd.storage import ChannelMetadata, Metadata, TimeBase, TopicMetadata, metadata_path
 
-__all__ = ["BoundAddresses", "Broker", "Connection"]
+__all__ = ["BoundAddresses", "Broker", "BrokerObserver", "Connection"]
 
 log = logging.getLogger("lmqd.broker")
 
@@ -60,6 +60,34 @@ class Connection(Protocol):
         ...
 
 
+class BrokerObserver(Protocol):
+    """Told when topics and channels come and go, and when options change at run time.
+
+    lmqd's lookupd registration is one (``lmqd.registration``); the broker does not know what
+    an observer does with the news. Calls are synchronous and must not raise.
+    """
+
+    def topic_created(self, topic: str) -> None:
+        """A topic was created (publish, subscribe, HTTP, or restored at start-up)."""
+        ...
+
+    def topic_deleted(self, topic: str, channels: Sequence[str]) -> None:
+        """A topic was deleted with ``channels`` (HTTP, or ephemeral without channels)."""
+        ...
+
+    def channel_created(self, topic: str, channel: str) -> None:
+        """A channel was created."""
+        ...
+
+    def channel_deleted(self, topic: str, channel: str) -> None:
+        """A channel was deleted on its own (HTTP, or ephemeral without consumers)."""
+        ...
+
+    def options_changed(self, options: Options) -> None:
+        """``update_options`` replaced the options (``PUT /config/...``)."""
+        ...
+
+
 class Broker:
     """One lmqd's topics, connections, health and publish paths."""
 
@@ -89,6 +117,29 @@ class Broker:
         self._nursery: trio.Nursery | None = None
         self._health_error: str | None = None
         self._next_client_id = 0
+        self._observers: list[BrokerObserver] = []
+
+    def add_observer(self, observer: BrokerObserver) -> None:
+        """Tell ``observer`` about topic and channel creation and deletion from now on."""
+        self._observers.append(observer)
+
+    def update_options(self, options: Options) -> None:
+        """Replace the options at run time (``PUT /config/...``) and tell the observers."""
+        self.options = options
+        for observer in self._observers:
+            observer.options_changed(options)
+
+    def _channel_created(self, topic: str, channel: str) -> None:
+        for observer in self._observers:
+            observer.channel_created(topic, channel)
+
+    def _channel_deleted(self, topic: str, channel: str) -> None:
+        for observer in self._observers:
+            observer.channel_deleted(topic, channel)
+
+    def _topic_deleted(self, topic: str, channels: Sequence[str]) -> None:
+        for observer in self._observers:
+            observer.topic_deleted(topic, channels)
 
     def attach(self, nursery: trio.Nursery | None) -> None:
         """Start topics created from now on in ``nursery`` (None: the service is stopping)."""
@@ -165,9 +216,13 @@ class Broker:
                 syncer=self.syncer,
                 on_change=self.syncer.metadata_changed,
                 on_health=self.set_health,
+                on_channel_created=self._channel_created,
+                on_channel_deleted=self._channel_deleted,
             )
             self.topics[name] = topic
             log.info("TOPIC(%s): created", name)
+            for observer in self._observers:
+                observer.topic_created(name)
             if not topic.ephemeral:
                 self.syncer.metadata_changed()
             if self._nursery is not None:
@@ -180,17 +235,21 @@ class Broker:
     def delete_topic(self, name: str) -> None:
         """Delete a topic, its channels and their stored messages; ``KeyError`` if unknown."""
         topic = self.topics.pop(name)
+        channels = list(topic.channels)
         topic.delete()
         log.info("TOPIC(%s): deleted", name)
         if not topic.ephemeral:
             self.syncer.metadata_changed()
+        self._topic_deleted(name, channels)
 
     def _forget_topic(self, topic: Topic) -> None:
         # An ephemeral topic whose last channel went away (nsqd deletes it then).
         if self.topics.get(topic.name) is topic:
             del self.topics[topic.name]
+            channels = list(topic.channels)
             topic.delete()
             log.info("TOPIC(%s): deleted (ephemeral, no channels left)", topic.name)
+            self._topic_deleted(topic.name, channels)
 
     def close_topics(self) -> None:
         """Shutdown, blocking: close every topic (channels first; each flushes to disk)."""

@@ -103,7 +103,6 @@ class Setting:
 
 
 _NO_TLS = "lmqd does not implement TLS; IDENTIFY reports tls_v1 unavailable"
-_NO_LOOKUPD = "lmqd does not register with nsqlookupd"
 _NO_AUTH = "lmqd does not query an auth server; AUTH is not required"
 _NO_STATSD = "lmqd does not push to statsd; scrape GET /metrics (Prometheus) instead"
 _NO_SCAN = "lmqd has no queue-scan workers: each channel wakes exactly at its next deadline"
@@ -130,14 +129,14 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("https-address", Kind.STRING, "https_address",
             "<addr>:<port> to listen on for HTTPS clients", inert=_NO_TLS),
     Setting("broadcast-address", Kind.STRING, "broadcast_address",
-            "address this node is known by, reported by /info"),
+            "address this node is registered with lookupd as, and reported by /info"),
     Setting("broadcast-tcp-port", Kind.INT, "broadcast_tcp_port",
-            "TCP port registered with lookupd (0: the listening port)", inert=_NO_LOOKUPD),
+            "TCP port registered with lookupd (0: the listening port)"),
     Setting("broadcast-http-port", Kind.INT, "broadcast_http_port",
-            "HTTP port registered with lookupd (0: the listening port)", inert=_NO_LOOKUPD),
+            "HTTP port registered with lookupd (0: the listening port)"),
     Setting("lookupd-tcp-address", Kind.STRING_LIST, "nsqlookupd_tcp_addresses",
-            "lookupd TCP address (may be given multiple times)",
-            keys=("nsqlookupd_tcp_addresses",), inert=_NO_LOOKUPD),
+            "lookupd TCP address to register with (may be given multiple times)",
+            keys=("nsqlookupd_tcp_addresses",)),
     Setting("auth-http-address", Kind.STRING_LIST, "auth_http_addresses",
             "<addr>:<port> or URL of an auth server (may be given multiple times)",
             keys=("auth_http_addresses",), inert=_NO_AUTH),

@@ -29,6 +29,14 @@ def valid_name(name: str) -> bool:
     return 0 < len(name) <= MAX_NAME_LENGTH and _NAME_RE.fullmatch(name) is not None
 
 
+def is_nsq_name(name: str) -> bool:
+    """True if nsqd's own rule accepts ``name`` too: a valid name not ending in lmq's ``#tmp``.
+
+    Real nsqlookupd refuses any other name with a fatal error, so lmqd registers only these.
+    """
+    return valid_name(name) and not name.endswith("#tmp")
+
+
 def is_ephemeral(name: str) -> bool:
     """True if ``name`` ends with an ephemeral suffix (``#ephemeral`` or ``#tmp``)."""
     return name.endswith(EPHEMERAL_SUFFIXES)

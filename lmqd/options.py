@@ -36,6 +36,11 @@ def _non_negative(instance: Any, attribute: attrs.Attribute[Any], value: float) 
         raise ValueError(f"--{attribute.name.replace('_', '-')} must be >= 0")
 
 
+def _port(instance: Any, attribute: attrs.Attribute[Any], value: int) -> None:
+    if not 0 <= value <= 65535:  # TCP's port range (lmqd.net checks addresses the same way)
+        raise ValueError(f"--{attribute.name.replace('_', '-')} must be [0,65535]")
+
+
 LOG_LEVELS = ("debug", "info", "warn", "error", "fatal")
 """``--log-level`` names, nsqd's (``internal/lg``), in order: DEBUG = 1 ... FATAL = 5."""
 
@@ -57,8 +62,9 @@ class Options:
     http_address: str = "0.0.0.0:4151"
     https_address: str = "0.0.0.0:4152"
     broadcast_address: str = attrs.field(factory=socket.gethostname)
-    broadcast_tcp_port: int = 0
-    broadcast_http_port: int = 0
+    broadcast_tcp_port: int = attrs.field(default=0, validator=_port)
+    """Registered with lookupd instead of the listening port (0: that port), e.g. behind NAT."""
+    broadcast_http_port: int = attrs.field(default=0, validator=_port)
 
     # -- storage
     data_path: str = attrs.field(factory=os.getcwd)
@@ -108,8 +114,9 @@ class Options:
     statsd_udp_packet_size: int = 508
     statsd_exclude_ephemeral: bool = False
 
-    # -- cluster and auth (accepted for nsqd command-line compatibility)
+    # -- cluster and auth
     nsqlookupd_tcp_addresses: tuple[str, ...] = ()
+    """Lookupds to register with (``lmqd.registration``); changeable at run time over HTTP."""
     auth_http_addresses: tuple[str, ...] = ()
     auth_http_request_method: str = "get"
     http_client_connect_timeout: float = 2.0

@@ -3,9 +3,10 @@ the shutdown order. The network layers never import it; it imports them.
 
 ``LmqDaemon.run()`` holds the data directory (``DataDirLock``), restores the topics and channels
 stored there, then owns the nursery in which the syncer, every topic (with its pump and channel
-timers), the TCP server and the HTTP server run; ``task_status.started()`` reports the bound
-addresses once every listener is listening. ``run_daemon()`` is the blocking entry point used by
-the CLI: it adds signal handling (SIGINT/SIGTERM -> graceful shutdown).
+timers), the TCP server, the HTTP server and the lookupd registration run;
+``task_status.started()`` reports the bound addresses once every listener is listening.
+``run_daemon()`` is the blocking entry point used by the CLI: it adds signal handling
+(SIGINT/SIGTERM -> graceful shutdown).
 
 Shutdown (``shutdown()``, SIGTERM, SIGINT): connections stop reading, held durable ``OK``
 responses get their sync round and every connection a moment to send what it owes; then the
@@ -29,6 +30,7 @@ import trio
 from lmqd.broker import BoundAddresses, Broker
 from lmqd.engine.stores import queues_to_open, restore_plan, stored_queue_names
 from lmqd.options import Options
+from lmqd.registration import Registration
 from lmqd.server import serve_tcp
 from lmqd.storage import (
     AnchoredTimeBase,
@@ -56,6 +58,7 @@ class LmqDaemon:
     def __init__(self, options: Options) -> None:
         self.options = options
         self.broker = Broker(options, hold_data_dir=self._hold_data_dir)
+        self.registration = Registration(self.broker)
         self._shutdown = trio.Event()
         self._lock: DataDirLock | None = None
         self._timebase: AnchoredTimeBase | None = None
@@ -169,6 +172,9 @@ class LmqDaemon:
 
                     http = await nursery.start(serve_http, broker, self.options.http_address)
                 broker.addresses = BoundAddresses(tcp=tcp, http=http)
+                # IDENTIFY needs the bound ports; topics restored above are in its first
+                # REGISTERs, topics created from now on are its events.
+                await nursery.start(self.registration.run)
                 task_status.started(broker.addresses)
                 await self._shutdown.wait()
                 log.info("shutting down")

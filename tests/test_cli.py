@@ -341,7 +341,7 @@ def test_inert_flags_warn_once_each_only_when_not_default(daemon: FakeDaemon) ->
     )
     assert result.exit_code == 0, result.output
     warned = [m.group("flag") for m in map(WARNING_LINE.match, result.stderr.splitlines()) if m]
-    assert warned == ["verbose", "lookupd-tcp-address", "statsd-address"]
+    assert warned == ["verbose", "statsd-address"]  # --lookupd-tcp-address takes effect
 
 
 def test_log_lines_use_nsqd_format_prefix_and_level(daemon: FakeDaemon) -> None:

@@ -399,9 +399,7 @@ def test_nsqds_example_config_file_loads(tmp_path: Path) -> None:
     assert options.max_msg_timeout == 900.0
     assert options.tls_min_version == "tls1.0"
     assert options.e2e_processing_latency_percentiles == (1.0, 0.99, 0.95)
-    assert resolved.warnings() == [
-        "--lookupd-tcp-address is accepted for nsqd compatibility and has no effect"
-    ]
+    assert resolved.warnings() == []  # its lookupd addresses take effect
 
 
 # -- the table itself ----------------------------------------------------------------------------

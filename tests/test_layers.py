@@ -10,7 +10,8 @@ The layers (docs/architecture.md, "The house"), lowest first::
                                                       and AUTH around the V2 codec
     broker    broker                                  what the network layers call
     metrics   metrics                                 the Prometheus collector over the broker
-    network   server, httpapi, lookupd                I/O around the broker (lookupd: lmqlookupd)
+    network   server, httpapi, lookupd, registration  I/O around the broker (lookupd: lmqlookupd;
+                                                      registration: lmqd's, with the lookupds)
     service   service                                 runs everything
     entry     cli, then __main__
 
@@ -40,7 +41,7 @@ LAYERS: dict[str, int] = {
     **dict.fromkeys(("engine", "transport"), 4),
     "broker": 5,
     "metrics": 6,
-    **dict.fromkeys(("server", "httpapi", "lookupd"), 7),
+    **dict.fromkeys(("server", "httpapi", "lookupd", "registration"), 7),
     "service": 8,
     "cli": 9,
     "__main__": 10,

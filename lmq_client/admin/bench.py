@@ -2,9 +2,11 @@
 
 Theory of operation
 -------------------
-Readers start first (each subscribes to ``topic``/``channel`` on every daemon with ``RDY rdy``)
-and report ready; then writers publish ``MPUB`` batches, ``pipeline`` of them in flight per
-connection, until ``duration`` has passed or their share of ``count`` is sent. Readers stop once
+Readers start first (each subscribes to ``topic``/``channel`` on every daemon with ``RDY rdy``:
+the daemons given, or with lookupds the producers they list for the topic) and report ready;
+then writers publish ``MPUB`` batches, ``pipeline`` of them in flight per connection (writer
+``i`` to daemon ``i`` modulo their number), until ``duration`` has passed or their share of
+``count`` is sent. Readers stop once
 they have consumed what was published; with no writers they drain an existing backlog, exactly
 ``count`` messages if it is given, else until nothing arrives for ``DRAIN_IDLE_TIMEOUT``.
 Every message carries its send time (``time.time_ns()``, 8 bytes big-endian) at the start of
@@ -23,6 +25,7 @@ shared ``multiprocessing.Value``s, polled by the parent for the progress display
 
 from __future__ import annotations
 
+import functools
 import math
 import multiprocessing
 import multiprocessing.synchronize
@@ -68,6 +71,9 @@ class BenchConfig:
     timeout: float = 5.0
     transport: TransportOptions = PLAIN
     """TLS, compression, AUTH secret (picklable: writer and reader processes get a copy)."""
+    lookupd: Sequence[str] = ()
+    """Lookupd HTTP addresses: readers consume from the producers they list (writers still
+    publish to ``tcp``, writer ``i`` to ``tcp[i % len(tcp)]``)."""
 
 
 class LatencyHistogram:
@@ -241,8 +247,18 @@ async def _read(
         conn.write(Fins(ids=[f.id for f in frames]).encode())
         consumed.value += len(frames)
 
+    addresses = list(config.tcp)
+    if config.lookupd:
+        from lmq_client.lookupd import lookup_producers
+
+        found: set[str] = set()
+        for lookupd in config.lookupd:
+            query = functools.partial(lookup_producers, lookupd, config.topic,
+                                      timeout=config.timeout)  # fmt: skip
+            found.update(await trio.to_thread.run_sync(query))
+        addresses = sorted(found)
     async with trio.open_nursery() as nursery:
-        for address in config.tcp:
+        for address in addresses:
             conn = Connection(
                 address,
                 connect_timeout=config.timeout,

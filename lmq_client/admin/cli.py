@@ -1,5 +1,11 @@
 """``lmqadmin``: stats, topic/channel admin, pub, tail and bench against lmqd or nsqd.
 
+With ``--lookupd-http-address`` the daemons are the nodes the lookupds list (``GET /nodes``)
+rather than a fixed list: ``stats`` covers every node (one table, a node column), admin
+actions go to the nodes that have the topic (a delete also removes it from the lookupds, as
+nsqadmin does), ``pub`` spreads over the nodes with fail-over, ``tail`` and ``bench``'s readers
+find the topic's producers through the lookupds as any consumer does.
+
 Exit codes (docs/cli.md): 0 success; 1 the daemon refused (an HTTP or NSQ error, e.g.
 TOPIC_NOT_FOUND); 2 bad usage, including invalid topic/channel names; 3 a daemon could not be
 reached; 130 interrupted.
@@ -25,8 +31,21 @@ from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from lmq_client._util import check_name
-from lmq_client.errors import ConnectionFailed, InvalidNameError, LmqClientError, NSQError
+from lmq_client.errors import (
+    ConnectionFailed,
+    InvalidNameError,
+    LmqClientError,
+    NSQError,
+    all_addresses_failed,
+)
 from lmq_client.http import HTTPClient, HTTPError
+from lmq_client.lookupd import (
+    LookupdNode,
+    lookup_nodes,
+    lookupd_addresses,
+    lookupd_url,
+    merge_nodes,
+)
 from lmq_client.transport import PLAIN, TransportOptions
 from lmqd import NSQD_COMPAT_VERSION, __version__
 from lmqd.net import split_address
@@ -56,18 +75,60 @@ class Settings:
         as_json: bool,
         timeout: float,
         transport: TransportOptions = PLAIN,
+        lookupd: list[str] | None = None,
+        *,
+        tcp_given: bool = True,
+        http_given: bool = True,
     ) -> None:
         self.tcp = tcp
         self.http = http
         self.as_json = as_json
         self.timeout = timeout
         self.transport = transport
+        self.lookupd = lookupd or []
+        self.tcp_given = tcp_given
+        """Whether --tcp-address was given (with lookupds, the default is not used)."""
+        self.http_given = http_given
+        self._nodes: list[LookupdNode] | None = None
 
-    def http_clients(self) -> list[HTTPClient]:
-        return [HTTPClient(a, timeout=self.timeout) for a in self.http]
+    def nodes(self) -> list[LookupdNode]:
+        """The nodes the lookupds list now (asked once per command); [] without lookupds.
+
+        A lookupd that cannot be reached is skipped; ``ConnectionFailed`` if none answers.
+        """
+        if not self.lookupd:
+            return []
+        if self._nodes is None:
+            answers: list[list[LookupdNode]] = []
+            failures: list[ConnectionFailed] = []
+            for address in self.lookupd:
+                try:
+                    answers.append(lookup_nodes(address, timeout=self.timeout))
+                except ConnectionFailed as exc:
+                    log.info("lookupd %s: %s", address, exc)
+                    failures.append(exc)
+            if not answers:
+                raise all_addresses_failed(failures)
+            self._nodes = merge_nodes(answers)
+        return self._nodes
+
+    def http_addresses(self, topic: str | None = None) -> list[str]:
+        """Daemons' HTTP addresses: the given ones, and (with lookupds) the nodes listed, only
+        those that have ``topic`` when one is given."""
+        given = self.http if self.http_given or not self.lookupd else []
+        found = [n.http_address for n in self.nodes() if topic is None or topic in n.topics]
+        return list(dict.fromkeys([*given, *found]))
+
+    def tcp_addresses(self) -> list[str]:
+        """Daemons' TCP addresses: the given ones, and (with lookupds) every node listed."""
+        given = self.tcp if self.tcp_given or not self.lookupd else []
+        return list(dict.fromkeys([*given, *(n.tcp_address for n in self.nodes())]))
+
+    def http_clients(self, topic: str | None = None) -> list[HTTPClient]:
+        return [HTTPClient(a, timeout=self.timeout) for a in self.http_addresses(topic)]
 
 
-def _addresses(values: Iterable[str], default: str, option: str) -> list[str]:
+def _addresses(values: Iterable[str], option: str) -> list[str]:
     # Each value may itself be a comma- or space-separated list (handy in the environment).
     result = [a for v in values for a in v.replace(",", " ").split()]
     for address in result:
@@ -75,7 +136,7 @@ def _addresses(values: Iterable[str], default: str, option: str) -> list[str]:
             split_address(address)
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint=option) from None
-    return result or [default]
+    return result
 
 
 def _fail(message: str, code: int) -> NoReturn:
@@ -161,6 +222,11 @@ def _emit_json(data: Any) -> None:
     "--http-address", "http", multiple=True, envvar="LMQ_HTTP_ADDRESS", metavar="HOST:PORT",
     help=f"Daemon HTTP address, repeatable [env LMQ_HTTP_ADDRESS; default {DEFAULT_HTTP}].",
 )
+@click.option(
+    "--lookupd-http-address", "lookupd", multiple=True, envvar="LMQ_LOOKUPD_HTTP_ADDRESS",
+    metavar="HOST:PORT|URL",
+    help="Find the daemons through this lookupd, repeatable [env LMQ_LOOKUPD_HTTP_ADDRESS].",
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable JSON output.")
 @click.option("--timeout", default=5.0, show_default=True, type=click.FloatRange(min=0.1),
               help="Seconds to wait for a daemon.")
@@ -185,6 +251,7 @@ def cli(
     ctx: click.Context,
     tcp: tuple[str, ...],
     http: tuple[str, ...],
+    lookupd: tuple[str, ...],
     as_json: bool,
     timeout: float,
     verbose: int,
@@ -219,12 +286,22 @@ def cli(
         deflate_level=deflate_level,
         auth_secret=auth_secret,
     )
+    lookupds = [a for v in lookupd for a in v.replace(",", " ").split()]
+    try:
+        lookupd_addresses(lookupds)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--lookupd-http-address") from None
+    tcp_list = _addresses(tcp, "--tcp-address")
+    http_list = _addresses(http, "--http-address")
     settings = Settings(
-        _addresses(tcp, DEFAULT_TCP, "--tcp-address"),
-        _addresses(http, DEFAULT_HTTP, "--http-address"),
+        tcp_list or [DEFAULT_TCP],
+        http_list or [DEFAULT_HTTP],
         as_json,
         timeout,
         transport,
+        lookupds,
+        tcp_given=bool(tcp_list),
+        http_given=bool(http_list),
     )
     if isinstance(ctx.obj, Settings) and ctx.obj.as_json:
         settings.as_json = True
@@ -257,10 +334,14 @@ def stats(
     interval: float,
     count: int | None,
 ) -> None:
-    """Topics and channels: depth, in-flight, deferred, rates, e2e latency."""
+    """Topics and channels: depth, in-flight, deferred, rates, e2e latency (every node)."""
     from lmq_client.admin.stats import render_table, sample, snapshot_json
 
-    clients = settings.http_clients()
+    clients = settings.http_clients(topic)
+    if not clients:
+        raise LmqClientError(
+            f"the lookupds list no node{f' with topic {topic}' if topic else ''}"
+        )
     if not watch:
         snap = sample(clients, topic, channel)
         if interval > 0:
@@ -310,12 +391,33 @@ _PAST = {"create": "created", "delete": "deleted", "empty": "emptied", "pause": 
 @handle_errors
 def topic(settings: Settings, action: str, topic: str) -> None:
     """create | delete | empty | pause | unpause a topic, on every daemon."""
-    for client in settings.http_clients():
-        client.topic_action(action, topic)
+    # With lookupds: create on every node, anything else on the nodes that have the topic.
+    addresses = settings.http_addresses(None if action == "create" else topic)
+    _require_nodes(addresses, topic)
+    for address in addresses:
+        HTTPClient(address, timeout=settings.timeout).topic_action(action, topic)
         if not settings.as_json:
-            click.echo(f"{_PAST[action]} topic {topic} on {client.address}")
+            click.echo(f"{_PAST[action]} topic {topic} on {address}")
+    if action == "delete":
+        _on_lookupds(settings, "/topic/delete", {"topic": topic})
     if settings.as_json:
-        _emit_json({"action": action, "topic": topic, "nodes": settings.http})
+        _emit_json({"action": action, "topic": topic, "nodes": addresses})
+
+
+def _require_nodes(addresses: list[str], topic: str) -> None:
+    if not addresses:
+        raise LmqClientError(f"the lookupds list no node with topic {topic}")
+
+
+def _on_lookupds(settings: Settings, path: str, params: dict[str, str]) -> None:
+    """nsqadmin's delete: also drop the keys from every lookupd (a node's UNREGISTER keeps
+    them), so the topic or channel leaves /topics and /channels."""
+    for lookupd in settings.lookupd:
+        url = lookupd_url(lookupd, path, params)
+        try:
+            HTTPClient.fetch(url, address=lookupd, timeout=settings.timeout, method="POST")
+        except LmqClientError as exc:
+            log.warning("lookupd %s: %s", lookupd, exc)
 
 
 @cli.command()
@@ -327,12 +429,16 @@ def topic(settings: Settings, action: str, topic: str) -> None:
 @handle_errors
 def channel(settings: Settings, action: str, topic: str, channel: str) -> None:
     """create | delete | empty | pause | unpause a channel, on every daemon."""
-    for client in settings.http_clients():
-        client.channel_action(action, topic, channel)
+    addresses = settings.http_addresses(topic)
+    _require_nodes(addresses, topic)
+    for address in addresses:
+        HTTPClient(address, timeout=settings.timeout).channel_action(action, topic, channel)
         if not settings.as_json:
-            click.echo(f"{_PAST[action]} channel {topic}/{channel} on {client.address}")
+            click.echo(f"{_PAST[action]} channel {topic}/{channel} on {address}")
+    if action == "delete":
+        _on_lookupds(settings, "/channel/delete", {"topic": topic, "channel": channel})
     if settings.as_json:
-        _emit_json({"action": action, "topic": topic, "channel": channel, "nodes": settings.http})
+        _emit_json({"action": action, "topic": topic, "channel": channel, "nodes": addresses})
 
 
 # -- pub ---------------------------------------------------------------------------------------
@@ -391,8 +497,11 @@ def pub(
         TextColumn("publishing to {task.fields[topic]}"), BarColumn(), MofNCompleteColumn(),
         TimeElapsedColumn(), console=console, disable=quiet or not console.is_terminal,
     )
+    addresses = settings.tcp_addresses()
+    if settings.lookupd and not settings.tcp_given:
+        random.shuffle(addresses)  # spread publishers over the nodes; the rest is fail-over
     with Producer(
-        settings.tcp, timeout=settings.timeout, transport=settings.transport
+        addresses, timeout=settings.timeout, transport=settings.transport
     ) as producer, progress:
         task = progress.add_task("pub", total=len(bodies), topic=topic)
         for i in range(0, len(bodies), batch_size):
@@ -458,13 +567,15 @@ async def _tail(
     prefix = f"{topic}: ".encode() if print_topic else b""
     if count is not None:
         max_in_flight = min(max_in_flight, count)
+    addresses = settings.tcp if settings.tcp_given or not settings.lookupd else []
     consumer = Consumer(
-        topic, channel, settings.tcp, max_in_flight=max_in_flight, max_attempts=0,
-        connect_timeout=settings.timeout, close_timeout=2.0, transport=settings.transport,
+        topic, channel, addresses, lookupd_http_addresses=settings.lookupd,
+        max_in_flight=max_in_flight, max_attempts=0, connect_timeout=settings.timeout,
+        close_timeout=2.0, transport=settings.transport,
     )
     seen = 0
     async with consumer:
-        if not consumer.connected_addresses:
+        if not consumer.connected_addresses and not settings.lookupd:
             raise ConnectionFailed(", ".join(settings.tcp), "no daemon accepted the subscription")
         async for message in consumer:
             if settings.as_json:
@@ -541,10 +652,13 @@ def bench(
     fresh = topic is None
     if topic is None:
         topic = "bench-" + "".join(random.choices(string.ascii_lowercase + string.digits, k=6))
+    if settings.lookupd and readers:
+        _prepare_discovery(settings, topic, channel)
     config = BenchConfig(
-        tcp=settings.tcp, topic=topic, channel=channel, writers=writers, readers=readers,
-        batch_size=batch_size, rdy=rdy, size=size, duration=duration, count=count,
-        pipeline=pipeline, timeout=settings.timeout, transport=settings.transport,
+        tcp=settings.tcp_addresses(), topic=topic, channel=channel, writers=writers,
+        readers=readers, batch_size=batch_size, rdy=rdy, size=size, duration=duration,
+        count=count, pipeline=pipeline, timeout=settings.timeout, transport=settings.transport,
+        lookupd=settings.lookupd,
     )
     console = _console(err=True)
     report = run_bench(config, console=None if quiet or not console.is_terminal else console)
@@ -554,9 +668,43 @@ def bench(
                 client.topic_action("delete", topic)
             except LmqClientError as exc:
                 log.info("bench: could not delete %s: %s", topic, exc)
+        _on_lookupds(settings, "/topic/delete", {"topic": topic})
     if settings.as_json:
         _emit_json(report)
     else:
         click.echo(format_report(report))
     if report.get("errors"):
         sys.exit(EXIT_REFUSED)
+
+
+# A node registers a new topic with its lookupds within milliseconds; 10 s covers a busy machine.
+DISCOVERY_WAIT = 10.0
+
+
+def _prepare_discovery(settings: Settings, topic: str, channel: str) -> None:
+    """Before readers that discover: the topic and channel on every node, and every node listed
+    for the topic by the lookupds (readers query once, as a consumer's first poll does)."""
+    from lmq_client.lookupd import lookup_producers
+
+    nodes = settings.nodes()
+    if not nodes:
+        raise LmqClientError("the lookupds list no node")
+    for node in nodes:
+        client = HTTPClient(node.http_address, timeout=settings.timeout)
+        client.topic_action("create", topic)
+        client.channel_action("create", topic, channel)
+    wanted = {n.tcp_address for n in nodes}
+    deadline = time.monotonic() + DISCOVERY_WAIT
+    while True:
+        listed: set[str] = set()
+        for lookupd in settings.lookupd:
+            try:
+                listed.update(lookup_producers(lookupd, topic, timeout=settings.timeout))
+            except LmqClientError as exc:
+                log.info("lookupd %s: %s", lookupd, exc)
+        if wanted <= listed:
+            return
+        if time.monotonic() > deadline:
+            raise LmqClientError(f"the lookupds list {sorted(listed)} for {topic}, "
+                                 f"not every node of {sorted(wanted)}")
+        time.sleep(0.05)

@@ -1,9 +1,11 @@
-"""``lmqadmin stats``: /stats of one or more daemons, summed per topic and channel, as a table.
+"""``lmqadmin stats``: /stats of one or more daemons, per topic and channel, as a table.
 
 Rates need two samples: a row's rate is the growth of its ``message_count`` between two polls
 divided by the time between them (nsq_stat's ingress/egress columns work the same way). Across
 daemons counts are summed; an e2e latency percentile is the highest any daemon reports (the
-conservative choice: nsqadmin averages them, which hides one slow node).
+conservative choice: nsqadmin averages them, which hides one slow node). With several daemons
+the table gets a node column: each topic and channel has its total row, then one row per
+daemon that has it.
 """
 
 from __future__ import annotations
@@ -45,13 +47,20 @@ class Row:
     """Messages per second into the topic/channel since the previous sample."""
 
 
+Key = tuple[str, str | None]
+"""(topic, None) for a topic, (topic, channel) for a channel."""
+
+
 @attrs.define
 class Snapshot:
     """One poll of every daemon: rows in display order (each topic, then its channels)."""
 
     taken_at: float
     nodes: list[str]
-    rows: dict[tuple[str, str | None], Row]
+    rows: dict[Key, Row]
+    """Totals over every daemon."""
+    per_node: dict[str, dict[Key, Row]] = attrs.field(factory=dict)
+    """Each daemon's own rows, by its HTTP address."""
 
 
 def sample(
@@ -61,20 +70,33 @@ def sample(
     previous: Snapshot | None = None,
 ) -> Snapshot:
     """Poll every daemon's /stats once; rates from ``previous`` when given."""
-    rows: dict[tuple[str, str | None], Row] = {}
+    rows: dict[Key, Row] = {}
+    per_node: dict[str, dict[Key, Row]] = {}
     taken_at = time.monotonic()
     for client in clients:
         data = client.stats(topic, channel)
-        _merge(rows, data.get("topics") or [], channel)
-    snap = Snapshot(taken_at=taken_at, nodes=[c.address for c in clients], rows=rows)
+        topics = data.get("topics") or []
+        _merge(rows, topics, channel)
+        node_rows: dict[Key, Row] = {}
+        _merge(node_rows, topics, channel)
+        per_node[client.address] = node_rows
+    snap = Snapshot(
+        taken_at=taken_at, nodes=[c.address for c in clients], rows=rows, per_node=per_node
+    )
     if previous is not None:
         elapsed = taken_at - previous.taken_at
-        for key, row in rows.items():
-            before = previous.rows.get(key)
-            if before is not None and elapsed > 0:
-                grown = row.counts["message_count"] - before.counts["message_count"]
-                row.rate = max(grown, 0) / elapsed
+        _rates(rows, previous.rows, elapsed)
+        for node, node_rows in per_node.items():
+            _rates(node_rows, previous.per_node.get(node, {}), elapsed)
     return dict_sorted(snap)
+
+
+def _rates(rows: Mapping[Key, Row], before: Mapping[Key, Row], elapsed: float) -> None:
+    for key, row in rows.items():
+        earlier = before.get(key)
+        if earlier is not None and elapsed > 0:
+            grown = row.counts["message_count"] - earlier.counts["message_count"]
+            row.rate = max(grown, 0) / elapsed
 
 
 def dict_sorted(snap: Snapshot) -> Snapshot:
@@ -82,7 +104,7 @@ def dict_sorted(snap: Snapshot) -> Snapshot:
     return snap
 
 
-def _merge(rows: dict[tuple[str, str | None], Row], topics: list[Any], channel: str | None) -> None:
+def _merge(rows: dict[Key, Row], topics: list[Any], channel: str | None) -> None:
     for t in topics:
         name = t["topic_name"]
         row = rows.setdefault((name, None), Row(name, None))
@@ -126,48 +148,68 @@ def _e2e_text(e2e: Mapping[float, float]) -> str:
     return " ".join(f"p{q * 100:g}={_fmt_latency(v)}" for q, v in sorted(e2e.items()))
 
 
+_HEADERS = ("depth", "mem", "disk", "in-flight", "deferred", "requeued", "timed out",
+            "messages", "rate/s", "clients")  # fmt: skip
+
+
+def _cells(row: Row) -> list[str]:
+    c = row.counts
+    return [
+        str(c["depth"]),
+        str(c["depth"] - c["backend_depth"]),
+        str(c["backend_depth"]),
+        str(c["in_flight_count"]),
+        str(c["deferred_count"]),
+        str(c["requeue_count"]),
+        str(c["timeout_count"]),
+        str(c["message_count"]),
+        "-" if row.rate is None else f"{row.rate:.1f}",
+        str(c["client_count"]),
+        _e2e_text(row.e2e),
+    ]
+
+
 def render_table(snap: Snapshot) -> Table:
-    """The snapshot as a rich table: one row per topic, its channels indented below it."""
+    """The snapshot as a rich table: one row per topic, its channels indented below it; with
+    several daemons a node column, and under each total row one row per daemon."""
+    several = len(snap.nodes) > 1
     table = Table(title=f"lmq stats: {', '.join(snap.nodes)}", title_justify="left")
-    for header in ("topic / channel", "depth", "mem", "disk", "in-flight", "deferred",
-                   "requeued", "timed out", "messages", "rate/s", "clients", "e2e latency"):
-        table.add_column(header, justify="left" if header in ("topic / channel", "e2e latency")
-                         else "right", no_wrap=True)
+    table.add_column("topic / channel", justify="left", no_wrap=True)
+    if several:
+        table.add_column("node", justify="left", no_wrap=True)
+    for header in _HEADERS:
+        table.add_column(header, justify="right", no_wrap=True)
+    table.add_column("e2e latency", justify="left", no_wrap=True)
+    width = len(_HEADERS) + (2 if several else 1)
     if not snap.rows:
-        table.add_row("(no topics)", *[""] * 11)
-    for row in snap.rows.values():
-        c = row.counts
+        table.add_row("(no topics)", *[""] * width)
+    for key, row in snap.rows.items():
         name = row.topic if row.channel is None else f"  {row.channel}"
         if row.paused:
             name += " (paused)"
-        table.add_row(
-            name if row.channel is not None else f"[bold]{name}[/bold]",
-            str(c["depth"]),
-            str(c["depth"] - c["backend_depth"]),
-            str(c["backend_depth"]),
-            str(c["in_flight_count"]),
-            str(c["deferred_count"]),
-            str(c["requeue_count"]),
-            str(c["timeout_count"]),
-            str(c["message_count"]),
-            "-" if row.rate is None else f"{row.rate:.1f}",
-            str(c["client_count"]),
-            _e2e_text(row.e2e),
-        )
+        name = name if row.channel is not None else f"[bold]{name}[/bold]"
+        if not several:
+            table.add_row(name, *_cells(row))
+            continue
+        nodes = [(node, rows[key]) for node, rows in snap.per_node.items() if key in rows]
+        table.add_row(name, f"all ({len(nodes)})", *_cells(row))
+        for node, node_row in nodes:
+            table.add_row("", node, *_cells(node_row))
     return table
 
 
 def snapshot_json(snap: Snapshot) -> dict[str, Any]:
-    """The snapshot as JSON-ready data (``--json``): topics with their channels nested."""
+    """The snapshot as JSON-ready data (``--json``): topics with their channels nested, and
+    each topic's and channel's rows per daemon under ``"per_node"``."""
     topics: list[dict[str, Any]] = []
     by_topic: dict[str, dict[str, Any]] = {}
-    for row in snap.rows.values():
-        entry: dict[str, Any] = {
-            **row.counts,
-            "paused": row.paused,
-            "rate": row.rate,
-            "e2e_processing_latency_ns": {f"{q:g}": v for q, v in sorted(row.e2e.items())},
-        }
+    for key, row in snap.rows.items():
+        entry = _row_json(row)
+        entry["per_node"] = [
+            {"node": node, **_row_json(rows[key])}
+            for node, rows in snap.per_node.items()
+            if key in rows
+        ]
         if row.channel is None:
             entry = {"topic": row.topic, **entry, "channels": []}
             by_topic[row.topic] = entry
@@ -177,3 +219,12 @@ def snapshot_json(snap: Snapshot) -> dict[str, Any]:
             if parent is not None:
                 parent["channels"].append({"channel": row.channel, **entry})
     return {"nodes": snap.nodes, "topics": topics}
+
+
+def _row_json(row: Row) -> dict[str, Any]:
+    return {
+        **row.counts,
+        "paused": row.paused,
+        "rate": row.rate,
+        "e2e_processing_latency_ns": {f"{q:g}": v for q, v in sorted(row.e2e.items())},
+    }

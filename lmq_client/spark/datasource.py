@@ -40,7 +40,8 @@ class LmqDataSource(DataSource):
         df.writeStream.format("lmq").option("address", ...).option("topic", ...)
             .option("checkpointLocation", path).start()
 
-    Options (names case-insensitive): ``address`` (required; ``host:port[,host:port...]``),
+    Options (names case-insensitive): ``address`` (``host:port[,host:port...]``) and/or
+    ``lookupdHttpAddress`` (lookupds whose nodes are published to; one of the two is required),
     ``topic`` (required), ``bodyColumn`` (string or binary column; without it each row is sent as
     a JSON object), ``batchSize`` (messages per MPUB, 1000), ``batchBytes`` (bytes per MPUB body,
     5 MiB), ``deferMs`` (DPUB every row with this delay), ``deferColumn`` (integer column of

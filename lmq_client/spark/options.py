@@ -23,6 +23,7 @@ from pyspark.sql.types import (
 )
 
 from lmq_client._util import address_list, check_name
+from lmq_client.lookupd import lookupd_addresses
 from lmq_client.transport import PLAIN, TransportOptions
 
 __all__ = ["DEFAULT_BATCH_BYTES", "DEFAULT_BATCH_SIZE", "SinkOptions"]
@@ -46,6 +47,7 @@ _KNOWN = {
     name.lower(): name
     for name in (
         "address",
+        "lookupdHttpAddress",
         "topic",
         "bodyColumn",
         "batchSize",
@@ -74,18 +76,21 @@ _KNOWN = {
 class SinkOptions:
     """Everything a write task needs to know (picklable: it travels to the executors).
 
-    ``addresses``: the daemons' TCP addresses; ``topic``; ``body_column``: the string/binary
-    column sent as each message's body, or None to send each row as a JSON object;
-    ``batch_size``/``batch_bytes``: limits of one MPUB; ``defer_ms``: DPUB delay for every row
-    (0: publish at once); ``defer_column``: an integer column of per-row delays in ms (null: use
-    ``defer_ms``); ``timeout_s``: the producer's connect and answer timeout; ``transport``: TLS
-    (``tls``, ``tlsRootCaFile``, ``tlsCert``, ``tlsKey``, ``tlsInsecureSkipVerify``), compression
-    (``snappy``, or ``deflate`` with ``deflateLevel``) and ``authSecret`` (Spark redacts option
-    values whose key contains "secret" in its UI and logs).
+    ``addresses``: the daemons' TCP addresses; ``lookupd_addresses``: lookupds whose nodes
+    (``GET /nodes``) are published to as well, looked up by each task; ``topic``;
+    ``body_column``: the string/binary column sent as each message's body, or None to send each
+    row as a JSON object; ``batch_size``/``batch_bytes``: limits of one MPUB; ``defer_ms``:
+    DPUB delay for every row (0: publish at once); ``defer_column``: an integer column of
+    per-row delays in ms (null: use ``defer_ms``); ``timeout_s``: the producer's connect and
+    answer timeout; ``transport``: TLS (``tls``, ``tlsRootCaFile``, ``tlsCert``, ``tlsKey``,
+    ``tlsInsecureSkipVerify``), compression (``snappy``, or ``deflate`` with ``deflateLevel``)
+    and ``authSecret`` (Spark redacts option values whose key contains "secret" in its UI and
+    logs).
     """
 
-    addresses: tuple[str, ...]
+    addresses: tuple[str, ...] = ()
     topic: str
+    lookupd_addresses: tuple[str, ...] = ()
     body_column: str | None = None
     batch_size: int = DEFAULT_BATCH_SIZE
     batch_bytes: int = DEFAULT_BATCH_BYTES
@@ -106,14 +111,24 @@ class SinkOptions:
                     f"{', '.join(sorted(v for v in _KNOWN.values() if v not in _SPARK_OWN))})"
                 )
             given[canonical] = value
-        for required in ("address", "topic"):
-            if not given.get(required, "").strip():
-                raise ValueError(f"lmq sink: option {required!r} is required")
-        addresses = tuple(a.strip() for a in given["address"].split(",") if a.strip())
+        if not given.get("topic", "").strip():
+            raise ValueError("lmq sink: option 'topic' is required")
+        lookupds = tuple(_split(given.get("lookupdHttpAddress", "")))
         try:
-            address_list(list(addresses))
+            lookupd_addresses(list(lookupds))
         except ValueError as exc:
-            raise ValueError(f"lmq sink: option 'address': {exc}") from None
+            raise ValueError(f"lmq sink: option 'lookupdHttpAddress': {exc}") from None
+        address_text = given.get("address", "").strip()
+        if not address_text and not lookupds:
+            raise ValueError(
+                "lmq sink: option 'address' is required (or give 'lookupdHttpAddress')"
+            )
+        addresses = tuple(_split(address_text))
+        if address_text:  # without it, every node the lookupds list
+            try:
+                address_list(list(addresses))
+            except ValueError as exc:
+                raise ValueError(f"lmq sink: option 'address': {exc}") from None
         topic = given["topic"].strip()
         try:
             check_name("topic", topic)
@@ -121,6 +136,7 @@ class SinkOptions:
             raise ValueError(f"lmq sink: option 'topic': {exc}") from None
         result = cls(
             addresses=addresses,
+            lookupd_addresses=lookupds,
             topic=topic,
             body_column=given.get("bodyColumn") or None,
             batch_size=_int_option(given, "batchSize", DEFAULT_BATCH_SIZE, minimum=1),
@@ -161,6 +177,10 @@ class SinkOptions:
 
 
 _SPARK_OWN = frozenset({"checkpointLocation", "path"})
+
+
+def _split(value: str) -> list[str]:
+    return [a.strip() for a in value.split(",") if a.strip()]
 
 
 def _transport(given: Mapping[str, str]) -> TransportOptions:

@@ -3,7 +3,10 @@
 Theory of operation. A task (one partition of one Spark job or micro-batch) runs on an executor
 in a Python worker. It opens one blocking ``lmq_client.sync.Producer``, to the daemon picked by
 its partition number (``address[partition % n]``, the others as connect fail-over), so the
-partitions of a job spread over the daemons. Bodies are gathered into MPUBs of at most
+partitions of a job spread over the daemons. With ``lookupdHttpAddress`` the daemons are also
+the nodes the lookupds list (``GET /nodes``, asked by each task, so a micro-batch sees the nodes
+of its time), minus those on which the topic is tombstoned (being deleted), in one sorted
+order that every task of a job computes alike. Bodies are gathered into MPUBs of at most
 ``batchSize`` messages and ``batchBytes`` bytes; deferred rows go out one DPUB each (NSQ has no
 deferred MPUB). Each command waits for its ``OK`` before the next one is sent, and ``write``
 returns its commit message only after the last one: a task that returns has had every row
@@ -23,7 +26,8 @@ from typing import Any, Protocol
 
 from pyspark.sql.datasource import WriterCommitMessage
 
-from lmq_client.errors import ConnectionFailed, NSQError
+from lmq_client.errors import ConnectionFailed, LmqClientError, NSQError
+from lmq_client.lookupd import LookupdNode, lookup_nodes, merge_nodes
 from lmq_client.spark.encode import BadRowError, RowEncoder
 from lmq_client.spark.errors import LmqSinkError
 from lmq_client.spark.options import SinkOptions
@@ -35,6 +39,7 @@ __all__ = [
     "LmqCommitMessage",
     "MessageProducer",
     "addresses_for_partition",
+    "daemon_addresses",
     "summarize",
     "write_partition",
 ]
@@ -159,6 +164,40 @@ def addresses_for_partition(addresses: Sequence[str], partition_id: int) -> list
     return [*addresses[k:], *addresses[:k]]
 
 
+NodeLookup = Callable[[str, float], list[LookupdNode]]
+"""``lookup(lookupd, timeout)`` -> the nodes it lists (``lmq_client.lookupd.lookup_nodes``)."""
+
+
+def _lookup_nodes(lookupd: str, timeout: float) -> list[LookupdNode]:
+    return lookup_nodes(lookupd, timeout=timeout)
+
+
+def daemon_addresses(options: SinkOptions, lookup: NodeLookup = _lookup_nodes) -> list[str]:
+    """The daemons to publish to: ``address`` as given, then the nodes the lookupds list that
+    do not have the topic tombstoned, sorted. ``LmqSinkError`` if that leaves none."""
+    if not options.lookupd_addresses:
+        return list(options.addresses)
+    answers: list[list[LookupdNode]] = []
+    failures: list[str] = []
+    for lookupd in options.lookupd_addresses:
+        try:
+            answers.append(lookup(lookupd, options.timeout_s))
+        except LmqClientError as exc:
+            log.warning("SPARK(%s): lookupd %s: %s", options.topic, lookupd, exc)
+            failures.append(f"{lookupd}: {exc}")
+    found = [n.tcp_address for n in merge_nodes(answers) if options.topic not in n.tombstoned]
+    addresses = list(dict.fromkeys([*options.addresses, *found]))
+    if not addresses:
+        reason = "; ".join(failures) if failures else "they list no node"
+        raise LmqSinkError(
+            f"lmq sink: topic {options.topic!r}: no daemon to publish to from lookupds "
+            f"{', '.join(options.lookupd_addresses)} ({reason})",
+            topic=options.topic,
+            published=0,
+        )
+    return addresses
+
+
 ProducerFactory = Callable[[list[str], float], MessageProducer]
 
 
@@ -175,13 +214,14 @@ def write_partition(
     partition_id: int = 0,
     attempt: int = 0,
     producer_factory: ProducerFactory | None = None,
+    lookup: NodeLookup = _lookup_nodes,
 ) -> LmqCommitMessage:
     """Publish every row of ``batches`` (pyarrow record batches); the commit message when done.
 
     Raises ``LmqSinkError`` naming the topic (and the daemon, for publish failures) on the first
     failure; rows published before it stay published.
     """
-    addresses = addresses_for_partition(options.addresses, partition_id)
+    addresses = addresses_for_partition(daemon_addresses(options, lookup), partition_id)
     if producer_factory is None:
         producer_factory = functools.partial(_sync_producer, transport=options.transport)
     producer = producer_factory(addresses, options.timeout_s)

@@ -103,6 +103,8 @@ class Topic:
         on_change: Callable[[], None] | None = None,
         on_health: Callable[[str | None], None] | None = None,
         deferred_store_factory: Callable[[str, str, bool], BackendQueue | None] | None = None,
+        on_channel_created: Callable[[str, str], None] | None = None,
+        on_channel_deleted: Callable[[str, str], None] | None = None,
     ) -> None:
         self.name = name
         self.options = options
@@ -121,6 +123,10 @@ class Topic:
         self._deferred_store_factory = deferred_store_factory
         self._on_change = on_change
         self._on_health = on_health
+        self._on_channel_created = on_channel_created
+        self._on_channel_deleted = on_channel_deleted
+        """Told ``(topic, channel)`` when a channel is created or deleted on its own (not when
+        the whole topic is deleted): the broker passes it on to its observers."""
         disk = backend.stored
         self._disk = disk if disk is not None and disk.ack_mode else None
         """The acknowledgement-mode queue of a durable topic."""
@@ -363,6 +369,8 @@ class Topic:
         if self._nursery is not None:
             self._nursery.start_soon(channel.run)
         self._wakeup.set()  # the first channel takes the backlog
+        if self._on_channel_created is not None:
+            self._on_channel_created(self.name, name)
         return channel
 
     def channel_or_none(self, name: str) -> Channel | None:
@@ -376,6 +384,8 @@ class Topic:
         log.info("TOPIC(%s): deleted channel(%s)", self.name, name)
         if not channel.ephemeral and self._on_change is not None:
             self._on_change()
+        if self._on_channel_deleted is not None:
+            self._on_channel_deleted(self.name, name)
         if self.ephemeral and not self.channels and not self.exiting:
             self.delete()
             if self._on_deleted_ephemeral is not None:

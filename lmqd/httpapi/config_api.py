@@ -12,8 +12,10 @@ has no ``Options`` field for report their default.
 
 ``PUT`` changes only what nsqd lets it change at run time: ``nsqlookupd_tcp_addresses`` (a JSON
 array of strings) and ``log_level`` (the bare level name, any case). The daemon's frozen
-``Options`` is replaced with ``attrs.evolve``, so everything that reads ``broker.options``
-afterwards sees the new value; a log level change also re-levels logging at once.
+``Options`` is replaced with ``attrs.evolve`` through ``Broker.update_options``, so everything
+that reads ``broker.options`` afterwards sees the new value and the broker's observers hear of
+it (the lookupd registration connects to new addresses and drops removed ones at once); a log
+level change also re-levels logging at once.
 """
 
 from __future__ import annotations
@@ -87,13 +89,14 @@ def put_option(broker: Broker, key: str, body: bytes) -> Any:
             value = []
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise HttpError(400, "INVALID_VALUE")
-        broker.options = attrs.evolve(broker.options, nsqlookupd_tcp_addresses=tuple(value))
+        # The registration connects to new lookupds and drops removed ones at once (nsqd).
+        broker.update_options(attrs.evolve(broker.options, nsqlookupd_tcp_addresses=tuple(value)))
     elif key == "log_level":
         # nsqd: lg.ParseLogLevel(string(body)), case-insensitive, no JSON quoting.
         level = body.decode("utf-8", "replace").lower()
         if level not in LEVELS:
             raise HttpError(400, "INVALID_VALUE")
-        broker.options = attrs.evolve(broker.options, log_level=level)
+        broker.update_options(attrs.evolve(broker.options, log_level=level))
         set_level(level)
     else:
         raise HttpError(400, "INVALID_OPTION")

@@ -378,12 +378,12 @@ async def test_config_put(start_daemon: StartDaemon) -> None:
         with trio.fail_after(TIMEOUT):
             running = await start_daemon(http=True, max_msg_size=64)
             daemon = running.broker
-            addrs = json.dumps(["127.0.0.1:4160", "10.0.0.2:4160"]).encode()
+            addrs = json.dumps(["127.0.0.1:4160", "127.0.0.1:1"]).encode()
             r = await http(running.http, "PUT", "/config/nsqlookupd_tcp_addresses", addrs)
-            assert (r.status, r.json()) == (200, ["127.0.0.1:4160", "10.0.0.2:4160"])
-            assert daemon.options.nsqlookupd_tcp_addresses == ("127.0.0.1:4160", "10.0.0.2:4160")
+            assert (r.status, r.json()) == (200, ["127.0.0.1:4160", "127.0.0.1:1"])
+            assert daemon.options.nsqlookupd_tcp_addresses == ("127.0.0.1:4160", "127.0.0.1:1")
             r = await http(running.http, "GET", "/config/nsqlookupd_tcp_addresses")
-            assert r.json() == ["127.0.0.1:4160", "10.0.0.2:4160"]
+            assert r.json() == ["127.0.0.1:4160", "127.0.0.1:1"]
             r = await http(running.http, "PUT", "/config/log_level", b"DEBUG")
             assert (r.status, r.json()) == (200, 1)
             assert daemon.options.log_level == "debug"
@@ -402,7 +402,7 @@ async def test_config_put(start_daemon: StartDaemon) -> None:
                 r = await http(running.http, "PUT", target, body)
                 assert (r.status, r.json()) == (status, {"message": message}), (target, body)
             assert daemon.options.log_level == "debug"
-            assert daemon.options.nsqlookupd_tcp_addresses == ("127.0.0.1:4160", "10.0.0.2:4160")
+            assert daemon.options.nsqlookupd_tcp_addresses == ("127.0.0.1:4160", "127.0.0.1:1")
     finally:
         root.setLevel(level)
 

@@ -4,9 +4,9 @@ Rules for this module:
 - one ``lmqlookupd`` subprocess per test, 127.0.0.1 port 0 (``process.LookupdProcess``);
 - each client library runs in its own interpreter (``clients/*.py``): gevent and tornado never
   enter the pytest process; the script has a hard time limit and the test a subprocess timeout;
-- nodes register through a plain socket speaking V1 with the client codec. lmqd does not
-  register itself yet, so the discovery tests register a real ``lmqd`` (the ``lmqd_server``
-  fixture) on its behalf, with its real ports, as its registration will.
+- in ``test_gnsq_lookupd_client`` a node registers through a plain socket speaking V1 with the
+  client codec; in the discovery tests a real ``lmqd`` subprocess registers itself
+  (``--lookupd-tcp-address``).
 """
 
 from __future__ import annotations
@@ -15,27 +15,25 @@ import json
 import socket
 import subprocess
 import sys
+import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pytest
+from conftest import LmqdServer, start_lmqd, stop_lmqd
 
 from lmqd.lookup import (
     Command,
     ConnectionClosed,
-    Identify,
     LookupClientConnection,
-    Ok,
     Register,
 )
 
 from .process import LookupdProcess
 from .wire import identify
-
-if TYPE_CHECKING:
-    from conftest import LmqdServer
 
 pytestmark = pytest.mark.interop
 
@@ -125,24 +123,6 @@ def test_gnsq_lookupd_client(lmqlookupd: LookupdProcess) -> None:
     node.sock.close()
 
 
-def _register_lmqd(lookupd: LookupdProcess, lmqd: LmqdServer, topic: str, channel: str) -> Node:
-    http = lmqd.http_address
-    assert http is not None
-    node = Node(lookupd.tcp)
-    responses = node.command(
-        Identify(
-            broadcast_address="127.0.0.1",
-            tcp_port=lmqd.tcp_host_port[1],
-            http_port=int(http.rpartition(":")[2]),
-            version="1.3.0",
-            hostname="lmqd",
-        ),
-        Register(topic=topic, channel=channel),
-    )
-    assert responses[1] == Ok()
-    return node
-
-
 def _publish(lmqd: LmqdServer, topic: str, bodies: list[bytes]) -> None:
     for body in bodies:
         request = urllib.request.Request(
@@ -154,16 +134,36 @@ def _publish(lmqd: LmqdServer, topic: str, bodies: list[bytes]) -> None:
 
 @pytest.mark.parametrize("library", ["gnsq", "pynsq"])
 def test_consumer_discovers_lmqd_through_lmqlookupd(
-    library: str, lmqlookupd: LookupdProcess, lmqd_server: LmqdServer
+    library: str, lmqlookupd: LookupdProcess, tmp_path: Path
 ) -> None:
-    node = _register_lmqd(lmqlookupd, lmqd_server, "found", "workers")
-    bodies = [f"{library}-{i}".encode() for i in range(5)]
-    _publish(lmqd_server, "found", bodies)
-    host, port = lmqlookupd.http
-    out = run_client(
-        library, "consume", topic="found", channel="workers",
-        lookupd_url=f"http://{host}:{port}", count=len(bodies), within_s=20,
-    )  # fmt: skip
-    assert sorted(out["bodies"]) == sorted(b.decode() for b in bodies)
-    assert len(out["connections"]) == 1, out
-    node.sock.close()
+    host, port = lmqlookupd.tcp
+    lmqd = start_lmqd(tmp_path / "lmqd", [f"--lookupd-tcp-address={host}:{port}",
+                                          "--broadcast-address=127.0.0.1"])  # fmt: skip
+    try:
+        bodies = [f"{library}-{i}".encode() for i in range(5)]
+        _publish(lmqd, "found", bodies)  # creates the topic, which lmqd registers
+        http_host, http_port = lmqlookupd.http
+        _wait_registered(f"{http_host}:{http_port}", "found")
+        out = run_client(
+            library, "consume", topic="found", channel="workers",
+            lookupd_url=f"http://{http_host}:{http_port}", count=len(bodies), within_s=20,
+        )  # fmt: skip
+        assert sorted(out["bodies"]) == sorted(b.decode() for b in bodies)
+        assert len(out["connections"]) == 1, out
+    finally:
+        stop_lmqd(lmqd)
+
+
+def _wait_registered(lookupd_http: str, topic: str) -> None:
+    deadline = time.monotonic() + SOCKET_TIMEOUT_S
+    while True:
+        try:
+            with urllib.request.urlopen(
+                f"http://{lookupd_http}/lookup?topic={topic}", timeout=SOCKET_TIMEOUT_S
+            ) as response:
+                if json.loads(response.read())["producers"]:
+                    return
+        except urllib.error.HTTPError:
+            pass  # 404 TOPIC_NOT_FOUND until the REGISTER arrives
+        assert time.monotonic() < deadline, f"{topic} not registered with {lookupd_http}"
+        time.sleep(0.05)

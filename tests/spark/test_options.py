@@ -101,8 +101,8 @@ def test_unknown_option_lists_the_known_ones_but_not_sparks() -> None:
         SinkOptions.parse({"address": "h:1", "topic": "t", "bodycol": "x"})
     assert str(info.value) == (
         "lmq sink: unknown option 'bodycol' (known: address, authSecret, batchBytes, batchSize, "
-        "bodyColumn, deferColumn, deferMs, deflate, deflateLevel, snappy, timeout, tls, tlsCert, "
-        "tlsInsecureSkipVerify, tlsKey, tlsRootCaFile, topic)"
+        "bodyColumn, deferColumn, deferMs, deflate, deflateLevel, lookupdHttpAddress, snappy, "
+        "timeout, tls, tlsCert, tlsInsecureSkipVerify, tlsKey, tlsRootCaFile, topic)"
     )
 
 
