@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import LmqdServer, start_lmqd, stop_lmqd
 
 from lmqd.lookup import (
     Command,
@@ -31,6 +30,8 @@ from lmqd.lookup import (
     LookupClientConnection,
     Register,
 )
+from tests.support.process import LmqdProcess as LmqdServer
+from tests.support.process import start_lmqd, stop_lmqd
 
 from .process import LookupdProcess
 from .wire import identify
