@@ -34,7 +34,10 @@ from pathlib import Path
 from typing import Any
 
 from cluster import REPO, LocalCluster
-from lmqd_process import load_average
+
+# The checkout's root on sys.path: the daemon helpers are shared with the tests.
+sys.path.insert(0, str(REPO))
+from tests.support.process import load_average
 
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
