@@ -90,7 +90,6 @@ class Soak:
             f"--http-address={self.http}",
             "--durable",
             f"--msg-timeout={self.args.msg_timeout}s",
-            "--log-level=warn",
         ]
         self.daemon = LmqdProcess(self.data, flags)
         self.daemon.wait_started()
@@ -141,6 +140,8 @@ class Soak:
                     self.acked.update(bodies)
                 break
             seq += BATCH
+            # Paced so the consumers keep up: the soak is about faults, not throughput.
+            self.stop_publishing.wait(self.args.batch_interval)
         if producer is not None:
             producer.close()
 
@@ -253,6 +254,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--duration", type=float, default=60.0, help="seconds of publishing")
     parser.add_argument("--publishers", type=int, default=3)
+    parser.add_argument(
+        "--batch-interval", type=float, default=0.05,
+        help=f"seconds between a publisher's MPUBs of {BATCH} (0.05: 1,000 msgs/s each)",
+    )
     parser.add_argument("--restart-every", type=float, default=8.0, help="seconds between restarts")
     parser.add_argument("--msg-timeout", type=float, default=3.0, help="lmqd --msg-timeout, s")
     parser.add_argument("--drain-timeout", type=float, default=120.0)
