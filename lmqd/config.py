@@ -102,12 +102,9 @@ class Setting:
         return self.flag.replace("-", "_")
 
 
-_NO_TLS = "lmqd does not implement TLS; IDENTIFY reports tls_v1 unavailable"
 _NO_LOOKUPD = "lmqd does not register with nsqlookupd"
-_NO_AUTH = "lmqd does not query an auth server; AUTH is not required"
 _NO_STATSD = "lmqd does not push to statsd; scrape GET /metrics (Prometheus) instead"
 _NO_SCAN = "lmqd has no queue-scan workers: each channel wakes exactly at its next deadline"
-_NO_COMPRESSION = "lmqd does not implement deflate/snappy; IDENTIFY reports them unavailable"
 _EXPERIMENT = "nsqd master's topology-aware-consumption experiment is not implemented"
 
 SETTINGS: tuple[Setting, ...] = (
@@ -128,7 +125,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("http-address", Kind.STRING, "http_address",
             "<addr>:<port> to listen on for HTTP clients (empty: no HTTP listener)"),
     Setting("https-address", Kind.STRING, "https_address",
-            "<addr>:<port> to listen on for HTTPS clients", inert=_NO_TLS),
+            "<addr>:<port> to listen on for HTTPS clients (with --tls-cert and --tls-key)"),
     Setting("broadcast-address", Kind.STRING, "broadcast_address",
             "address this node is known by, reported by /info"),
     Setting("broadcast-tcp-port", Kind.INT, "broadcast_tcp_port",
@@ -140,13 +137,13 @@ SETTINGS: tuple[Setting, ...] = (
             keys=("nsqlookupd_tcp_addresses",), inert=_NO_LOOKUPD),
     Setting("auth-http-address", Kind.STRING_LIST, "auth_http_addresses",
             "<addr>:<port> or URL of an auth server (may be given multiple times)",
-            keys=("auth_http_addresses",), inert=_NO_AUTH),
+            keys=("auth_http_addresses",)),
     Setting("auth-http-request-method", Kind.STRING, "auth_http_request_method",
-            "HTTP method for auth requests: get or post", inert=_NO_AUTH),
+            "HTTP method for auth requests: get or post"),
     Setting("http-client-connect-timeout", Kind.DURATION, "http_client_connect_timeout",
-            "timeout for HTTP connect (lookupd and auth requests)", inert=_NO_AUTH),
+            "timeout for HTTP connect (auth requests)"),
     Setting("http-client-request-timeout", Kind.DURATION, "http_client_request_timeout",
-            "timeout for HTTP requests (lookupd and auth requests)", inert=_NO_AUTH),
+            "timeout for HTTP requests (auth requests)"),
     Setting("topology-region", Kind.STRING, None, "[nsqd master] this node's region",
             inert=_EXPERIMENT, default=""),
     Setting("topology-zone", Kind.STRING, None, "[nsqd master] this node's zone",
@@ -215,21 +212,21 @@ SETTINGS: tuple[Setting, ...] = (
             "e2e_processing_latency_window_time",
             "time window of the end-to-end latency percentiles"),
     # -- TLS
-    Setting("tls-cert", Kind.STRING, "tls_cert", "path to certificate file", inert=_NO_TLS),
-    Setting("tls-key", Kind.STRING, "tls_key", "path to key file", inert=_NO_TLS),
+    Setting("tls-cert", Kind.STRING, "tls_cert", "path to certificate file"),
+    Setting("tls-key", Kind.STRING, "tls_key", "path to key file"),
     Setting("tls-client-auth-policy", Kind.STRING, "tls_client_auth_policy",
-            "client certificate policy: require or require-verify", inert=_NO_TLS),
+            "client certificate policy: require or require-verify"),
     Setting("tls-root-ca-file", Kind.STRING, "tls_root_ca_file",
-            "path to certificate authority file", inert=_NO_TLS),
+            "path to certificate authority file"),
     Setting("tls-required", Kind.TLS_REQUIRED, "tls_required",
-            "require TLS for client connections: true, false or tcp-https", inert=_NO_TLS),
+            "require TLS for client connections: true, false or tcp-https"),
     Setting("tls-min-version", Kind.TLS_MIN_VERSION, "tls_min_version",
-            "minimum TLS version: tls1.0, tls1.1, tls1.2 or tls1.3", inert=_NO_TLS),
+            "minimum TLS version: tls1.0, tls1.1, tls1.2 or tls1.3"),
     # -- compression
-    Setting("deflate", Kind.BOOL, "deflate", "allow deflate negotiation", inert=_NO_COMPRESSION),
+    Setting("deflate", Kind.BOOL, "deflate", "allow deflate negotiation"),
     Setting("max-deflate-level", Kind.INT, "max_deflate_level",
-            "max deflate level a client may negotiate, 1..9", inert=_NO_COMPRESSION),
-    Setting("snappy", Kind.BOOL, "snappy", "allow snappy negotiation", inert=_NO_COMPRESSION),
+            "max deflate level a client may negotiate, 1..9"),
+    Setting("snappy", Kind.BOOL, "snappy", "allow snappy negotiation"),
 )  # fmt: skip
 
 _BY_FLAG: dict[str, Setting] = {s.flag: s for s in SETTINGS}

@@ -23,6 +23,7 @@ import os
 import signal
 import sys
 import time
+from functools import partial
 
 import trio
 
@@ -31,6 +32,7 @@ from lmqd.engine.stores import queues_to_open, restore_plan, stored_queue_names
 from lmqd.httpapi import serve_http
 from lmqd.options import Options
 from lmqd.server import serve_tcp
+from lmqd.server.security import ServerSecurity
 from lmqd.storage import (
     AnchoredTimeBase,
     DataDirLock,
@@ -56,6 +58,9 @@ class LmqDaemon:
 
     def __init__(self, options: Options) -> None:
         self.options = options
+        # Built first: certificates or keys that cannot be used stop lmqd before anything
+        # else happens (``lmqd.transport.tls.TLSConfigError``), rather than serving plaintext.
+        self.security = ServerSecurity.from_options(options)
         self.broker = Broker(options, hold_data_dir=self._hold_data_dir)
         self._shutdown = trio.Event()
         self._lock: DataDirLock | None = None
@@ -161,11 +166,9 @@ class LmqDaemon:
                 await nursery.start(broker.syncer.run)
                 for topic in broker.topics.values():
                     nursery.start_soon(topic.run)
-                tcp = await nursery.start(serve_tcp, broker)
-                http = None
-                if self.options.http_address:
-                    http = await nursery.start(serve_http, broker, self.options.http_address)
-                broker.addresses = BoundAddresses(tcp=tcp, http=http)
+                tcp = await nursery.start(serve_tcp, broker, self.security)
+                http, https = await self._start_http(nursery)
+                broker.addresses = BoundAddresses(tcp=tcp, http=http, https=https)
                 task_status.started(broker.addresses)
                 await self._shutdown.wait()
                 log.info("shutting down")
@@ -174,6 +177,39 @@ class LmqDaemon:
         finally:
             broker.attach(None)
             self._close_storage()
+
+    async def _start_http(
+        self, nursery: trio.Nursery
+    ) -> tuple[tuple[str, int] | None, tuple[str, int] | None]:
+        """HTTPS (with a certificate, as nsqd), then HTTP; their bound addresses.
+
+        HTTPS first so that, with ``--tls-required=true``, plain HTTP's ``TLS_REQUIRED``
+        answer can name the real HTTPS port.
+        """
+        options = self.options
+        tls = self.security.tls
+        https = None
+        if tls is not None and options.https_address:
+            https = await nursery.start(
+                partial(
+                    serve_http, broker=self.broker, address=options.https_address, tls=tls.context
+                )
+            )
+        http = None
+        if options.http_address:
+            refuse_port = None
+            if options.tls_required == "true" or options.tls_client_auth_policy:
+                # nsqd: TLS for HTTP too ("tcp-https" leaves plain HTTP open).
+                refuse_port = https[1] if https is not None else 0
+            http = await nursery.start(
+                partial(
+                    serve_http,
+                    broker=self.broker,
+                    address=options.http_address,
+                    tls_required_https_port=refuse_port,
+                )
+            )
+        return http, https
 
     async def _drain_responses(self) -> None:
         # Connections stop reading (no command is applied from here on), held durable OKs get

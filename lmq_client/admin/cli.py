@@ -24,6 +24,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+import lmqd
 from lmq_client._util import check_name
 from lmq_client.errors import ConnectionFailed, InvalidNameError, LmqClientError, NSQError
 from lmq_client.http import HTTPClient, HTTPError
@@ -146,6 +147,11 @@ def _emit_json(data: Any) -> None:
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(
+    lmqd.__version__,
+    prog_name="lmqadmin",
+    message=f"%(prog)s %(version)s (lmq; speaks nsqd v{lmqd.NSQD_COMPAT_VERSION})",
+)
 @click.option(
     "--tcp-address", "tcp", multiple=True, envvar="LMQ_TCP_ADDRESS", metavar="HOST:PORT",
     help=f"Daemon TCP address, repeatable [env LMQ_TCP_ADDRESS; default {DEFAULT_TCP}].",
