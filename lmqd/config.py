@@ -15,6 +15,11 @@ Value syntaxes are nsqd's (Go's ``flag`` package and ``mreiferson/go-options``):
   between digits, and (as in Go) a leading ``0`` means octal.
 - booleans: Go's ``strconv.ParseBool``: ``1 t T TRUE true True 0 f F FALSE false False``.
 
+Fail closed: ``inert`` is only for harmless settings (deprecated no-ops, statsd, queue-scan
+tuning, experiments). Nothing that protects a connection -- TLS, client certificates,
+``--tls-required``, auth servers -- may be accepted and ignored; those either work or stop lmqd
+(``tests/security`` holds both rules).
+
 Resolution is nsqd's: a flag given on the command line wins over the config file, which wins over
 the default; an unknown config key is an error (nsqd silently ignores it; a typo that silently
 keeps a default is worse).
