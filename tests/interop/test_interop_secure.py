@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from conftest import LmqdServer, start_lmqd, stop_lmqd
-from security.authserver_thread import auth_server, publish_on
+from security.authserver_thread import auth_server, grant
 from transport.certs import Certs, make_certs
 
 from .runner import run_client
@@ -82,8 +82,14 @@ def test_pynsq_reader_and_writer_over_upgraded_connections(
             assert layers["socket"] == expected_socket, layers
 
 
-def test_pynsq_auth_secret_publish_on_one_topic_only(tmp_path: Path, certs: Certs) -> None:
-    with auth_server(publish_on("^granted$")) as auth:
+def test_pynsq_auth_secret_publish_and_subscribe_where_granted(
+    tmp_path: Path, certs: Certs
+) -> None:
+    answer = grant(
+        {"topic": "^granted$", "channels": [".*"], "permissions": ["publish"]},
+        {"topic": "^granted$", "channels": ["^c$"], "permissions": ["subscribe"]},
+    )
+    with auth_server(answer) as auth:
         server = start_lmqd(
             tmp_path / "data", [*tls_flags(certs), f"--auth-http-address={auth.address}"]
         )
@@ -95,7 +101,9 @@ def test_pynsq_auth_secret_publish_on_one_topic_only(tmp_path: Path, certs: Cert
                 address=server.tcp_address,
                 allowed_topic="granted",
                 refused_topic="forbidden",
-                reader_wait_s=1.5,
+                allowed_channel="c",
+                refused_channel="other",
+                reader_wait_s=1.0,
                 conn={"tls_v1": True, "auth_secret": "pynsq-secret"},
                 ca_file=certs.ca_file,
             )
@@ -105,9 +113,9 @@ def test_pynsq_auth_secret_publish_on_one_topic_only(tmp_path: Path, certs: Cert
     # pynsq hands the error frame to the publish callback.
     assert result["refused"].startswith("error: "), result["refused"]
     assert 'E_UNAUTHORIZED AUTH failed for PUB on "forbidden" ""' in result["refused"]
-    # The Reader AUTHs too, then its SUB is refused: publish-only grant.
-    assert 'E_UNAUTHORIZED AUTH failed for SUB on "granted" "c"' in result["stderr"]
-    assert result["reader_got"] == []
+    # Both Readers AUTH; the one on channel "c" may subscribe and gets the message.
+    assert result["reader_got"] == {"c": ["granted"], "other": []}
+    assert 'E_UNAUTHORIZED AUTH failed for SUB on "granted" "other"' in result["stderr"]
     assert auth.queries and {q["secret"] for q in auth.queries} == {"pynsq-secret"}
     assert {q["tls"] for q in auth.queries} == {"true"}
 

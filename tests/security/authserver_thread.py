@@ -39,6 +39,20 @@ def publish_on(topic_regex: str) -> Answer:
     return answer
 
 
+def grant(*authorizations: dict[str, Any]) -> Answer:
+    """A valid answer with these ``authorizations`` (an hour's ttl)."""
+
+    def answer(query: dict[str, str]) -> tuple[int, dict[str, Any]]:
+        return 200, {
+            "ttl": 3600,
+            "identity": "granted-user",
+            "identity_url": "",
+            "authorizations": list(authorizations),
+        }
+
+    return answer
+
+
 class ThreadedAuthServer:
     def __init__(self, answer: Answer) -> None:
         self.answer = answer

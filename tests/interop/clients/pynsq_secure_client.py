@@ -107,24 +107,30 @@ async def pubsub(params: Params) -> Result:
 
 
 async def auth(params: Params) -> Result:
-    """A Writer with ``auth_secret`` publishes where it may and where it may not; a Reader tries
-    to subscribe (refusals are logged by pynsq on stderr)."""
+    """A Writer with ``auth_secret`` publishes where it may and where it may not; two Readers
+    subscribe, on a channel they may read and on one they may not (pynsq logs that refusal on
+    stderr)."""
     writer = nsq.Writer([params["address"]], **conn_options(params))
     await wait_for(
         lambda: any(c.connected() for c in writer.conns.values()), 15, "the writer connection"
     )
     allowed = await publish(writer, "pub", params["allowed_topic"], b"granted")
     refused = await publish(writer, "pub", params["refused_topic"], b"refused")
-    got: list[str] = []
-    reader = nsq.Reader(
-        topic=params["allowed_topic"],
-        channel="c",
-        message_handler=lambda m: got.append(m.body.decode()) or True,
-        nsqd_tcp_addresses=[params["address"]],
-        **conn_options(params),
-    )
+    got: dict[str, list[str]] = {params["allowed_channel"]: [], params["refused_channel"]: []}
+    readers = [
+        nsq.Reader(
+            topic=params["allowed_topic"],
+            channel=channel,
+            message_handler=lambda m, channel=channel: got[channel].append(m.body.decode()) or True,
+            nsqd_tcp_addresses=[params["address"]],
+            **conn_options(params),
+        )
+        for channel in got
+    ]
+    await wait_for(lambda: bool(got[params["allowed_channel"]]), 15, "the granted message")
     await asyncio.sleep(params["reader_wait_s"])
-    close_reader(reader)
+    for reader in readers:
+        close_reader(reader)
     return {"allowed": allowed, "refused": refused, "reader_got": got}
 
 
