@@ -23,6 +23,8 @@ import pytest
 from conftest import LmqdServer, start_lmqd, stop_lmqd
 from transport.certs import Certs, make_certs
 
+from lmqd.transport.compression import SnappyStream
+
 from .authserver_thread import auth_server, deny_all, publish_on
 
 SOCKET_TIMEOUT_S = 10.0
@@ -235,3 +237,61 @@ def test_publish_on_one_topic_and_auth_server_down(
     assert wire.closed()
     wire.close()
     assert any(f"AUTH({address}): failed" in line for line in server.stderr_lines())
+
+
+def test_bad_input_on_upgraded_connections_closes_them_and_the_daemon_carries_on(
+    daemon_factory: list[LmqdServer], tmp_path: Path, certs: Certs
+) -> None:
+    server = start(
+        daemon_factory,
+        tmp_path,
+        f"--tls-cert={certs.server.cert_file}",
+        f"--tls-key={certs.server.key_file}",
+    )
+
+    def identified(**fields: object) -> Wire:
+        wire = Wire(server)
+        wire.send(cmd("IDENTIFY", json.dumps({"feature_negotiation": True, **fields}).encode()))
+        frame_type, answer = wire.frame()
+        assert frame_type == 0, answer
+        return wire
+
+    def rest_of_stream(wire: Wire) -> bytes:
+        received = wire.buffer
+        try:
+            while chunk := wire.sock.recv(65536):
+                received += chunk
+        except ConnectionResetError:
+            pass
+        return received
+
+    # Garbage where the TLS ClientHello should be: nsqd's error, in plaintext, then EOF.
+    wire = identified(tls_v1=True)
+    wire.send(b"this is not TLS\n" * 8)
+    assert b"\x00\x00\x00\x01E_IDENTIFY_FAILED IDENTIFY failed " in rest_of_stream(wire)
+    wire.close()
+
+    # A snappy stream cut inside a chunk, then the client half-closes: dropped, nothing applied.
+    wire = identified(snappy=True)
+    codec = SnappyStream()
+    whole = codec.compress(cmd("PUB cut", b"y" * 1000))
+    wire.send(whole[: len(whole) // 2])
+    wire.sock.shutdown(socket.SHUT_WR)
+    ok = SnappyStream().decompress(rest_of_stream(wire))
+    assert ok == b"\x00\x00\x00\x06\x00\x00\x00\x00OK"  # the upgrade's OK, then EOF
+    wire.close()
+
+    # Bytes that are not deflate at all.
+    wire = identified(deflate=True)
+    wire.send(b"\xff\xff\xff\xff definitely not deflate")
+    rest_of_stream(wire)  # ends: the daemon closed the connection
+    wire.close()
+
+    # The daemon carries on, and the cut PUB was never applied.
+    wire = Wire(server)
+    wire.send(cmd("PUB fine", b"ok"))
+    assert wire.frame() == (0, b"OK")
+    wire.close()
+    http_port = int(server.http_address.rpartition(":")[2]) if server.http_address else 0
+    _, body = http_request(http_port, "GET", "/stats?format=json")
+    assert {t["topic_name"] for t in json.loads(body)["topics"]} == {"fine"}
