@@ -192,7 +192,10 @@ class LmqDaemon:
         if tls is not None and options.https_address:
             https = await nursery.start(
                 partial(
-                    serve_http, broker=self.broker, address=options.https_address, tls=tls.context
+                    serve_http,
+                    broker=self.broker,
+                    address=options.https_address,
+                    tls=tls.http_context,
                 )
             )
         http = None

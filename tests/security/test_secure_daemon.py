@@ -295,3 +295,28 @@ def test_bad_input_on_upgraded_connections_closes_them_and_the_daemon_carries_on
     http_port = int(server.http_address.rpartition(":")[2]) if server.http_address else 0
     _, body = http_request(http_port, "GET", "/stats?format=json")
     assert {t["topic_name"] for t in json.loads(body)["topics"]} == {"fine"}
+
+
+@pytest.mark.parametrize("policy", ["require", "require-verify"])
+def test_client_certificate_policy_applies_to_https_too(
+    daemon_factory: list[LmqdServer], tmp_path: Path, certs: Certs, policy: str
+) -> None:
+    server = start(
+        daemon_factory,
+        tmp_path,
+        f"--tls-cert={certs.server.cert_file}",
+        f"--tls-key={certs.server.key_file}",
+        f"--tls-root-ca-file={certs.ca_file}",
+        f"--tls-client-auth-policy={policy}",
+    )
+    found = ports(server)
+    # The policy implies --tls-required=true: plain HTTP is refused...
+    assert http_request(found["HTTP"], "GET", "/ping")[0] == 403
+    # ...HTTPS without a client certificate fails the handshake...
+    anonymous = ssl.create_default_context(cafile=certs.ca_file)
+    with pytest.raises((ssl.SSLError, ConnectionResetError, BrokenPipeError)):
+        http_request(found["HTTPS"], "GET", "/ping", context=anonymous)
+    # ...and with one it is served.
+    mutual = ssl.create_default_context(cafile=certs.ca_file)
+    mutual.load_cert_chain(certs.client.cert_file, certs.client.key_file)
+    assert http_request(found["HTTPS"], "GET", "/ping", context=mutual) == (200, b"OK")
