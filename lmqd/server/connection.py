@@ -246,10 +246,18 @@ class TcpConnection:
                     if session.closing and not output.has_unsent:
                         return
                     if self._pause_writer:
-                        self._writer_paused.set()
-                        await self._writer_resumed.wait()
-                        continue
-                    deadline = self._next_heartbeat if self._heartbeat_interval > 0 else math.inf
+                        # Park for the upgrade once everything before it is out, durable
+                        # publishes held for their fsync included (they answer commands sent
+                        # before IDENTIFY, so they go in plaintext).
+                        if not output.has_unsent:
+                            self._writer_paused.set()
+                            await self._writer_resumed.wait()
+                            continue
+                        deadline = math.inf  # no heartbeat now: wait for the held frames
+                    elif self._heartbeat_interval > 0:
+                        deadline = self._next_heartbeat
+                    else:
+                        deadline = math.inf
                     with trio.move_on_at(deadline):
                         await self._wake_writer.wait()
                 self._wake_writer = trio.Event()

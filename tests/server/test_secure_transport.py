@@ -344,3 +344,18 @@ async def test_truncated_compressed_stream_is_dropped_and_nothing_half_applied(
         await raw.send_eof()  # the peer vanished half-way through a write
         assert await client.closed()
         assert "cut" not in daemon.broker.topics
+
+
+async def test_durable_ok_held_before_identify_goes_out_in_plaintext_first(
+    start: Any, certs: Certs, tmp_path: Path
+) -> None:
+    # With --durable a PUB's OK waits for its fsync; an IDENTIFY right behind it must not let the
+    # upgrade overtake it: the OK and the IDENTIFY answer are plaintext, then the codec's OK.
+    with trio.fail_after(TIMEOUT):
+        daemon = await start(tls_options(certs, tmp_path, durable=True))
+        client = await daemon.connect()
+        await client.send(pub("durable", b"synced first") + identify(snappy=True))
+        assert await client.response() == b"OK"
+        assert json.loads(await client.response())["snappy"] is True
+        await client.start_compression("snappy")
+        await pubsub(client, "durable-after")
