@@ -58,7 +58,11 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="lmq-bench-pki-") as pki:
         certs = make_certs(Path(pki))
-        daemon_flags = [f"--tls-cert={certs.server.cert}", f"--tls-key={certs.server.key}"]
+        daemon_flags = [
+            f"--tls-cert={certs.server.cert}",
+            f"--tls-key={certs.server.key}",
+            "--https-address=",  # no HTTPS listener (nsqd's default is 0.0.0.0:4152)
+        ]
         medians: dict[str, dict[str, Any]] = {}
         for name in args.transport or list(TRANSPORTS):
             admin = list(TRANSPORTS[name])

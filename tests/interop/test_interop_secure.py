@@ -91,7 +91,12 @@ def test_pynsq_auth_secret_publish_and_subscribe_where_granted(
     )
     with auth_server(answer) as auth:
         server = start_lmqd(
-            tmp_path / "data", [*tls_flags(certs), f"--auth-http-address={auth.address}"]
+            tmp_path / "data",
+            [
+                *tls_flags(certs),
+                "--https-address=127.0.0.1:0",
+                f"--auth-http-address={auth.address}",
+            ],
         )
         try:
             result = run_client(

@@ -59,6 +59,7 @@ class Setup:
         options = Options(
             tcp_address="127.0.0.1:0",
             http_address="",
+            https_address="",  # nsqd's default 0.0.0.0:4152 would listen with a certificate
             data_path=str(self.tmp_path),
             auth_http_addresses=auth_addresses,
             **extra,

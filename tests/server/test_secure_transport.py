@@ -41,6 +41,7 @@ def tls_options(certs: Certs, tmp_path: Path, **extra: Any) -> Options:
     return Options(
         tcp_address="127.0.0.1:0",
         http_address="",
+        https_address="",  # nsqd's default 0.0.0.0:4152 would listen with the certificate
         data_path=str(tmp_path),
         tls_cert=certs.server.cert_file,
         tls_key=certs.server.key_file,
