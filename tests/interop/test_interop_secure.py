@@ -80,6 +80,7 @@ def test_pynsq_reader_and_writer_over_upgraded_connections(
         assert layers["ssl_stream"] is tls, layers
         if expected_socket:
             assert layers["socket"] == expected_socket, layers
+            assert layers["inner_ssl"] is tls, layers
 
 
 def test_pynsq_auth_secret_publish_and_subscribe_where_granted(

@@ -10,6 +10,7 @@ and upgrades its sockets itself (tornado's ``SSLIOStream``, pynsq's ``SnappySock
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -52,6 +53,8 @@ def layers(conn: Any) -> dict[str, Any]:
     return {
         "ssl_stream": isinstance(conn.stream, SSLIOStream),
         "socket": type(conn.socket).__name__,
+        # pynsq's own test_conn_socket_upgrade: the codec socket wraps the SSL socket.
+        "inner_ssl": isinstance(getattr(conn.socket, "_socket", None), ssl.SSLSocket),
     }
 
 
