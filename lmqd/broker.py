@@ -37,6 +37,8 @@ class BoundAddresses:
 
     tcp: tuple[str, int]
     http: tuple[str, int] | None
+    https: tuple[str, int] | None = None
+    """Only with ``--tls-cert``/``--tls-key`` and a non-empty ``--https-address``."""
 
 
 class Connection(Protocol):

@@ -42,8 +42,11 @@ __all__ = ["VERSION_LINE", "main", "normalise_argv"]
 
 log = logging.getLogger("lmqd.cli")
 
-VERSION_LINE = f"lmqd v{__version__} (nsqd-compatible v{NSQD_COMPAT_VERSION})"
-"""What ``lmqd --version`` prints."""
+VERSION_LINE = f"nsqd v{NSQD_COMPAT_VERSION} (built w/lmq {__version__})"
+"""What ``lmqd --version`` prints, and the first line lmqd logs: nsqd's shape
+(``nsqd v1.3.0 (built w/go1.21.5)``), because test harnesses parse it to learn which nsqd
+features exist (TLS, HTTPS listener, ...); lmq's own version is the toolchain part (as
+lmqlookupd's ``nsqlookupd v1.3.0 (built w/lmq 0.1.0)``)."""
 
 _SETTING_FLAGS = frozenset(s.flag for s in SETTINGS)
 _BOOL_FLAGS = frozenset(s.flag for s in SETTINGS if s.kind in BOOL_KINDS)
@@ -201,14 +204,19 @@ def _run(*, config: str | None, version: bool, **values: Any) -> None:
         raise click.ClickException(str(exc)) from None
 
     logging_setup.configure(resolved.options)
+    log.info("%s", VERSION_LINE)
     for warning in resolved.warnings():
         log.warning("%s", warning)
 
     # Imported here so that --help, --version and bad flags answer without loading the daemon.
     from lmqd.service import run_daemon
+    from lmqd.transport.tls import TLSConfigError
 
     try:
         run_daemon(resolved.options)
+    except TLSConfigError as exc:
+        # Fail closed: TLS that was asked for and cannot be set up stops lmqd, in one line.
+        raise click.ClickException(str(exc)) from None
     except OSError as exc:
         log.critical("failed to start: %s", exc)
         sys.exit(1)

@@ -15,6 +15,11 @@ Value syntaxes are nsqd's (Go's ``flag`` package and ``mreiferson/go-options``):
   between digits, and (as in Go) a leading ``0`` means octal.
 - booleans: Go's ``strconv.ParseBool``: ``1 t T TRUE true True 0 f F FALSE false False``.
 
+Fail closed: ``inert`` is only for harmless settings (deprecated no-ops, statsd, queue-scan
+tuning, experiments). Nothing that protects a connection -- TLS, client certificates,
+``--tls-required``, auth servers -- may be accepted and ignored; those either work or stop lmqd
+(``tests/security`` holds both rules).
+
 Resolution is nsqd's: a flag given on the command line wins over the config file, which wins over
 the default; an unknown config key is an error (nsqd silently ignores it; a typo that silently
 keeps a default is worse).
@@ -102,11 +107,8 @@ class Setting:
         return self.flag.replace("-", "_")
 
 
-_NO_TLS = "lmqd does not implement TLS; IDENTIFY reports tls_v1 unavailable"
-_NO_AUTH = "lmqd does not query an auth server; AUTH is not required"
 _NO_STATSD = "lmqd does not push to statsd; scrape GET /metrics (Prometheus) instead"
 _NO_SCAN = "lmqd has no queue-scan workers: each channel wakes exactly at its next deadline"
-_NO_COMPRESSION = "lmqd does not implement deflate/snappy; IDENTIFY reports them unavailable"
 _EXPERIMENT = "nsqd master's topology-aware-consumption experiment is not implemented"
 
 SETTINGS: tuple[Setting, ...] = (
@@ -127,7 +129,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("http-address", Kind.STRING, "http_address",
             "<addr>:<port> to listen on for HTTP clients (empty: no HTTP listener)"),
     Setting("https-address", Kind.STRING, "https_address",
-            "<addr>:<port> to listen on for HTTPS clients", inert=_NO_TLS),
+            "<addr>:<port> to listen on for HTTPS clients (with --tls-cert and --tls-key)"),
     Setting("broadcast-address", Kind.STRING, "broadcast_address",
             "address this node is registered with lookupd as, and reported by /info"),
     Setting("broadcast-tcp-port", Kind.INT, "broadcast_tcp_port",
@@ -139,13 +141,13 @@ SETTINGS: tuple[Setting, ...] = (
             keys=("nsqlookupd_tcp_addresses",)),
     Setting("auth-http-address", Kind.STRING_LIST, "auth_http_addresses",
             "<addr>:<port> or URL of an auth server (may be given multiple times)",
-            keys=("auth_http_addresses",), inert=_NO_AUTH),
+            keys=("auth_http_addresses",)),
     Setting("auth-http-request-method", Kind.STRING, "auth_http_request_method",
-            "HTTP method for auth requests: get or post", inert=_NO_AUTH),
+            "HTTP method for auth requests: get or post"),
     Setting("http-client-connect-timeout", Kind.DURATION, "http_client_connect_timeout",
-            "timeout for HTTP connect (lookupd and auth requests)", inert=_NO_AUTH),
+            "timeout for HTTP connect (auth requests)"),
     Setting("http-client-request-timeout", Kind.DURATION, "http_client_request_timeout",
-            "timeout for HTTP requests (lookupd and auth requests)", inert=_NO_AUTH),
+            "timeout for HTTP requests (auth requests)"),
     Setting("topology-region", Kind.STRING, None, "[nsqd master] this node's region",
             inert=_EXPERIMENT, default=""),
     Setting("topology-zone", Kind.STRING, None, "[nsqd master] this node's zone",
@@ -214,21 +216,21 @@ SETTINGS: tuple[Setting, ...] = (
             "e2e_processing_latency_window_time",
             "time window of the end-to-end latency percentiles"),
     # -- TLS
-    Setting("tls-cert", Kind.STRING, "tls_cert", "path to certificate file", inert=_NO_TLS),
-    Setting("tls-key", Kind.STRING, "tls_key", "path to key file", inert=_NO_TLS),
+    Setting("tls-cert", Kind.STRING, "tls_cert", "path to certificate file"),
+    Setting("tls-key", Kind.STRING, "tls_key", "path to key file"),
     Setting("tls-client-auth-policy", Kind.STRING, "tls_client_auth_policy",
-            "client certificate policy: require or require-verify", inert=_NO_TLS),
+            "client certificate policy: require or require-verify"),
     Setting("tls-root-ca-file", Kind.STRING, "tls_root_ca_file",
-            "path to certificate authority file", inert=_NO_TLS),
+            "path to certificate authority file"),
     Setting("tls-required", Kind.TLS_REQUIRED, "tls_required",
-            "require TLS for client connections: true, false or tcp-https", inert=_NO_TLS),
+            "require TLS for client connections: true, false or tcp-https"),
     Setting("tls-min-version", Kind.TLS_MIN_VERSION, "tls_min_version",
-            "minimum TLS version: tls1.0, tls1.1, tls1.2 or tls1.3", inert=_NO_TLS),
+            "minimum TLS version: tls1.0, tls1.1, tls1.2 or tls1.3"),
     # -- compression
-    Setting("deflate", Kind.BOOL, "deflate", "allow deflate negotiation", inert=_NO_COMPRESSION),
+    Setting("deflate", Kind.BOOL, "deflate", "allow deflate negotiation"),
     Setting("max-deflate-level", Kind.INT, "max_deflate_level",
-            "max deflate level a client may negotiate, 1..9", inert=_NO_COMPRESSION),
-    Setting("snappy", Kind.BOOL, "snappy", "allow snappy negotiation", inert=_NO_COMPRESSION),
+            "max deflate level a client may negotiate, 1..9"),
+    Setting("snappy", Kind.BOOL, "snappy", "allow snappy negotiation"),
 )  # fmt: skip
 
 _BY_FLAG: dict[str, Setting] = {s.flag: s for s in SETTINGS}

@@ -93,7 +93,7 @@ class Options:
     client_timeout: float = 60.0
     """nsqd's ClientTimeout (no flag there): the default heartbeat interval is half of it."""
 
-    # -- compression and TLS (negotiated as unavailable until implemented)
+    # -- compression and TLS (negotiated in IDENTIFY; TLS also serves HTTPS)
     deflate: bool = True
     max_deflate_level: int = attrs.field(default=6)
     snappy: bool = True
@@ -114,7 +114,7 @@ class Options:
     statsd_udp_packet_size: int = 508
     statsd_exclude_ephemeral: bool = False
 
-    # -- cluster and auth
+    # -- cluster and auth (auth: --auth-http-address and the HTTP client timeouts it uses)
     nsqlookupd_tcp_addresses: tuple[str, ...] = ()
     """Lookupds to register with (``lmqd.registration``); changeable at run time over HTTP."""
     auth_http_addresses: tuple[str, ...] = ()

@@ -24,6 +24,7 @@ import os
 import signal
 import sys
 import time
+from functools import partial
 
 import trio
 
@@ -32,6 +33,7 @@ from lmqd.engine.stores import queues_to_open, restore_plan, stored_queue_names
 from lmqd.options import Options
 from lmqd.registration import Registration
 from lmqd.server import serve_tcp
+from lmqd.server.security import ServerSecurity
 from lmqd.storage import (
     AnchoredTimeBase,
     DataDirLock,
@@ -57,6 +59,9 @@ class LmqDaemon:
 
     def __init__(self, options: Options) -> None:
         self.options = options
+        # Built first: certificates or keys that cannot be used stop lmqd before anything
+        # else happens (``lmqd.transport.tls.TLSConfigError``), rather than serving plaintext.
+        self.security = ServerSecurity.from_options(options)
         self.broker = Broker(options, hold_data_dir=self._hold_data_dir)
         self.registration = Registration(self.broker)
         self._shutdown = trio.Event()
@@ -163,15 +168,9 @@ class LmqDaemon:
                 await nursery.start(broker.syncer.run)
                 for topic in broker.topics.values():
                     nursery.start_soon(topic.run)
-                tcp = await nursery.start(serve_tcp, broker)
-                http = None
-                if self.options.http_address:
-                    # Imported only when served: hypercorn and prometheus-client cost ~6 MB of
-                    # RSS that a daemon without an HTTP listener does not need to carry.
-                    from lmqd.httpapi import serve_http
-
-                    http = await nursery.start(serve_http, broker, self.options.http_address)
-                broker.addresses = BoundAddresses(tcp=tcp, http=http)
+                tcp = await nursery.start(serve_tcp, broker, self.security)
+                http, https = await self._start_http(nursery)
+                broker.addresses = BoundAddresses(tcp=tcp, http=http, https=https)
                 # IDENTIFY needs the bound ports; topics restored above are in its first
                 # REGISTERs, topics created from now on are its events.
                 await nursery.start(self.registration.run)
@@ -183,6 +182,48 @@ class LmqDaemon:
         finally:
             broker.attach(None)
             self._close_storage()
+
+    async def _start_http(
+        self, nursery: trio.Nursery
+    ) -> tuple[tuple[str, int] | None, tuple[str, int] | None]:
+        """HTTPS (with a certificate, as nsqd), then HTTP; their bound addresses.
+
+        HTTPS first so that, with ``--tls-required=true``, plain HTTP's ``TLS_REQUIRED``
+        answer can name the real HTTPS port.
+        """
+        options = self.options
+        if not (options.http_address or (self.security.tls is not None and options.https_address)):
+            return None, None
+        # Imported only when served: hypercorn and prometheus-client cost ~6 MB of RSS that a
+        # daemon without an HTTP listener does not need to carry.
+        from lmqd.httpapi import serve_http
+
+        tls = self.security.tls
+        https = None
+        if tls is not None and options.https_address:
+            https = await nursery.start(
+                partial(
+                    serve_http,
+                    broker=self.broker,
+                    address=options.https_address,
+                    tls=tls.http_context,
+                )
+            )
+        http = None
+        if options.http_address:
+            refuse_port = None
+            if options.tls_required == "true" or options.tls_client_auth_policy:
+                # nsqd: TLS for HTTP too ("tcp-https" leaves plain HTTP open).
+                refuse_port = https[1] if https is not None else 0
+            http = await nursery.start(
+                partial(
+                    serve_http,
+                    broker=self.broker,
+                    address=options.http_address,
+                    tls_required_https_port=refuse_port,
+                )
+            )
+        return http, https
 
     async def _drain_responses(self) -> None:
         # Connections stop reading (no command is applied from here on), held durable OKs get

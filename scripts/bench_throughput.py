@@ -45,11 +45,13 @@ def run_once(args: argparse.Namespace, index: int) -> dict[str, Any]:
             load = load_average()
             command = lmqadmin_command(
                 daemon.tcp_address,
+                *getattr(args, "admin_flag", []),
                 "bench", "--json", "-q",
                 "--topic", f"bench{index}",
                 "--writers", str(args.writers), "--readers", str(args.readers),
                 "--size", str(args.size), "--batch-size", str(args.batch_size),
                 "--rdy", str(args.rdy), "--duration", str(args.duration),
+                *getattr(args, "bench_flag", []),
             )  # fmt: skip
             cpu0 = daemon.cpu_seconds()
             written0 = daemon.bytes_written()
@@ -110,6 +112,9 @@ def main() -> None:
     parser.add_argument("--rdy", type=int, default=2500)
     parser.add_argument("--lmqd-flag", action="append", default=[],
                         help="A flag for lmqd, e.g. --lmqd-flag=--mem-queue-size=0 (repeatable).")
+    parser.add_argument("--admin-flag", action="append", default=[],
+                        help="A global lmqadmin flag for the bench clients, e.g. "
+                             "--admin-flag=--snappy (repeatable).")
     parser.add_argument("--dir", default=None, help="Where the data directories go (/tmp).")
     parser.add_argument("--markdown", action="store_true", help="Print a Markdown table.")
     args = parser.parse_args()

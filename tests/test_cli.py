@@ -291,7 +291,7 @@ def test_listen_failure_exits_1_with_a_fatal_log_line(daemon: FakeDaemon) -> Non
 def test_version(daemon: FakeDaemon, flag: str) -> None:
     result = invoke(flag)
     assert result.exit_code == 0
-    assert result.stdout == "lmqd v0.1.0 (nsqd-compatible v1.3.0)\n"
+    assert result.stdout == "nsqd v1.3.0 (built w/lmq 0.1.0)\n"
     assert daemon.calls == []
 
 
@@ -309,7 +309,7 @@ def test_version_as_a_module_subprocess() -> None:
     )
     assert (proc.returncode, proc.stdout, proc.stderr) == (
         0,
-        "lmqd v0.1.0 (nsqd-compatible v1.3.0)\n",
+        "nsqd v1.3.0 (built w/lmq 0.1.0)\n",
         "",
     )
 
@@ -347,8 +347,11 @@ def test_inert_flags_warn_once_each_only_when_not_default(daemon: FakeDaemon) ->
 def test_log_lines_use_nsqd_format_prefix_and_level(daemon: FakeDaemon) -> None:
     result = invoke("--tcp-address=127.0.0.1:4150", "--log-prefix=[nsqd] ")
     assert result.exit_code == 0
+    stamp = r"\[nsqd\] \d{4}/\d\d/\d\d \d\d:\d\d:\d\d\.\d{6} INFO: "
+    # nsqd's first line is its version, then the listeners.
     assert re.fullmatch(
-        r"\[nsqd\] \d{4}/\d\d/\d\d \d\d:\d\d:\d\d\.\d{6} INFO: TCP: listening on 127.0.0.1:4150\n",
+        stamp + r"nsqd v1\.3\.0 \(built w/lmq 0\.1\.0\)\n"
+        + stamp + r"TCP: listening on 127.0.0.1:4150\n",
         result.stderr,
     )
 

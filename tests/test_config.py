@@ -307,7 +307,6 @@ def test_inert_settings_warn_only_when_not_default() -> None:
     assert resolved.warnings() == [
         "--verbose is accepted for nsqd compatibility and has no effect",
         "--statsd-address is accepted for nsqd compatibility and has no effect",
-        "--max-deflate-level is accepted for nsqd compatibility and has no effect",
     ]
     assert resolved.options.statsd_address == "127.0.0.1:8125"
     assert resolved.extras == {"verbose": True}

@@ -58,6 +58,7 @@ TEST_TOOLS = {
     "mypy": "type checks, run by scripts/test",
     "pytest-trio": "the pytest plugin behind trio_mode",
     "setuptools": "the build backend this module builds the wheel with, offline",
+    "python-snappy": "pynsq's and gnsq's snappy sockets import it (tests/interop, secure)",
 }
 # Building a wheel of this small tree takes ~1.5 s; a loaded 2-core box may take many times that.
 BUILD_TIMEOUT_S = 120.0

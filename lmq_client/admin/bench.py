@@ -29,6 +29,7 @@ import functools
 import math
 import multiprocessing
 import multiprocessing.synchronize
+import os
 import queue
 import struct
 import time
@@ -74,6 +75,14 @@ class BenchConfig:
     lookupd: Sequence[str] = ()
     """Lookupd HTTP addresses: readers consume from the producers they list (writers still
     publish to ``tcp``, writer ``i`` to ``tcp[i % len(tcp)]``)."""
+    incompressible: bool = False
+    """Random bodies, all different (one pool of ``INCOMPRESSIBLE_POOL`` per writer), instead of
+    one repeated ``x`` padding: what snappy and deflate cost when they cannot shrink anything."""
+
+
+INCOMPRESSIBLE_POOL = 4096
+"""Random bodies a writer cycles through with ``incompressible``: 4096 x 100 B is 400 KiB, more
+than deflate's 32 KiB window and snappy's 64 KiB blocks, so no repeat is ever within reach."""
 
 
 class LatencyHistogram:
@@ -163,6 +172,9 @@ async def _write(
 
     address = config.tcp[index % len(config.tcp)]
     pad = b"x" * (config.size - _STAMP.size)
+    pool: list[bytes] = []
+    if config.incompressible:
+        pool = [os.urandom(config.size - _STAMP.size) for _ in range(INCOMPRESSIBLE_POOL)]
     sent = 0
     async with Producer(
         address, connect_timeout=config.timeout, transport=config.transport
@@ -173,8 +185,14 @@ async def _write(
         end = start + config.duration if config.duration is not None else math.inf
         while (quota is None or sent < quota) and time.time() < end:
             n = config.batch_size if quota is None else min(config.batch_size, quota - sent)
-            body = _STAMP.pack(time.time_ns()) + pad
-            command = Mpub(topic=config.topic, bodies=[body] * n).encode()
+            stamp = _STAMP.pack(time.time_ns())
+            if pool:
+                first = sent % INCOMPRESSIBLE_POOL
+                pads = (pool[(first + i) % INCOMPRESSIBLE_POOL] for i in range(n))
+                bodies = [stamp + p for p in pads]
+            else:
+                bodies = [stamp + pad] * n
+            command = Mpub(topic=config.topic, bodies=bodies).encode()
             in_flight.append((conn.command(command), n))
             sent += n
             if len(in_flight) >= config.pipeline:

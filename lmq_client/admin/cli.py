@@ -620,6 +620,9 @@ async def _tail(
               help="Messages to publish in total (with --writers 0: to consume).")
 @click.option("--pipeline", default=4, show_default=True, type=click.IntRange(min=1),
               help="MPUBs in flight per writer.")
+@click.option("--incompressible", is_flag=True,
+              help="Random, all different bodies (default: one repeated body; measures "
+                   "--snappy/--deflate at their worst).")
 @click.option("--keep-topic", is_flag=True, help="Don't delete the bench topic afterwards.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress display.")
 @json_option
@@ -637,6 +640,7 @@ def bench(
     duration: float | None,
     count: int | None,
     pipeline: int,
+    incompressible: bool,
     keep_topic: bool,
     quiet: bool,
 ) -> None:
@@ -658,7 +662,7 @@ def bench(
         tcp=settings.tcp_addresses(), topic=topic, channel=channel, writers=writers,
         readers=readers, batch_size=batch_size, rdy=rdy, size=size, duration=duration,
         count=count, pipeline=pipeline, timeout=settings.timeout, transport=settings.transport,
-        lookupd=settings.lookupd,
+        lookupd=settings.lookupd, incompressible=incompressible,
     )
     console = _console(err=True)
     report = run_bench(config, console=None if quiet or not console.is_terminal else console)

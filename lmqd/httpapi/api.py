@@ -30,6 +30,7 @@ from lmqd.engine.topic import Topic, TopicExiting
 from lmqd.gohttp import QueryError
 from lmqd.httpapi.asgi import (
     EMPTY,
+    JSON_CONTENT_TYPE,
     OK,
     AsgiApp,
     HttpError,
@@ -68,11 +69,22 @@ def _ns(seconds: float) -> int:
 class HttpApi(AsgiApp):
     """The ASGI application serving one daemon's HTTP API."""
 
-    def __init__(self, broker: Broker, *, http_port: int = -1) -> None:
+    def __init__(
+        self,
+        broker: Broker,
+        *,
+        http_port: int = -1,
+        tls_required_https_port: int | None = None,
+    ) -> None:
         super().__init__()
         self.broker = broker
         self.http_port = http_port
         """The bound HTTP port, reported by /info (``-1`` as nsqd reports a unix socket)."""
+        if tls_required_https_port is not None:
+            # nsqd's httpServer.ServeHTTP with --tls-required=true on the plain listener: every
+            # request, whatever its path, gets this (the spaces are nsqd's, it uses Sprintf).
+            body = f'{{"message": "TLS_REQUIRED", "https_port": {tls_required_https_port}}}'
+            self.refusal = Response(403, body.encode(), JSON_CONTENT_TYPE)
         self.registry = make_registry(broker)
         self.quiet_paths = frozenset({"/pub", "/mpub"})
         # Prometheus scrapes /metrics and health checks poll /ping every few seconds: their

@@ -237,6 +237,8 @@ class AsgiApp:
         """Paths not logged per request (nsqd does not log /pub and /mpub: the hot path)."""
         self.debug_paths: frozenset[str] = frozenset()
         """Paths whose request lines are logged at DEBUG, not INFO (polled by machines)."""
+        self.refusal: Response | None = None
+        """If set, the answer to every request (nsqd's ``TLS_REQUIRED`` on plain HTTP)."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -259,7 +261,7 @@ class AsgiApp:
         start = time.perf_counter()
         request = Request(scope, receive)
         try:
-            target = self.router.resolve(request)
+            target = self.refusal or self.router.resolve(request)
             response = target if isinstance(target, Response) else await target(request)
         except HttpError as exc:
             response = error_response(exc.status, exc.message)

@@ -6,12 +6,19 @@ reports it, and "started" means "listening" (connections made from then on queue
 backlog until hypercorn accepts them). hypercorn serves that socket with its own trio worker
 (``hypercorn.trio.run.worker_serve``) until the task is cancelled; there is no graceful drain
 beyond hypercorn's, because the daemon cancels its listeners only when it is shutting down.
+
+HTTPS (``--https-address`` with ``--tls-cert``/``--tls-key``) is the same API on a second
+listener whose connections hypercorn wraps in TLS with the daemon's own ``ssl.SSLContext`` (the
+one the TCP ``tls_v1`` upgrade uses, client certificate policy included), as nsqd serves both
+from one ``tls.Config``. With ``--tls-required=true`` the plain listener answers every request
+``403 {"message": "TLS_REQUIRED", "https_port": N}`` (nsqd's exact body) and only HTTPS serves.
 """
 
 from __future__ import annotations
 
 import logging
 import socket
+import ssl
 from typing import TYPE_CHECKING, cast
 
 import trio
@@ -54,8 +61,24 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _hypercorn_config() -> Config:
-    config = Config()
+class _TLSConfig(Config):
+    """hypercorn's Config serving TLS with the daemon's own context (hypercorn would build its
+    own from file names, with HTTP/2 ciphers and ALPN that nsqd does not have)."""
+
+    def __init__(self, context: ssl.SSLContext) -> None:
+        super().__init__()
+        self._context = context
+
+    @property
+    def ssl_enabled(self) -> bool:
+        return True
+
+    def create_ssl_context(self) -> ssl.SSLContext:
+        return self._context
+
+
+def _hypercorn_config(tls: ssl.SSLContext | None = None) -> Config:
+    config = Config() if tls is None else _TLSConfig(tls)
     errors = logging.getLogger("lmqd.httpapi.hypercorn")
     # hypercorn's own INFO line ("Running on http://...") would duplicate ours; keep its
     # warnings and errors.
@@ -72,10 +95,16 @@ async def serve_http(
     broker: Broker,
     address: str,
     *,
+    tls: ssl.SSLContext | None = None,
+    tls_required_https_port: int | None = None,
     task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the nsqd HTTP API for ``daemon`` on ``address`` (``host:port``, port 0 allowed)
-    until cancelled; ``task_status.started`` gets the bound ``(host, port)``."""
+    until cancelled; ``task_status.started`` gets the bound ``(host, port)``.
+
+    ``tls``: serve HTTPS with this context. ``tls_required_https_port``: refuse every request
+    with nsqd's ``TLS_REQUIRED`` answer naming that HTTPS port.
+    """
     from lmqd.net import split_address
 
     host, port = split_address(address, default_host="0.0.0.0")
@@ -84,9 +113,13 @@ async def serve_http(
         sockname = sock.getsockname()
         bound = (str(sockname[0]), int(sockname[1]))
         # HttpApi speaks ASGI 3 with plain mappings rather than hypercorn's TypedDicts.
-        app = cast(ASGIFramework, HttpApi(broker, http_port=bound[1]))
-        config = _hypercorn_config()
-        sockets = Sockets(secure_sockets=[], insecure_sockets=[sock], quic_sockets=[])
+        api = HttpApi(broker, http_port=bound[1], tls_required_https_port=tls_required_https_port)
+        app = cast(ASGIFramework, api)
+        config = _hypercorn_config(tls)
+        if tls is None:
+            sockets = Sockets(secure_sockets=[], insecure_sockets=[sock], quic_sockets=[])
+        else:
+            sockets = Sockets(secure_sockets=[sock], insecure_sockets=[], quic_sockets=[])
         with track_gc_pauses():
             async with trio.open_nursery() as nursery:
                 await nursery.start(
@@ -97,7 +130,7 @@ async def serve_http(
                         task_status=task_status,
                     )
                 )
-                log.info("HTTP: listening on %s", _format(*bound))
+                log.info("%s: listening on %s", "HTTP" if tls is None else "HTTPS", _format(*bound))
                 task_status.started(bound)
     finally:
         sock.close()

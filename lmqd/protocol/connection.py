@@ -21,6 +21,14 @@ the state when they are parsed, so later commands in the same buffer see the new
 Errors: each error is a ``ProtocolError`` with nsqd's text, checked in nsqd's order. If valid
 commands precede the error in a buffer they are returned first and the error is raised by the
 next call; every call after that raises it again (all parser errors are fatal).
+
+Upgrades: an IDENTIFY that negotiates TLS, snappy or deflate is the last command parsed as
+plaintext. The parser stops right after it (``upgrading`` becomes True) and parses nothing more
+until ``resume()``: whatever the client sent after it belongs to the new layer (a TLS
+ClientHello, compressed commands), and the server takes it back with ``take_unparsed()`` to
+feed it through that layer. With ``Limits.tls_required`` every command but IDENTIFY is refused
+with nsqd's ``E_INVALID cannot <CMD> in current state (TLS required)`` until the server calls
+``tls_established()``; that is one more handler table, so the check costs nothing per command.
 """
 
 from __future__ import annotations
@@ -75,6 +83,15 @@ _CLS = Cls()
 _Handler = Callable[["ServerConnection", list[bytes], bytes, int, list[Event]], int]
 
 
+class _StopParsing(Exception):
+    """Raised by a handler after a command that ends plaintext parsing (an upgrading
+    IDENTIFY); ``offset`` is just past it."""
+
+    def __init__(self, offset: int) -> None:
+        super().__init__(offset)
+        self.offset = offset
+
+
 def parse_uint(raw: bytes) -> int | None:
     """nsqd's ``ByteToBase10``: unsigned decimal digits only, "" is 0, wraps modulo 2**64."""
     if not raw.isdigit():
@@ -98,6 +115,8 @@ class ServerConnection:
     """The settings from the client's IDENTIFY, None until it sends one."""
     closed: bool
     """The peer sent EOF and everything before it has been returned by ``next_events``."""
+    upgrading: bool
+    """An IDENTIFY negotiated an upgrade: nothing more is parsed until ``resume()``."""
 
     def __init__(self, limits: Limits) -> None:
         self.limits = limits
@@ -115,7 +134,9 @@ class ServerConnection:
         self._magic_ok = False
         self._eof = False
         self._error: ProtocolError | None = None
-        self._handlers = _TABLES[ClientState.INIT]
+        self.upgrading = False
+        self._tls_pending = limits.tls_required
+        self._handlers = _TLS_GATE if limits.tls_required else _TABLES[ClientState.INIT]
 
     # -- input ------------------------------------------------------------------------------
 
@@ -159,8 +180,31 @@ class ServerConnection:
             self.closed = True
         return events
 
+    def take_unparsed(self) -> bytes:
+        """Every byte received and not parsed (after an upgrading IDENTIFY: the first bytes of
+        the new layer); they are forgotten here."""
+        data = b"".join([memoryview(self._buf)[self._pos :], *self._chunks])
+        self._buf = b""
+        self._pos = 0
+        self._chunks = []
+        self._chunks_len = 0
+        self._chunks_scanned = 0
+        self._line_scanned = 0
+        self._need = 0
+        return data
+
+    def resume(self) -> None:
+        """The upgrade is in place: parse again (the bytes now come through the new layer)."""
+        self.upgrading = False
+
+    def tls_established(self) -> None:
+        """The connection is TLS now: ``--tls-required`` no longer refuses commands."""
+        if self._tls_pending:
+            self._tls_pending = False
+            self._handlers = _TABLES[self.state]
+
     def _ready_to_parse(self) -> bool:
-        if not self._chunks:
+        if not self._chunks or self.upgrading:
             return False
         available = len(self._buf) - self._pos + self._chunks_len
         if self._need:
@@ -218,12 +262,17 @@ class ServerConnection:
                 # self._handlers is looked up each time: SUB and CLS replace it.
                 handler = self._handlers.get(params[0])
                 if handler is None:
+                    if self._tls_pending:  # nsqd checks the TLS policy before the name
+                        raise errors.tls_required(params[0])
                     raise errors.invalid_command(params[0])
                 after = handler(self, params, buf, nl + 1, events)
                 if after < 0:
                     self._need = -after - pos
                     break
                 pos = after
+        except _StopParsing as stop:
+            pos = stop.offset
+            self.upgrading = True
         finally:
             if pos >= end:
                 self._buf = b""
@@ -443,6 +492,8 @@ class ServerConnection:
         settings = negotiate(data, self.limits)
         self.identify = settings
         events.append(Identify(settings=settings, data=data))
+        if settings.tls_v1 or settings.snappy or settings.deflate:
+            raise _StopParsing(p + 4 + len(body))
         return p + 4 + len(body)
 
     def _auth(self, params: list[bytes], buf: bytes, p: int, events: list[Event]) -> int:
@@ -548,3 +599,19 @@ def _table(state: ClientState) -> dict[bytes, _Handler]:
 
 
 _TABLES: dict[ClientState, dict[bytes, _Handler]] = {state: _table(state) for state in ClientState}
+
+
+def _tls_refused(cmd: bytes) -> _Handler:
+    def handler(
+        conn: ServerConnection, params: list[bytes], buf: bytes, p: int, events: list[Event]
+    ) -> int:
+        raise errors.tls_required(cmd)
+
+    return handler
+
+
+_TLS_GATE: dict[bytes, _Handler] = {
+    name: handler if name == b"IDENTIFY" else _tls_refused(name)
+    for name, handler in _TABLES[ClientState.INIT].items()
+}
+"""The table of a connection that must upgrade to TLS first (only IDENTIFY is not refused)."""

@@ -64,13 +64,17 @@ class Limits:
     max_line_length: int = MAX_LINE_LENGTH
     """Longest command line, newline included (see ``MAX_LINE_LENGTH`` for the number)."""
     tls_available: bool = False
-    """Whether IDENTIFY may negotiate TLS (the server has a certificate and implements it)."""
-    deflate_available: bool = False
-    """Whether IDENTIFY may negotiate deflate (``--deflate`` and implemented)."""
-    snappy_available: bool = False
-    """Whether IDENTIFY may negotiate snappy (``--snappy`` and implemented)."""
+    """Whether IDENTIFY may negotiate TLS (``--tls-cert`` and ``--tls-key`` are set)."""
+    tls_required: bool = False
+    """Every command but IDENTIFY needs TLS first (``--tls-required`` true or ``tcp-https``,
+    or a ``--tls-client-auth-policy``)."""
+    deflate_available: bool = True
+    """Whether IDENTIFY may negotiate deflate (``--deflate``, default true)."""
+    snappy_available: bool = True
+    """Whether IDENTIFY may negotiate snappy (``--snappy``, default true)."""
     auth_required: bool = False
-    """Reported to clients in the IDENTIFY response (an auth server is configured)."""
+    """Reported to clients in the IDENTIFY response (``--auth-http-address`` is set); then
+    SUB/PUB/MPUB/DPUB need a successful AUTH first."""
 
     @classmethod
     def from_options(cls, options: Options) -> Limits:
@@ -89,10 +93,9 @@ class Limits:
             min_output_buffer_timeout_ms=_ms(options.min_output_buffer_timeout),
             output_buffer_timeout_ms=_ms(options.output_buffer_timeout),
             max_deflate_level=options.max_deflate_level,
-            # TLS, snappy, deflate and auth are not implemented yet: IDENTIFY answers false for
-            # them whatever the flags say, so no client tries to upgrade the connection.
-            tls_available=False,
-            deflate_available=False,
-            snappy_available=False,
-            auth_required=False,
+            tls_available=bool(options.tls_cert and options.tls_key),
+            tls_required=options.tls_required != "false" or bool(options.tls_client_auth_policy),
+            deflate_available=options.deflate,
+            snappy_available=options.snappy,
+            auth_required=bool(options.auth_http_addresses),
         )

@@ -18,20 +18,32 @@ be sent, so a client that publishes without reading its responses cannot grow ou
 A fatal protocol error queues its error frame after the responses already due; the writer flushes
 them and the connection closes. When the connection ends for any reason its in-flight messages are
 requeued at once (nsqd waits for their timeout).
+
+When the session waits (``Session.waiting``) the reader does the work: an AUTH query to the auth
+servers, or the stream upgrade an IDENTIFY negotiated. For an upgrade the writer is paused once
+it has sent the IDENTIFY answer (no heartbeat may follow it in plaintext); the reader runs the
+TLS handshake and the codec on the stream (``lmqd.server.upgrade``), swaps ``stream`` for the
+upgraded one and lets the writer go on. A plain connection pays nothing for this: one flag test
+per receive and per send.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 
 import trio
 
 from lmqd.broker import Broker
+from lmqd.net import split_address
 from lmqd.protocol import HEARTBEAT_FRAME, Limits, ServerConnection
 from lmqd.server.output import OutputBuffer
-from lmqd.server.session import OUTPUT_HIGH_WATER, Session
+from lmqd.server.security import ServerSecurity
+from lmqd.server.session import OUTPUT_HIGH_WATER, AuthQuery, Session, Upgrade, Wait
+from lmqd.server.upgrade import UpgradeFailed, upgrade_stream
 from lmqd.stats import ClientStats
+from lmqd.transport.auth_http import AuthQueryError
 
 log = logging.getLogger("lmqd.server")
 
@@ -43,15 +55,27 @@ RECEIVE_SIZE = 256 * 1024
 READ_PAUSE_WATER = 2 * OUTPUT_HIGH_WATER
 # How long the writer may take to flush what's left once the connection is ending.
 CLOSE_FLUSH_TIMEOUT = 5.0
+# How long the plaintext E_IDENTIFY_FAILED after a failed TLS handshake may take to send: it is
+# a courtesy to a client that is not speaking TLS; one that stops reading is not waited for.
+FAILED_UPGRADE_SEND_TIMEOUT = 1.0
 
 
 class TcpConnection:
     """A connected V2 client: its stream, its session and the two tasks between them."""
 
-    def __init__(self, broker: Broker, stream: trio.abc.Stream, remote_address: str) -> None:
+    def __init__(
+        self,
+        broker: Broker,
+        stream: trio.abc.Stream,
+        remote_address: str,
+        security: ServerSecurity | None = None,
+    ) -> None:
         self.broker = broker
         self.stream = stream
         self.remote_address = remote_address
+        # The service passes the daemon's one ServerSecurity; building it here serves embedders
+        # and tests that drive a single connection.
+        self.security = security or ServerSecurity.from_options(broker.options)
         self.output = OutputBuffer(self._wake)
         self.session = Session(
             broker,
@@ -68,6 +92,11 @@ class TcpConnection:
         self._reader_scope = trio.CancelScope()
         self._heartbeat_interval = broker.options.default_heartbeat_interval
         self._next_heartbeat = trio.current_time() + self._heartbeat_interval
+        # Pausing the writer for a stream upgrade (one per connection at most).
+        self._pause_writer = False
+        self._writer_paused = trio.Event()
+        self._writer_resumed = trio.Event()
+        self._common_name = ""
 
     # -- what the broker sees (``lmqd.broker.Connection``) -------------------------------------
 
@@ -125,6 +154,13 @@ class TcpConnection:
         output = self.output
         receive = self.stream.receive_some
         while not session.closing:
+            if session.waiting is not None:
+                if not await self._serve(session.waiting):
+                    return
+                receive = self.stream.receive_some  # the stream may have been upgraded
+                if not session.resume(trio.current_time()):
+                    return
+                continue
             timeout = 2 * self._heartbeat_interval if self._heartbeat_interval > 0 else math.inf
             with trio.move_on_after(timeout) as scope:
                 try:
@@ -143,6 +179,64 @@ class TcpConnection:
             if output.pending_bytes > READ_PAUSE_WATER:
                 await self._drained.wait()
 
+    async def _serve(self, wait: Wait) -> bool:
+        """Do what the session waits for; False if the connection must end."""
+        if isinstance(wait, AuthQuery):
+            await self._query_auth(wait)
+            return True
+        return await self._upgrade(wait)
+
+    async def _query_auth(self, query: AuthQuery) -> None:
+        auth = self.security.auth
+        assert auth is not None, "the session asks only when auth is enabled"
+        state = None
+        try:
+            state = await auth.query(
+                remote_ip=split_address(self.remote_address)[0],
+                tls=self.session.tls_state is not None,
+                secret=query.secret,
+                common_name=self._common_name,
+            )
+        except AuthQueryError as exc:
+            log.warning("CLIENT(%s): AUTH failed: %s", self.remote_address, exc)
+        self.session.auth_answered(state)
+
+    async def _upgrade(self, upgrade: Upgrade) -> bool:
+        # The writer sends what is ready (the IDENTIFY answer, in plaintext) and parks.
+        self._pause_writer = True
+        self._wake_writer.set()
+        try:
+            await self._writer_paused.wait()
+            if self._writer_done:
+                return False
+            raw = self.stream
+            prefix = self.session.conn.take_unparsed()
+            try:
+                upgraded = await upgrade_stream(raw, prefix, upgrade, self.security.tls)
+            except UpgradeFailed as exc:
+                log.warning("CLIENT(%s): IDENTIFY upgrade failed: %s", self.remote_address, exc)
+                if exc.error is not None:
+                    with (
+                        trio.move_on_after(FAILED_UPGRADE_SEND_TIMEOUT),
+                        contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError),
+                    ):
+                        await raw.send_all(exc.error.frame())
+                return False
+            layers = ("TLS" if upgraded.tls else "", upgraded.codec_name)
+            log.info(
+                "CLIENT(%s): upgraded to %s",
+                self.remote_address,
+                " + ".join(layer for layer in layers if layer),
+            )
+            self.stream = upgraded.stream
+            self._common_name = upgraded.common_name
+            self.session.upgraded(upgraded.tls, upgraded.codec_name)
+            return True
+        finally:
+            # Success, failure or cancellation: the writer goes on (and ends if closing).
+            self._pause_writer = False
+            self._writer_resumed.set()
+
     async def _writer(self) -> None:
         session = self.session
         output = self.output
@@ -151,12 +245,25 @@ class TcpConnection:
                 if not output.has_ready:
                     if session.closing and not output.has_unsent:
                         return
-                    deadline = self._next_heartbeat if self._heartbeat_interval > 0 else math.inf
+                    if self._pause_writer:
+                        # Park for the upgrade once everything before it is out, durable
+                        # publishes held for their fsync included (they answer commands sent
+                        # before IDENTIFY, so they go in plaintext).
+                        if not output.has_unsent:
+                            self._writer_paused.set()
+                            await self._writer_resumed.wait()
+                            continue
+                        deadline = math.inf  # no heartbeat now: wait for the held frames
+                    elif self._heartbeat_interval > 0:
+                        deadline = self._next_heartbeat
+                    else:
+                        deadline = math.inf
                     with trio.move_on_at(deadline):
                         await self._wake_writer.wait()
                 self._wake_writer = trio.Event()
                 # nsqd's heartbeat is a ticker: it fires on time whatever else is being sent.
-                if self._heartbeat_interval > 0:
+                # No heartbeat may follow the IDENTIFY answer before an upgrade, in plaintext.
+                if self._heartbeat_interval > 0 and not self._pause_writer:
                     now = trio.current_time()
                     if now >= self._next_heartbeat:
                         output.write_now(HEARTBEAT_FRAME)
@@ -184,4 +291,5 @@ class TcpConnection:
             session.closing = True
             self._writer_done = True
             self._drained.set()
+            self._writer_paused.set()
             self._reader_scope.cancel()

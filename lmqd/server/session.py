@@ -6,6 +6,15 @@ applies them with plain calls: runs of consecutive PUB/MPUBs to one topic become
 everything else in order between the runs. Responses go to the connection's ``OutputBuffer``;
 the connection's I/O loops (``lmqd.server.connection``) only move bytes.
 
+Waiting for I/O without awaiting. Two things a command can need are not plain calls: the
+stream upgrade an IDENTIFY negotiates (TLS, snappy, deflate) and an answer from the auth servers
+(AUTH, or a cached answer whose ttl has passed when PUB/MPUB/DPUB/SUB is checked). The session
+then stops applying, keeps the commands not yet applied, and sets ``waiting`` to an ``Upgrade``
+or an ``AuthQuery``; the connection performs it, reports back (``upgraded``, ``auth_answered``)
+and calls ``resume``, which applies the kept commands and goes on parsing. The authorization
+check itself is a plain call on the cached answer (``lmqd.transport.auth.check_authorized``),
+done once per run of publishes to one topic, so there is no await per message.
+
 A subscribed session is the channel's ``Consumer``: its RDY window, message timeout and sample
 rate, and ``write_messages``, which turns a delivery round's messages into frames. While more
 than ``OUTPUT_HIGH_WATER`` bytes wait to be sent it reports an RDY window of 0 (stalled), so a
@@ -18,6 +27,8 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from functools import partial
+
+import attrs
 
 from lmqd.broker import Broker
 from lmqd.engine.backend import BackendError
@@ -51,6 +62,14 @@ from lmqd.protocol import (
 )
 from lmqd.server.output import Hold, OutputBuffer
 from lmqd.stats import ClientStats, PubCount
+from lmqd.transport.auth import (
+    AuthExpired,
+    AuthState,
+    auth_outcome,
+    auth_response_body,
+    check_authorized,
+)
+from lmqd.transport.tls import TLSState
 
 log = logging.getLogger("lmqd.server")
 
@@ -58,6 +77,33 @@ log = logging.getLogger("lmqd.server")
 # (it reports an RDY window of 0): a consumer that stops reading costs at most about this much
 # memory, instead of collecting every redelivery of its own timed-out messages.
 OUTPUT_HIGH_WATER = 4 * 1024 * 1024
+
+
+@attrs.frozen
+class Upgrade:
+    """IDENTIFY negotiated stream upgrades: TLS first, then at most one codec (nsqd's order)."""
+
+    tls: bool
+    snappy: bool
+    deflate: bool
+    deflate_level: int
+
+
+@attrs.frozen
+class AuthQuery:
+    """The session needs the auth servers' answer for ``secret``.
+
+    ``cmd`` is None for AUTH itself; otherwise the cached answer expired while checking ``cmd``
+    on ``topic`` (and ``channel`` for SUB), which is checked again on the new answer.
+    """
+
+    secret: bytes
+    cmd: str | None = None
+    topic: str = ""
+    channel: str | None = None
+
+
+Wait = Upgrade | AuthQuery
 
 
 class Session:
@@ -97,6 +143,16 @@ class Session:
         self.subscription: Subscription | None = None
         self.closing = False
         """Set once the connection must end: nothing more is read or applied."""
+        # Upgrades and AUTH (see the module docstring).
+        self.waiting: Wait | None = None
+        """What the connection must do before this session applies more commands."""
+        self._pending: list[Event] = []
+        self.auth_enabled = conn.limits.auth_required
+        self.auth_state: AuthState | None = None
+        self._auth_secret = b""
+        self.tls_state: TLSState | None = None
+        self.codec_name = ""
+        """``"snappy"`` or ``"deflate"`` once the stream is compressed."""
 
     # -- Consumer ----------------------------------------------------------------------------
 
@@ -138,6 +194,8 @@ class Session:
 
     def statistics(self) -> ClientStats:
         sub = self.subscription
+        tls = self.tls_state
+        auth = self.auth_state
         return ClientStats(
             client_id=self.client_id,
             hostname=self.hostname,
@@ -151,34 +209,96 @@ class Session:
             requeue_count=sub.requeue_count if sub is not None else 0,
             connect_ts=self.connect_ts,
             sample_rate=self.sample_rate,
-            deflate=False,
-            snappy=False,
+            deflate=self.codec_name == "deflate",
+            snappy=self.codec_name == "snappy",
             user_agent=self.user_agent,
-            tls=False,
-            tls_cipher_suite="",
-            tls_version="",
-            tls_negotiated_protocol="",
-            tls_negotiated_protocol_is_mutual=False,
+            tls=tls is not None,
+            tls_cipher_suite=tls.cipher_suite if tls else "",
+            tls_version=tls.version if tls else "",
+            tls_negotiated_protocol=tls.negotiated_protocol if tls else "",
+            tls_negotiated_protocol_is_mutual=tls.negotiated_protocol_is_mutual if tls else False,
             pub_counts=tuple(PubCount(topic=t, count=n) for t, n in self.pub_counts.items()),
+            authed=auth.has_authorizations if auth else None,
+            auth_identity=auth.identity if auth else None,
+            auth_identity_url=auth.identity_url if auth else None,
         )
 
     # -- applying commands -------------------------------------------------------------------
 
     def receive(self, data: bytes | bytearray, now: float) -> bool:
-        """Apply every complete command in what was received so far (``b""``: EOF); False once
-        the connection must end."""
+        """Apply every complete command in what was received so far (``b""``: EOF), until one
+        needs the connection (``waiting``); False once the connection must end."""
+        self.conn.receive_data(data)
+        if self.waiting is not None:
+            return not self.closing  # kept for ``resume``
+        return self._apply_parsed([], now)
+
+    def resume(self, now: float) -> bool:
+        """The connection did what ``waiting`` asked: apply the commands kept back, then every
+        complete command received since; False once the connection must end."""
+        self.waiting = None
+        if self.conn.upgrading:
+            self.conn.resume()
+        pending, self._pending = self._pending, []
+        return self._apply_parsed(pending, now)
+
+    def _apply_parsed(self, events: list[Event], now: float) -> bool:
         conn = self.conn
-        conn.receive_data(data)
         try:
             while True:
+                if events:
+                    self.apply(events, now)
+                if self.waiting is not None or self.closing:
+                    break
                 events = conn.next_events()
                 if not events:
                     break
-                self.apply(events, now)
         except ProtocolError as exc:
             self.fail(exc)
             return False
         return not self.closing
+
+    def _wait(self, events: Sequence[Event], event: Event, wait: Wait, *, after: bool) -> None:
+        """Stop applying at ``event`` (or just ``after`` it) until the connection did ``wait``."""
+        index = next(i for i, e in enumerate(events) if e is event)
+        self._pending = list(events[index + 1 if after else index :])
+        self.waiting = wait
+
+    def _auth_checked(self, cmd: str, topic: str, channel: str | None, now: float) -> bool:
+        """nsqd's ``CheckAuth`` on the cached answer: True if allowed, False if it expired (ask
+        again), ``ProtocolError`` (fatal) if refused."""
+        try:
+            check_authorized(self.auth_state, cmd, topic, channel, now)
+        except AuthExpired:
+            return False
+        return True
+
+    def upgraded(self, tls: TLSState | None, codec_name: str) -> None:
+        """The connection now runs through TLS and/or a codec (``Upgrade`` done)."""
+        if tls is not None:
+            self.tls_state = tls
+            self.conn.tls_established()
+        self.codec_name = codec_name
+
+    def auth_answered(self, state: AuthState | None) -> None:
+        """The auth servers' answer to ``waiting`` (None: none answered validly, which refuses:
+        ``E_AUTH_FAILED``). AUTH gets its JSON answer; a re-check goes on in ``resume``."""
+        query = self.waiting
+        assert isinstance(query, AuthQuery)
+        if state is None:
+            self.fail(errors.auth_failed())
+            return
+        self.auth_state = state
+        if query.cmd is None:
+            outcome = auth_outcome(state)
+            if outcome is not None:
+                self.fail(outcome)
+                return
+            self.output.write(encode_response(auth_response_body(state)))
+        elif not state.has_authorizations:
+            # nsqd re-asks inside the check: an answer that now grants nothing refuses the
+            # command itself (not "AUTH first").
+            self.fail(errors.auth_unauthorized(query.cmd, query.topic, query.channel or ""))
 
     def fail(self, exc: ProtocolError) -> None:
         """Answer a protocol error; a fatal one ends the connection."""
@@ -216,8 +336,12 @@ class Session:
             if isinstance(event, Pub | Mpub):
                 if fins or event.topic != pub_topic:
                     flush()
+                    kind = "PUB" if isinstance(event, Pub) else "MPUB"
+                    if self.auth_enabled and not self._auth_checked(kind, event.topic, None, now):
+                        self._wait(events, event, self._refresh(kind, event.topic), after=False)
+                        return
                     pub_topic = event.topic
-                    pub_kind = "PUB" if isinstance(event, Pub) else "MPUB"
+                    pub_kind = kind
                 if isinstance(event, Pub):
                     pub_bodies.append(event.body)
                 else:
@@ -235,14 +359,27 @@ class Session:
                 case Nop():
                     pass
                 case Dpub(topic=topic, defer_ms=defer_ms, body=body):
+                    if self.auth_enabled and not self._auth_checked("DPUB", topic, None, now):
+                        self._wait(events, event, self._refresh("DPUB", topic), after=False)
+                        return
                     self._publish("DPUB", topic, [body], defer_ms / 1000)
                     self._write_oks("DPUB", topic, 1)
                 case Sub(topic=topic, channel=channel):
+                    if self.auth_enabled and not self._auth_checked("SUB", topic, channel, now):
+                        wait = self._refresh("SUB", topic, channel)
+                        self._wait(events, event, wait, after=False)
+                        return
                     self._subscribe(topic, channel)
                 case Identify():
                     self._identify(event, now)
-                case Auth():
-                    raise errors.auth_disabled()
+                    if self.waiting is not None:
+                        return  # the parser stopped after it: nothing follows in ``events``
+                case Auth(secret=secret):
+                    if not self.auth_enabled:
+                        raise errors.auth_disabled()
+                    self._auth_secret = secret
+                    self._wait(events, event, AuthQuery(secret=secret), after=True)
+                    return
                 case Cls():
                     self.ready_count = 0
                     self.output.write(CLOSE_WAIT_FRAME)
@@ -287,6 +424,16 @@ class Session:
             self.output.write(encode_response(identify_response(settings, self.conn.limits)))
         else:
             self.output.write(OK_FRAME)
+        if settings.tls_v1 or settings.snappy or settings.deflate:
+            self.waiting = Upgrade(
+                tls=settings.tls_v1,
+                snappy=settings.snappy,
+                deflate=settings.deflate,
+                deflate_level=settings.deflate_level,
+            )
+
+    def _refresh(self, cmd: str, topic: str, channel: str | None = None) -> AuthQuery:
+        return AuthQuery(secret=self._auth_secret, cmd=cmd, topic=topic, channel=channel)
 
     def _subscribe(self, topic_name: str, channel_name: str) -> None:
         try:

@@ -10,33 +10,42 @@ import trio
 from lmqd.broker import Broker
 from lmqd.net import format_address, split_address
 from lmqd.server.connection import TcpConnection
+from lmqd.server.security import ServerSecurity
 
 log = logging.getLogger("lmqd.server")
 
 
 async def serve_tcp(
     broker: Broker,
+    security: ServerSecurity | None = None,
     *,
     task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Listen on ``--tcp-address`` and serve until cancelled; started = listening."""
+    """Listen on ``--tcp-address`` and serve until cancelled; started = listening.
+
+    ``security`` is the daemon's TLS context and auth servers (built from the options if None).
+    """
+    if security is None:
+        security = ServerSecurity.from_options(broker.options)
     host, port = split_address(broker.options.tcp_address, default_host="0.0.0.0")
     listeners = await trio.open_tcp_listeners(port, host=host)
     sockname = listeners[0].socket.getsockname()
     bound = (str(sockname[0]), int(sockname[1]))
     log.info("TCP: listening on %s", format_address(bound))
     task_status.started(bound)
-    await trio.serve_listeners(partial(_handle_connection, broker), listeners)
+    await trio.serve_listeners(partial(_handle_connection, broker, security), listeners)
 
 
-async def _handle_connection(broker: Broker, stream: trio.SocketStream) -> None:
+async def _handle_connection(
+    broker: Broker, security: ServerSecurity, stream: trio.SocketStream
+) -> None:
     try:
         peer = stream.socket.getpeername()
         remote = format_address((str(peer[0]), int(peer[1])))
     except OSError:  # already reset by the peer
         await stream.aclose()
         return
-    connection = TcpConnection(broker, stream, remote)
+    connection = TcpConnection(broker, stream, remote, security)
     try:
         await connection.serve()
     except Exception:

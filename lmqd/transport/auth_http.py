@@ -310,11 +310,15 @@ class AuthService:
 
 
 class ConnectionAuth:
-    """One TCP connection's AUTH: the secret, the cached answer, and nsqd's checks.
+    """One TCP connection's AUTH as a single awaitable object: the secret, the cached answer,
+    and nsqd's checks.
 
-    The connection creates it when auth is enabled and calls ``auth()`` for the AUTH command and
-    ``check()`` before PUB/MPUB/DPUB/SUB. Errors are ``ProtocolError`` with nsqd's codes, all
-    fatal: ``E_AUTH_FAILED`` (no valid answer), ``E_UNAUTHORIZED``, ``E_AUTH_FIRST``.
+    For code that may await per command (a simple server or a test); lmqd's own connections
+    keep the session trio-free instead: ``lmqd.server.session`` checks the cached answer with
+    the same ``check_authorized`` and asks ``AuthService.query`` through the connection when it
+    must. Call ``auth()`` for the AUTH command and ``check()`` before PUB/MPUB/DPUB/SUB.
+    Errors are ``ProtocolError`` with nsqd's codes, all fatal: ``E_AUTH_FAILED`` (no valid
+    answer), ``E_UNAUTHORIZED``, ``E_AUTH_FIRST``.
     ``check_nowait`` is the plain-def fast path for the command loop: it only needs an await
     (``refresh``) once per ttl.
     """

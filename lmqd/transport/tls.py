@@ -130,6 +130,16 @@ class ServerTLS:
     client_auth_policy: ClientAuthPolicy
     min_version: ssl.TLSVersion
     """The effective floor (``max(--tls-min-version, TLS_FLOOR)``)."""
+    https_context: ssl.SSLContext | None = None
+    """For the HTTPS listener, when it must differ from ``context`` (None: the same). With
+    ``require`` the TCP upgrade runs ``check_peer`` after the handshake, but the HTTP server
+    cannot, so HTTPS gets ``CERT_REQUIRED``: the handshake itself refuses a client without a
+    (verified) certificate, which is what ``require`` means here either way."""
+
+    @property
+    def http_context(self) -> ssl.SSLContext:
+        """The context the HTTPS listener serves with."""
+        return self.https_context or self.context
 
     @property
     def requires_client_certificate(self) -> bool:
@@ -156,19 +166,34 @@ def server_tls(
         raise TLSConfigError("--tls-cert and --tls-key must be given together")
     policy = parse_client_auth_policy(client_auth_policy)
     floor = max(parse_min_version(min_version), TLS_FLOOR)
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.minimum_version = floor
-    _load_cert_chain(context, cert_file, key_file, "--tls-cert", "--tls-key")
-    if policy is not ClientAuthPolicy.NONE:
-        if root_ca_file:
-            _load_ca_file(context, root_ca_file, "--tls-root-ca-file")
-        else:
-            # Go verifies client certificates against the system pool when ClientCAs is unset.
-            context.load_default_certs(ssl.Purpose.CLIENT_AUTH)
-        context.verify_mode = (
-            ssl.CERT_REQUIRED if policy is ClientAuthPolicy.REQUIRE_VERIFY else ssl.CERT_OPTIONAL
+
+    def make_context(verify_mode: ssl.VerifyMode) -> ssl.SSLContext:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.minimum_version = floor
+        _load_cert_chain(context, cert_file, key_file, "--tls-cert", "--tls-key")
+        if policy is not ClientAuthPolicy.NONE:
+            if root_ca_file:
+                _load_ca_file(context, root_ca_file, "--tls-root-ca-file")
+            else:
+                # Go verifies client certificates against the system pool without ClientCAs.
+                context.load_default_certs(ssl.Purpose.CLIENT_AUTH)
+            context.verify_mode = verify_mode
+        return context
+
+    if policy is ClientAuthPolicy.REQUIRE:
+        return ServerTLS(
+            context=make_context(ssl.CERT_OPTIONAL),
+            client_auth_policy=policy,
+            min_version=floor,
+            https_context=make_context(ssl.CERT_REQUIRED),
         )
-    return ServerTLS(context=context, client_auth_policy=policy, min_version=floor)
+    return ServerTLS(
+        context=make_context(
+            ssl.CERT_REQUIRED if policy is ClientAuthPolicy.REQUIRE_VERIFY else ssl.CERT_NONE
+        ),
+        client_auth_policy=policy,
+        min_version=floor,
+    )
 
 
 def server_tls_from_options(options: Options) -> ServerTLS | None:

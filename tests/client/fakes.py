@@ -60,7 +60,9 @@ class FakeDaemon:
     def __init__(self, address: str, stream: trio.abc.Stream) -> None:
         self.address = address
         self.stream = stream
-        self.codec = ServerConnection(Limits())
+        # The fake runs the upgrades itself (start_tls, start_compression): its parser must
+        # negotiate none, or it would stop after IDENTIFY waiting for lmqd's upgrade.
+        self.codec = ServerConnection(Limits(snappy_available=False, deflate_available=False))
         self.log: list[tuple[float, Event]] = []
         self._pending: list[Event] = []
         self.eof = False

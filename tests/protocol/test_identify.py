@@ -183,7 +183,11 @@ def test_nothing_is_negotiated_without_feature_negotiation() -> None:
 
 
 def test_nothing_is_negotiated_when_not_offered() -> None:
-    s = settings({"feature_negotiation": True, "tls_v1": True, "deflate": True, "snappy": True})
+    offers_none = Limits(deflate_available=False, snappy_available=False)
+    s = settings(
+        {"feature_negotiation": True, "tls_v1": True, "deflate": True, "snappy": True},
+        offers_none,
+    )
     assert (s.tls_v1, s.deflate, s.snappy) == (False, False, False)
 
 
@@ -381,5 +385,13 @@ def test_limits_from_options() -> None:
     assert custom.default_heartbeat_interval_ms == 4000
     assert (custom.max_msg_size, custom.max_body_size, custom.max_rdy_count) == (100, 1000, 50)
     assert (custom.max_output_buffer_size, custom.max_deflate_level) == (4096, 9)
-    # Not implemented yet: never offered, whatever the flags say.
-    assert not (custom.deflate_available or custom.snappy_available or custom.tls_available)
+    # The flags decide what IDENTIFY offers: compression by default, TLS with a certificate.
+    assert custom.deflate_available and custom.snappy_available
+    assert not (custom.tls_available or custom.tls_required or custom.auth_required)
+    off = Limits.from_options(Options(deflate=False, snappy=False, auth_http_addresses=("a:1",)))
+    assert not (off.deflate_available or off.snappy_available)
+    assert off.auth_required
+    tls = Limits.from_options(
+        Options(tls_cert="c.pem", tls_key="k.pem", tls_client_auth_policy="require")
+    )
+    assert tls.tls_available and tls.tls_required
