@@ -36,6 +36,7 @@ from typing import Any
 
 import attrs
 
+from lmqd.net import split_address
 from lmqd.options import LOG_LEVELS, Options
 
 __all__ = [
@@ -577,6 +578,16 @@ def resolve(
 
 def _check_nsqd_rules(options: Options) -> None:
     """nsqd.New's start-up checks that Options' own validators don't cover."""
+    for flag, address in (
+        ("tcp-address", options.tcp_address),
+        ("http-address", options.http_address),
+        ("https-address", options.https_address),
+    ):
+        if address or flag == "tcp-address":  # an empty HTTP(S) address: no such listener
+            try:
+                split_address(address, default_host="0.0.0.0")
+            except ValueError as exc:
+                raise ConfigError(f"--{flag}: {exc}") from None
     if options.tls_required != "false" and not (options.tls_cert and options.tls_key):
         raise ConfigError("cannot require TLS client connections without TLS key and cert")
     if options.auth_http_request_method not in ("get", "post"):

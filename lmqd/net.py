@@ -1,11 +1,14 @@
-"""Network addresses as lmq writes them: ``host:port``, ``[v6]:port`` — one parser, one formatter.
+"""Network addresses as lmq writes them (``host:port``, ``[v6]:port``) and listening on them.
 
-The daemon's listen flags, the HTTP API's answers, the clients' daemon lists and lmqadmin all go
-through these two functions, so an address means the same thing everywhere (nsqd's Go
-``net.SplitHostPort`` rules, plus a port range check Go does at listen time).
+The daemons' listen flags, the HTTP API's answers, the clients' daemon lists and lmqadmin all go
+through ``split_address`` / ``format_address``, so an address means the same thing everywhere
+(Go's ``net.SplitHostPort`` rules, plus the port range check Go does at listen time); lmqd's and
+lmqlookupd's listeners all bind through ``bind_listener``.
 """
 
 from __future__ import annotations
+
+import socket
 
 MAX_PORT = 65535
 
@@ -38,3 +41,36 @@ def format_address(address: tuple[str, int] | tuple[str, int, int, int]) -> str:
     """``(host, port)`` (or a socket's 4-tuple for IPv6) -> ``"host:port"`` / ``"[v6]:port"``."""
     host, port = address[0], address[1]
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+BACKLOG = socket.SOMAXCONN
+"""Listen backlog: Go's default, the kernel's limit (nsqd and nsqlookupd leave it so)."""
+
+
+def bind_listener(what: str, address: str) -> socket.socket:
+    """A listening TCP socket on ``address`` (port 0: any free port), bound before anything is
+    served so that port 0 works and a start-up fails as a whole, as Go's ``net.Listen``.
+
+    ``OSError`` worded as nsqd's: ``<what> listen (<address>) failed - <reason>`` (an address in
+    use, a host that is not this machine's); ``ValueError`` for a malformed address.
+    """
+    host, port = split_address(address, default_host="0.0.0.0")
+    try:
+        family, kind, proto, _, sockaddr = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        sock = socket.socket(family, kind, proto)
+    except OSError as exc:
+        raise OSError(exc.errno, f"{what} listen ({address}) failed - {exc.strerror}") from None
+    try:
+        # As Go's net.Listen: a restarted daemon may rebind while old connections linger.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(sockaddr)
+        sock.listen(BACKLOG)
+    except OSError as exc:
+        sock.close()
+        raise OSError(exc.errno, f"{what} listen ({address}) failed - {exc.strerror}") from None
+    except BaseException:
+        sock.close()
+        raise
+    return sock

@@ -18,6 +18,7 @@ queue is synced), and the data directory is released.
 
 from __future__ import annotations
 
+import errno
 import gc
 import logging
 import os
@@ -78,7 +79,15 @@ class LmqDaemon:
     def _hold_data_dir(self) -> AnchoredTimeBase:
         """Take the data directory (once) and return the time base stored deadlines use."""
         if self._lock is None:
-            os.makedirs(self.options.data_path, exist_ok=True)
+            path = self.options.data_path
+            try:
+                os.makedirs(path, exist_ok=True)
+            except FileExistsError:
+                raise NotADirectoryError(
+                    errno.ENOTDIR, f"--data-path {path}: not a directory"
+                ) from None
+            except OSError as exc:
+                raise OSError(exc.errno, f"--data-path {path}: {exc.strerror}") from None
             lock = DataDirLock(self.options.data_path)
             lock.acquire()  # DataDirLocked: another lmqd uses this data path
             self._lock = lock

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -441,3 +442,74 @@ def test_real_daemon_started_with_nsqd_flags(tmp_path: Path) -> None:
     warning = "WARNING: --statsd-address is accepted for nsqd compatibility and has no effect"
     assert [line.split(" ", 3)[3] for line in lines if "WARNING:" in line] == [warning]
     assert "Traceback" not in server.output()
+
+
+# -- what a user can get wrong: one line, an exit code, never a traceback (issue 17) -----------
+
+
+def _lmqd(tmp_path: Path, *flags: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "lmqd", f"--data-path={tmp_path / 'data'}", *flags],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def _one_error_line(proc: subprocess.CompletedProcess[str]) -> str:
+    assert "Traceback" not in proc.stderr, proc.stderr
+    errors = [
+        line for line in proc.stderr.splitlines() if "Error:" in line or "FATAL:" in line
+    ]
+    assert len(errors) == 1, proc.stderr
+    return errors[0]
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (
+            ("--tcp-address=127.0.0.1:99999",),
+            "Error: --tcp-address: invalid address '127.0.0.1:99999': port 99999 is out of range",
+        ),
+        (("--tcp-address=localhost",), "Error: --tcp-address: invalid address 'localhost'"),
+        (("--http-address=::1:4151",), "an IPv6 host needs brackets"),
+        (("--https-address=127.0.0.1:x",), "Error: --https-address: invalid address"),
+    ],
+)
+def test_a_bad_listen_address_is_one_line_and_exit_1(
+    tmp_path: Path, flags: tuple[str, ...], message: str
+) -> None:
+    proc = _lmqd(tmp_path, *flags)
+    assert proc.returncode == 1
+    assert message in _one_error_line(proc)
+
+
+def test_an_address_in_use_is_named(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        address = f"127.0.0.1:{taken.getsockname()[1]}"
+        proc = _lmqd(tmp_path, f"--tcp-address={address}", "--http-address=")
+    assert proc.returncode == 1
+    line = _one_error_line(proc)
+    assert f"TCP listen ({address}) failed - Address already in use" in line
+
+
+def test_an_http_address_in_use_is_named(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        address = f"127.0.0.1:{taken.getsockname()[1]}"
+        proc = _lmqd(tmp_path, "--tcp-address=127.0.0.1:0", f"--http-address={address}")
+    assert proc.returncode == 1
+    assert f"HTTP listen ({address}) failed - Address already in use" in _one_error_line(proc)
+
+
+def test_a_data_path_that_is_a_file_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "data").write_text("not a directory")
+    proc = _lmqd(tmp_path, "--tcp-address=127.0.0.1:0", "--http-address=")
+    assert proc.returncode == 1
+    assert "--data-path" in _one_error_line(proc) and "not a directory" in proc.stderr

@@ -17,7 +17,6 @@ from one ``tls.Config``. With ``--tls-required=true`` the plain listener answers
 from __future__ import annotations
 
 import logging
-import socket
 import ssl
 from typing import TYPE_CHECKING, cast
 
@@ -29,6 +28,7 @@ from hypercorn.utils import wrap_app
 
 from lmqd.httpapi.api import HttpApi
 from lmqd.httpapi.memory import track_gc_pauses
+from lmqd.net import bind_listener, format_address
 
 if TYPE_CHECKING:
     from lmqd.broker import Broker
@@ -36,30 +36,6 @@ if TYPE_CHECKING:
 __all__ = ["serve_http"]
 
 log = logging.getLogger("lmqd.httpapi")
-
-# nsqd leaves Go's default listen backlog (the kernel's somaxconn); this is hypercorn's default.
-BACKLOG = 100
-
-
-def _format(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-def _bind(host: str, port: int) -> socket.socket:
-    family, kind, proto, _, sockaddr = socket.getaddrinfo(
-        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-    )[0]
-    sock = socket.socket(family, kind, proto)
-    try:
-        # As Go's net.Listen does: a restarted daemon may rebind while old connections linger.
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(sockaddr)
-        sock.listen(BACKLOG)
-    except BaseException:
-        sock.close()
-        raise
-    return sock
-
 
 class _TLSConfig(Config):
     """hypercorn's Config serving TLS with the daemon's own context (hypercorn would build its
@@ -105,10 +81,7 @@ async def serve_http(
     ``tls``: serve HTTPS with this context. ``tls_required_https_port``: refuse every request
     with nsqd's ``TLS_REQUIRED`` answer naming that HTTPS port.
     """
-    from lmqd.net import split_address
-
-    host, port = split_address(address, default_host="0.0.0.0")
-    sock = _bind(host, port)
+    sock = bind_listener("HTTPS" if tls is not None else "HTTP", address)
     try:
         sockname = sock.getsockname()
         bound = (str(sockname[0]), int(sockname[1]))
@@ -130,7 +103,8 @@ async def serve_http(
                         task_status=task_status,
                     )
                 )
-                log.info("%s: listening on %s", "HTTP" if tls is None else "HTTPS", _format(*bound))
+                kind = "HTTP" if tls is None else "HTTPS"
+                log.info("%s: listening on %s", kind, format_address(bound))
                 task_status.started(bound)
     finally:
         sock.close()

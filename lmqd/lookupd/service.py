@@ -27,11 +27,10 @@ from hypercorn.utils import wrap_app
 from lmqd.lookup import IdentifyResponse
 from lmqd.lookupd.db import RegistrationDB
 from lmqd.lookupd.httpapi import LookupdHttpApi
-from lmqd.lookupd.listen import bind_tcp
 from lmqd.lookupd.options import NSQLOOKUPD_COMPAT_VERSION, LookupdOptions
 from lmqd.lookupd.tcp import TcpPeerHandler
 from lmqd.lookupd.views import Settings, Views
-from lmqd.net import format_address
+from lmqd.net import bind_listener, format_address
 
 __all__ = ["Addresses", "LookupDaemon"]
 
@@ -79,9 +78,9 @@ class LookupDaemon:
         """Bind both listening sockets now (``run`` does it if this was not called); OSError
         (``TCP listen (<address>) failed - <reason>``) if one cannot be bound."""
         if self._sockets is None:
-            tcp_sock = _bind("TCP", self.options.tcp_address)
+            tcp_sock = bind_listener("TCP", self.options.tcp_address)
             try:
-                http_sock = _bind("HTTP", self.options.http_address)
+                http_sock = bind_listener("HTTP", self.options.http_address)
             except BaseException:
                 tcp_sock.close()
                 raise
@@ -143,9 +142,3 @@ class LookupDaemon:
         self._cancel.cancel()
 
 
-def _bind(what: str, address: str) -> socket.socket:
-    try:
-        return bind_tcp(address)
-    except OSError as exc:
-        # nsqlookupd: "listen (0.0.0.0:4160) failed - listen tcp ...: bind: address in use".
-        raise OSError(exc.errno, f"{what} listen ({address}) failed - {exc.strerror}") from None

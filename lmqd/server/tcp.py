@@ -8,7 +8,7 @@ from functools import partial
 import trio
 
 from lmqd.broker import Broker
-from lmqd.net import format_address, split_address
+from lmqd.net import bind_listener, format_address
 from lmqd.server.connection import TcpConnection
 from lmqd.server.security import ServerSecurity
 
@@ -27,8 +27,8 @@ async def serve_tcp(
     """
     if security is None:
         security = ServerSecurity.from_options(broker.options)
-    host, port = split_address(broker.options.tcp_address, default_host="0.0.0.0")
-    listeners = await trio.open_tcp_listeners(port, host=host)
+    sock = bind_listener("TCP", broker.options.tcp_address)
+    listeners = [trio.SocketListener(trio.socket.from_stdlib_socket(sock))]
     sockname = listeners[0].socket.getsockname()
     bound = (str(sockname[0]), int(sockname[1]))
     log.info("TCP: listening on %s", format_address(bound))

@@ -17,9 +17,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.security.authserver_thread import auth_server, grant
 from tests.support.process import LmqdProcess as LmqdServer
 from tests.support.process import start_lmqd, stop_lmqd
-from tests.security.authserver_thread import auth_server, grant
 from tests.transport.certs import Certs, make_certs
 
 from .runner import run_client

@@ -10,9 +10,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from protocol_helpers import MAGIC, sized
 
 from lmqd.protocol import Identify, Limits, Nop, ProtocolError, Pub, ServerConnection
+
+from .feeding import MAGIC, sized
 
 OFFERS_ALL = Limits(tls_available=True)
 BEHIND = b"\x16\x03\x01\x02\x00 not a command\n PUB x\n"  # e.g. a TLS ClientHello

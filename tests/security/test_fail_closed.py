@@ -13,9 +13,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from tests.transport.certs import Certs, make_certs
 
 from lmqd import config
+from tests.transport.certs import Certs, make_certs
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 30

@@ -20,11 +20,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from lmqd.transport.compression import SnappyStream
 from tests.support.process import LmqdProcess as LmqdServer
 from tests.support.process import start_lmqd, stop_lmqd
 from tests.transport.certs import Certs, make_certs
-
-from lmqd.transport.compression import SnappyStream
 
 from .authserver_thread import auth_server, deny_all, publish_on
 

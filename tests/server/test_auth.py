@@ -19,14 +19,15 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from .secure_wire import MAGIC, WireClient, auth, command, pub
-from tests.transport.authserver import AuthRequest, FakeAuthServer, grant
-from tests.transport.certs import Certs, make_certs
 
 from lmqd.options import Options
 from lmqd.server import TcpConnection
 from lmqd.service import LmqDaemon
 from lmqd.transport.tls import client_context
+from tests.transport.authserver import AuthRequest, FakeAuthServer, grant
+from tests.transport.certs import Certs, make_certs
+
+from .secure_wire import MAGIC, WireClient, auth, command, pub
 
 TIMEOUT = 20
 

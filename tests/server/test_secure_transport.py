@@ -20,14 +20,15 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from .secure_wire import MAGIC, WireClient, command, identify, pub
-from tests.transport.certs import Certs, make_certs
 
 from lmqd.options import Options
 from lmqd.server import TcpConnection
 from lmqd.service import LmqDaemon
 from lmqd.transport.compression import DeflateStream, SnappyStream
 from lmqd.transport.tls import client_context
+from tests.transport.certs import Certs, make_certs
+
+from .secure_wire import MAGIC, WireClient, command, identify, pub
 
 TIMEOUT = 20
 
