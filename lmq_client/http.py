@@ -8,6 +8,7 @@ HTTP client would buy nothing. Works against lmqd and nsqd alike (both answer er
 
 from __future__ import annotations
 
+import http.client
 import json
 import urllib.error
 import urllib.parse
@@ -80,6 +81,11 @@ class HTTPClient:
             raise ConnectionFailed(address, f"HTTP API unreachable ({exc.reason})") from None
         except (TimeoutError, OSError) as exc:
             raise ConnectionFailed(address, f"HTTP API unreachable ({exc})") from None
+        except http.client.HTTPException as exc:
+            # Something answered, but not in HTTP: the daemon's TCP port, or not lmqd at all.
+            raise ConnectionFailed(
+                address, f"not an HTTP API ({type(exc).__name__}: {exc!s:.60}); is it the TCP port?"
+            ) from None
 
     def ping(self) -> str:
         """``/ping``: ``"OK"`` when healthy."""
@@ -124,7 +130,10 @@ class HTTPClient:
         try:
             result = json.loads(data)
         except ValueError:
-            raise LmqClientError(f"{self.address}: HTTP API answered with invalid JSON") from None
+            # lmqd's API answers JSON here: whatever answered is something else.
+            raise ConnectionFailed(
+                self.address, "not an lmqd HTTP API (the answer is not JSON)"
+            ) from None
         if not isinstance(result, dict):
             raise LmqClientError(f"{self.address}: HTTP API answered with unexpected JSON")
         return result

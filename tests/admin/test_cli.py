@@ -291,3 +291,39 @@ def test_console_script_module_entry(lmqd_module_server: LmqdProcess) -> None:
     )
     assert proc.returncode == 1
     assert "TOPIC_NOT_FOUND" in proc.stderr
+
+
+def test_the_wrong_port_or_not_lmqd_is_exit_3_in_one_line(
+    lmqd_module_server: LmqdProcess, tmp_path: Path
+) -> None:
+    server = lmqd_module_server
+    # --http-address pointed at the daemon's TCP port: it answers, but not in HTTP.
+    result = CliRunner().invoke(
+        cli, ["--http-address", server.tcp_address, "stats"], catch_exceptions=False
+    )
+    assert result.exit_code == 3
+    expected = f"lmqadmin: error: cannot reach the daemon at {server.tcp_address}"
+    assert result.stderr.startswith(expected)
+    assert "is it the TCP port?" in result.stderr and len(result.stderr.splitlines()) == 1
+    # An HTTP server that is not lmqd (it serves this directory's listing as HTML).
+    (tmp_path / "stats").write_text("<html>not lmqd</html>")
+    web = subprocess.Popen(
+        [sys.executable, "-m", "http.server", "0", "--bind", "127.0.0.1", "-d", str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert web.stdout is not None
+        line = web.stdout.readline()  # "Serving HTTP on 127.0.0.1 port N (...)"
+        port = line.split(" port ")[1].split()[0]
+        result = CliRunner().invoke(
+            cli, ["--http-address", f"127.0.0.1:{port}", "stats"], catch_exceptions=False
+        )
+    finally:
+        web.terminate()
+        web.wait(10)
+        if web.stdout is not None:
+            web.stdout.close()
+    assert result.exit_code == 3, result.output
+    assert "not an lmqd HTTP API" in result.stderr and len(result.stderr.splitlines()) == 1

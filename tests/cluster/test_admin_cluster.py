@@ -35,6 +35,15 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Daemon, 
         data = tmp_path_factory.mktemp("admin-cluster")
         for i in range(2):
             nodes.append(procs.lmqd(data / f"n{i}", f"--lookupd-tcp-address={lookupd.tcp}"))
+        # Registration is asynchronous: wait until the lookupd knows both nodes, or a command
+        # run at once may find only the first (lmqadmin acts on the nodes the lookupd lists).
+        wanted = sorted(n.tcp_port for n in nodes)
+
+        def ports() -> list[int]:
+            producers = http(lookupd.http, "GET", "/nodes")[1]["producers"]
+            return sorted(p["tcp_port"] for p in producers)
+
+        eventually(ports, lambda found: found == wanted, WITHIN_S)
         yield lookupd, nodes
     finally:
         for node in nodes:

@@ -58,7 +58,7 @@ def start(started: list[LmqdServer], tmp_path: Path, *flags: str) -> LmqdServer:
 def ports(server: LmqdServer) -> dict[str, int]:
     assert server.http_address is not None  # waits for the HTTP line, which comes last
     found = {}
-    for line in server.stderr_lines():
+    for line in server.output_lines():
         m = HARNESS_LINE.search(line)
         if m:
             found[m.group("protocol")] = int(m.group("port"))
@@ -237,7 +237,7 @@ def test_publish_on_one_topic_and_auth_server_down(
     assert wire.frame() == (1, b"E_AUTH_FAILED AUTH failed")
     assert wire.closed()
     wire.close()
-    assert any(f"AUTH({address}): failed" in line for line in server.stderr_lines())
+    assert any(f"AUTH({address}): failed" in line for line in server.output_lines())
 
 
 def test_bad_input_on_upgraded_connections_closes_them_and_the_daemon_carries_on(
