@@ -15,7 +15,7 @@ Value syntaxes are nsqd's (Go's ``flag`` package and ``mreiferson/go-options``):
   between digits, and (as in Go) a leading ``0`` means octal.
 - booleans: Go's ``strconv.ParseBool``: ``1 t T TRUE true True 0 f F FALSE false False``.
 
-Fail closed: ``inert`` is only for harmless settings (deprecated no-ops, statsd, queue-scan
+Fail closed: ``inert`` is only for harmless settings (deprecated no-ops, queue-scan
 tuning, experiments). Nothing that protects a connection -- TLS, client certificates,
 ``--tls-required``, auth servers -- may be accepted and ignored; those either work or stop lmqd
 (``tests/security`` holds both rules).
@@ -108,7 +108,6 @@ class Setting:
         return self.flag.replace("-", "_")
 
 
-_NO_STATSD = "lmqd does not push to statsd; scrape GET /metrics (Prometheus) instead"
 _NO_SCAN = "lmqd has no queue-scan workers: each channel wakes exactly at its next deadline"
 _EXPERIMENT = "nsqd master's topology-aware-consumption experiment is not implemented"
 
@@ -197,17 +196,17 @@ SETTINGS: tuple[Setting, ...] = (
             "maximum consumers per channel (0: unlimited)"),
     # -- statsd
     Setting("statsd-address", Kind.STRING, "statsd_address",
-            "UDP <addr>:<port> of a statsd daemon", inert=_NO_STATSD),
+            "UDP <addr>:<port> of a statsd daemon"),
     Setting("statsd-prefix", Kind.STRING, "statsd_prefix",
-            "prefix of statsd keys (%s for the host)", inert=_NO_STATSD),
+            "prefix of statsd keys (%s for the host)"),
     Setting("statsd-interval", Kind.DURATION, "statsd_interval",
-            "time between pushes to statsd", inert=_NO_STATSD),
+            "time between pushes to statsd"),
     Setting("statsd-mem-stats", Kind.BOOL, "statsd_mem_stats",
-            "send memory and GC stats to statsd", inert=_NO_STATSD),
+            "send memory and GC stats to statsd"),
     Setting("statsd-udp-packet-size", Kind.INT, "statsd_udp_packet_size",
-            "size in bytes of statsd UDP packets", inert=_NO_STATSD),
+            "size in bytes of statsd UDP packets"),
     Setting("statsd-exclude-ephemeral", Kind.BOOL, "statsd_exclude_ephemeral",
-            "leave ephemeral topics and channels out of statsd", inert=_NO_STATSD),
+            "leave ephemeral topics and channels out of statsd"),
     # -- end-to-end latency
     Setting("e2e-processing-latency-percentile", Kind.FLOAT_LIST,
             "e2e_processing_latency_percentiles",

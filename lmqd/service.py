@@ -35,6 +35,7 @@ from lmqd.options import Options
 from lmqd.registration import Registration
 from lmqd.server import serve_tcp
 from lmqd.server.security import ServerSecurity
+from lmqd.statsd_push import StatsdPusher
 from lmqd.storage import (
     AnchoredTimeBase,
     DataDirLock,
@@ -183,6 +184,8 @@ class LmqDaemon:
                 # IDENTIFY needs the bound ports; topics restored above are in its first
                 # REGISTERs, topics created from now on are its events.
                 await nursery.start(self.registration.run)
+                if self.options.statsd_address:
+                    await nursery.start(StatsdPusher(broker).run)
                 task_status.started(broker.addresses)
                 await self._shutdown.wait()
                 log.info("shutting down")

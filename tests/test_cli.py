@@ -324,7 +324,7 @@ def test_help_lists_flags_with_nsqd_defaults(daemon: FakeDaemon, flag: str) -> N
     assert "[default: 1m0s]" in text
     assert "[default: 0.0.0.0:4150]" in text
     assert '[default: "[lmqd] "]' in text
-    assert "--statsd-address TEXT UDP <addr>:<port> of a statsd daemon [no effect in lmqd]" in text
+    assert "--statsd-address TEXT UDP <addr>:<port> of a statsd daemon" in text
     assert daemon.calls == []
 
 
@@ -333,7 +333,7 @@ def test_help_lists_flags_with_nsqd_defaults(daemon: FakeDaemon, flag: str) -> N
 
 def test_inert_flags_warn_once_each_only_when_not_default(daemon: FakeDaemon) -> None:
     result = invoke(
-        "--statsd-address=127.0.0.1:8125",
+        "-queue-scan-selection-count=30",
         "-queue-scan-worker-pool-max=4",  # the default: no warning
         "-snappy",  # the default: no warning
         "-verbose",
@@ -342,7 +342,8 @@ def test_inert_flags_warn_once_each_only_when_not_default(daemon: FakeDaemon) ->
     )
     assert result.exit_code == 0, result.output
     warned = [m.group("flag") for m in map(WARNING_LINE.match, result.stderr.splitlines()) if m]
-    assert warned == ["verbose", "statsd-address"]  # --lookupd-tcp-address takes effect
+    # --lookupd-tcp-address and the statsd flags take effect
+    assert warned == ["verbose", "queue-scan-selection-count"]
 
 
 def test_log_lines_use_nsqd_format_prefix_and_level(daemon: FakeDaemon) -> None:
@@ -358,7 +359,7 @@ def test_log_lines_use_nsqd_format_prefix_and_level(daemon: FakeDaemon) -> None:
 
 
 def test_log_level_filters(daemon: FakeDaemon) -> None:
-    result = invoke("--log-level=error", "--statsd-address=x:1")
+    result = invoke("--log-level=error", "-verbose")
     assert result.exit_code == 0
     assert result.stderr == ""  # neither the warning nor the INFO line
 
@@ -424,7 +425,7 @@ def test_real_daemon_started_with_nsqd_flags(tmp_path: Path) -> None:
     args = [
         *("-tcp-address", "127.0.0.1:0", "-http-address=127.0.0.1:0"),
         *("-data-path", str(tmp_path), "-msg-timeout", "1m30s", "-snappy"),
-        *("-statsd-address=127.0.0.1:8125", "--log-prefix=[nsqd] "),
+        *("-queue-scan-selection-count=30", "--log-prefix=[nsqd] "),
     ]
     server = LmqdProcess(tmp_path, args, bare=True)
     try:
@@ -439,7 +440,9 @@ def test_real_daemon_started_with_nsqd_flags(tmp_path: Path) -> None:
         re.fullmatch(rf"\[nsqd\] {stamp} INFO: TCP: listening on 127\.0\.0\.1:\d+", line)
         for line in lines
     ), lines
-    warning = "WARNING: --statsd-address is accepted for nsqd compatibility and has no effect"
+    warning = (
+        "WARNING: --queue-scan-selection-count is accepted for nsqd compatibility and has no effect"
+    )
     assert [line.split(" ", 3)[3] for line in lines if "WARNING:" in line] == [warning]
     assert "Traceback" not in server.output()
 

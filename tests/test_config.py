@@ -301,14 +301,14 @@ def test_empty_data_path_means_the_current_directory(
 
 def test_inert_settings_warn_only_when_not_default() -> None:
     resolved = resolve(
-        {"statsd-address": "127.0.0.1:8125", "snappy": "true", "verbose": "true"},
+        {"queue-scan-selection-count": "30", "snappy": "true", "verbose": "true"},
         {"queue_scan_worker_pool_max": 4, "max_deflate_level": 9},
     )
     assert resolved.warnings() == [
         "--verbose is accepted for nsqd compatibility and has no effect",
-        "--statsd-address is accepted for nsqd compatibility and has no effect",
+        "--queue-scan-selection-count is accepted for nsqd compatibility and has no effect",
     ]
-    assert resolved.options.statsd_address == "127.0.0.1:8125"
+    assert resolved.options.queue_scan_selection_count == 30
     assert resolved.extras == {"verbose": True}
 
 

@@ -3,14 +3,15 @@
 The layers (docs/architecture.md, "The house"), lowest first::
 
     root      lmqd (the package root: versions), units
-    leaves    net, names, message, options, stats, gohttp
+    leaves    net, names, message, options, stats, gohttp, memory
     settings  config, logging_setup                   flags, TOML, nsqd's log format
     codecs    protocol, storage, lookup               sans-IO / trio-free codecs and storage
     engine    engine, transport                       queue logic on plain def; TLS, compression
                                                       and AUTH around the V2 codec
     broker    broker                                  what the network layers call
     metrics   metrics                                 the Prometheus collector over the broker
-    network   server, httpapi, lookupd, registration  I/O around the broker (lookupd: lmqlookupd;
+    network   server, httpapi, lookupd, registration, statsd_push
+                                                      I/O around the broker (lookupd: lmqlookupd;
                                                       registration: lmqd's, with the lookupds)
     service   service                                 runs everything
     entry     cli, then __main__
@@ -35,13 +36,13 @@ PACKAGE = ROOT / "lmqd"
 
 LAYERS: dict[str, int] = {
     **dict.fromkeys(("", "units"), 0),
-    **dict.fromkeys(("net", "names", "message", "options", "stats", "gohttp"), 1),
+    **dict.fromkeys(("net", "names", "message", "options", "stats", "gohttp", "memory"), 1),
     **dict.fromkeys(("config", "logging_setup"), 2),
     **dict.fromkeys(("protocol", "storage", "lookup"), 3),
     **dict.fromkeys(("engine", "transport"), 4),
     "broker": 5,
     "metrics": 6,
-    **dict.fromkeys(("server", "httpapi", "lookupd", "registration"), 7),
+    **dict.fromkeys(("server", "httpapi", "lookupd", "registration", "statsd_push"), 7),
     "service": 8,
     "cli": 9,
     "__main__": 10,

@@ -41,8 +41,8 @@ from lmqd.httpapi.asgi import (
     json_response,
 )
 from lmqd.httpapi.config_api import get_option, put_option
-from lmqd.httpapi.memory import MEMORY_KEYS, memory_stats
 from lmqd.httpapi.stats_text import format_stats
+from lmqd.memory import MEMORY_KEYS, memory_stats
 from lmqd.metrics import make_registry
 from lmqd.names import valid_name
 from lmqd.net import split_address

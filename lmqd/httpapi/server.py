@@ -27,7 +27,7 @@ from hypercorn.typing import ASGIFramework
 from hypercorn.utils import wrap_app
 
 from lmqd.httpapi.api import HttpApi
-from lmqd.httpapi.memory import track_gc_pauses
+from lmqd.memory import track_gc_pauses
 from lmqd.net import bind_listener, format_address
 
 if TYPE_CHECKING:

@@ -15,8 +15,8 @@ import pytest
 from lmqd.gohttp import QueryError, parse_query
 from lmqd.httpapi.asgi import go_json
 from lmqd.httpapi.config_api import get_option
-from lmqd.httpapi.memory import MEMORY_KEYS, _percentile, memory_stats, track_gc_pauses
 from lmqd.httpapi.stats_text import format_stats, go_duration, nanoseconds_to_human, rfc3339
+from lmqd.memory import MEMORY_KEYS, _percentile, memory_stats, track_gc_pauses
 from lmqd.options import Options
 from lmqd.stats import ChannelStats, E2eLatency, Percentile, TopicStats
 
