@@ -60,7 +60,7 @@ def test_go_flag_syntaxes_and_listening_lines() -> None:
             "node.example", process.tcp[1], process.http[1],
         )  # fmt: skip
         assert answer.version == "1.3.0"
-        lines = [line for line in process.lines if "listening on" in line]
+        lines = [line for line in process.output_lines() if "listening on" in line]
         assert lines[0].startswith("[lk] ") and " INFO: TCP: listening on 127.0.0.1:" in lines[0]
         assert " INFO: HTTP: listening on 127.0.0.1:" in lines[1]
     finally:

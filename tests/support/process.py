@@ -1,6 +1,7 @@
-"""``lmqd`` in a subprocess, for the tests and the bench scripts alike.
+"""``lmqd`` (and ``lmqlookupd``) in a subprocess, for the tests and the bench scripts alike.
 
-``LmqdProcess`` runs ``python -m lmqd`` from this checkout with this interpreter: TCP on
+``DaemonProcess`` runs any command of this checkout and reads its output; ``LmqdProcess`` runs
+``python -m lmqd`` from this checkout with this interpreter: TCP on
 127.0.0.1 port 0, HTTP too unless ``http=False``, data in ``data_path``, then the caller's flags
 (later flags win). A thread reads the daemon's output for its whole life -- a full pipe would
 block the daemon's logging, and so the daemon -- and takes the bound addresses from its
@@ -32,6 +33,7 @@ __all__ = [
     "REPO_ROOT",
     "SHUTDOWN_TIMEOUT_S",
     "STARTUP_TIMEOUT_S",
+    "DaemonProcess",
     "LmqdProcess",
     "LmqdStartError",
     "lmqadmin_command",
@@ -55,7 +57,7 @@ BENCH_SHUTDOWN_TIMEOUT_S = 120.0
 """The bench scripts' bound: their daemons may hold millions of messages in memory queues, all
 written to disk at SIGTERM."""
 
-_LISTENING = re.compile(r"(TCP|HTTP): listening on (\S+)")
+_LISTENING = re.compile(r"(TCP|HTTPS?): listening on (\S+)")
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -88,28 +90,16 @@ def load_average() -> str:
     return Path("/proc/loadavg").read_text().split()[0]
 
 
-class LmqdProcess:
-    """A ``python -m lmqd`` subprocess and everything it has logged so far.
+class DaemonProcess:
+    """A daemon subprocess (``args``, run in the checkout) and everything it has logged so far.
 
-    Construction starts the process and returns at once; ``wait_started()`` waits until it
-    listens (TCP, and HTTP when ``http``). Pass ``http=False`` rather than an ``--http-address=``
-    flag, so that no HTTP line is waited for. With ``bare``, ``flags`` are the whole command line
-    after ``python -m lmqd`` (for tests of the command line itself): no defaults are added.
+    Construction starts the process and returns at once; ``wait_started()`` waits until it has
+    logged a ``<KIND>: listening on <address>`` line for every kind in ``wanted`` (lmqd and
+    lmqlookupd log them as nsqd does).
     """
 
-    def __init__(
-        self,
-        data_path: str | os.PathLike[str],
-        flags: Sequence[str] = (),
-        *,
-        http: bool = True,
-        bare: bool = False,
-    ) -> None:
-        self.data_path = Path(data_path)
-        if bare:
-            self.args = [sys.executable, "-m", "lmqd", *flags]
-        else:
-            self.args = lmqd_command(data_path, flags, http=http)
+    def __init__(self, args: Sequence[str], *, wanted: Sequence[str] = ("TCP", "HTTP")) -> None:
+        self.args = list(args)
         self.process = subprocess.Popen(
             self.args,
             cwd=REPO_ROOT,
@@ -120,9 +110,9 @@ class LmqdProcess:
         self._lines: list[str] = []
         self._lock = threading.Lock()
         self._addresses: dict[str, str] = {}
-        self._wanted = {"TCP", "HTTP"} if http else {"TCP"}
+        self._wanted = set(wanted)
         self._listening = threading.Event()
-        self._reader = threading.Thread(target=self._read_output, name="lmqd-output", daemon=True)
+        self._reader = threading.Thread(target=self._read_output, name="daemon-output", daemon=True)
         self._reader.start()
 
     def _read_output(self) -> None:
@@ -145,25 +135,15 @@ class LmqdProcess:
             state = "exited" if self.process.poll() is not None else "still running"
             self.terminate()
             raise LmqdStartError(
-                f"lmqd did not log 'listening on' for {sorted(self._wanted)} within "
-                f"{timeout:.0f}s ({state}, exit code {self.process.returncode}); command "
-                f"{' '.join(self.args)}; output:\n{self.output()}"
+                f"{self.args[2] if len(self.args) > 2 else self.args[0]} did not log 'listening "
+                f"on' for {sorted(self._wanted)} within {timeout:.0f}s ({state}, exit code "
+                f"{self.process.returncode}); command {' '.join(self.args)}; output:\n"
+                f"{self.output()}"
             )
 
-    @property
-    def tcp_address(self) -> str:
-        """``"127.0.0.1:<port>"`` of the V2 TCP listener."""
-        return self._addresses["TCP"]
-
-    @property
-    def tcp_host_port(self) -> tuple[str, int]:
-        host, _, port = self.tcp_address.rpartition(":")
-        return host.strip("[]"), int(port)
-
-    @property
-    def http_address(self) -> str | None:
-        """``"127.0.0.1:<port>"`` of the HTTP API, or None if the daemon serves none."""
-        return self._addresses.get("HTTP")
+    def address(self, kind: str) -> str | None:
+        """Where it listens for ``kind`` (``"TCP"``, ``"HTTP"``, ``"HTTPS"``), if it does."""
+        return self._addresses.get(kind)
 
     @property
     def pid(self) -> int:
@@ -225,6 +205,61 @@ class LmqdProcess:
         if self.process.stdout is not None:
             self.process.stdout.close()
         return clean
+
+
+    def stop(self, timeout: float = SHUTDOWN_TIMEOUT_S) -> int:
+        """``terminate``, then the exit code."""
+        self.terminate(timeout)
+        return self.process.returncode
+
+    def check_stop(self) -> None:
+        """Stop; fail if it had died early, did not exit cleanly or logged a traceback."""
+        early = self.process.poll()
+        code = self.stop()
+        output = self.output()
+        assert early is None, f"exited before the end of the test ({early}):\n{output}"
+        assert code == 0, f"exit code {code}:\n{output}"
+        assert "Traceback" not in output, f"logged a traceback:\n{output}"
+
+
+class LmqdProcess(DaemonProcess):
+    """A ``python -m lmqd`` subprocess.
+
+    Construction starts the process and returns at once; ``wait_started()`` waits until it
+    listens (TCP, and HTTP when ``http``). Pass ``http=False`` rather than an ``--http-address=``
+    flag, so that no HTTP line is waited for. With ``bare``, ``flags`` are the whole command line
+    after ``python -m lmqd`` (for tests of the command line itself): no defaults are added.
+    """
+
+    def __init__(
+        self,
+        data_path: str | os.PathLike[str],
+        flags: Sequence[str] = (),
+        *,
+        http: bool = True,
+        bare: bool = False,
+    ) -> None:
+        self.data_path = Path(data_path)
+        if bare:
+            args = [sys.executable, "-m", "lmqd", *flags]
+        else:
+            args = lmqd_command(data_path, flags, http=http)
+        super().__init__(args, wanted=("TCP", "HTTP") if http else ("TCP",))
+
+    @property
+    def tcp_address(self) -> str:
+        """``"127.0.0.1:<port>"`` of the V2 TCP listener."""
+        return self._addresses["TCP"]
+
+    @property
+    def tcp_host_port(self) -> tuple[str, int]:
+        host, _, port = self.tcp_address.rpartition(":")
+        return host.strip("[]"), int(port)
+
+    @property
+    def http_address(self) -> str | None:
+        """``"127.0.0.1:<port>"`` of the HTTP API, or None if the daemon serves none."""
+        return self._addresses.get("HTTP")
 
 
 def start_lmqd(
