@@ -149,7 +149,7 @@ class Broker:
     def get_topic(self, name: str) -> Topic:
         """The topic called ``name``, created (and started) if it doesn't exist yet.
 
-        Raises ``BackendError`` if its disk queue cannot be opened.
+        Raises ``BackendError`` if its log cannot be opened.
         """
         topic = self.topics.get(name)
         if topic is None:
@@ -157,7 +157,7 @@ class Broker:
             topic = Topic(
                 name,
                 self.options,
-                backend=stores.topic_backend(name),
+                log=stores.topic_log(name),
                 channel_backend_factory=stores.channel_backend,
                 deferred_store_factory=stores.deferred_store,
                 on_deleted_ephemeral=self._forget_topic,

@@ -1,8 +1,9 @@
 """The message object shared by topics, channels, storage and the wire encoder.
 
-A message is created once per publish; the topic's pump gives each channel its own copy (the
-per-channel fields differ) that shares the same ``id``, ``timestamp`` and ``body`` object, so a
-body is never copied in memory however many channels a topic has.
+A message is created once per publish, with its offset in the topic's stream; each channel that
+delivers it makes its own copy (the per-channel fields differ) sharing the same ``id``,
+``timestamp`` and ``body`` object, so a body is never copied in memory however many channels a
+topic has.
 """
 
 from __future__ import annotations
@@ -47,10 +48,17 @@ class Message:
     """While in flight: trio time at which it times out."""
     delivered_at: float = 0.0
     """While in flight: trio time of this delivery (TOUCH never extends past it + max timeout)."""
+    offset: int = -1
+    """The message's offset in its topic's stream (``lmqd.engine.stream``); -1 for none. A
+    channel keeps it while the message holds its cursor's low-water mark (``--durable``), and
+    sets it to -1 once a copy elsewhere stands for it."""
 
     def copy(self) -> Message:
-        """A fresh per-channel copy: same id, timestamp, body object and deferral."""
-        return Message(self.id, self.body, self.timestamp, self.attempts, self.deliver_at)
+        """A fresh per-channel copy: same id, timestamp, body object, deferral and offset."""
+        return Message(
+            self.id, self.body, self.timestamp, self.attempts, self.deliver_at, 0, 0.0, 0.0,
+            self.offset,
+        )  # fmt: skip
 
     def __repr__(self) -> str:
         return (

@@ -28,6 +28,7 @@ import trio
 
 from lmqd.broker import BoundAddresses, Broker
 from lmqd.engine.stores import queues_to_open, restore_plan, stored_queue_names
+from lmqd.engine.topic import Topic
 from lmqd.options import Options
 from lmqd.server import serve_tcp
 from lmqd.storage import (
@@ -110,6 +111,7 @@ class LmqDaemon:
                     continue
                 channel = topic.get_channel(c.name)
                 channel.paused = c.paused
+            _restore_log_channels(topic)
         stores.close_unclaimed()
         log.info(
             "restored %d topic(s), %d channel(s) in %.2fs",
@@ -195,6 +197,19 @@ class LmqDaemon:
     def shutdown(self) -> None:
         """Ask ``run()`` to stop: listeners close, connections end, topics are closed."""
         self._shutdown.set()
+
+
+def _restore_log_channels(topic: Topic) -> None:
+    """Channels the topic's log has a cursor for but the metadata file does not list (created
+    just before a crash, or the file was damaged): they come back too, unpaused."""
+    for name in topic.stored_channel_names():
+        if name not in topic.channels:
+            log.warning(
+                "TOPIC(%s): channel(%s) not in the metadata file; restored from the log",
+                topic.name,
+                name,
+            )
+            topic.get_channel(name)
 
 
 async def _main(options: Options) -> None:
