@@ -1,6 +1,6 @@
 """The message object shared by topics, channels, storage and the wire encoder.
 
-A message is created once per publish, with its offset in the topic's stream; each channel that
+A message is created once per publish and stored once in its topic's stream; each channel that
 delivers it makes its own copy (the per-channel fields differ) sharing the same ``id``,
 ``timestamp`` and ``body`` object, so a body is never copied in memory however many channels a
 topic has.
@@ -49,9 +49,10 @@ class Message:
     delivered_at: float = 0.0
     """While in flight: trio time of this delivery (TOUCH never extends past it + max timeout)."""
     offset: int = -1
-    """The message's offset in its topic's stream (``lmqd.engine.stream``); -1 for none. A
-    channel keeps it while the message holds its cursor's low-water mark (``--durable``), and
-    sets it to -1 once a copy elsewhere stands for it."""
+    """The message's offset in its topic's stream (``lmqd.engine.stream``), on the copies a
+    channel reads from its topic's log; -1 for none (the published objects themselves: the
+    stream knows their offsets). A durable channel keeps it while the message holds its
+    cursor's low-water mark, and sets it to -1 once a copy in a store stands for it."""
 
     def copy(self) -> Message:
         """A fresh per-channel copy: same id, timestamp, body object, deferral and offset."""

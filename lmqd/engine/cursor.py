@@ -23,10 +23,10 @@ what keeps the log's segments from deletion (its low-water mark).
 
 **Copies.** The messages in the stream are shared (the log's tail cache and the memory tail
 hold one object per message for every channel), so a cursor hands out copies
-(``Message.copy``: same id, timestamp and body object, own attempts and flight fields) carrying
-their offset. The one exception is ``stream.exclusive``: the only channel of a topic takes the
-tail's objects themselves and the tail forgets them at once, so no other reader can see them
-changed.
+(``Message.copy``: same id, timestamp and body object, own attempts and flight fields; from the
+log, carrying their offset). The one exception: the last channel to read a message from the
+memory tail (every other cursor is past it) takes the object itself, and the tail forgets it at
+once, so no other reader can see it changed; a topic with one channel copies nothing.
 
 **Deferred messages** are pushed to the channels by the topic's pump, so a cursor steps over
 them (settling them: their copies are elsewhere), except in a range it is replaying
@@ -190,14 +190,21 @@ class ChannelCursor:
         stream = self.stream
         pos = self.position
         msgs = stream.tail.slice(pos, min(want, end - pos))
-        self.position = after = pos + len(msgs)
+        after = pos + len(msgs)
+        self.position = after
+        # The messages every other channel has read already, no channel reads after this one:
+        # it takes the objects themselves and the tail forgets them at once (so nobody can see
+        # them changed); of the others it takes copies.
+        others = min((c.position for c in stream.cursors if c is not self), default=after)
+        own = min(max(others - pos, 0), len(msgs))
+        if own < len(msgs):
+            msgs = msgs[:own] + [m.copy() for m in msgs[own:]]
         if stream.deferred_between(max(pos, self.replay_until), after):
             replay = self.replay_until
-            msgs = [m for m in msgs if not m.deliver_at or m.offset < replay]
-        if stream.exclusive:
-            stream.trim()  # nobody else reads them: the originals are this channel's now
-            return msgs
-        return [m.copy() for m in msgs]
+            msgs = [m for k, m in enumerate(msgs, pos) if not m.deliver_at or k < replay]
+        if own:
+            stream.trim()
+        return msgs
 
     # -- moving ------------------------------------------------------------------------------
 

@@ -105,9 +105,6 @@ class TopicStream:
         """The channels' cursors (``cursor.py``): what ``trim`` and ``prepare_sync`` look at."""
         self.deferred: list[int] = []
         """Offsets of the deferred (DPUB) messages not yet passed by every cursor, sorted."""
-        self.exclusive = False
-        """Set by the topic while exactly one channel reads the stream (and the tail is in
-        use): that channel may take the tail's message objects themselves, not copies."""
         self.dropped_count = 0
         """Messages dropped because the tail was full (no log)."""
         self.wrote_backend = False
@@ -240,16 +237,24 @@ class TopicStream:
             out += tail.slice(max(start, tail.start), end - max(start, tail.start))
         return out
 
-    def message_at(self, offset: int) -> Message | None:
-        """The message at ``offset`` (shared, read-only); None if it is not stored."""
+    def messages_at(self, offsets: Sequence[int]) -> list[Message]:
+        """Copies of the messages at ``offsets``, each carrying its offset (those not stored,
+        lost to damage, left out). For the few deferred messages of a pump batch."""
+        out: list[Message] = []
         tail = self.tail
-        if tail.start <= offset < tail.end:
-            return tail.slice(offset, 1)[0]
-        if self.log is not None and offset < tail.start:
-            got = self.log.read_range(offset, 1)
-            if got and got[0][0] == offset:
-                return got[0][1]
-        return None
+        for offset in offsets:
+            if tail.start <= offset < tail.end:
+                m = tail.slice(offset, 1)[0].copy()
+            elif self.log is not None and offset < tail.start:
+                got = self.log.read_range(offset, 1)
+                if not got or got[0][0] != offset:
+                    continue
+                m = got[0][1].copy()
+            else:
+                continue
+            m.offset = offset
+            out.append(m)
+        return out
 
     def take_pump_batch(self, count: int) -> tuple[int, int, list[int]]:
         """Hand up to ``count`` more messages to the channels: (start, end, offsets of the

@@ -140,45 +140,29 @@ class Topic:
     # -- publishing --------------------------------------------------------------------------
 
     def publish(self, bodies: Sequence[bytes], now: float, defer: float = 0.0) -> list[Message]:
-        """Make messages of ``bodies`` (new ids, one wall-clock timestamp, the next offsets)
-        and store them.
+        """Make messages of ``bodies`` (new ids, one wall-clock timestamp) and store them at
+        the next offsets.
 
         ``defer`` > 0 (seconds, DPUB) sets ``deliver_at = now + defer``. Raises
         ``TopicExiting``, or ``BackendError`` having stored none of them.
         """
         if self.exiting:
             raise TopicExiting(f"topic {self.name} is exiting")
-        n = len(bodies)
-        ids = self._guid.new_ids(n)
+        ids = self._guid.new_ids(len(bodies))
         ts = time.time_ns()
         deliver_at = now + defer if defer > 0 else 0.0
-        first = self.stream.next_offset
-        # map() calls the constructor without a Python-level loop: ~25% less per message.
-        messages = list(
-            map(
-                Message,
-                ids,
-                bodies,
-                repeat(ts),
-                repeat(0),
-                repeat(deliver_at),
-                repeat(0),
-                repeat(0.0),
-                repeat(0.0),
-                range(first, first + n),
-            )
-        )
+        # map() calls the constructor without a Python-level loop: ~25% less per message. The
+        # offsets are not set on the objects (~20% more per message): the stream knows them,
+        # and the copies channels read from the log carry theirs.
+        messages = list(map(Message, ids, bodies, repeat(ts), repeat(0), repeat(deliver_at)))
         self._put(messages, sum(map(len, bodies)), deliver_at > 0)
         return messages
 
     def put_many(self, messages: Sequence[Message]) -> None:
-        """Store already-built messages (they take the next offsets). All or none: raises
+        """Store already-built messages (at the next offsets). All or none: raises
         ``TopicExiting``, or ``BackendError`` having stored none of them."""
         if self.exiting:
             raise TopicExiting(f"topic {self.name} is exiting")
-        first = self.stream.next_offset
-        for k, m in enumerate(messages):
-            m.offset = first + k
         self._put(messages, sum(len(m.body) for m in messages), any(m.deliver_at for m in messages))
 
     @property
@@ -188,10 +172,13 @@ class Topic:
 
     def _put(self, messages: Sequence[Message], nbytes: int, deferred: bool) -> None:
         stream = self.stream
+        first = stream.next_offset
         stream.append(messages)  # raises BackendError having stored none
         if deferred:
-            kept = stream.next_offset
-            stream.note_deferred([m.offset for m in messages if m.deliver_at and m.offset < kept])
+            kept = stream.next_offset - first  # an ephemeral topic may have dropped the rest
+            stream.note_deferred(
+                [first + k for k, m in enumerate(messages[:kept]) if m.deliver_at]
+            )
         self.message_count += len(messages)
         self.message_bytes += nbytes
         if stream.wrote_backend and self._syncer is not None:
@@ -227,7 +214,7 @@ class Topic:
         for channel in readers:
             channel.message_count += end - start
         if deferred_at and readers:
-            deferred = [m for at in deferred_at if (m := stream.message_at(at)) is not None]
+            deferred = stream.messages_at(deferred_at)
             for channel in readers:
                 self._push_deferred(channel, deferred, now)
         if pushed:
@@ -245,6 +232,7 @@ class Topic:
         stream.trim()
 
     def _push_deferred(self, channel: Channel, deferred: list[Message], now: float) -> None:
+        """Copies of the batch's deferred messages (with their offsets) to one channel."""
         copies = [m.copy() for m in deferred]
         if not channel.durable:
             channel.push_deferred(copies, now)
@@ -284,13 +272,6 @@ class Topic:
         if error is None and not self.exiting:
             for offset in offsets:
                 self.stream.unpin(offset)
-
-    def _update_exclusive(self) -> None:
-        channels = self.channels.values()
-        readers = sum(1 for c in channels if c.cursor is not None)
-        self.stream.exclusive = (
-            readers == 1 and readers == len(self.channels) and not self.stream.write_through
-        )
 
     # -- channels ----------------------------------------------------------------------------
 
@@ -332,7 +313,6 @@ class Topic:
             durable=durable,
         )
         self.channels[name] = channel
-        self._update_exclusive()
         log.info("TOPIC(%s): new channel(%s)", self.name, name)
         if not channel.ephemeral and self._on_change is not None:
             self._on_change()
@@ -356,7 +336,6 @@ class Topic:
         topic left without channels deletes itself and tells ``on_deleted_ephemeral``."""
         channel = self.channels.pop(name)
         channel.delete()
-        self._update_exclusive()
         log.info("TOPIC(%s): deleted channel(%s)", self.name, name)
         if not channel.ephemeral and self._on_change is not None:
             self._on_change()
