@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import struct
 import time
+from collections.abc import Iterable
 from itertools import chain
 
 import attrs
@@ -116,3 +117,43 @@ class GuidFactory:
 
     def new_id(self) -> bytes:
         return self.new_ids(1)[0]
+
+
+READ_FRAME = struct.Struct(">IqqH16s")
+"""A message as lmqd's ``GET /topic/read`` sends it (docs/http.md): size (the bytes after this
+field: 34 + the body's), offset, timestamp (ns since the epoch), attempts, id; then the body.
+NSQ's message frame with the offset added, so a reader can resume exactly where it stopped."""
+
+READ_CONTENT_TYPE = "application/x-lmq-messages"
+
+
+def encode_read_frames(entries: Iterable[tuple[int, Message]]) -> bytes:
+    """``(offset, message)`` pairs as ``READ_FRAME``\\ s, concatenated."""
+    pack = READ_FRAME.pack
+    fixed = READ_FRAME.size - 4
+    parts: list[bytes] = []
+    for offset, m in entries:
+        body = m.body
+        parts.append(pack(fixed + len(body), offset, m.timestamp, m.attempts, m.id))
+        parts.append(body)
+    return b"".join(parts)
+
+
+def decode_read_frames(data: bytes) -> list[tuple[int, Message]]:
+    """The ``(offset, message)`` pairs of ``encode_read_frames``; raises ``ValueError`` if the
+    data is not framed so."""
+    out: list[tuple[int, Message]] = []
+    header = READ_FRAME.size
+    unpack = READ_FRAME.unpack_from
+    pos = 0
+    end = len(data)
+    while pos < end:
+        if pos + header > end:
+            raise ValueError("truncated read frame")
+        size, offset, ts, attempts, msg_id = unpack(data, pos)
+        stop = pos + 4 + size
+        if size < header - 4 or stop > end:
+            raise ValueError("malformed read frame")
+        out.append((offset, Message(msg_id, data[pos + header : stop], ts, attempts)))
+        pos = stop
+    return out

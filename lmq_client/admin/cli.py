@@ -318,21 +318,46 @@ def topic(settings: Settings, action: str, topic: str) -> None:
         _emit_json({"action": action, "topic": topic, "nodes": settings.http})
 
 
+POSITION_HELP = "earliest, latest, an RFC 3339 time, Unix milliseconds or offset:N (lmqd)."
+
+
 @cli.command()
-@click.argument("action", type=click.Choice(ACTIONS))
+@click.argument("action", type=click.Choice((*ACTIONS, "seek")))
 @click.argument("topic", callback=_name("topic"))
 @click.argument("channel", callback=_name("channel"))
+@click.option("--from", "start", metavar="POS",
+              help=f"create: where the channel starts reading: {POSITION_HELP}")
+@click.option("--to", metavar="POS",
+              help=f"seek: where the channel reads from next: {POSITION_HELP}")
 @json_option
 @click.pass_obj
 @handle_errors
-def channel(settings: Settings, action: str, topic: str, channel: str) -> None:
-    """create | delete | empty | pause | unpause a channel, on every daemon."""
+def channel(
+    settings: Settings, action: str, topic: str, channel: str, start: str | None, to: str | None
+) -> None:
+    """create | delete | empty | pause | unpause | seek a channel, on every daemon."""
+    if start is not None and action != "create":
+        raise click.UsageError("--from goes with create")
+    if (to is not None) != (action == "seek"):
+        raise click.UsageError("seek needs --to (and only seek takes it)")
+    offsets: dict[str, int] = {}
     for client in settings.http_clients():
-        client.channel_action(action, topic, channel)
+        if to is not None:
+            offsets[client.address] = offset = client.channel_seek(topic, channel, to)
+            if not settings.as_json:
+                click.echo(f"channel {topic}/{channel} on {client.address} reads from offset "
+                           f"{offset}")
+            continue
+        client.channel_action(action, topic, channel, start=start)
         if not settings.as_json:
             click.echo(f"{_PAST[action]} channel {topic}/{channel} on {client.address}")
     if settings.as_json:
-        _emit_json({"action": action, "topic": topic, "channel": channel, "nodes": settings.http})
+        result: dict[str, Any] = {
+            "action": action, "topic": topic, "channel": channel, "nodes": settings.http,
+        }
+        if to is not None:
+            result["offsets"] = offsets
+        _emit_json(result)
 
 
 # -- pub ---------------------------------------------------------------------------------------
@@ -423,6 +448,8 @@ def pub(
               help="Channel to consume from [default: tail<random>#ephemeral].")
 @click.option("--max-in-flight", default=200, show_default=True, type=click.IntRange(min=1))
 @click.option("--print-topic", is_flag=True, help="Prefix each message with 'TOPIC: '.")
+@click.option("--from", "start", metavar="POS",
+              help=f"Read the stored topic from POS on, consuming nothing: {POSITION_HELP}")
 @json_option
 @click.pass_obj
 @handle_errors
@@ -433,8 +460,18 @@ def tail(
     channel: str | None,
     max_in_flight: int,
     print_topic: bool,
+    start: str | None,
 ) -> None:
-    """Print a topic's messages as they arrive, one per line (like nsq_tail)."""
+    """Print a topic's messages as they arrive, one per line (like nsq_tail); with --from, the
+    messages stored from there on, then the new ones (lmqd)."""
+    if start is not None:
+        if channel is not None:
+            raise click.UsageError("--from reads the topic itself, not a channel")
+        try:
+            _tail_from(settings, topic, start, count, print_topic)
+        except KeyboardInterrupt:
+            sys.exit(0)
+        return
     if channel is None:
         suffix = "".join(random.choices(string.ascii_lowercase + string.digits, k=6))
         channel = f"tail{suffix}#ephemeral"
@@ -442,6 +479,52 @@ def tail(
         trio.run(_tail, settings, topic, channel, count, max_in_flight, print_topic)
     except KeyboardInterrupt:
         sys.exit(0)
+
+
+TAIL_POLL_S = 0.2
+"""How long ``tail --from`` waits before it asks again once it has read everything stored: a
+human watching a terminal does not notice it, and a daemon answers the poll in microseconds."""
+
+
+def _tail_from(
+    settings: Settings, topic: str, start: str, count: int | None, print_topic: bool
+) -> None:
+    """``tail --from``: read every node's topic by offset (``/topic/read``), round robin."""
+    out = sys.stdout.buffer
+    prefix = f"{topic}: ".encode() if print_topic else b""
+    clients = settings.http_clients()
+    positions = {c.address: int(c.topic_offsets(topic, at=start)["offset"]) for c in clients}
+    seen = 0
+    while True:
+        idle = True
+        for client in clients:
+            want = 1000 if count is None else min(1000, count - seen)
+            messages, following = client.read(topic, positions[client.address], want)
+            positions[client.address] = following
+            for m in messages:
+                idle = False
+                if settings.as_json:
+                    out.write(json.dumps({
+                        "topic": topic, "node": client.address, "offset": m.offset,
+                        "id": m.id.decode("ascii", "replace"), "timestamp": m.timestamp,
+                        "attempts": m.attempts, **_json_body(m.body),
+                    }).encode() + b"\n")
+                else:
+                    out.write(prefix + m.body + b"\n")
+                seen += 1
+                if count is not None and seen >= count:
+                    out.flush()
+                    return
+            out.flush()
+        if idle:
+            time.sleep(TAIL_POLL_S)
+
+
+def _json_body(body: bytes) -> dict[str, str]:
+    try:
+        return {"body": body.decode("utf-8")}
+    except UnicodeDecodeError:
+        return {"body_base64": base64.b64encode(body).decode()}
 
 
 async def _tail(
@@ -468,13 +551,10 @@ async def _tail(
             raise ConnectionFailed(", ".join(settings.tcp), "no daemon accepted the subscription")
         async for message in consumer:
             if settings.as_json:
-                try:
-                    body: dict[str, str] = {"body": message.body.decode("utf-8")}
-                except UnicodeDecodeError:
-                    body = {"body_base64": base64.b64encode(message.body).decode()}
                 line = json.dumps({
                     "topic": topic, "id": message.id.decode("ascii", "replace"),
-                    "timestamp": message.timestamp, "attempts": message.attempts, **body,
+                    "timestamp": message.timestamp, "attempts": message.attempts,
+                    **_json_body(message.body),
                 }).encode()
                 out.write(line + b"\n")
             else:

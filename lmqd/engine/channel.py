@@ -868,6 +868,17 @@ class Channel:
             # What the topic has handed on is this channel's queue: it now reads from the end.
             self.cursor.seek(self.cursor.stream.pumped)
 
+    def seek(self, offset: int) -> int:
+        """Read the topic's stream from ``offset`` on (clamped to what is stored): a replay, or
+        a jump ahead. In-flight, requeued and deferred messages stay and settle as usual.
+        Returns the new position. Raises ``ValueError`` for a channel without a cursor
+        (ephemeral: nothing of it is stored)."""
+        if self.cursor is None:
+            raise ValueError(f"channel {self.topic_name}:{self.name} has no stored stream")
+        position = self.cursor.seek(offset)
+        self._request_delivery()
+        return position
+
     def close(self) -> bool:
         """Shut down: stop the timer and write memory, in-flight and deferred messages (with
         their ``deliver_at`` and attempts) to the backend, then close it. Idempotent.

@@ -58,6 +58,29 @@ log = logging.getLogger("lmqd.topic")
 TOPIC_CURSOR = "#topic"
 """The log cursor holding the topic's ``pumped`` offset (``#`` is in no valid channel name)."""
 
+READ_CHUNK = 256
+"""Messages ``read_entries`` takes from the log per step while it watches its byte budget: a
+step of 100-byte messages is one read-ahead of the log's reader."""
+
+
+def _take_within(
+    out: list[tuple[int, Message]], got: list[tuple[int, Message]], budget: int
+) -> int:
+    """Append ``got`` to ``out`` while the bodies fit ``budget`` bytes (-1: no limit; the first
+    message always goes); returns the budget left (0: full)."""
+    if budget < 0:
+        out.extend(got)
+        return budget
+    for entry in got:
+        size = len(entry[1].body)
+        if out and size > budget:
+            return 0
+        out.append(entry)
+        budget = max(budget - size, 0)
+        if budget == 0:
+            return 0
+    return budget
+
 
 class StreamCursor(Protocol):
     """What the stream needs of its channels' cursors (``cursor.ChannelCursor``)."""
@@ -143,6 +166,63 @@ class TopicStream:
         if self.log is None:
             return 0
         return max(min(self.tail.start, self.next_offset) - self.pumped, 0)
+
+    @property
+    def earliest_offset(self) -> int:
+        """The oldest offset stored (the log's, else the tail's)."""
+        if self.log is not None and self.log.earliest_offset < self.tail.start:
+            return self.log.earliest_offset
+        return self.tail.start
+
+    def offset_for_time(self, ts_ns: int) -> int:
+        """The offset of the first message stored whose timestamp is at or after ``ts_ns``
+        (the log's index, then the memory tail); ``next_offset`` if there is none."""
+        tail = self.tail
+        if self.log is not None:
+            found = self.log.offset_for_time(ts_ns)
+            if found < self.log.next_offset and found < tail.start:
+                return found
+        for k, m in enumerate(tail.slice(tail.start, len(tail))):
+            if m.timestamp >= ts_ns:
+                return tail.start + k
+        return self.next_offset
+
+    def read_entries(
+        self, start: int, count: int, end: int | None = None, max_bytes: int | None = None
+    ) -> tuple[list[tuple[int, Message]], int]:
+        """Up to ``count`` messages from ``start`` on (or the earliest stored), below ``end``,
+        with their offsets, and the offset to read on from. Consumes nothing; the messages are
+        shared: read-only. ``max_bytes`` of bodies stops the read early (at least one message
+        is returned). For tools (``GET /topic/read``, the Spark source)."""
+        stop = self.next_offset if end is None else min(end, self.next_offset)
+        position = max(start, self.earliest_offset)
+        out: list[tuple[int, Message]] = []
+        budget = max_bytes if max_bytes is not None else -1
+        tail = self.tail
+        log = self.log
+        if log is not None and position < tail.start and position < stop:
+            reader = log.open_reader(position)
+            try:
+                while len(out) < count and budget != 0:
+                    got = reader.read_many(
+                        min(count - len(out), READ_CHUNK), min(stop, tail.start)
+                    )
+                    if not got:
+                        break
+                    budget = _take_within(out, got, budget)
+                position = max(reader.position, position)
+                if out:
+                    position = out[-1][0] + 1
+                elif position >= log.next_offset:
+                    position = min(tail.start, stop)  # never written: read from memory
+            finally:
+                reader.close()
+        if tail.start <= position < stop and len(out) < count and budget != 0:
+            msgs = tail.slice(position, min(count - len(out), stop - position))
+            _take_within(out, list(enumerate(msgs, position)), budget)
+            if out:
+                position = max(position, out[-1][0] + 1)
+        return out, position
 
     def deferred_between(self, start: int, end: int) -> int:
         """Deferred messages known in ``[start, end)`` (``deferred``)."""
