@@ -136,6 +136,13 @@ class HTTPClient:
             params["from"] = start
         self.request("POST", f"/channel/{action}", params)
 
+    def topic_policy(self, topic: str, changes: Mapping[str, int] | None = None) -> dict[str, Any]:
+        """GET (or, with ``changes``, POST) ``/topic/policy`` (lmqd): the topic's policy."""
+        if not changes:
+            return self._json(self.request("GET", "/topic/policy", {"topic": topic}))
+        body = json.dumps(dict(changes)).encode()
+        return self._json(self.request("POST", "/topic/policy", {"topic": topic}, body))
+
     def channel_seek(self, topic: str, channel: str, to: str) -> int:
         """POST ``/channel/seek`` (lmqd): move a channel's cursor; the offset it now reads."""
         answer = self._json(

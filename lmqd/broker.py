@@ -116,7 +116,8 @@ class Broker:
     # -- metadata ----------------------------------------------------------------------------
 
     def metadata(self) -> Metadata:
-        """What the metadata file should say now (durable topics and channels, paused flags)."""
+        """What the metadata file should say now (durable topics and channels, paused flags,
+        topic policies)."""
         return Metadata(
             tuple(
                 TopicMetadata(
@@ -127,6 +128,7 @@ class Broker:
                         for c in t.channels.values()
                         if not c.ephemeral
                     ),
+                    tuple(sorted(t.policy_settings.items())),
                 )
                 for t in self.topics.values()
                 if not t.ephemeral

@@ -302,14 +302,76 @@ _PAST = {"create": "created", "delete": "deleted", "empty": "emptied", "pause": 
          "unpause": "unpaused"}
 
 
+_DURATION_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+_SIZE = {"": 1, "b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4,
+         "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4}
+
+
+def _retention_ms(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
+    """``7d``, ``12h``, ``90m``, ``30s``, ``500ms`` or ``0`` (none) in milliseconds."""
+    if value is None:
+        return None
+    number, unit = _split_unit(value.strip().lower())
+    if number is None or (unit not in _DURATION_MS and not (unit == "" and number == 0)):
+        raise click.BadParameter(f"{value!r}: a duration such as 7d, 12h, 30m, 45s, 0")
+    return round(number * _DURATION_MS.get(unit, 1))
+
+
+def _retention_bytes(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
+    """``10GB``, ``512MiB``, ``1000000`` or ``0`` (none) in bytes."""
+    if value is None:
+        return None
+    number, unit = _split_unit(value.strip().lower())
+    if number is None or unit not in _SIZE:
+        raise click.BadParameter(f"{value!r}: a size such as 10GB, 512MiB, 1000000, 0")
+    return round(number * _SIZE[unit])
+
+
+def _split_unit(text: str) -> tuple[float | None, str]:
+    digits = len(text) - len(text.lstrip("0123456789."))
+    try:
+        number = float(text[:digits])
+    except ValueError:
+        return None, ""
+    return number, text[digits:]
+
+
 @cli.command()
-@click.argument("action", type=click.Choice(ACTIONS))
+@click.argument("action", type=click.Choice((*ACTIONS, "policy")))
 @click.argument("topic", callback=_name("topic"))
+@click.option("--retention", metavar="DURATION", callback=_retention_ms,
+              help="policy: keep the log this long after every channel passed it (7d, 12h, 0).")
+@click.option("--retention-bytes", metavar="SIZE", callback=_retention_bytes,
+              help="policy: keep up to this much of the log every channel passed (10GB, 0).")
 @json_option
 @click.pass_obj
 @handle_errors
-def topic(settings: Settings, action: str, topic: str) -> None:
-    """create | delete | empty | pause | unpause a topic, on every daemon."""
+def topic(
+    settings: Settings,
+    action: str,
+    topic: str,
+    retention: int | None,
+    retention_bytes: int | None,
+) -> None:
+    """create | delete | empty | pause | unpause a topic, on every daemon; policy shows or sets
+    a topic's policy (lmqd)."""
+    changes = {
+        key: value
+        for key, value in (("retention_ms", retention), ("retention_bytes", retention_bytes))
+        if value is not None
+    }
+    if changes and action != "policy":
+        raise click.UsageError("--retention and --retention-bytes go with policy")
+    if action == "policy":
+        policies = {}
+        for client in settings.http_clients():
+            policies[client.address] = policy = client.topic_policy(topic, changes)
+            if not settings.as_json:
+                shown = ", ".join(f"{k}={v}" for k, v in policy.items())
+                click.echo(f"topic {topic} on {client.address}: {shown}")
+        if settings.as_json:
+            _emit_json({"topic": topic, "policies": policies})
+        return
     for client in settings.http_clients():
         client.topic_action(action, topic)
         if not settings.as_json:

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import logging
 from bisect import bisect_left, insort
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from lmqd.engine.tail import MemoryTail
@@ -110,9 +110,13 @@ class TopicStream:
         limit: int,
         write_through: bool = False,
         drop_overflow: bool = False,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         self.name = name
         self.log = log
+        self._clock = clock
+        """``trio.current_time``: the time retention is judged by (through the log's time
+        base, so tests on a virtual clock see exact times); None: the wall clock."""
         self.limit = limit
         """Messages the tail may hold (``--mem-queue-size``)."""
         self.write_through = log is not None and (write_through or limit == 0)
@@ -252,7 +256,11 @@ class TopicStream:
             self.next_offset += n
             return
         if self.write_through:
-            log.append_many(messages, self.next_offset)
+            if len(tail):  # a switch to write-through could not write the tail then
+                self.trim()
+                log.append_many([*tail.front(len(tail)), *messages], tail.start)
+            else:
+                log.append_many(messages, self.next_offset)
             self.next_offset += n
             tail.reset(self.next_offset)
             self.wrote_backend = True
@@ -285,12 +293,14 @@ class TopicStream:
 
     def set_write_through(self, on: bool) -> None:
         """Switch to writing every message to the log (a retention policy needs them there),
-        or back to memory first. The tail goes to the log first; raises ``BackendError``."""
-        if self.log is None or (self.limit == 0 and not on):
+        or back to memory first. The tail goes to the log first; raises ``BackendError``
+        (the switch is made all the same: the tail goes to the log with the next publish)."""
+        if self.log is None:
             return
-        if on and not self.write_through:
-            self.flush_tail()
+        was = self.write_through
         self.write_through = on or self.limit == 0
+        if self.write_through and not was:
+            self.flush_tail()
 
     def flush_tail(self) -> None:
         """Write the whole tail to the log (shutdown, write-through); raises ``BackendError``."""
@@ -418,10 +428,12 @@ class TopicStream:
 
     def prepare_sync(self) -> SyncJob | None:
         """The log's sync job, once every cursor in it is where its channel is."""
-        if self.log is None:
+        log_ = self.log
+        if log_ is None:
             return None
         self.refresh_cursors()
-        return self.log.prepare_sync()
+        now_ns = None if self._clock is None else log_.timebase.to_wall_ns(self._clock())
+        return log_.prepare_sync(now_ns)
 
     def refresh_cursors(self) -> None:
         """Move ``#topic`` to ``pumped`` (or the oldest pinned offset) and every channel's log

@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from itertools import repeat
 from typing import TYPE_CHECKING
@@ -39,6 +39,7 @@ from lmqd.engine.backend import BackendError, BackendQueue, DummyBackend
 from lmqd.engine.channel import Channel, TopicExiting
 from lmqd.engine.cursor import ChannelCursor
 from lmqd.engine.e2e import E2eLatencyStream
+from lmqd.engine.policy import TopicPolicy
 from lmqd.engine.stream import TOPIC_CURSOR, TopicStream
 from lmqd.message import GuidFactory, Message
 from lmqd.names import is_ephemeral
@@ -99,10 +100,16 @@ class Topic:
             limit=options.mem_queue_size,
             write_through=options.durable,
             drop_overflow=self.ephemeral,
+            clock=trio.current_time,
         )
         """The topic's messages by offset: memory tail and log."""
         self.durable = options.durable and log is not None
         """``--durable``: every publish is in the log, and its ``OK`` waits for the fsync."""
+        self.policy_settings: dict[str, int] = {}
+        """The topic's own policy keys (``policy.py``), persisted with the metadata."""
+        self.policy = TopicPolicy.effective(options, {})
+        """The effective policy: the daemon's defaults, then ``policy_settings``."""
+        self._apply_policy()
         if syncer is not None and log is not None:
             syncer.register(self.stream)
         self._wakeup = trio.Event()
@@ -348,6 +355,31 @@ class Topic:
         # An ephemeral channel's last client left (nsqd deletes the channel then).
         if self.channels.get(channel.name) is channel:
             self.delete_channel(channel.name)
+
+    # -- policy ------------------------------------------------------------------------------
+
+    def set_policy(self, changes: Mapping[str, int]) -> TopicPolicy:
+        """Set policy keys (validated by ``policy.parse_update``); returns the effective policy.
+
+        Raises ``BackendError`` if turning retention on had to write the memory tail to the log
+        and that failed (the policy is set all the same; the tail is written at the next
+        publish or at shutdown).
+        """
+        self.policy_settings.update(changes)
+        self.policy = TopicPolicy.effective(self.options, self.policy_settings)
+        if self._on_change is not None and not self.ephemeral:
+            self._on_change()
+        self._apply_policy()
+        return self.policy
+
+    def _apply_policy(self) -> None:
+        log_ = self.stream.log
+        if log_ is None:
+            return
+        policy = self.policy
+        log_.retention_ms = policy.retention_ms or None
+        log_.retention_bytes = policy.retention_bytes or None
+        self.stream.set_write_through(policy.retains or self.options.durable)
 
     # -- admin -------------------------------------------------------------------------------
 

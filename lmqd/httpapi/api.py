@@ -1,5 +1,5 @@
 """nsqd's HTTP endpoints (nsq-reference §2), plus ``GET /metrics`` and lmq's replay endpoints
-(``replay.py``).
+(``replay.py``) and topic policies (``policy.py``).
 
 Every handler reproduces nsqd v1.3.0's ``nsqd/http.go`` step for step, because the order of the
 checks decides which error a bad request gets: ``/pub`` checks the size before the topic, reads
@@ -42,6 +42,7 @@ from lmqd.httpapi.asgi import (
 )
 from lmqd.httpapi.config_api import get_option, put_option
 from lmqd.httpapi.memory import MEMORY_KEYS, memory_stats
+from lmqd.httpapi.policy import PolicyApi
 from lmqd.httpapi.replay import ReplayApi
 from lmqd.httpapi.stats_text import format_stats
 from lmqd.metrics import make_registry
@@ -101,6 +102,9 @@ class HttpApi(AsgiApp):
         add("POST", "/channel/seek", self.replay.channel_seek)
         add("GET", "/topic/offsets", self.replay.topic_offsets)
         add("GET", "/topic/read", self.replay.topic_read)
+        self.policy = PolicyApi(broker)  # lmq's topic policies (policy.py)
+        add("GET", "/topic/policy", self.policy.topic_policy)
+        add("POST", "/topic/policy", self.policy.topic_policy)
         add("GET", "/config/:opt", self.config)
         add("PUT", "/config/:opt", self.config)
         add("POST", "/debug/freememory", self.free_memory)

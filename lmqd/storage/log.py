@@ -96,6 +96,8 @@ class TopicLog:
         if max_bytes_per_file <= SEGMENT_HEADER_SIZE:
             raise ValueError("max_bytes_per_file too small")
         self.name = name
+        self.timebase = timebase
+        """Trio time <-> wall clock for stored deadlines (and retention judged on trio time)."""
         self.retention_ms = _non_negative("retention_ms", retention_ms)
         """Keep segments every cursor has passed while their newest message is younger than
         this (None: no time retention). May be changed at any time."""

@@ -162,6 +162,31 @@ def test_replay_channel_create_from_seek_and_tail_from(lmqd_module_server: LmqdP
     assert "INVALID_ARG_FROM" in result.output
 
 
+def test_topic_policy(lmqd_module_server: LmqdProcess) -> None:
+    server = lmqd_module_server
+    http = server.http_address
+    assert run(server, "topic", "create", "pol").exit_code == 0
+    result = run(server, "topic", "policy", "pol")
+    assert (result.exit_code, result.output) == (
+        0, f"topic pol on {http}: retention_ms=0, retention_bytes=0\n",
+    )
+    result = run(server, "topic", "policy", "pol", "--retention", "7d")
+    assert result.output == f"topic pol on {http}: retention_ms=604800000, retention_bytes=0\n"
+    result = run(server, "--json", "topic", "policy", "pol", "--retention-bytes", "10MiB")
+    assert json.loads(result.output) == {
+        "topic": "pol",
+        "policies": {http: {"retention_ms": 604_800_000, "retention_bytes": 10 * 1024**2}},
+    }
+    assert run(server, "topic", "policy", "pol", "--retention", "1.5h").exit_code == 0
+    assert run(server, "topic", "policy", "pol").output.endswith(
+        "retention_ms=5400000, retention_bytes=10485760\n"
+    )
+    assert run(server, "topic", "policy", "pol", "--retention", "soon").exit_code == 2
+    assert run(server, "topic", "policy", "pol", "--retention-bytes", "lots").exit_code == 2
+    assert run(server, "topic", "pause", "pol", "--retention", "1d").exit_code == 2
+    assert run(server, "topic", "policy", "nope").exit_code == 1
+
+
 def test_errors_and_exit_codes(lmqd_module_server: LmqdProcess) -> None:
     server = lmqd_module_server
     result = run(server, "topic", "delete", "never-existed")
