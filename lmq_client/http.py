@@ -1,4 +1,5 @@
-"""A small blocking client for nsqd's HTTP API (``/stats``, topic and channel admin, ``/pub``);
+"""A small blocking client for nsqd's HTTP API (``/stats``, topic and channel admin, ``/pub``),
+and lmqd's replay endpoints (``/channel/seek``, ``/topic/offsets``, ``/topic/read``);
 ``HTTPClient.fetch`` is also what lookupd queries use (``lmq_client.lookupd``).
 
 Standard library only (``urllib.request``): lmqadmin makes a handful of requests, so a pooled
@@ -13,12 +14,33 @@ import json
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, NamedTuple
 
 from lmq_client.errors import ConnectionFailed, LmqClientError
+from lmqd.message import decode_read_frames
 from lmqd.net import split_address
 
-__all__ = ["HTTPClient", "HTTPError"]
+__all__ = ["HTTPClient", "HTTPError", "ReadMessage", "decode_read"]
+
+class ReadMessage(NamedTuple):
+    """A message read by offset (``/topic/read``)."""
+
+    offset: int
+    id: bytes
+    timestamp: int
+    attempts: int
+    body: bytes
+
+
+def decode_read(data: bytes) -> list[ReadMessage]:
+    """The messages of a binary ``/topic/read`` answer (``lmqd.message.READ_FRAME``); raises
+    ``LmqClientError`` if it is not framed as documented."""
+    try:
+        entries = decode_read_frames(data)
+    except ValueError as exc:
+        raise LmqClientError(f"bad /topic/read answer: {exc}") from None
+    return [ReadMessage(o, m.id, m.timestamp, m.attempts, m.body) for o, m in entries]
 
 
 class HTTPError(LmqClientError):
@@ -47,11 +69,21 @@ class HTTPClient:
         body: bytes | None = None,
     ) -> bytes:
         """One request: the body of a 2xx answer; raises ``HTTPError`` or ``ConnectionFailed``."""
+        return self.request_with_headers(method, path, params, body)[0]
+
+    def request_with_headers(
+        self,
+        method: str,
+        path: str,
+        params: dict[str, str] | None = None,
+        body: bytes | None = None,
+    ) -> tuple[bytes, Mapping[str, str]]:
+        """``request``, also returning the answer's headers (names in lower case)."""
         url = f"http://{self.address}{path}"
         if params:
             url += "?" + urllib.parse.urlencode(params)
-        return self.fetch(url, address=self.address, timeout=self.timeout, method=method,
-                          body=body)  # fmt: skip
+        return self.fetch_with_headers(url, address=self.address, timeout=self.timeout,
+                                       method=method, body=body)  # fmt: skip
 
     @staticmethod
     def fetch(
@@ -65,11 +97,26 @@ class HTTPClient:
     ) -> bytes:
         """One request to ``url`` (errors name ``address``): the body of a 2xx answer; raises
         ``HTTPError`` (with the daemon's ``{"message"}``) or ``ConnectionFailed``."""
+        return HTTPClient.fetch_with_headers(
+            url, address=address, timeout=timeout, method=method, body=body, headers=headers
+        )[0]
+
+    @staticmethod
+    def fetch_with_headers(
+        url: str,
+        *,
+        address: str,
+        timeout: float,
+        method: str = "GET",
+        body: bytes | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> tuple[bytes, Mapping[str, str]]:
+        """``fetch``, also returning the answer's headers (names in lower case)."""
         req = urllib.request.Request(url, data=body, method=method, headers=headers or {})
         try:
             with urllib.request.urlopen(req, timeout=timeout) as response:
                 data: bytes = response.read()
-                return data
+                return data, {k.lower(): v for k, v in response.headers.items()}
         except urllib.error.HTTPError as exc:
             raw = exc.read()
             try:
@@ -115,9 +162,48 @@ class HTTPClient:
         """POST ``/topic/<action>``: create, delete, empty, pause or unpause."""
         self.request("POST", f"/topic/{action}", {"topic": topic})
 
-    def channel_action(self, action: str, topic: str, channel: str) -> None:
-        """POST ``/channel/<action>``: create, delete, empty, pause or unpause."""
-        self.request("POST", f"/channel/{action}", {"topic": topic, "channel": channel})
+    def channel_action(
+        self, action: str, topic: str, channel: str, *, start: str | None = None
+    ) -> None:
+        """POST ``/channel/<action>``: create, delete, empty, pause or unpause. ``start``
+        (lmqd, create only): where the channel starts reading (``from``: ``earliest``,
+        ``latest``, an RFC 3339 time, Unix ms, ``offset:N``)."""
+        params = {"topic": topic, "channel": channel}
+        if start is not None:
+            params["from"] = start
+        self.request("POST", f"/channel/{action}", params)
+
+    def topic_policy(self, topic: str, changes: Mapping[str, int] | None = None) -> dict[str, Any]:
+        """GET (or, with ``changes``, POST) ``/topic/policy`` (lmqd): the topic's policy."""
+        if not changes:
+            return self._json(self.request("GET", "/topic/policy", {"topic": topic}))
+        body = json.dumps(dict(changes)).encode()
+        return self._json(self.request("POST", "/topic/policy", {"topic": topic}, body))
+
+    def channel_seek(self, topic: str, channel: str, to: str) -> int:
+        """POST ``/channel/seek`` (lmqd): move a channel's cursor; the offset it now reads."""
+        answer = self._json(
+            self.request("POST", "/channel/seek", {"topic": topic, "channel": channel, "to": to})
+        )
+        return int(answer["offset"])
+
+    def topic_offsets(self, topic: str, at: str | None = None) -> dict[str, Any]:
+        """GET ``/topic/offsets`` (lmqd): ``earliest``, ``end``, ``pumped``[, ``offset``]."""
+        params = {"topic": topic}
+        if at is not None:
+            params["at"] = at
+        return self._json(self.request("GET", "/topic/offsets", params))
+
+    def read(
+        self, topic: str, offset: int, count: int = 1000, end: int | None = None
+    ) -> tuple[list[ReadMessage], int]:
+        """GET ``/topic/read`` (lmqd): messages from ``offset`` on, consuming nothing, and the
+        offset to read on from."""
+        params = {"topic": topic, "offset": str(offset), "count": str(count)}
+        if end is not None:
+            params["end"] = str(end)
+        body, headers = self.request_with_headers("GET", "/topic/read", params)
+        return decode_read(body), int(headers.get("x-lmq-next-offset", offset))
 
     def pub(self, topic: str, body: bytes, *, defer_ms: int | None = None) -> None:
         """POST ``/pub``."""

@@ -169,7 +169,8 @@ class Broker:
     # -- metadata ----------------------------------------------------------------------------
 
     def metadata(self) -> Metadata:
-        """What the metadata file should say now (durable topics and channels, paused flags)."""
+        """What the metadata file should say now (durable topics and channels, paused flags,
+        topic policies)."""
         return Metadata(
             tuple(
                 TopicMetadata(
@@ -180,6 +181,7 @@ class Broker:
                         for c in t.channels.values()
                         if not c.ephemeral
                     ),
+                    tuple(sorted(t.policy_settings.items())),
                 )
                 for t in self.topics.values()
                 if not t.ephemeral
@@ -202,7 +204,7 @@ class Broker:
     def get_topic(self, name: str) -> Topic:
         """The topic called ``name``, created (and started) if it doesn't exist yet.
 
-        Raises ``BackendError`` if its disk queue cannot be opened.
+        Raises ``BackendError`` if its log cannot be opened.
         """
         topic = self.topics.get(name)
         if topic is None:
@@ -210,7 +212,7 @@ class Broker:
             topic = Topic(
                 name,
                 self.options,
-                backend=stores.topic_backend(name),
+                log=stores.topic_log(name),
                 channel_backend_factory=stores.channel_backend,
                 deferred_store_factory=stores.deferred_store,
                 on_deleted_ephemeral=self._forget_topic,

@@ -1,10 +1,11 @@
 """Settings: nsqd's flags and config-file keys, their value syntaxes, and the mapping onto Options.
 
 ``SETTINGS`` is the one table of every setting ``lmqd`` accepts (nsqd v1.3.0's flags, the master
-ones, and lmq's ``--durable``): the flag name, the config-file key(s), the value kind, the
-``Options`` field it sets, and -- for the settings lmqd accepts only so that nsqd command lines and
-config files keep working -- why it has no effect. ``lmqd.cli`` builds its flags from this table
-and ``docs/operations.md`` documents it; ``tests/test_config.py`` checks both stay in step.
+ones, and lmq's ``--durable``, ``--retention-ms``, ``--retention-bytes``): the flag name, the
+config-file key(s), the value kind, the ``Options`` field it sets, and -- for the settings lmqd
+accepts only so that nsqd command lines and config files keep working -- why it has no effect.
+``lmqd.cli`` builds its flags from this table and ``docs/operations.md`` documents it;
+``tests/test_config.py`` checks both stay in step.
 
 Value syntaxes are nsqd's (Go's ``flag`` package and ``mreiferson/go-options``):
 
@@ -159,14 +160,18 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("data-path", Kind.STRING, "data_path",
             "directory for disk-backed messages and metadata"),
     Setting("mem-queue-size", Kind.INT, "mem_queue_size",
-            "messages kept in memory per topic and per channel before spilling to disk"),
+            "messages kept in memory per topic before they go to its log on disk"),
     Setting("max-bytes-per-file", Kind.INT, "max_bytes_per_file",
-            "bytes per disk queue segment file before rolling"),
+            "bytes per log or disk queue segment file before rolling"),
     Setting("sync-every", Kind.INT, "sync_every", "messages per disk queue fsync"),
     Setting("sync-timeout", Kind.DURATION, "sync_timeout",
             "longest time between disk queue fsyncs while there is activity"),
     Setting("durable", Kind.BOOL, "durable",
             "[lmq] answer PUB/MPUB/DPUB only once the message is fsynced"),
+    Setting("retention-ms", Kind.INT, "retention_ms",
+            "[lmq] keep a topic's log this many ms after every channel passed it (0: no)"),
+    Setting("retention-bytes", Kind.INT, "retention_bytes",
+            "[lmq] keep up to this many bytes of a topic's log every channel passed (0: no)"),
     Setting("queue-scan-worker-pool-max", Kind.INT, "queue_scan_worker_pool_max",
             "max concurrency for checking in-flight and deferred timeouts", inert=_NO_SCAN),
     Setting("queue-scan-selection-count", Kind.INT, "queue_scan_selection_count",

@@ -1,14 +1,16 @@
 """The message object shared by topics, channels, storage and the wire encoder.
 
-A message is created once per publish; the topic's pump gives each channel its own copy (the
-per-channel fields differ) that shares the same ``id``, ``timestamp`` and ``body`` object, so a
-body is never copied in memory however many channels a topic has.
+A message is created once per publish and stored once in its topic's stream; each channel that
+delivers it makes its own copy (the per-channel fields differ) sharing the same ``id``,
+``timestamp`` and ``body`` object, so a body is never copied in memory however many channels a
+topic has.
 """
 
 from __future__ import annotations
 
 import struct
 import time
+from collections.abc import Iterable
 from itertools import chain
 
 import attrs
@@ -47,10 +49,18 @@ class Message:
     """While in flight: trio time at which it times out."""
     delivered_at: float = 0.0
     """While in flight: trio time of this delivery (TOUCH never extends past it + max timeout)."""
+    offset: int = -1
+    """The message's offset in its topic's stream (``lmqd.engine.stream``), on the copies a
+    channel reads from its topic's log; -1 for none (the published objects themselves: the
+    stream knows their offsets). A durable channel keeps it while the message holds its
+    cursor's low-water mark, and sets it to -1 once a copy in a store stands for it."""
 
     def copy(self) -> Message:
-        """A fresh per-channel copy: same id, timestamp, body object and deferral."""
-        return Message(self.id, self.body, self.timestamp, self.attempts, self.deliver_at)
+        """A fresh per-channel copy: same id, timestamp, body object, deferral and offset."""
+        return Message(
+            self.id, self.body, self.timestamp, self.attempts, self.deliver_at, 0, 0.0, 0.0,
+            self.offset,
+        )  # fmt: skip
 
     def __repr__(self) -> str:
         return (
@@ -107,3 +117,43 @@ class GuidFactory:
 
     def new_id(self) -> bytes:
         return self.new_ids(1)[0]
+
+
+READ_FRAME = struct.Struct(">IqqH16s")
+"""A message as lmqd's ``GET /topic/read`` sends it (docs/http.md): size (the bytes after this
+field: 34 + the body's), offset, timestamp (ns since the epoch), attempts, id; then the body.
+NSQ's message frame with the offset added, so a reader can resume exactly where it stopped."""
+
+READ_CONTENT_TYPE = "application/x-lmq-messages"
+
+
+def encode_read_frames(entries: Iterable[tuple[int, Message]]) -> bytes:
+    """``(offset, message)`` pairs as ``READ_FRAME``\\ s, concatenated."""
+    pack = READ_FRAME.pack
+    fixed = READ_FRAME.size - 4
+    parts: list[bytes] = []
+    for offset, m in entries:
+        body = m.body
+        parts.append(pack(fixed + len(body), offset, m.timestamp, m.attempts, m.id))
+        parts.append(body)
+    return b"".join(parts)
+
+
+def decode_read_frames(data: bytes) -> list[tuple[int, Message]]:
+    """The ``(offset, message)`` pairs of ``encode_read_frames``; raises ``ValueError`` if the
+    data is not framed so."""
+    out: list[tuple[int, Message]] = []
+    header = READ_FRAME.size
+    unpack = READ_FRAME.unpack_from
+    pos = 0
+    end = len(data)
+    while pos < end:
+        if pos + header > end:
+            raise ValueError("truncated read frame")
+        size, offset, ts, attempts, msg_id = unpack(data, pos)
+        stop = pos + 4 + size
+        if size < header - 4 or stop > end:
+            raise ValueError("malformed read frame")
+        out.append((offset, Message(msg_id, data[pos + header : stop], ts, attempts)))
+        pos = stop
+    return out

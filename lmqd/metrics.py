@@ -45,10 +45,11 @@ is a gauge).
 The storage metrics come from the syncer's snapshot (``Syncer.statistics()``) and the disk
 queues' running byte counts: ``lmqd_fsync_duration_seconds`` times each syncer round's
 worker-thread call (the metadata write, if any, and one fsync per file and directory; its count
-equals ``lmqd_sync_rounds_total``). ``lmqd_queue_disk_bytes`` has one series per queue stored on
-disk: ``channel=""`` for a topic's own queue, and a channel's series sums its queue and its
-``#deferred`` store once open (``Channel.disk_queues``). Ephemeral topics and channels (no files)
-have no series.
+equals ``lmqd_sync_rounds_total``). ``lmqd_queue_disk_bytes`` has one series per topic log and
+per channel store on disk: ``channel=""`` for a topic's log (every channel's messages, stored
+once), and a channel's series sums its own store and its ``#deferred`` store once open
+(``Channel.disk_queues``; a channel that never needed either has no series). Ephemeral topics
+and channels (no files) have no series.
 
 The registry also carries prometheus-client's standard ``process_*``, ``python_gc_*`` and
 ``python_info`` collectors.
@@ -232,12 +233,11 @@ def _sync_metrics(stats: SyncerStats) -> Iterator[Metric]:
 
 def _disk_bytes(broker: Broker) -> GaugeMetricFamily:
     gauge = _gauge("lmqd_queue_disk_bytes",
-                   "bytes of a queue's segment files (channel \"\": the topic's own queue; "
-                   "a channel's includes its deferred store)", _CHANNEL)
+                   "bytes of segment files (channel \"\": the topic's log; a channel's: its "
+                   "own store and its deferred store)", _CHANNEL)
     for topic in list(broker.topics.values()):
-        stored = topic.backend.stored
-        if stored is not None:
-            gauge.add_metric([topic.name, ""], stored.bytes_on_disk)
+        if topic.log is not None:
+            gauge.add_metric([topic.name, ""], topic.log.bytes_on_disk)
         for channel in list(topic.channels.values()):
             queues = channel.disk_queues
             if queues:

@@ -74,6 +74,13 @@ class Options:
     sync_timeout: float = attrs.field(default=2.0, validator=_positive)
     durable: bool = False
     """lmq extension: answer PUB/MPUB/DPUB only after the records are fsynced."""
+    retention_ms: int = attrs.field(default=0, validator=_non_negative)
+    """lmq extension: keep a topic's log segments every channel has passed while their newest
+    message is younger than this (0: delete them once passed, nsqd's behaviour). A topic's own
+    policy (``/topic/policy``) overrides it."""
+    retention_bytes: int = attrs.field(default=0, validator=_non_negative)
+    """lmq extension: keep such segments while they and the newer ones take at most this many
+    bytes (0: no size retention)."""
 
     # -- messages
     msg_timeout: float = attrs.field(default=60.0, validator=_positive)

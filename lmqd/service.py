@@ -25,12 +25,16 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Sequence
 from functools import partial
 
 import trio
 
 from lmqd.broker import BoundAddresses, Broker
+from lmqd.engine.backend import BackendError
+from lmqd.engine.policy import PolicyError, parse_update
 from lmqd.engine.stores import queues_to_open, restore_plan, stored_queue_names
+from lmqd.engine.topic import Topic
 from lmqd.options import Options
 from lmqd.registration import Registration
 from lmqd.server import serve_tcp
@@ -123,11 +127,13 @@ class LmqDaemon:
                 continue
             topic = broker.get_topic(entry.name)
             topic.paused = entry.paused
+            _restore_policy(topic, entry.policy)
             for c in entry.channels:
                 if f"{entry.name}:{c.name}" in failed:
                     continue
                 channel = topic.get_channel(c.name)
                 channel.paused = c.paused
+            _restore_log_channels(topic)
         stores.close_unclaimed()
         log.info(
             "restored %d topic(s), %d channel(s) in %.2fs",
@@ -254,6 +260,35 @@ class LmqDaemon:
     def shutdown(self) -> None:
         """Ask ``run()`` to stop: listeners close, connections end, topics are closed."""
         self._shutdown.set()
+
+
+def _restore_policy(topic: Topic, stored: Sequence[tuple[str, int]]) -> None:
+    """The topic's own policy keys from the metadata file (ones this build does not know are
+    logged and left out)."""
+    if not stored:
+        return
+    try:
+        changes = parse_update(dict(stored))
+    except PolicyError as exc:
+        log.error("TOPIC(%s): policy in the metadata file not applied: %s", topic.name, exc)
+        return
+    try:
+        topic.set_policy(changes)
+    except BackendError as exc:
+        log.error("TOPIC(%s): applying its policy: %s", topic.name, exc)
+
+
+def _restore_log_channels(topic: Topic) -> None:
+    """Channels the topic's log has a cursor for but the metadata file does not list (created
+    just before a crash, or the file was damaged): they come back too, unpaused."""
+    for name in topic.stored_channel_names():
+        if name not in topic.channels:
+            log.warning(
+                "TOPIC(%s): channel(%s) not in the metadata file; restored from the log",
+                topic.name,
+                name,
+            )
+            topic.get_channel(name)
 
 
 async def _main(options: Options) -> None:

@@ -1,9 +1,13 @@
 """Benchmark the queue engine alone (no sockets, no protocol): publish -> pump -> deliver -> FIN.
 
     .venv/bin/python scripts/bench_engine.py [--messages 200000] [--batch 100] [--clients 4]
+        [--channels 1] [--log] [--mem-queue-size 10000]
 
 Publishes ``--messages`` bodies of ``--size`` bytes in MPUB-sized batches through one topic into
-one channel with ``--clients`` fake subscribers at RDY ``--rdy``, and FINs everything in batches,
+``--channels`` channels, each with ``--clients`` fake subscribers at RDY ``--rdy``; with
+``--log`` the topic has a real topic log in a temporary directory (what the daemon gives a
+durable topic; ``--mem-queue-size 0`` then sends every message through it), without one the
+topic keeps everything in memory. FINs everything in batches,
 as the TCP server does: one ``finish_many`` per consumer's batch (``--fin-each``: one ``finish``
 call per message, the method of the figures recorded before the restructure), after which the
 channel's own task delivers once. Prints CPU microseconds per
@@ -15,8 +19,11 @@ from __future__ import annotations
 
 import argparse
 import gc
+import inspect
+import tempfile
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import trio
 
@@ -25,6 +32,7 @@ from lmqd.engine.topic import Topic
 from lmqd.message import GuidFactory, Message
 from lmqd.options import Options
 from lmqd.stats import ClientStats
+from lmqd.storage import AnchoredTimeBase, TopicLog
 
 
 class BenchClient:
@@ -77,20 +85,37 @@ class Result:
         self.finish = 0.0  # FIN of every message (its delivery round runs in the channel task)
 
 
-async def run(
-    messages: int, batch: int, clients: int, rdy: int, size: int, fin_each: bool
-) -> Result:
-    options = Options()
-    topic = Topic(
-        "bench",
-        options,
-        backend=MemoryBackend(),
-        channel_backend_factory=_backend,
-        guid=GuidFactory(1),
+def _topic(options: Options, data_path: str | None) -> Topic:
+    kwargs: dict[str, Any] = {}
+    if "log" in inspect.signature(Topic).parameters:  # a checkout with topic logs
+        if data_path is not None:
+            timebase = AnchoredTimeBase.now(trio.current_time())
+            kwargs["log"] = TopicLog("bench", data_path, timebase=timebase)
+    else:  # before topic logs: the topic's backend queue
+        kwargs["backend"] = MemoryBackend()
+    return Topic(
+        "bench", options, channel_backend_factory=_backend, guid=GuidFactory(1), **kwargs
     )
-    channel = topic.get_channel("c")
-    consumers = [BenchClient(i + 1, rdy) for i in range(clients)]
-    subs = [(channel.add_consumer(c), c) for c in consumers]
+
+
+async def run(
+    messages: int,
+    batch: int,
+    clients: int,
+    rdy: int,
+    size: int,
+    fin_each: bool,
+    channels: int = 1,
+    mem_queue_size: int = 10_000,
+    data_path: str | None = None,
+) -> Result:
+    options = Options(mem_queue_size=mem_queue_size)
+    topic = _topic(options, data_path)
+    subs = []
+    for k in range(channels):
+        channel = topic.get_channel(f"c{k}")
+        consumers = [BenchClient(k * clients + i + 1, rdy) for i in range(clients)]
+        subs += [(channel, channel.add_consumer(c), c) for c in consumers]
     body = b"x" * size
     bodies = [body] * batch
     finished = 0
@@ -98,11 +123,11 @@ async def run(
     def fin_all() -> int:
         now = trio.current_time()
         done = 0
-        finish = channel.finish
-        for sub, consumer in subs:
+        for channel, sub, consumer in subs:
             pending = consumer.pending
             if pending:
                 if fin_each:
+                    finish = channel.finish
                     for m in pending:
                         finish(sub, m.id, now)
                 else:
@@ -129,15 +154,17 @@ async def run(
             finished += fin_all()
             result.publish += t1 - t0
             result.finish += clock() - t2
-        while finished < messages:
+        while finished < messages * channels:
             await trio.lowlevel.checkpoint()
             t2 = clock()
             finished += fin_all()
             result.finish += clock() - t2
         result.cpu = clock() - cpu0
         result.wall = time.perf_counter() - wall0
-        assert channel.in_flight_count == 0 and channel.depth == 0 and topic.depth == 0
-        assert sum(s.finish_count for s, _ in subs) == messages
+        for channel in topic.channels.values():
+            assert channel.in_flight_count == 0 and channel.depth == 0
+        assert topic.depth == 0
+        assert sum(s.finish_count for _, s, _ in subs) == messages * channels
         topic.close()
     return result
 
@@ -153,20 +180,36 @@ def main() -> None:
     parser.add_argument(
         "--fin-each", action="store_true", help="one finish() call per message, not finish_many()"
     )
+    parser.add_argument("--channels", type=int, default=1, help="channels of the topic")
+    parser.add_argument("--mem-queue-size", type=int, default=10_000)
+    parser.add_argument(
+        "--log", action="store_true", help="give the topic a topic log (a temporary directory)"
+    )
     args = parser.parse_args()
     results = []
     for _ in range(args.repeat):
         gc.collect()
-        results.append(
-            trio.run(
-                run, args.messages, args.batch, args.clients, args.rdy, args.size, args.fin_each
+        with tempfile.TemporaryDirectory() as tmp:
+            results.append(
+                trio.run(
+                    run,
+                    args.messages,
+                    args.batch,
+                    args.clients,
+                    args.rdy,
+                    args.size,
+                    args.fin_each,
+                    args.channels,
+                    args.mem_queue_size,
+                    tmp if args.log else None,
+                )
             )
-        )
     best = min(results, key=lambda r: r.cpu)
     n = args.messages
     us = 1e6 / n
     print(
-        f"engine: {n} msgs x {args.size} B, MPUB {args.batch}, {args.clients} clients RDY "
+        f"engine: {n} msgs x {args.size} B, MPUB {args.batch}, {args.channels} channel(s) x "
+        f"{args.clients} clients RDY "
         f"{args.rdy}, best of {args.repeat}: {best.cpu * us:.2f} us CPU/msg, "
         f"{n / best.wall:,.0f} msgs/s ({best.wall:.2f} s wall)\n"
         f"  publish {best.publish * us:.2f} us/msg, FIN {best.finish * us:.2f} us/msg, "

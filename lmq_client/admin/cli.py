@@ -383,17 +383,80 @@ _PAST = {"create": "created", "delete": "deleted", "empty": "emptied", "pause": 
          "unpause": "unpaused"}
 
 
+_DURATION_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+_SIZE = {"": 1, "b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4,
+         "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4}
+
+
+def _retention_ms(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
+    """``7d``, ``12h``, ``90m``, ``30s``, ``500ms`` or ``0`` (none) in milliseconds."""
+    if value is None:
+        return None
+    number, unit = _split_unit(value.strip().lower())
+    if number is None or (unit not in _DURATION_MS and not (unit == "" and number == 0)):
+        raise click.BadParameter(f"{value!r}: a duration such as 7d, 12h, 30m, 45s, 0")
+    return round(number * _DURATION_MS.get(unit, 1))
+
+
+def _retention_bytes(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
+    """``10GB``, ``512MiB``, ``1000000`` or ``0`` (none) in bytes."""
+    if value is None:
+        return None
+    number, unit = _split_unit(value.strip().lower())
+    if number is None or unit not in _SIZE:
+        raise click.BadParameter(f"{value!r}: a size such as 10GB, 512MiB, 1000000, 0")
+    return round(number * _SIZE[unit])
+
+
+def _split_unit(text: str) -> tuple[float | None, str]:
+    digits = len(text) - len(text.lstrip("0123456789."))
+    try:
+        number = float(text[:digits])
+    except ValueError:
+        return None, ""
+    return number, text[digits:]
+
+
 @cli.command()
-@click.argument("action", type=click.Choice(ACTIONS))
+@click.argument("action", type=click.Choice((*ACTIONS, "policy")))
 @click.argument("topic", callback=_name("topic"))
+@click.option("--retention", metavar="DURATION", callback=_retention_ms,
+              help="policy: keep the log this long after every channel passed it (7d, 12h, 0).")
+@click.option("--retention-bytes", metavar="SIZE", callback=_retention_bytes,
+              help="policy: keep up to this much of the log every channel passed (10GB, 0).")
 @json_option
 @click.pass_obj
 @handle_errors
-def topic(settings: Settings, action: str, topic: str) -> None:
-    """create | delete | empty | pause | unpause a topic, on every daemon."""
+def topic(
+    settings: Settings,
+    action: str,
+    topic: str,
+    retention: int | None,
+    retention_bytes: int | None,
+) -> None:
+    """create | delete | empty | pause | unpause a topic, on every daemon; policy shows or sets
+    a topic's policy (lmqd)."""
+    changes = {
+        key: value
+        for key, value in (("retention_ms", retention), ("retention_bytes", retention_bytes))
+        if value is not None
+    }
+    if changes and action != "policy":
+        raise click.UsageError("--retention and --retention-bytes go with policy")
     # With lookupds: create on every node, anything else on the nodes that have the topic.
     addresses = settings.http_addresses(None if action == "create" else topic)
     _require_nodes(addresses, topic)
+    if action == "policy":
+        policies = {}
+        for address in addresses:
+            client = HTTPClient(address, timeout=settings.timeout)
+            policies[address] = policy = client.topic_policy(topic, changes)
+            if not settings.as_json:
+                shown = ", ".join(f"{k}={v}" for k, v in policy.items())
+                click.echo(f"topic {topic} on {address}: {shown}")
+        if settings.as_json:
+            _emit_json({"topic": topic, "policies": policies})
+        return
     for address in addresses:
         HTTPClient(address, timeout=settings.timeout).topic_action(action, topic)
         if not settings.as_json:
@@ -420,25 +483,50 @@ def _on_lookupds(settings: Settings, path: str, params: dict[str, str]) -> None:
             log.warning("lookupd %s: %s", lookupd, exc)
 
 
+POSITION_HELP = "earliest, latest, an RFC 3339 time, Unix milliseconds or offset:N (lmqd)."
+
+
 @cli.command()
-@click.argument("action", type=click.Choice(ACTIONS))
+@click.argument("action", type=click.Choice((*ACTIONS, "seek")))
 @click.argument("topic", callback=_name("topic"))
 @click.argument("channel", callback=_name("channel"))
+@click.option("--from", "start", metavar="POS",
+              help=f"create: where the channel starts reading: {POSITION_HELP}")
+@click.option("--to", metavar="POS",
+              help=f"seek: where the channel reads from next: {POSITION_HELP}")
 @json_option
 @click.pass_obj
 @handle_errors
-def channel(settings: Settings, action: str, topic: str, channel: str) -> None:
-    """create | delete | empty | pause | unpause a channel, on every daemon."""
+def channel(
+    settings: Settings, action: str, topic: str, channel: str, start: str | None, to: str | None
+) -> None:
+    """create | delete | empty | pause | unpause | seek a channel, on every daemon."""
+    if start is not None and action != "create":
+        raise click.UsageError("--from goes with create")
+    if (to is not None) != (action == "seek"):
+        raise click.UsageError("seek needs --to (and only seek takes it)")
     addresses = settings.http_addresses(topic)
     _require_nodes(addresses, topic)
+    offsets: dict[str, int] = {}
     for address in addresses:
-        HTTPClient(address, timeout=settings.timeout).channel_action(action, topic, channel)
+        client = HTTPClient(address, timeout=settings.timeout)
+        if to is not None:
+            offsets[address] = offset = client.channel_seek(topic, channel, to)
+            if not settings.as_json:
+                click.echo(f"channel {topic}/{channel} on {address} reads from offset {offset}")
+            continue
+        client.channel_action(action, topic, channel, start=start)
         if not settings.as_json:
             click.echo(f"{_PAST[action]} channel {topic}/{channel} on {address}")
     if action == "delete":
         _on_lookupds(settings, "/channel/delete", {"topic": topic, "channel": channel})
     if settings.as_json:
-        _emit_json({"action": action, "topic": topic, "channel": channel, "nodes": addresses})
+        result: dict[str, Any] = {
+            "action": action, "topic": topic, "channel": channel, "nodes": addresses,
+        }
+        if to is not None:
+            result["offsets"] = offsets
+        _emit_json(result)
 
 
 # -- pub ---------------------------------------------------------------------------------------
@@ -532,6 +620,8 @@ def pub(
               help="Channel to consume from [default: tail<random>#ephemeral].")
 @click.option("--max-in-flight", default=200, show_default=True, type=click.IntRange(min=1))
 @click.option("--print-topic", is_flag=True, help="Prefix each message with 'TOPIC: '.")
+@click.option("--from", "start", metavar="POS",
+              help=f"Read the stored topic from POS on, consuming nothing: {POSITION_HELP}")
 @json_option
 @click.pass_obj
 @handle_errors
@@ -542,8 +632,18 @@ def tail(
     channel: str | None,
     max_in_flight: int,
     print_topic: bool,
+    start: str | None,
 ) -> None:
-    """Print a topic's messages as they arrive, one per line (like nsq_tail)."""
+    """Print a topic's messages as they arrive, one per line (like nsq_tail); with --from, the
+    messages stored from there on, then the new ones (lmqd)."""
+    if start is not None:
+        if channel is not None:
+            raise click.UsageError("--from reads the topic itself, not a channel")
+        try:
+            _tail_from(settings, topic, start, count, print_topic)
+        except KeyboardInterrupt:
+            sys.exit(0)
+        return
     if channel is None:
         suffix = "".join(random.choices(string.ascii_lowercase + string.digits, k=6))
         channel = f"tail{suffix}#ephemeral"
@@ -551,6 +651,52 @@ def tail(
         trio.run(_tail, settings, topic, channel, count, max_in_flight, print_topic)
     except KeyboardInterrupt:
         sys.exit(0)
+
+
+TAIL_POLL_S = 0.2
+"""How long ``tail --from`` waits before it asks again once it has read everything stored: a
+human watching a terminal does not notice it, and a daemon answers the poll in microseconds."""
+
+
+def _tail_from(
+    settings: Settings, topic: str, start: str, count: int | None, print_topic: bool
+) -> None:
+    """``tail --from``: read every node's topic by offset (``/topic/read``), round robin."""
+    out = sys.stdout.buffer
+    prefix = f"{topic}: ".encode() if print_topic else b""
+    clients = settings.http_clients()
+    positions = {c.address: int(c.topic_offsets(topic, at=start)["offset"]) for c in clients}
+    seen = 0
+    while True:
+        idle = True
+        for client in clients:
+            want = 1000 if count is None else min(1000, count - seen)
+            messages, following = client.read(topic, positions[client.address], want)
+            positions[client.address] = following
+            for m in messages:
+                idle = False
+                if settings.as_json:
+                    out.write(json.dumps({
+                        "topic": topic, "node": client.address, "offset": m.offset,
+                        "id": m.id.decode("ascii", "replace"), "timestamp": m.timestamp,
+                        "attempts": m.attempts, **_json_body(m.body),
+                    }).encode() + b"\n")
+                else:
+                    out.write(prefix + m.body + b"\n")
+                seen += 1
+                if count is not None and seen >= count:
+                    out.flush()
+                    return
+            out.flush()
+        if idle:
+            time.sleep(TAIL_POLL_S)
+
+
+def _json_body(body: bytes) -> dict[str, str]:
+    try:
+        return {"body": body.decode("utf-8")}
+    except UnicodeDecodeError:
+        return {"body_base64": base64.b64encode(body).decode()}
 
 
 async def _tail(
@@ -579,13 +725,10 @@ async def _tail(
             raise ConnectionFailed(", ".join(settings.tcp), "no daemon accepted the subscription")
         async for message in consumer:
             if settings.as_json:
-                try:
-                    body: dict[str, str] = {"body": message.body.decode("utf-8")}
-                except UnicodeDecodeError:
-                    body = {"body_base64": base64.b64encode(message.body).decode()}
                 line = json.dumps({
                     "topic": topic, "id": message.id.decode("ascii", "replace"),
-                    "timestamp": message.timestamp, "attempts": message.attempts, **body,
+                    "timestamp": message.timestamp, "attempts": message.attempts,
+                    **_json_body(message.body),
                 }).encode()
                 out.write(line + b"\n")
             else:

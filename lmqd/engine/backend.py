@@ -18,14 +18,22 @@ worker thread, outside this interface.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from lmqd.message import Message
 from lmqd.storage import SyncJob
 from lmqd.storage.errors import BackendError
 
-__all__ = ["BackendError", "BackendQueue", "DummyBackend", "MemoryBackend", "StoredQueue"]
+__all__ = [
+    "BackendError",
+    "BackendQueue",
+    "DummyBackend",
+    "LazyBackend",
+    "MemoryBackend",
+    "StoredQueue",
+    "Syncable",
+]
 
 
 class BackendQueue(Protocol):
@@ -60,16 +68,12 @@ class BackendQueue(Protocol):
         ...
 
 
-class StoredQueue(BackendQueue, Protocol):
-    """A backend queue on disk (``lmqd.storage.DiskQueue``)."""
+class Syncable(Protocol):
+    """What the syncer (``lmqd.engine.syncer``) needs of something stored on disk: a disk queue,
+    or a topic's stream over its log (``lmqd.engine.stream``)."""
 
     @property
     def name(self) -> str: ...
-
-    @property
-    def ack_mode(self) -> bool:
-        """``--durable``: the persisted read position stops at the oldest unacknowledged message."""
-        ...
 
     @property
     def closed(self) -> bool: ...
@@ -84,6 +88,15 @@ class StoredQueue(BackendQueue, Protocol):
 
     def prepare_sync(self) -> SyncJob | None:
         """What to fsync and persist now (event-loop thread); None if nothing."""
+        ...
+
+
+class StoredQueue(BackendQueue, Syncable, Protocol):
+    """A backend queue on disk (``lmqd.storage.DiskQueue``)."""
+
+    @property
+    def ack_mode(self) -> bool:
+        """``--durable``: the persisted read position stops at the oldest unacknowledged message."""
         ...
 
     def ack_messages(self, messages: Sequence[Message]) -> int:
@@ -152,3 +165,52 @@ class DummyBackend:
 
     def close(self) -> None:
         pass
+
+
+class LazyBackend:
+    """A disk queue opened the first time something is written to it.
+
+    A channel's own store (requeues past ``--mem-queue-size``, what shutdown writes) is rarely
+    needed once channels read their topic's log: creating a channel should not cost a queue's
+    files. ``open`` makes the queue (blocking, raises ``BackendError``); until then the queue
+    holds nothing. ``stored`` is the queue once open.
+    """
+
+    __slots__ = ("_open", "queue")
+
+    def __init__(self, open_queue: Callable[[], BackendQueue], queue: BackendQueue | None = None):
+        self._open = open_queue
+        self.queue = queue
+        """The queue, once opened (or given: one that had files at start-up)."""
+
+    def opened(self) -> BackendQueue:
+        """The queue, opened now if needed; raises ``BackendError``."""
+        if self.queue is None:
+            self.queue = self._open()
+        return self.queue
+
+    @property
+    def stored(self) -> StoredQueue | None:
+        return self.queue.stored if self.queue is not None else None
+
+    @property
+    def depth(self) -> int:
+        return self.queue.depth if self.queue is not None else 0
+
+    def put_many(self, messages: Sequence[Message]) -> None:
+        self.opened().put_many(messages)
+
+    def read_many(self, max_count: int) -> list[Message]:
+        return self.queue.read_many(max_count) if self.queue is not None else []
+
+    def empty(self) -> None:
+        if self.queue is not None:
+            self.queue.empty()
+
+    def delete(self) -> None:
+        if self.queue is not None:
+            self.queue.delete()
+
+    def close(self) -> None:
+        if self.queue is not None:
+            self.queue.close()

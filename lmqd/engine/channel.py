@@ -1,9 +1,15 @@
-"""Channel: a topic's copy of the stream, shared out among its subscribed consumers.
+"""Channel: a cursor over its topic's stream, shared out among its subscribed consumers.
 
 Theory of operation
 -------------------
-Ready messages live in a ``SpillQueue``: memory up to ``--mem-queue-size``, the overflow in the
-channel's backend queue, read back in order.
+A channel reads its topic's messages through its ``ChannelCursor`` (``cursor.py``: a read
+position in the topic's memory tail and log, where each message is stored once for every
+channel) and keeps only its own state: in-flight messages, deferred ones, and its **own store**
+of ready messages that are not new (a ``SpillQueue``: memory up to ``--mem-queue-size``, the
+overflow in its backend queue): REQ 0, timeouts and disconnects put messages there, and
+delivery takes from it first. Channels of ephemeral topics, and ephemeral channels, have no
+cursor: their topic's pump puts copies of its messages into their own store (nsqd's model, in
+memory).
 
 Every mutation (``put_many``, ``finish_many``, ``requeue``, ``touch``, ``add_consumer``,
 ``remove_consumer``, ``consumer_ready``, ``unpause``) is a plain ``def`` that changes state and,
@@ -14,9 +20,9 @@ deliver. ``deliver(now)`` may also be called directly (the topic's pump does, on
 
 ``deliver`` hands messages to the consumers with room in their RDY window (``in_flight_count <
 ready_count``; RDY is a window, never decremented). A round takes as many messages as the total
-free room, then splits them over the ready consumers (``lmqd.engine.delivery.split_batch``:
-random order, evenly). Every consumer gets at most one ``write_messages`` call per round, so its
-writer wakes once.
+free room (own store first, then the cursor), then splits them over the ready consumers
+(``lmqd.engine.delivery.split_batch``: random order, evenly). Every consumer gets at most one
+``write_messages`` call per round, so its writer wakes once.
 
 Delivered messages sit in the ``InFlightQueue`` until FIN, REQ, TOUCH or their deadline;
 deferred ones (REQ with a delay, DPUB) in the ``DeferredQueue``. The channel's task sleeps in a
@@ -24,8 +30,11 @@ deferred ones (REQ with a delay, DPUB) in the ``DeferredQueue``. The channel's t
 asked for); pushing an earlier deadline lowers that scope's deadline directly (no per-message
 Event or task), and on wakeup everything due is processed at once, then ``deliver`` runs once.
 
-With ``--durable`` every message stays in the channel's disk queue (or its deferred store) until
-FIN; ``DurableAcks`` records which one, and acknowledges there.
+With ``--durable`` every message not FIN'd keeps a copy on disk: in the topic's log (the cursor
+leaves it unsettled) or in one of the channel's stores. ``DurableAcks`` records which, and
+acknowledges there. A requeued message is written to the own store so that it stops holding the
+log; so is (in the deferred store, due at its deadline) a message held in flight while the log
+has moved on to a newer segment (``_release_log``).
 """
 
 from __future__ import annotations
@@ -35,12 +44,12 @@ import math
 import random
 import time
 from collections.abc import Callable, Sequence
-from functools import partial
 from typing import TYPE_CHECKING
 
 import trio
 
 from lmqd.engine.backend import BackendError, BackendQueue, StoredQueue
+from lmqd.engine.cursor import ChannelCursor
 from lmqd.engine.deferred import DeferredQueue
 from lmqd.engine.delivery import split_batch
 from lmqd.engine.durable import DurableAcks
@@ -67,6 +76,13 @@ __all__ = [
 ]
 
 log = logging.getLogger("lmqd.channel")
+
+
+RELEASE_CHECK_S = 1.0
+"""``--durable``: how often a channel with unsettled messages checks whether one held in flight
+keeps an older log segment than the one being written (``Channel._release_log``): a comparison
+of two offsets, so once a second costs nothing; a segment (100 MiB by default) takes longer
+than that to fill."""
 
 
 class TopicExiting(Exception):
@@ -99,11 +115,17 @@ class Channel:
         syncer: Syncer | None = None,
         on_health: Callable[[str | None], None] | None = None,
         deferred_store: Callable[[bool], BackendQueue | None] | None = None,
+        cursor: ChannelCursor | None = None,
+        durable: bool | None = None,
     ) -> None:
         self.topic_name = topic_name
         self.name = name
         self.options = options
         self.backend = backend
+        """The own store's disk (or memory) part: requeues past the memory bound, what a
+        shutdown wrote, a backlog from before topic logs."""
+        self.cursor = cursor
+        """Where the channel reads its topic's stream (None: the pump puts messages here)."""
         self.ephemeral = is_ephemeral(name)
         self.paused = False
         self.exiting = False
@@ -117,32 +139,28 @@ class Channel:
         self._on_health = on_health
         self._rng = rng if rng is not None else random.Random()
         disk = backend.stored
+        if durable is None:
+            durable = disk is not None and disk.ack_mode
         self._syncer = syncer
         self._deferred_store_factory = deferred_store
         self._dq: BackendQueue | None = None
         """The deferred store, once opened (``deferred_store(create)`` opens it)."""
         self._acks: DurableAcks | None = (
-            DurableAcks(disk, self._stored_deferred, syncer)
-            if disk is not None and disk.ack_mode
+            DurableAcks(self._stored_main, self._stored_deferred, syncer, cursor)
+            if durable
             else None
         )
         """Durable channels only: where FIN'd messages are acknowledged."""
         # nsqd gives ephemeral channels a memory queue even with --mem-queue-size 0 (an
         # unbuffered Go channel: a put succeeds only while a ready consumer is waiting).
         # ``_memory_limit`` reproduces that with the consumers' free RDY room. A durable channel
-        # writes what its topic gives it straight to disk (limit 0) and holds its requeues in
-        # memory (they are still unacknowledged on disk).
+        # writes what must be stored straight to disk (limit 0) and holds in memory only what
+        # is unacknowledged on disk anyway.
         self._mem_size = 0 if self._acks is not None else options.mem_queue_size
         self._unbuffered = self.ephemeral and self._mem_size == 0
-        self._queue = SpillQueue(
-            backend,
-            self._mem_size,
-            (
-                partial(syncer.note_dirty, disk)
-                if syncer is not None and disk is not None
-                else None
-            ),
-        )
+        self._queue = SpillQueue(backend, self._mem_size, self._backend_changed)
+        self._release_check = math.inf
+        """``--durable``: when to look for in-flight messages holding an old log segment."""
         self._in_flight = InFlightQueue()
         self._deferred = DeferredQueue()
         self.e2e_stream: E2eLatencyStream | None = (
@@ -166,12 +184,16 @@ class Channel:
 
     @property
     def depth(self) -> int:
-        """Ready messages: memory + backend (in-flight and deferred excluded, as nsqd)."""
-        return len(self._queue)
+        """Ready messages: the own store and what the cursor has not read yet (in-flight and
+        deferred excluded, as nsqd)."""
+        cursor = self.cursor
+        return len(self._queue) + (cursor.unread if cursor is not None else 0)
 
     @property
     def backend_depth(self) -> int:
-        return self.backend.depth
+        """Of ``depth``, the messages on disk (own store and the topic's log)."""
+        cursor = self.cursor
+        return self.backend.depth + (cursor.unread_on_disk if cursor is not None else 0)
 
     @property
     def durable(self) -> bool:
@@ -179,19 +201,22 @@ class Channel:
         return self._acks is not None
 
     @property
-    def durable_queues(self) -> tuple[StoredQueue, ...]:
-        """A durable channel's queues (main, and the deferred store once open): the topic waits
-        for their syncs before it acknowledges what it copied here."""
-        if self._acks is None:
-            return ()
-        return self.disk_queues
-
-    @property
     def disk_queues(self) -> tuple[StoredQueue, ...]:
-        """Every queue of this channel stored on disk (its backend, and its deferred store once
-        open), durable or not: what it costs on disk."""
+        """Every queue of this channel stored on disk (its own store and its deferred store,
+        once open), durable or not: what it costs on disk beside its topic's log."""
         queues = (self.backend, self._dq)
         return tuple(s for q in queues if q is not None and (s := q.stored) is not None)
+
+    @property
+    def deferred_store(self) -> StoredQueue | None:
+        """The deferred store on disk, once open."""
+        return self._stored_deferred()
+
+    def hold_deferred(self, messages: Sequence[Message]) -> None:
+        """Deferred messages held in memory only (their store could not take them)."""
+        for m in messages:
+            self._deferred.push(m)
+        self._wake_at(self._deferred.next_deadline())
 
     @property
     def in_flight_count(self) -> int:
@@ -241,6 +266,28 @@ class Channel:
         if ready:
             self._enqueue(ready)
 
+    def push_deferred(self, messages: Sequence[Message], now: float) -> None:
+        """The topic's pump hands over deferred messages (DPUB) from its stream, which the
+        cursor steps over: into the deferred queue (or, due already, the own store). Not
+        counted in ``message_count`` (the pump counts every message it hands on).
+
+        A durable channel writes them to its deferred store and raises ``BackendError``
+        having stored none of them.
+        """
+        if self.exiting or not messages:
+            return
+        if self._acks is not None:
+            self._store_deferred(messages)
+            return
+        due = [m for m in messages if m.deliver_at <= now]
+        for m in messages:
+            if m.deliver_at > now:
+                self._deferred.push(m)
+        self._wake_at(self._deferred.next_deadline())
+        if due:
+            self._enqueue(due)
+            self._request_delivery()
+
     def _put_durable(self, messages: Sequence[Message], now: float) -> None:
         deferred = [m for m in messages if m.deliver_at > now]
         ready = [m for m in messages if m.deliver_at <= now] if deferred else messages
@@ -255,6 +302,15 @@ class Channel:
 
     def _stored_deferred(self) -> StoredQueue | None:
         return self._dq.stored if self._dq is not None else None
+
+    def _stored_main(self) -> StoredQueue | None:
+        return self.backend.stored
+
+    def _backend_changed(self) -> None:
+        # After each own-store write or read: the syncer counts them (``--sync-every``).
+        stored = self.backend.stored
+        if self._syncer is not None and stored is not None:
+            self._syncer.note_dirty(stored)
 
     def _open_deferred_store(self) -> BackendQueue | None:
         """The deferred store, opened if needed; None if this channel has none (not stored on
@@ -274,8 +330,12 @@ class Channel:
         dq.put_many(messages)
         self._load_deferred()
 
-    def _load_deferred(self) -> None:
-        """Read the whole deferred store into the deferred heap (it is always read to its end)."""
+    def _load_deferred(self, in_flight: dict[bytes, Message] | None = None) -> None:
+        """Read the whole deferred store into the deferred heap (it is always read to its end).
+
+        ``in_flight``: messages just copied there while they are in flight (``_release_log``),
+        by id: their copies are not deferred, they stand for them on disk.
+        """
         dq = self._dq
         assert dq is not None
         acks = self._acks
@@ -283,9 +343,13 @@ class Channel:
             got = dq.read_many(dq.depth)
             if not got:
                 break  # unreadable bytes were set aside or reading paused: see the storage log
-            if acks is not None:
-                acks.from_store(got)
             for m in got:
+                held = in_flight.pop(m.id, None) if in_flight else None
+                if held is not None and acks is not None:
+                    acks.alias(held, m)
+                    continue
+                if acks is not None:
+                    acks.from_store((m,))
                 self._deferred.push(m)
         stored = dq.stored
         if self._syncer is not None and stored is not None:
@@ -304,9 +368,7 @@ class Channel:
         the ready queue; a failed backend write holds them in memory (``SpillQueue``)."""
         queue = self._queue
         if self._acks is not None:
-            # Requeued, timed-out or due messages of a durable channel: still unacknowledged
-            # on disk, so memory holds them without risk (at most what was in flight/deferred).
-            queue.hold(messages)
+            self._enqueue_durable(messages)
             return
         if self._unbuffered:
             queue.limit = self._memory_limit()
@@ -327,14 +389,51 @@ class Channel:
                 self._on_health(None)
             self.last_backend_error = None
 
+    def _enqueue_durable(self, messages: Sequence[Message]) -> None:
+        """Requeued, timed-out or due messages of a durable channel. Those still holding the
+        log are written to the own store (the log's low-water mark must not wait for them),
+        their offsets settled once that copy is fsynced; the others are unacknowledged in a
+        store already, so memory holds them without risk (at most what was in flight or
+        deferred)."""
+        queue = self._queue
+        pinning = [m for m in messages if m.offset >= 0]
+        if pinning:
+            try:
+                queue.put_many(pinning)  # limit 0: straight to the own store's disk
+            except BackendError as exc:
+                log.error(
+                    "CHANNEL(%s:%s): cannot store %d requeued messages (kept in memory, "
+                    "unsettled in the log) - %s",
+                    self.topic_name,
+                    self.name,
+                    len(pinning),
+                    exc,
+                )
+                if self._on_health is not None:
+                    self._on_health(str(exc))  # the syncer's next good round clears it
+                queue.hold(pinning)
+            else:
+                acks = self._acks
+                assert acks is not None
+                acks.ack_when_copied(pinning, self.backend.stored)
+            if len(pinning) == len(messages):
+                return
+            messages = [m for m in messages if m.offset < 0]
+        queue.hold(messages)
+
     def _take(self, count: int, now: float) -> list[Message]:
-        """Remove up to ``count`` ready messages, memory first, then the backend."""
+        """Remove up to ``count`` ready messages: the own store (memory, then its backend),
+        then the cursor."""
         queue = self._queue
         out = queue.take_memory(count)
-        if len(out) == count:
-            return out
         in_flight = self._in_flight
         seen: set[bytes] | None = None
+        if self._acks is not None and out:
+            # Durable: after a crash, a message can be here twice (the topic pumped it again,
+            # or it was read again from a store): one id is in flight only once.
+            out, seen = self._unique(out, count)
+        if len(out) == count:
+            return out
         while len(out) < count and self.backend.depth > 0:
             got = queue.read_backend(count - len(out))
             if not got:
@@ -353,9 +452,70 @@ class Channel:
                 else:
                     seen.add(msg_id)
                     out.append(m)
+        cursor = self.cursor
+        if cursor is not None and len(out) < count and cursor.has_unread:
+            self._take_cursor(cursor, count, now, out)
         if self._deferred:
             self._wake_at(self._deferred.next_deadline())
         return out
+
+    def _unique(self, taken: list[Message], count: int) -> tuple[list[Message], set[bytes]]:
+        """``taken`` from memory without duplicates (of each other or of what is in flight),
+        topped up from memory up to ``count``."""
+        in_flight = self._in_flight
+        seen: set[bytes] = set()
+        out: list[Message] = []
+        while taken:
+            for m in taken:
+                if m.id in in_flight or m.id in seen:
+                    self._drop_duplicate(m)
+                else:
+                    seen.add(m.id)
+                    out.append(m)
+            taken = self._queue.take_memory(count - len(out)) if len(out) < count else []
+        return out, seen
+
+    def _take_cursor(
+        self, cursor: ChannelCursor, count: int, now: float, out: list[Message]
+    ) -> None:
+        """Read from the cursor into ``out`` up to ``count`` messages."""
+        got = cursor.read(count - len(out))
+        if not got:
+            return
+        if self._acks is None and not cursor.replay_until:
+            out += got
+            return
+        # Durable (a restart may read again what the own store also had) or a replay (which
+        # reads deferred messages): look at each one.
+        in_flight = self._in_flight
+        seen = {m.id for m in out}
+        for m in got:
+            msg_id = m.id
+            if msg_id in in_flight or msg_id in seen:
+                self._drop_duplicate(m)
+            elif m.deliver_at > now:
+                self._defer_read(m)
+            else:
+                seen.add(msg_id)
+                out.append(m)
+
+    def _defer_read(self, m: Message) -> None:
+        """A deferred message read from the cursor (a replay): held until it is due."""
+        if self._acks is not None:
+            try:
+                self._store_deferred((m,))
+            except BackendError as exc:
+                log.warning(
+                    "CHANNEL(%s:%s): cannot store a deferred message (kept in memory, "
+                    "unsettled in the log): %s",
+                    self.topic_name,
+                    self.name,
+                    exc,
+                )
+            else:
+                self._acks.ack_when_copied((m,), self._stored_deferred())
+                return
+        self._deferred.push(m)
 
     def _drop_duplicate(self, m: Message) -> None:
         log.debug(
@@ -478,7 +638,7 @@ class Channel:
                         exc,
                     )
                 else:
-                    self._acks.ack_when_copied(msg)
+                    self._acks.ack_when_copied((msg,), self._stored_deferred())
                     self._request_delivery()  # its RDY slot is free again
                     return
             self._deferred.push(msg)
@@ -505,7 +665,7 @@ class Channel:
         self._want_delivery = False
         if self.paused or self.exiting or not self.clients:
             return
-        if not self._queue.memory_count and self.backend.depth == 0:
+        if not self._has_ready():
             return
         rng = self._rng
         in_flight = self._in_flight
@@ -557,6 +717,8 @@ class Channel:
                 break
         if earliest < math.inf:
             self._wake_at(earliest)
+            if self._acks is not None and self._release_check == math.inf:
+                self._release_check = now + RELEASE_CHECK_S
         clients = self.clients
         for cid, batch in batches.items():
             clients[cid].consumer.write_messages(batch)
@@ -568,10 +730,18 @@ class Channel:
         if scope is not None and deadline < scope.deadline:
             scope.deadline = deadline
 
+    def _has_ready(self) -> bool:
+        cursor = self.cursor
+        return bool(
+            self._queue.memory_count
+            or self.backend.depth
+            or (cursor is not None and cursor.has_unread)
+        )
+
     def _request_delivery(self) -> None:
         """Ask the channel's task for a delivery round (one per wakeup, however many asks);
         nothing to ask while no message is ready (the topic's pump delivers what it brings)."""
-        if not self._want_delivery and (self._queue.memory_count or self.backend.depth):
+        if not self._want_delivery and self._has_ready():
             self._want_delivery = True
             self._wake_at(-math.inf)
 
@@ -593,10 +763,66 @@ class Channel:
         due = self._deferred.pop_due(now)
         if due:
             self._enqueue(due)
+        if now >= self._release_check:
+            self._release_log(now)
 
     def next_deadline(self) -> float:
         """The earliest in-flight timeout or deferred release time (``math.inf`` if none)."""
-        return min(self._in_flight.next_deadline(), self._deferred.next_deadline())
+        return min(
+            self._in_flight.next_deadline(), self._deferred.next_deadline(), self._release_check
+        )
+
+    def _release_log(self, now: float) -> None:
+        """``--durable``: in-flight messages that hold the log's low-water mark in a segment
+        older than the one being written are copied to the deferred store, due at their
+        deadline (where a crash would bring them back), and their offsets settled once that
+        copy is fsynced: a message held long keeps neither old segments on disk nor a crash
+        replaying everything after it."""
+        cursor = self.cursor
+        acks = self._acks
+        self._release_check = math.inf
+        if cursor is None or acks is None or not cursor.unsettled_count:
+            return
+        self._release_check = now + RELEASE_CHECK_S
+        log_ = cursor.stream.log
+        if log_ is None:
+            return
+        base = log_.write_segment_base
+        if cursor.low >= base:
+            return
+        held = [m for m in self._in_flight if 0 <= m.offset < base]
+        if not held:
+            return  # held by requeues whose copies are being synced: they settle soon
+        copies = [
+            Message(m.id, m.body, m.timestamp, m.attempts, max(m.deadline, now)) for m in held
+        ]
+        try:
+            dq = self._open_deferred_store()
+            if dq is None:
+                return
+            dq.put_many(copies)
+        except BackendError as exc:
+            log.warning(
+                "CHANNEL(%s:%s): cannot copy %d long-held messages to the deferred store "
+                "(they keep holding the log): %s",
+                self.topic_name,
+                self.name,
+                len(held),
+                exc,
+            )
+            return
+        by_id = {m.id: m for m in held}
+        offsets = [m.offset for m in held]
+        for m in held:
+            m.offset = -1  # its copy in the deferred store stands for it from now on
+        self._load_deferred(by_id)
+        acks.settle_when_copied(offsets, dq.stored)
+        log.debug(
+            "CHANNEL(%s:%s): %d long-held messages copied to the deferred store",
+            self.topic_name,
+            self.name,
+            len(held),
+        )
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """The channel's task: sleep until the earliest deadline or a delivery request, process
@@ -638,6 +864,20 @@ class Channel:
         self._deferred.clear()
         for sub in self.clients.values():
             sub.in_flight_count = 0
+        if self.cursor is not None:
+            # What the topic has handed on is this channel's queue: it now reads from the end.
+            self.cursor.seek(self.cursor.stream.pumped)
+
+    def seek(self, offset: int) -> int:
+        """Read the topic's stream from ``offset`` on (clamped to what is stored): a replay, or
+        a jump ahead. In-flight, requeued and deferred messages stay and settle as usual.
+        Returns the new position. Raises ``ValueError`` for a channel without a cursor
+        (ephemeral: nothing of it is stored)."""
+        if self.cursor is None:
+            raise ValueError(f"channel {self.topic_name}:{self.name} has no stored stream")
+        position = self.cursor.seek(offset)
+        self._request_delivery()
+        return position
 
     def close(self) -> bool:
         """Shut down: stop the timer and write memory, in-flight and deferred messages (with
@@ -656,9 +896,7 @@ class Channel:
         ready += self._in_flight.clear()
         deferred = self._deferred.clear()
         self._queue.clear_memory()
-        ok = self._flush(ready, deferred)
-        if self._acks is not None:  # their copies are made durable by the sync below
-            self._acks.ack_superseded()
+        ok, copied = self._flush(ready, deferred)
         # One group of jobs: every queue's data is fsynced before any positions file is written,
         # so an acknowledgement in one queue never becomes durable before the copy in the other.
         jobs = [job for q in self.disk_queues if (job := q.prepare_sync()) is not None]
@@ -672,20 +910,25 @@ class Channel:
                     job.name,
                     error,
                 )
+        if self._acks is not None and ok:
+            # The copies are durable: the originals are done where they were (the queues'
+            # positions are persisted as they close, the log's cursor as the topic closes).
+            self._acks.ack(copied)
+            self._acks.ack_superseded()
         self.backend.close()
         if self._dq is not None:
             self._dq.close()
         log.info("CHANNEL(%s:%s): closed", self.topic_name, self.name)
         return ok
 
-    def _ack(self, messages: Sequence[Message]) -> None:
-        if self._acks is not None:
-            self._acks.ack(messages)
-
-    def _flush(self, ready: list[Message], deferred: list[Message]) -> bool:
-        """``close``: ready and in-flight messages to the main queue, deferred ones (with their
-        deadlines) to the deferred store; a durable channel acknowledges the originals."""
+    def _flush(
+        self, ready: list[Message], deferred: list[Message]
+    ) -> tuple[bool, list[Message]]:
+        """``close``: ready and in-flight messages to the own store, deferred ones (with their
+        deadlines) to the deferred store. Returns (all written, the messages written: a durable
+        channel acknowledges those originals once the copies are synced)."""
         ok = True
+        copied: list[Message] = []
         dq: BackendQueue | None = None
         if deferred:
             try:
@@ -710,7 +953,7 @@ class Channel:
                 )
                 ready += deferred
             else:
-                self._ack(deferred)
+                copied += deferred
         if ready:
             try:
                 self.backend.put_many(ready)
@@ -724,8 +967,8 @@ class Channel:
                     exc_info=True,
                 )
             else:
-                self._ack(ready)
-        return ok
+                copied += ready
+        return ok, copied
 
     def delete(self) -> None:
         """Delete: stop the timer, drop every message and the backend's storage, and close the
@@ -741,6 +984,8 @@ class Channel:
         self._deferred.clear()
         if self._acks is not None:
             self._acks.clear()
+        if self.cursor is not None:
+            self.cursor.delete()
         self.backend.delete()
         if self._dq is not None:
             self._dq.delete()

@@ -1,17 +1,27 @@
-"""Which queue backs which topic and channel, opened when first needed.
+"""Which storage backs which topic and channel, opened when first needed.
 
-Every topic and channel whose name is not ephemeral has a ``DiskQueue`` in ``--data-path``
-(acknowledgement mode with ``--durable``); ephemeral ones keep a ``DummyBackend``, and a
-non-ephemeral channel of an ephemeral topic a ``MemoryBackend`` (nothing of an ephemeral topic
-touches disk). A durable channel's deferred messages have a queue of their own, the *deferred
-store* ``topic:channel#deferred``, opened when first needed (``#`` is in no valid name: no clash).
+Every topic whose name is not ephemeral has a ``TopicLog`` in ``--data-path``: its messages,
+stored once, and its channels' cursors (``lmqd.engine.stream``). A non-ephemeral channel of such
+a topic has an **own store**, the ``DiskQueue`` ``topic:channel`` (acknowledgement mode with
+``--durable``): requeued messages past the memory bound, what a shutdown writes, and a backlog
+a daemon from before topic logs left there; it is opened the first time something is written
+to it (``LazyBackend``), or at start-up if it has files. A channel's deferred messages have a
+queue of their own, the *deferred store* ``topic:channel#deferred``, opened when first needed
+(``#`` is in no valid name: no clash). Ephemeral topics and channels keep a ``DummyBackend``,
+and a non-ephemeral channel of an ephemeral topic a ``MemoryBackend`` (nothing of an ephemeral
+topic touches disk).
 
-Opening a queue runs its recovery, which blocks:
+A topic log's files have the names its disk queue had (``<topic>.lmq.<n>.dat``): opened on a
+data directory written before topic logs, the log adopts the topic's queue segments
+(``lmqd.storage.log_recovery``), and each channel's queue, which held what the topic had handed
+it, becomes its own store.
 
-* at start-up the service opens every stored queue in one worker-thread call
+Opening a log or a queue runs its recovery, which blocks:
+
+* at start-up the service opens everything stored in one worker-thread call
   (``open_stored``), before listening, and hands them over with ``preopen``;
-* a topic or channel created at run time opens its queue synchronously. For a new name that is a
-  directory scan, a header write and one positions file (temp, fsync, rename, fsync the
+* a topic or channel created at run time opens its log or queue synchronously. For a new name
+  that is a directory scan, a header write and one state file (temp, fsync, rename, fsync the
   directory): about 1-2 ms on the development VM, the price of one topic creation, not of a
   message. A name whose files were left on disk is restored at start-up, so run-time opens do not
   meet a backlog to verify.
@@ -23,14 +33,28 @@ import logging
 import os
 import re
 from collections.abc import Callable, Sequence
+from functools import partial
 
 import attrs
 
-from lmqd.engine.backend import BackendError, BackendQueue, DummyBackend, MemoryBackend
+from lmqd.engine.backend import (
+    BackendError,
+    BackendQueue,
+    DummyBackend,
+    LazyBackend,
+    MemoryBackend,
+)
 from lmqd.engine.syncer import Syncer
 from lmqd.names import is_ephemeral
 from lmqd.options import Options
-from lmqd.storage import ChannelMetadata, DiskQueue, Metadata, TimeBase, TopicMetadata
+from lmqd.storage import (
+    ChannelMetadata,
+    DiskQueue,
+    Metadata,
+    TimeBase,
+    TopicLog,
+    TopicMetadata,
+)
 from lmqd.storage.files import name_from_stem
 from lmqd.storage.metadata import is_durable_name
 
@@ -38,7 +62,7 @@ log = logging.getLogger("lmqd.stores")
 
 DEFERRED_SUFFIX = "#deferred"
 
-_QUEUE_FILE = re.compile(r"(.+)\.lmq\.(?:pos\.json|\d+\.dat)")
+_QUEUE_FILE = re.compile(r"(.+)\.lmq\.(?:pos\.json|log\.json|\d+\.dat)")
 
 
 def deferred_store_name(topic: str, channel: str) -> str:
@@ -47,8 +71,9 @@ def deferred_store_name(topic: str, channel: str) -> str:
 
 
 def stored_queue_names(data_path: str) -> list[str]:
-    """Names of the queues that have files in ``data_path`` (topics, ``topic:channel`` and
-    deferred stores), sorted; names of no durable topic or channel are left out. Blocking."""
+    """Names of the logs and queues that have files in ``data_path`` (topics,
+    ``topic:channel`` and deferred stores), sorted; names of no durable topic or channel are
+    left out. Blocking."""
     names = set()
     with os.scandir(data_path) as entries:
         for entry in entries:
@@ -92,23 +117,24 @@ def restore_plan(metadata: Metadata, on_disk: Sequence[str]) -> list[TopicMetada
 
 
 def queues_to_open(plan: Sequence[TopicMetadata], on_disk: Sequence[str]) -> list[str]:
-    """The queue names a restore opens: every planned topic and channel, and the deferred
-    stores that have files."""
-    wanted = [t.name for t in plan] + [f"{t.name}:{c.name}" for t in plan for c in t.channels]
+    """What a restore opens: every planned topic's log, and the channels' own and deferred
+    stores that have files (the others are opened when first needed)."""
     stored = set(on_disk)
-    wanted += [
-        deferred_store_name(t.name, c.name)
-        for t in plan
-        for c in t.channels
-        if deferred_store_name(t.name, c.name) in stored
-    ]
+    wanted = [t.name for t in plan]
+    for t in plan:
+        for c in t.channels:
+            wanted += [
+                name
+                for name in (f"{t.name}:{c.name}", deferred_store_name(t.name, c.name))
+                if name in stored
+            ]
     return wanted
 
 
 class Stores:
-    """Opens the backend queues of topics and channels and registers disk queues with the
-    syncer. ``hold_data_dir`` (the service's) takes the data directory the first time a queue is
-    opened and returns the time base stored deadlines use; ephemeral names never call it."""
+    """Opens the logs of topics and the queues of channels, and registers disk queues with the
+    syncer. ``hold_data_dir`` (the service's) takes the data directory the first time something
+    is opened and returns the time base stored deadlines use; ephemeral names never call it."""
 
     def __init__(
         self,
@@ -122,7 +148,7 @@ class Stores:
         self._syncer = syncer
         self._hold_data_dir = hold_data_dir
         self._on_health = on_health
-        self._preopened: dict[str, DiskQueue] = {}
+        self._preopened: dict[str, DiskQueue | TopicLog] = {}
 
     def open_queue(self, name: str) -> DiskQueue:
         """Open (recover) the disk queue ``name``; blocking, raises ``OSError``."""
@@ -134,33 +160,43 @@ class Stores:
             ack_mode=self.options.durable,
         )
 
+    def open_log(self, name: str) -> TopicLog:
+        """Open (recover) the log of topic ``name``; blocking, raises ``OSError``."""
+        return TopicLog(
+            name,
+            self.options.data_path,
+            timebase=self._hold_data_dir(),
+            max_bytes_per_file=self.options.max_bytes_per_file,
+        )
+
     def open_stored(
         self, names: Sequence[str]
-    ) -> tuple[dict[str, DiskQueue], dict[str, OSError]]:
-        """Open each queue: (opened, failed) by name. Blocking: the service runs this in a
-        worker thread."""
-        opened: dict[str, DiskQueue] = {}
+    ) -> tuple[dict[str, DiskQueue | TopicLog], dict[str, OSError]]:
+        """Open each log (a topic's name) or queue: (opened, failed) by name. Blocking: the
+        service runs this in a worker thread."""
+        opened: dict[str, DiskQueue | TopicLog] = {}
         failed: dict[str, OSError] = {}
         for name in names:
             try:
-                opened[name] = self.open_queue(name)
+                opened[name] = self.open_queue(name) if ":" in name else self.open_log(name)
             except OSError as exc:
                 failed[name] = exc
         return opened, failed
 
-    def preopen(self, queues: dict[str, DiskQueue]) -> None:
-        """Queues opened by ``open_stored``, taken by the topics and channels restored next."""
-        self._preopened = dict(queues)
+    def preopen(self, opened: dict[str, DiskQueue | TopicLog]) -> None:
+        """Logs and queues opened by ``open_stored``, taken by the topics and channels restored
+        next."""
+        self._preopened = dict(opened)
 
     def close_unclaimed(self) -> None:
-        """Close the preopened queues no topic or channel took (their topic failed to open)."""
-        for queue in self._preopened.values():
-            queue.close()
+        """Close what no topic or channel took (their topic failed to open)."""
+        for opened in self._preopened.values():
+            opened.close()
         self._preopened.clear()
 
     def _disk(self, name: str) -> DiskQueue:
         queue = self._preopened.pop(name, None)
-        if queue is None:
+        if not isinstance(queue, DiskQueue):
             try:
                 queue = self.open_queue(name)
             except OSError as exc:
@@ -170,19 +206,34 @@ class Stores:
         self._syncer.register(queue)
         return queue
 
-    def topic_backend(self, name: str) -> BackendQueue:
-        """A topic's queue. Raises ``BackendError`` if its disk queue cannot be opened."""
+    def topic_log(self, name: str) -> TopicLog | None:
+        """A topic's log (None for an ephemeral topic). Raises ``BackendError`` if it cannot
+        be opened. The topic registers it with the syncer."""
         if is_ephemeral(name):
-            return DummyBackend()
-        return self._disk(name)
+            return None
+        opened = self._preopened.pop(name, None)
+        if isinstance(opened, TopicLog):
+            return opened
+        try:
+            return self.open_log(name)
+        except OSError as exc:
+            log.error("TOPICLOG(%s): cannot open: %s", name, exc)
+            self._on_health(f"cannot open log {name}: {exc}")
+            raise BackendError(f"cannot open log {name}: {exc}") from exc
 
     def channel_backend(self, topic_name: str, channel_name: str) -> BackendQueue:
-        """A channel's queue. Raises ``BackendError`` if its disk queue cannot be opened."""
+        """A channel's own store: its disk queue, opened when first written to (or now, if it
+        has files from before). Never raises: a failure to open shows when it is written to."""
         if is_ephemeral(channel_name):
             return DummyBackend()
         if is_ephemeral(topic_name):
             return MemoryBackend()  # nothing of an ephemeral topic goes to disk
-        return self._disk(f"{topic_name}:{channel_name}")
+        name = f"{topic_name}:{channel_name}"
+        existing = self._preopened.pop(name, None)
+        if isinstance(existing, DiskQueue):
+            self._syncer.register(existing)
+            return LazyBackend(partial(self._disk, name), existing)
+        return LazyBackend(partial(self._disk, name))
 
     def deferred_store(self, topic_name: str, channel_name: str, create: bool) -> DiskQueue | None:
         """A channel's deferred store: opened when first needed (``create``), or at start-up if

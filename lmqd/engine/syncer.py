@@ -2,13 +2,13 @@
 
 Theory of operation
 -------------------
-Writes to a disk queue (``StoredQueue``) only hand bytes to the OS; an fsync makes them durable. The
-syncer runs those fsyncs in **rounds**: it calls ``prepare_sync()`` (non-blocking, event-loop
-thread) on every queue the round covers, then runs all the jobs with one
-``trio.to_thread.run_sync(run_sync_jobs, jobs)``: one fsync per file written and one per directory,
-however many queues and publishers the round serves. Writes that arrive while a round runs in the
-worker thread wait for the next round, which starts as soon as the previous one returns: group
-commit.
+Writes to a disk queue or a topic's log (a ``Syncable``) only hand bytes to the OS; an fsync
+makes them durable. The syncer runs those fsyncs in **rounds**: it calls ``prepare_sync()``
+(non-blocking, event-loop thread) on every queue the round covers, then runs all the jobs with
+one ``trio.to_thread.run_sync(run_sync_jobs, jobs)``: one fsync per file written and one per
+directory, however many queues and publishers the round serves. Writes that arrive while a
+round runs in the worker thread wait for the next round, which starts as soon as the previous
+one returns: group commit.
 
 A queue is in a round when
 
@@ -55,7 +55,7 @@ from collections.abc import Callable, Sequence
 import attrs
 import trio
 
-from lmqd.engine.backend import StoredQueue
+from lmqd.engine.backend import Syncable
 from lmqd.storage import Metadata, SyncJob, run_sync_jobs, save_metadata
 
 __all__ = ["FSYNC_BUCKETS", "DurableCallback", "Syncer", "SyncerStats"]
@@ -97,7 +97,7 @@ class SyncerStats:
 class _QueueState:
     __slots__ = ("gen", "queue", "waiters")
 
-    def __init__(self, queue: StoredQueue) -> None:
+    def __init__(self, queue: Syncable) -> None:
         self.queue = queue
         self.gen = 0
         """``prepare_sync`` calls made by the syncer for this queue."""
@@ -148,7 +148,7 @@ class Syncer:
         self._metadata_file = metadata_file
         self._metadata = metadata
         self._on_health = on_health
-        self._states: dict[StoredQueue, _QueueState] = {}
+        self._states: dict[Syncable, _QueueState] = {}
         self._urgent: set[_QueueState] = set()
         self._due: set[_QueueState] = set()
         self._metadata_dirty = False
@@ -172,12 +172,12 @@ class Syncer:
 
     # -- what the queues' owners call (plain def, never blocks) --------------------------------
 
-    def register(self, queue: StoredQueue) -> None:
+    def register(self, queue: Syncable) -> None:
         """Start looking after ``queue`` (a closed or deleted queue is dropped by itself)."""
         if queue not in self._states:
             self._states[queue] = _QueueState(queue)
 
-    def note_dirty(self, queue: StoredQueue) -> None:
+    def note_dirty(self, queue: Syncable) -> None:
         """A batch was written, read or acknowledged: sync at once past ``--sync-every``."""
         if queue.dirty_count >= self._sync_every:
             state = self._states.get(queue)
@@ -186,7 +186,7 @@ class Syncer:
                 self._wake.set()
 
     def when_durable(
-        self, queue: StoredQueue, callback: DurableCallback, *, urgent: bool = True
+        self, queue: Syncable, callback: DurableCallback, *, urgent: bool = True
     ) -> None:
         """Call ``callback`` once everything written to ``queue`` so far is fsynced.
 

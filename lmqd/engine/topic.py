@@ -1,25 +1,26 @@
-"""Topic: the published stream, copied to every channel by one messagePump task.
+"""Topic: the published stream, stored once, read by every channel; one messagePump task.
 
-Publishing (``publish`` / ``put_many``) appends to the topic's ``SpillQueue`` (memory up to
-``--mem-queue-size``, the overflow in its backend queue; all or none, so a publisher whose
-messages could not be stored gets an error and still has them). A publish
-only wakes the pump (one ``trio.Event.set``); the pump then moves everything waiting in batches:
-the first channel gets the original ``Message`` objects, every other channel ``msg.copy()`` (same
-id, timestamp and body object), and each channel delivers once per batch. A topic that is paused
-or has no channels keeps its backlog; the first channel created gets it (nsqd).
+Publishing (``publish`` / ``put_many``) gives each message the topic's next offset and hands
+it to the topic's ``TopicStream`` (``stream.py``): memory up to ``--mem-queue-size``, past that
+the topic's log, once whatever the number of channels (``--durable``: the log at once, and the
+publisher's ``OK`` waits for its fsync, see ``lmqd.engine.syncer``). All or none, so a publisher
+whose messages could not be stored gets an error and still has them. A publish only wakes the
+pump (one ``trio.Event.set``).
+
+The pump hands the stream to the channels in batches (nsqd's messagePump): it moves the
+stream's ``pumped`` offset, below which the channels read through their cursors
+(``cursor.py``), pushes the batch's deferred messages (DPUB) into every channel's deferred
+queue, puts copies into the channels that have no cursor (ephemeral ones, and every channel of an
+ephemeral topic, which has no log), and asks each channel to deliver once per batch. A topic
+that is paused or has no channels does not pump: it keeps its backlog, and the first channel
+created reads it (nsqd).
+
+A durable channel keeps its copy of a deferred message in its deferred store; until that copy is
+fsynced the stream keeps ``#topic`` from passing the message (``TopicStream.pin``), so a crash
+before then pumps it again.
 
 ``run`` owns a nursery holding the pump and every channel's timer task; channels created later
 are started into it, and each channel cancels its own task when deleted.
-
-Durable topics (``--durable``: the backend is a disk queue in acknowledgement mode)
-------------------------------------------------------------------------------------------
-Every publish goes to the queue (no memory queue: the publisher's ``OK`` waits for the fsync of
-exactly these records, see ``lmqd.engine.syncer``). The pump reads stored messages and writes a
-copy to every channel's own queue; the topic acknowledges a batch only once every durable channel's
-copy has been fsynced (``Syncer.when_durable``, on the channels' normal sync schedule), so the
-topic's persisted read position never passes a message that exists nowhere else on disk. A
-channel whose write or sync failed gets the batch again later (``_redo``, retried every
-``RETRY_DELAY``); the others are not written twice.
 """
 
 from __future__ import annotations
@@ -27,22 +28,24 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from itertools import repeat
 from typing import TYPE_CHECKING
 
 import trio
 
-from lmqd.engine.backend import BackendError, BackendQueue, DummyBackend, StoredQueue
+from lmqd.engine.backend import BackendError, BackendQueue, DummyBackend
 from lmqd.engine.channel import Channel, TopicExiting
+from lmqd.engine.cursor import ChannelCursor
 from lmqd.engine.e2e import E2eLatencyStream
-from lmqd.engine.spill import SpillQueue
+from lmqd.engine.policy import TopicPolicy
+from lmqd.engine.stream import TOPIC_CURSOR, TopicStream
 from lmqd.message import GuidFactory, Message
 from lmqd.names import is_ephemeral
 from lmqd.options import Options
 from lmqd.stats import NO_E2E_LATENCY, E2eLatency, TopicStats
+from lmqd.storage import TopicLog
 
 if TYPE_CHECKING:
     from lmqd.engine.syncer import Syncer
@@ -51,50 +54,21 @@ __all__ = ["Topic", "TopicExiting"]
 
 log = logging.getLogger("lmqd.topic")
 
-# Messages moved per pump iteration. Large enough that the per-batch costs (a checkpoint, one
-# put_many and one delivery round per channel) vanish per message; small enough that one busy
-# topic yields to the network tasks often (a batch of 2048 takes roughly a millisecond).
+# Messages handed on per pump iteration. Large enough that the per-batch costs (a checkpoint, one
+# delivery round per channel) vanish per message; small enough that one busy topic yields to the
+# network tasks often (a batch of 2048 takes roughly a millisecond).
 PUMP_BATCH = 2048
-# A durable topic whose channel write failed (disk full, I/O error) tries again this much later:
-# often enough to resume soon after the disk recovers, rarely enough not to flood the log.
-RETRY_DELAY = 1.0
-
-
-class _Pending:
-    """One batch a durable topic pumped: acknowledged once every channel's copy is durable."""
-
-    __slots__ = ("messages", "redo", "waiting")
-
-    def __init__(self, messages: list[Message]) -> None:
-        self.messages = messages
-        self.waiting = 0
-        """Channel copies written and not yet fsynced."""
-        self.redo = 0
-        """Retry batches queued for channels whose write or sync failed."""
-
-
-class _Batch:
-    """Messages to (re)send to some channels: ``targets`` None means every channel."""
-
-    __slots__ = ("messages", "pending", "targets")
-
-    def __init__(
-        self, messages: list[Message], targets: list[Channel] | None, pending: _Pending
-    ) -> None:
-        self.messages = messages
-        self.targets = targets
-        self.pending = pending
 
 
 class Topic:
-    """One topic: its queue, its channels and the pump between them."""
+    """One topic: its stream, its channels and the pump between them."""
 
     def __init__(
         self,
         name: str,
         options: Options,
         *,
-        backend: BackendQueue,
+        log: TopicLog | None = None,
         channel_backend_factory: Callable[[str, str], BackendQueue],
         on_deleted_ephemeral: Callable[[Topic], None] | None = None,
         guid: GuidFactory | None = None,
@@ -108,7 +82,6 @@ class Topic:
     ) -> None:
         self.name = name
         self.options = options
-        self.backend = backend
         self.ephemeral = is_ephemeral(name)
         self.paused = False
         self.exiting = False
@@ -127,21 +100,24 @@ class Topic:
         self._on_channel_deleted = on_channel_deleted
         """Told ``(topic, channel)`` when a channel is created or deleted on its own (not when
         the whole topic is deleted): the broker passes it on to its observers."""
-        disk = backend.stored
-        self._disk = disk if disk is not None and disk.ack_mode else None
-        """The acknowledgement-mode queue of a durable topic."""
-        self._dirty: Callable[[], None] | None = (
-            partial(syncer.note_dirty, disk) if syncer is not None and disk is not None else None
+        self.stream = TopicStream(
+            name,
+            log=log,
+            limit=options.mem_queue_size,
+            write_through=options.durable,
+            drop_overflow=self.ephemeral,
+            clock=trio.current_time,
         )
-        # nsqd makes no memory queue for a topic with --mem-queue-size 0, ephemeral or not (an
-        # ephemeral topic then drops everything into its dummy backend). A durable topic has
-        # none either: its publishers' OKs wait for the fsync of the records.
-        self._queue = SpillQueue(
-            backend, 0 if self._disk is not None else options.mem_queue_size, self._dirty
-        )
-        self._redo: deque[_Batch] = deque()
-        self._pendings: set[_Pending] = set()
-        self._retry_at = 0.0
+        """The topic's messages by offset: memory tail and log."""
+        self.durable = options.durable and log is not None
+        """``--durable``: every publish is in the log, and its ``OK`` waits for the fsync."""
+        self.policy_settings: dict[str, int] = {}
+        """The topic's own policy keys (``policy.py``), persisted with the metadata."""
+        self.policy = TopicPolicy.effective(options, {})
+        """The effective policy: the daemon's defaults, then ``policy_settings``."""
+        self._apply_policy()
+        if syncer is not None and log is not None:
+            syncer.register(self.stream)
         self._wakeup = trio.Event()
         self._nursery: trio.Nursery | None = None
         self._run_scope = trio.CancelScope()
@@ -150,28 +126,35 @@ class Topic:
         return f"<Topic {self.name}>"
 
     @property
+    def log(self) -> TopicLog | None:
+        """The topic's log (None: ephemeral, nothing on disk)."""
+        return self.stream.log
+
+    @property
     def depth(self) -> int:
-        """Messages not yet pumped to channels: memory + backend."""
-        return len(self._queue)
+        """Messages not yet handed to the channels: memory + log."""
+        return self.stream.depth
 
     @property
     def backend_depth(self) -> int:
-        return self.backend.depth
+        """Of ``depth``, the messages in the log."""
+        return self.stream.backend_depth
 
     @property
-    def durable(self) -> bool:
-        """Whether publishes go to an acknowledgement-mode disk queue (``--durable``)."""
-        return self._disk is not None
+    def dropped_count(self) -> int:
+        """Messages an ephemeral topic dropped because its memory was full."""
+        return self.stream.dropped_count
 
     @property
-    def durable_queue(self) -> StoredQueue | None:
-        """The queue whose fsync a durable publisher waits for (None: not durable)."""
-        return self._disk
+    def durable_queue(self) -> TopicStream | None:
+        """What a durable publisher waits for the fsync of (None: not durable)."""
+        return self.stream if self.durable else None
 
     # -- publishing --------------------------------------------------------------------------
 
     def publish(self, bodies: Sequence[bytes], now: float, defer: float = 0.0) -> list[Message]:
-        """Make messages of ``bodies`` (new ids, one wall-clock timestamp) and put them.
+        """Make messages of ``bodies`` (new ids, one wall-clock timestamp) and store them at
+        the next offsets.
 
         ``defer`` > 0 (seconds, DPUB) sets ``deliver_at = now + defer``. Raises
         ``TopicExiting``, or ``BackendError`` having stored none of them.
@@ -181,27 +164,38 @@ class Topic:
         ids = self._guid.new_ids(len(bodies))
         ts = time.time_ns()
         deliver_at = now + defer if defer > 0 else 0.0
-        # map() calls the constructor without a Python-level loop: ~25% less per message.
+        # map() calls the constructor without a Python-level loop: ~25% less per message. The
+        # offsets are not set on the objects (~20% more per message): the stream knows them,
+        # and the copies channels read from the log carry theirs.
         messages = list(map(Message, ids, bodies, repeat(ts), repeat(0), repeat(deliver_at)))
-        self._put(messages, sum(map(len, bodies)))
+        self._put(messages, sum(map(len, bodies)), deliver_at > 0)
         return messages
 
     def put_many(self, messages: Sequence[Message]) -> None:
-        """Queue already-built messages (publish, restore). All or none: raises
+        """Store already-built messages (at the next offsets). All or none: raises
         ``TopicExiting``, or ``BackendError`` having stored none of them."""
         if self.exiting:
             raise TopicExiting(f"topic {self.name} is exiting")
-        self._put(messages, sum(len(m.body) for m in messages))
+        self._put(messages, sum(len(m.body) for m in messages), any(m.deliver_at for m in messages))
 
     @property
     def wrote_backend(self) -> bool:
-        """Whether the last publish wrote to the backend (a success there clears bad health)."""
-        return self._queue.wrote_backend
+        """Whether the last publish wrote to the log (a success there clears bad health)."""
+        return self.stream.wrote_backend
 
-    def _put(self, messages: Sequence[Message], nbytes: int) -> None:
-        self._queue.put_many(messages)  # raises BackendError having queued none
+    def _put(self, messages: Sequence[Message], nbytes: int, deferred: bool) -> None:
+        stream = self.stream
+        first = stream.next_offset
+        stream.append(messages)  # raises BackendError having stored none
+        if deferred:
+            kept = stream.next_offset - first  # an ephemeral topic may have dropped the rest
+            stream.note_deferred(
+                [first + k for k, m in enumerate(messages[:kept]) if m.deliver_at]
+            )
         self.message_count += len(messages)
         self.message_bytes += nbytes
+        if stream.wrote_backend and self._syncer is not None:
+            self._syncer.note_dirty(stream)
         self._wakeup.set()
 
     # -- the pump ----------------------------------------------------------------------------
@@ -209,143 +203,110 @@ class Topic:
     def _pump_ready(self) -> bool:
         return (
             not self.paused
-            and bool(self.channels)
-            and (self.depth > 0 or (bool(self._redo) and trio.current_time() >= self._retry_at))
+            and self.stream.depth > 0
+            and any(not c.exiting for c in self.channels.values())
         )
 
     async def _pump(self) -> None:
         while True:
             if not self._pump_ready():
                 self._wakeup = trio.Event()
-                # A retry batch waits for its delay; anything else wakes the pump earlier.
-                deadline = self._retry_at if self._redo else float("inf")
-                with trio.move_on_at(deadline):
-                    await self._wakeup.wait()
+                await self._wakeup.wait()
                 continue
-            now = trio.current_time()
-            if self._redo and now >= self._retry_at:
-                self._resend(self._redo.popleft(), now)
-                await trio.lowlevel.checkpoint()
-                continue
-            messages = self._queue.take(PUMP_BATCH)
-            if not messages:
-                # The backend holds messages it cannot read now (a corrupt region it could not
-                # set aside yet): try again later rather than spin.
-                await trio.sleep(RETRY_DELAY)
-                continue
-            if self._disk is None:
-                self._fan_out(messages, now)
-            else:
-                pending = _Pending(messages)
-                self._pendings.add(pending)
-                self._send(_Batch(messages, None, pending), now)
-                self._settle(pending)
+            self._pump_batch(trio.current_time())
             # One checkpoint per batch: lets the connections run between batches.
             await trio.lowlevel.checkpoint()
 
-    def _fan_out(self, messages: list[Message], now: float) -> None:
+    def _pump_batch(self, now: float) -> None:
+        """Hand the next batch of the stream to the channels (see the module docstring)."""
+        stream = self.stream
         channels = [c for c in self.channels.values() if not c.exiting]
-        if not channels:  # only exiting channels left: keep the batch (rare)
-            self._queue.requeue_front(messages)
-            return
-        for channel in channels[1:]:
-            channel.put_many([m.copy() for m in messages], now)
-        channels[0].put_many(messages, now)
+        start, end, deferred_at = stream.take_pump_batch(PUMP_BATCH)
+        readers = [c for c in channels if c.cursor is not None]
+        pushed = [c for c in channels if c.cursor is None]
+        for channel in readers:
+            channel.message_count += end - start
+        if deferred_at and readers:
+            deferred = stream.messages_at(deferred_at)
+            for channel in readers:
+                self._push_deferred(channel, deferred, now)
+        if pushed:
+            batch = stream.read_range(start, end)
+            if not readers and stream.log is None:
+                # The tail forgets them below: the first channel may keep the objects.
+                for channel in pushed[1:]:
+                    channel.put_many([m.copy() for m in batch], now)
+                pushed[0].put_many(batch, now)
+            else:
+                for channel in pushed:
+                    channel.put_many([m.copy() for m in batch], now)
         for channel in channels:
             channel.deliver(now)
+        stream.trim()
 
-    # -- the durable pump ----------------------------------------------------------------------
-
-    def _send(self, batch: _Batch, now: float) -> None:
-        """Write a copy of the batch to each target channel; schedule retries for failures."""
-        pending = batch.pending
-        targets = batch.targets
-        if targets is None:
-            targets = list(self.channels.values())
-        failed: list[Channel] = []
-        error: BackendError | None = None
-        syncer = self._syncer
-        for channel in targets:
-            if channel.exiting or self.channels.get(channel.name) is not channel:
-                continue  # deleted meanwhile: its copy no longer matters
-            # Copies for every channel, even the first: a retry must start from the originals.
-            try:
-                channel.put_many([m.copy() for m in batch.messages], now)
-            except BackendError as exc:
-                failed.append(channel)
-                error = exc
-                continue
-            channel.deliver(now)
-            if syncer is not None:
-                for queue in channel.durable_queues:
-                    pending.waiting += 1
-                    syncer.when_durable(
-                        queue, partial(self._copy_synced, pending, channel), urgent=False
-                    )
-        if failed:
+    def _push_deferred(self, channel: Channel, deferred: list[Message], now: float) -> None:
+        """Copies of the batch's deferred messages (with their offsets) to one channel."""
+        copies = [m.copy() for m in deferred]
+        if not channel.durable:
+            channel.push_deferred(copies, now)
+            return
+        stream = self.stream
+        offsets = [m.offset for m in deferred]
+        for offset in offsets:
+            stream.pin(offset)  # #topic must not pass them before this channel's copy is safe
+        try:
+            channel.push_deferred(copies, now)
+        except BackendError as exc:
+            # Kept in memory; the pin stays, so a restart pumps them again for this channel.
             log.error(
-                "TOPIC(%s): writing %d messages to %d channel(s) failed, retrying in %.0fs - %s",
+                "TOPIC(%s): channel(%s) cannot store %d deferred messages (held in memory "
+                "until a restart pumps them again) - %s",
                 self.name,
-                len(batch.messages),
-                len(failed),
-                RETRY_DELAY,
-                error,
+                channel.name,
+                len(copies),
+                exc,
             )
             if self._on_health is not None:
-                self._on_health(str(error))
-            self._retry(_Batch(batch.messages, failed, pending))
-
-    def _retry(self, batch: _Batch) -> None:
-        batch.pending.redo += 1
-        # Every failure postpones all retries: a disk that fails once likely fails again soon.
-        self._retry_at = trio.current_time() + RETRY_DELAY
-        self._redo.append(batch)
-        self._wakeup.set()
-
-    def _resend(self, batch: _Batch, now: float) -> None:
-        batch.pending.redo -= 1
-        self._send(batch, now)
-        self._settle(batch.pending)
-
-    def _copy_synced(self, pending: _Pending, channel: Channel, error: OSError | None) -> None:
-        # Syncer callback: one channel's copy of a batch is durable (or its fsync failed).
-        if self.exiting:
+                self._on_health(str(exc))
+            for m in copies:
+                m.offset = -1
+            channel.hold_deferred(copies)
             return
-        pending.waiting -= 1
-        if error is not None:
-            # The copy may be lost: write it again (a duplicate at worst, never a loss). A
-            # channel with two queues can fail twice for one batch: one retry is enough.
-            if not any(channel in (b.targets or ()) and b.pending is pending for b in self._redo):
-                self._retry(_Batch(pending.messages, [channel], pending))
-            self._settle(pending)
+        store = channel.deferred_store
+        if self._syncer is None or store is None:
+            for offset in offsets:
+                stream.unpin(offset)
             return
-        self._settle(pending)
+        self._syncer.when_durable(store, partial(self._unpin, offsets), urgent=False)
 
-    def _settle(self, pending: _Pending) -> None:
-        """Acknowledge a batch at the topic once every channel's copy is durable."""
-        if pending.waiting or pending.redo or pending not in self._pendings:
-            return
-        self._pendings.discard(pending)
-        disk = self._disk
-        if disk is not None and not self.exiting:
-            disk.ack_messages(pending.messages)
-            if self._dirty is not None:
-                self._dirty()
+    def _unpin(self, offsets: list[int], error: OSError | None) -> None:
+        # Syncer callback: a channel's deferred copies are durable (or their sync failed: the
+        # pin stays, so a restart pumps them again for every channel).
+        if error is None and not self.exiting:
+            for offset in offsets:
+                self.stream.unpin(offset)
 
     # -- channels ----------------------------------------------------------------------------
 
-    def get_channel(self, name: str) -> Channel:
+    def get_channel(self, name: str, start_at: int | None = None) -> Channel:
         """The channel called ``name``, created (and its timer started) if absent.
 
-        Raises ``TopicExiting`` if the topic is being deleted or closed.
+        A new channel reads what the topic hands on from now on (nsqd), or, with ``start_at``,
+        from that offset on (a replay; clamped to what is stored). Raises ``TopicExiting`` if
+        the topic is being deleted or closed.
         """
         channel = self.channels.get(name)
         if channel is not None:
             return channel
         if self.exiting:
             raise TopicExiting(f"topic {self.name} is exiting")
-        backend = (
-            DummyBackend() if is_ephemeral(name) else self._channel_backend_factory(self.name, name)
+        ephemeral = is_ephemeral(name)
+        backend = DummyBackend() if ephemeral else self._channel_backend_factory(self.name, name)
+        durable = self.durable and not ephemeral
+        cursor = (
+            None
+            if ephemeral or self.ephemeral
+            else ChannelCursor(self.stream, name, durable=durable, at=start_at)
         )
         channel = Channel(
             self.name,
@@ -361,6 +322,8 @@ class Topic:
                 if self._deferred_store_factory is None
                 else partial(self._deferred_store_factory, self.name, name)
             ),
+            cursor=cursor,
+            durable=durable,
         )
         self.channels[name] = channel
         log.info("TOPIC(%s): new channel(%s)", self.name, name)
@@ -375,6 +338,13 @@ class Topic:
 
     def channel_or_none(self, name: str) -> Channel | None:
         return self.channels.get(name)
+
+    def stored_channel_names(self) -> list[str]:
+        """Channels the topic's log keeps a cursor for (restored with the topic)."""
+        log_ = self.stream.log
+        if log_ is None:
+            return []
+        return sorted(name for name in log_.cursors if name != TOPIC_CURSOR)
 
     def delete_channel(self, name: str) -> None:
         """Delete a channel and its stored messages (``KeyError`` if absent). An ephemeral
@@ -396,6 +366,31 @@ class Topic:
         if self.channels.get(channel.name) is channel:
             self.delete_channel(channel.name)
 
+    # -- policy ------------------------------------------------------------------------------
+
+    def set_policy(self, changes: Mapping[str, int]) -> TopicPolicy:
+        """Set policy keys (validated by ``policy.parse_update``); returns the effective policy.
+
+        Raises ``BackendError`` if turning retention on had to write the memory tail to the log
+        and that failed (the policy is set all the same; the tail is written at the next
+        publish or at shutdown).
+        """
+        self.policy_settings.update(changes)
+        self.policy = TopicPolicy.effective(self.options, self.policy_settings)
+        if self._on_change is not None and not self.ephemeral:
+            self._on_change()
+        self._apply_policy()
+        return self.policy
+
+    def _apply_policy(self) -> None:
+        log_ = self.stream.log
+        if log_ is None:
+            return
+        policy = self.policy
+        log_.retention_ms = policy.retention_ms or None
+        log_.retention_bytes = policy.retention_bytes or None
+        self.stream.set_write_through(policy.retains or self.options.durable)
+
     # -- admin -------------------------------------------------------------------------------
 
     def pause(self) -> None:
@@ -412,44 +407,22 @@ class Topic:
             self._on_change()
 
     def empty(self) -> None:
-        """Drop the topic's own queued messages (channels keep theirs, as nsqd)."""
-        self._queue.empty()
-        self._redo.clear()
-        self._pendings.clear()
+        """Drop the messages not yet handed to the channels (channels keep theirs, as nsqd)."""
+        self.stream.reset_unpumped()
 
     def close(self) -> None:
-        """Shut down: close every channel (flushing them), write the memory queue to the
-        backend, close it and end ``run``. Idempotent.
-
-        A durable topic then acknowledges the batches whose channel copies the channels' close
-        made durable; batches waiting for a retry stay unacknowledged (read again at the next
-        start, so no channel misses them).
-        """
+        """Shut down: close every channel (each writes its in-flight, requeued and deferred
+        messages to its stores), then the stream (the memory tail to the log, every cursor
+        where its channel is, the log synced and closed); ends ``run``. Idempotent."""
         if self.exiting:
             return
         self.exiting = True
         self._run_scope.cancel()
-        channels_ok = True
-        for channel in self.channels.values():
-            if not channel.close():
-                channels_ok = False
-        if self._disk is not None and channels_ok:
-            self._disk.ack_messages([m for p in self._pendings if not p.redo for m in p.messages])
-        self._pendings.clear()
-        self._redo.clear()
-        pending = self._queue.memory()
-        if pending:
-            self._queue.clear_memory()
-            try:
-                self.backend.put_many(pending)
-            except Exception:
-                log.error(
-                    "TOPIC(%s): failed to flush %d messages to the backend at close",
-                    self.name,
-                    len(pending),
-                    exc_info=True,
-                )
-        self.backend.close()
+        closed_ok = [channel.close() for channel in self.channels.values()]
+        if all(closed_ok):
+            # Every channel synced its stores: the deferred copies the pump made are durable.
+            self.stream.clear_pins()
+        self.stream.close()
         log.info("TOPIC(%s): closed", self.name)
 
     def delete(self) -> None:
@@ -462,10 +435,7 @@ class Topic:
         self.channels.clear()
         for channel in channels:
             channel.delete()
-        self._queue.clear_memory()
-        self._redo.clear()
-        self._pendings.clear()
-        self.backend.delete()
+        self.stream.delete()
         log.info("TOPIC(%s): deleted", self.name)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -500,7 +470,7 @@ class Topic:
                 for n in sorted(self.channels)
             ),
             depth=self.depth,
-            backend_depth=self.backend.depth,
+            backend_depth=self.backend_depth,
             message_count=self.message_count,
             message_bytes=self.message_bytes,
             paused=self.paused,

@@ -1,4 +1,5 @@
-"""nsqd's HTTP endpoints (nsq-reference §2), plus ``GET /metrics``.
+"""nsqd's HTTP endpoints (nsq-reference §2), plus ``GET /metrics`` and lmq's replay endpoints
+(``replay.py``) and topic policies (``policy.py``).
 
 Every handler reproduces nsqd v1.3.0's ``nsqd/http.go`` step for step, because the order of the
 checks decides which error a bad request gets: ``/pub`` checks the size before the topic, reads
@@ -41,6 +42,8 @@ from lmqd.httpapi.asgi import (
     json_response,
 )
 from lmqd.httpapi.config_api import get_option, put_option
+from lmqd.httpapi.policy import PolicyApi
+from lmqd.httpapi.replay import ReplayApi
 from lmqd.httpapi.stats_text import format_stats
 from lmqd.memory import MEMORY_KEYS, memory_stats
 from lmqd.metrics import make_registry
@@ -106,6 +109,14 @@ class HttpApi(AsgiApp):
         add("POST", "/channel/empty", self.channel_empty)
         add("POST", "/channel/pause", self.channel_pause)
         add("POST", "/channel/unpause", self.channel_pause)
+        # lmq's replay and reading by offset (replay.py)
+        self.replay = ReplayApi(broker)
+        add("POST", "/channel/seek", self.replay.channel_seek)
+        add("GET", "/topic/offsets", self.replay.topic_offsets)
+        add("GET", "/topic/read", self.replay.topic_read)
+        self.policy = PolicyApi(broker)  # lmq's topic policies (policy.py)
+        add("GET", "/topic/policy", self.policy.topic_policy)
+        add("POST", "/topic/policy", self.policy.topic_policy)
         add("GET", "/config/:opt", self.config)
         add("PUT", "/config/:opt", self.config)
         add("POST", "/debug/freememory", self.free_memory)
@@ -345,6 +356,9 @@ class HttpApi(AsgiApp):
 
     async def channel_create(self, request: Request) -> Response:
         topic, name = self._topic_and_channel_name(request)
+        start = self._query(request).get("from")
+        if start is not None:  # lmq: a channel that starts elsewhere than at the end
+            return self.replay.create_channel_from(topic, name, start)
         try:
             topic.get_channel(name)
         except TopicExiting:

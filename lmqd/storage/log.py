@@ -96,6 +96,8 @@ class TopicLog:
         if max_bytes_per_file <= SEGMENT_HEADER_SIZE:
             raise ValueError("max_bytes_per_file too small")
         self.name = name
+        self.timebase = timebase
+        """Trio time <-> wall clock for stored deadlines (and retention judged on trio time)."""
         self.retention_ms = _non_negative("retention_ms", retention_ms)
         """Keep segments every cursor has passed while their newest message is younger than
         this (None: no time retention). May be changed at any time."""
@@ -195,17 +197,27 @@ class TopicLog:
         segments (where its existing channels' cursors start); None if nothing was adopted."""
         return self._adopted
 
-    def append_many(self, messages: Sequence[Message]) -> int:
+    def append_many(self, messages: Sequence[Message], first_offset: int | None = None) -> int:
         """Append ``messages`` in order; returns the offset of the first (the others follow).
 
-        All or nothing: raises ``BackendError`` having stored none of them. The message objects
-        are kept (the tail cache) and handed to cursors as they are: do not change them after.
+        ``first_offset`` (at or after ``next_offset``) gives the first message a later offset
+        than the next one: the offsets skipped are a gap, as damage leaves (a topic that kept
+        messages in memory and never wrote the ones every channel had read). All or nothing:
+        raises ``BackendError`` having stored none of them. The message objects are kept (the
+        tail cache) and handed to cursors as they are: do not change them after.
         """
         if self._closed:
             raise BackendError(f"TOPICLOG({self.name}): closed")
         listed = messages if isinstance(messages, list) else list(messages)
         index = self._index
         first = index.next_offset
+        if first_offset is not None:
+            if first_offset < first:
+                raise ValueError(
+                    f"TOPICLOG({self.name}): offset {first_offset} was given already "
+                    f"(next is {first})"
+                )
+            first = first_offset
         if not listed:
             return first
         placed = self._writer.write(listed, first)
@@ -229,6 +241,21 @@ class TopicLog:
         index.next_offset = first + whole
         self._dirty += whole
         return first
+
+    def advance_to(self, offset: int) -> None:
+        """Make ``offset`` the next offset without writing anything (the offsets skipped are a
+        gap): a topic whose last messages were read from memory and never written keeps its
+        offsets increasing across a restart. Persisted by the next sync; an offset below the
+        next one is ignored."""
+        if offset > self._index.next_offset and not self._closed:
+            self._index.next_offset = offset
+            self._dirty += 1
+
+    @property
+    def write_segment_base(self) -> int:
+        """The base offset of the segment being written: every offset below it is in an older
+        segment, which only the cursors' low-water marks (and retention) keep on disk."""
+        return self._index.segments[-1].base if self._index.segments else self.next_offset
 
     def offset_for_time(self, ts_ns: int) -> int:
         """The offset of the first message whose timestamp (ns since the epoch) is at or after
@@ -258,6 +285,18 @@ class TopicLog:
         reader = LogReader(self._index, self._cache, start_offset)
         try:
             return reader.read_many(limit, end_offset)
+        finally:
+            reader.close()
+
+    def deferred_offsets(self, start_offset: int, end_offset: int) -> list[int]:
+        """The offsets in ``[start_offset, end_offset)`` of messages stored with a deliver-after
+        time (DPUB), in order. Reads the records' entries only (no message is made): a topic
+        finds the deferred messages of a backlog an earlier run left at this cost."""
+        if self._closed or start_offset >= end_offset:
+            return []
+        reader = LogReader(self._index, self._cache, start_offset)
+        try:
+            return reader.deferred_offsets(end_offset)
         finally:
             reader.close()
 

@@ -71,13 +71,16 @@ class TailCache:
         self._compact()
 
     def find(self, offset: int) -> CachedRecord | None:
-        """The cached record holding ``offset``; None if it is older than the cache or past its
-        end (the cached records' offsets are contiguous: appends follow each other)."""
+        """The cached record holding ``offset``, or the first one after it when ``offset`` is
+        in a gap between two cached records (appends follow each other, so nothing else is
+        there); None if it is older than the cache or past its end."""
         k = bisect_right(self._firsts, offset, lo=self._head) - 1
         if k < self._head:
             return None
         record = self._records[k]
-        return record if offset < record[3] + len(record[4]) else None
+        if offset < record[3] + len(record[4]):
+            return record
+        return self._records[k + 1] if k + 1 < len(self._records) else None
 
     def drop_segments_before(self, number: int) -> None:
         """Forget the records of segments numbered below ``number`` (they are being deleted)."""

@@ -73,13 +73,15 @@ class Cursor:
         lost to damage included)."""
         return max(self._index.next_offset - self._reader.position, 0)
 
-    def read_many(self, max_count: int, *, settle: bool = False) -> list[LogEntry]:
-        """Up to ``max_count`` of the next messages, with their offsets; the position moves
-        past them. They stay unsettled (holding the low-water mark) until ``settle``\\ d,
-        unless ``settle`` is true."""
+    def read_many(
+        self, max_count: int, *, settle: bool = False, until: int | None = None
+    ) -> list[LogEntry]:
+        """Up to ``max_count`` of the next messages (below offset ``until``, if given), with
+        their offsets; the position moves past them. They stay unsettled (holding the
+        low-water mark) until ``settle``\\ d, unless ``settle`` is true."""
         if self.deleted or max_count <= 0:
             return []
-        got = self._reader.read_many(max_count)
+        got = self._reader.read_many(max_count, until)
         if got:
             if settle:
                 self.dirty += len(got)
@@ -106,6 +108,15 @@ class Cursor:
         """Read from ``offset`` on (clamped to the log's earliest offset and its end), forgetting
         every unsettled message: the low-water mark becomes the new position. Returns it."""
         self._acks.clear()
+        self.dirty += 1
+        return self._reader.seek(offset)
+
+    def skip_to(self, offset: int) -> int:
+        """Move forward to ``offset`` (clamped to the log's end), passing over the messages in
+        between without reading them; unlike ``seek`` the unsettled messages stay unsettled.
+        An offset at or before the position changes nothing. Returns the position."""
+        if offset <= self._reader.position:
+            return self._reader.position
         self.dirty += 1
         return self._reader.seek(offset)
 

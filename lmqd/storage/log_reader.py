@@ -210,6 +210,54 @@ class LogReader:
             self._running = first + count
         return self.seek(index.next_offset)
 
+    def deferred_offsets(self, until: int) -> list[int]:
+        """The offsets, from the position up to ``until``, of the messages stored with a
+        deliver-after time (DPUB); moves the reader to ``until`` (or the end of what it could
+        read). Reads the records' entries only: no message is made, no body touched."""
+        self._pending = None
+        found: list[int] = []
+        repairs = 0
+        start = self._next
+        while self._next < until:
+            try:
+                framed = self._frame_next()
+                if framed is None:
+                    break
+                i, rec_end, kind, first, count = framed
+                if first + count <= start:
+                    self._pos += rec_end - i
+                    self._running = first + count
+                    continue
+                i, rec_end, kind, first, count = self._verified(framed)
+            except _BadRecord:
+                repairs += 1
+                if repairs > MAX_REPAIRS_PER_READ or not self._repair():
+                    break
+                continue
+            except OSError:
+                log.error("TOPICLOG(%s): read failed", self._index.name, exc_info=True)
+                break
+            if first >= until:
+                break
+            buf = self._buf
+            if kind == TYPE_MESSAGE:
+                if RECORD_PREFIX.unpack_from(buf, i)[6] and first >= start:
+                    found.append(first)
+            else:
+                at = i + header_offset_size(kind)
+                with memoryview(buf) as view, view[at : at + count * BATCH_ENTRY_SIZE] as entries:
+                    found.extend(
+                        first + k
+                        for k, entry in enumerate(BATCH_ENTRY.iter_unpack(entries))
+                        if entry[4] and start <= first + k < until
+                    )
+            self._pos += rec_end - i
+            self._running = first + count
+            self._next = first + count
+        if self._next > until:
+            self.seek(until)
+        return found
+
     def close(self) -> None:
         """Drop the read-ahead buffer and anything decoded (the reader may be used again)."""
         self._buf = b""
@@ -232,6 +280,8 @@ class LogReader:
                 self._pending = messages if isinstance(messages, list) else list(messages)
                 self._pending_first = first
                 self._pending_end = end
+                if self._next < first:
+                    self._next = first  # a gap (offsets never written): the next message present
                 return True
         repairs = 0
         while True:

@@ -6,6 +6,9 @@ JSON shape so that the same tools can read it::
     {"topics":[{"name":"t","paused":false,"channels":[{"name":"c","paused":false}]}],
      "version":"0.1.0"}
 
+A topic with a policy of its own (lmq) also has ``"policy": {"retention_ms": 86400000}``, a key
+nsqd ignores.
+
 It is replaced atomically (temp -> fsync -> rename -> fsync the directory). Ephemeral names
 (``#ephemeral``, ``#tmp``) are never written. A damaged file does not stop the daemon: it is
 moved aside to ``lmqd.dat.bad`` (``.bad.1``... if that exists) and the daemon starts with no
@@ -53,6 +56,9 @@ class TopicMetadata:
     name: str
     paused: bool = False
     channels: tuple[ChannelMetadata, ...] = ()
+    policy: tuple[tuple[str, int], ...] = ()
+    """lmq: the topic's own policy keys (``lmqd.engine.policy``), sorted; written only when
+    set, so a file without policies keeps nsqd's shape."""
 
 
 @attrs.frozen
@@ -79,7 +85,10 @@ def encode_metadata(metadata: Metadata) -> bytes:
             for c in topic.channels
             if _storable(c.name, f"channel of {topic.name}")
         ]
-        topics.append({"name": topic.name, "paused": topic.paused, "channels": channels})
+        entry: dict[str, Any] = {"name": topic.name, "paused": topic.paused, "channels": channels}
+        if topic.policy:
+            entry["policy"] = dict(topic.policy)
+        topics.append(entry)
     doc = {"topics": topics, "version": metadata.version}
     return json.dumps(doc, separators=(",", ":")).encode() + b"\n"
 
@@ -128,7 +137,26 @@ def _parse_topic(raw: Any) -> TopicMetadata | None:
         channel = _parse_channel(raw_channel, name)
         if channel is not None:
             channels.append(channel)
-    return TopicMetadata(name, raw.get("paused") is True, tuple(channels))
+    return TopicMetadata(
+        name, raw.get("paused") is True, tuple(channels), _parse_policy(raw.get("policy"), name)
+    )
+
+
+def _parse_policy(raw: Any, topic: str) -> tuple[tuple[str, int], ...]:
+    """A topic's policy keys: a JSON object of non-negative integers (the engine checks the
+    keys); anything else is skipped (logged), the rest of the file still loads."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, dict):
+        log.warning("METADATA: skipping the policy of topic %s (not an object)", topic)
+        return ()
+    pairs = []
+    for key, value in raw.items():
+        if isinstance(key, str) and type(value) is int and value >= 0:
+            pairs.append((key, value))
+        else:
+            log.warning("METADATA: skipping policy key %r of topic %s", key, topic)
+    return tuple(sorted(pairs))
 
 
 def decode_metadata(data: bytes) -> Metadata:

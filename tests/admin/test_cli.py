@@ -131,6 +131,62 @@ def test_topic_and_channel_actions(lmqd_module_server: LmqdProcess) -> None:
     assert HTTPClient(http or "").stats("adm")["topics"] in (None, [])
 
 
+def test_replay_channel_create_from_seek_and_tail_from(lmqd_module_server: LmqdProcess) -> None:
+    server = lmqd_module_server
+    http = server.http_address
+    assert run(server, "topic", "create", "rp").exit_code == 0
+    # No channel: the topic keeps its messages, in memory; the log gets them on the way.
+    assert run(server, "pub", "rp", "a", "b", "c").exit_code == 0
+    result = run(server, "tail", "rp", "--from", "earliest", "-n", "3")
+    assert (result.exit_code, result.output) == (0, "a\nb\nc\n")
+    result = run(server, "--json", "tail", "rp", "--from", "offset:1", "-n", "1")
+    line = json.loads(result.output)
+    assert (line["offset"], line["body"], line["node"]) == (1, "b", http)
+    assert topic_stats(server, "rp")["depth"] == 3  # reading consumed nothing
+
+    result = run(server, "channel", "create", "rp", "all", "--from", "earliest")
+    assert (result.exit_code, result.output) == (0, f"created channel rp/all on {http}\n")
+    stats = topic_stats(server, "rp")
+    assert [c["depth"] for c in stats["channels"]] == [3]
+    result = run(server, "channel", "seek", "rp", "all", "--to", "offset:2")
+    assert (result.exit_code, result.output) == (
+        0, f"channel rp/all on {http} reads from offset 2\n",
+    )
+    assert topic_stats(server, "rp")["channels"][0]["depth"] == 1
+    result = run(server, "--json", "channel", "seek", "rp", "all", "--to", "latest")
+    assert json.loads(result.output)["offsets"] == {http: 3}
+    assert run(server, "channel", "seek", "rp", "all").exit_code == 2  # seek needs --to
+    assert run(server, "channel", "empty", "rp", "all", "--from", "earliest").exit_code == 2
+    result = run(server, "channel", "create", "rp", "x", "--from", "whenever")
+    assert result.exit_code == 1
+    assert "INVALID_ARG_FROM" in result.output
+
+
+def test_topic_policy(lmqd_module_server: LmqdProcess) -> None:
+    server = lmqd_module_server
+    http = server.http_address
+    assert run(server, "topic", "create", "pol").exit_code == 0
+    result = run(server, "topic", "policy", "pol")
+    assert (result.exit_code, result.output) == (
+        0, f"topic pol on {http}: retention_ms=0, retention_bytes=0\n",
+    )
+    result = run(server, "topic", "policy", "pol", "--retention", "7d")
+    assert result.output == f"topic pol on {http}: retention_ms=604800000, retention_bytes=0\n"
+    result = run(server, "--json", "topic", "policy", "pol", "--retention-bytes", "10MiB")
+    assert json.loads(result.output) == {
+        "topic": "pol",
+        "policies": {http: {"retention_ms": 604_800_000, "retention_bytes": 10 * 1024**2}},
+    }
+    assert run(server, "topic", "policy", "pol", "--retention", "1.5h").exit_code == 0
+    assert run(server, "topic", "policy", "pol").output.endswith(
+        "retention_ms=5400000, retention_bytes=10485760\n"
+    )
+    assert run(server, "topic", "policy", "pol", "--retention", "soon").exit_code == 2
+    assert run(server, "topic", "policy", "pol", "--retention-bytes", "lots").exit_code == 2
+    assert run(server, "topic", "pause", "pol", "--retention", "1d").exit_code == 2
+    assert run(server, "topic", "policy", "nope").exit_code == 1
+
+
 def test_errors_and_exit_codes(lmqd_module_server: LmqdProcess) -> None:
     server = lmqd_module_server
     result = run(server, "topic", "delete", "never-existed")

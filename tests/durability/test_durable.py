@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 import trio
 
-from lmqd.engine.backend import BackendError
+from lmqd.engine.backend import BackendError, LazyBackend
 from lmqd.protocol import Error, Response
 from lmqd.storage import DiskQueue
 from tests.support.daemon import RunningDaemon, StartDaemon, eventually
@@ -241,7 +241,7 @@ async def test_clean_restart_delivers_exactly_the_unfinished_messages(
 
         second = await durable(start_daemon, tmp_path)
         channel = second.broker.topics["t"].channels["c"]
-        assert isinstance(channel.backend, DiskQueue)
+        assert isinstance(channel.backend.stored, DiskQueue)  # the in-flight one, at shutdown
         assert channel.deferred_count == 2  # read back from the deferred store at start-up
         consumer = await connect(second.tcp)
         await consumer.sub("t", "c", rdy=20)
@@ -258,7 +258,7 @@ async def test_clean_restart_delivers_exactly_the_unfinished_messages(
         assert second.broker.topics["t"].depth == 0
 
 
-async def test_a_failed_channel_write_is_retried_for_that_channel_only(
+async def test_a_requeue_the_store_refuses_stays_in_the_log_for_that_channel_only(
     start_daemon: StartDaemon, tmp_path: Path, connect: Connect, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     with trio.fail_after(TIMEOUT):
@@ -268,9 +268,10 @@ async def test_a_failed_channel_write_is_retried_for_that_channel_only(
         await ok_reader.sub("t", "ok", rdy=10)
         bad_reader = await connect(running.tcp, heartbeat_interval=30000)
         await bad_reader.sub("t", "bad", rdy=10)
-        bad_queue = daemon.topics["t"].channels["bad"].backend
-        assert isinstance(bad_queue, DiskQueue)
-        real_put = bad_queue.put_many
+        bad = daemon.topics["t"].channels["bad"]
+        assert bad.cursor is not None and isinstance(bad.backend, LazyBackend)
+        store = bad.backend.opened()  # its own store: opened when first written, here now
+        real_put = store.put_many
         failing = True
 
         def put_many(messages: Any) -> None:
@@ -278,20 +279,30 @@ async def test_a_failed_channel_write_is_retried_for_that_channel_only(
                 raise BackendError("DISKQUEUE(t:bad): write failed: disk full")
             real_put(messages)
 
-        monkeypatch.setattr(bad_queue, "put_many", put_many)
+        monkeypatch.setattr(store, "put_many", put_many)
         producer = await connect(running.tcp)
         assert await producer.mpub("t", [b"a", b"b"]) == OK
-        assert [(await ok_reader.message()).body for _ in range(2)] == [b"a", b"b"]
+        for m in [await ok_reader.message() for _ in range(2)]:
+            await ok_reader.fin(m.id)
+        first, second = [await bad_reader.message() for _ in range(2)]
+        await bad_reader.fin(second.id)
+        # A REQ moves a message to the channel's own store; that write fails: it is held in
+        # memory, and the log keeps it for this channel (unsettled), nothing lost.
+        await bad_reader.req(first.id, 0)
         await eventually(lambda: daemon.health.startswith("NOK"))
-        topic_queue = daemon.topics["t"].backend
-        assert isinstance(topic_queue, DiskQueue) and topic_queue.unacked_count == 2
+        again = await bad_reader.message()
+        assert (again.body, again.attempts) == (b"a", 2)
+        assert bad.cursor.unsettled_count == 1
         failing = False
-        assert [(await bad_reader.message()).body for _ in range(2)] == [b"a", b"b"]
-        await eventually(lambda: topic_queue.unacked_count == 0)  # acknowledged once synced
+        await bad_reader.req(again.id, 0)  # stored now: the log lets it go once synced
+        await eventually(lambda: bad.cursor is not None and bad.cursor.unsettled_count == 0)
+        last = await bad_reader.message()
+        assert (last.body, last.attempts) == (b"a", 3)
+        await bad_reader.fin(last.id)
         await eventually(lambda: daemon.health == "OK")
         with trio.move_on_after(0.3):
             extra = await ok_reader.frame()
-            pytest.fail(f"channel 'ok' got the batch twice: {extra}")
+            pytest.fail(f"channel 'ok' got a message twice: {extra}")
 
 
 async def test_deferred_messages_are_due_on_time_behind_a_backlog(
@@ -306,15 +317,15 @@ async def test_deferred_messages_are_due_on_time_behind_a_backlog(
         assert await producer.dpub("t", 300, b"soon") == OK
         first = await consumer.message()
         channel = running.broker.topics["t"].channels["c"]
-        main = channel.backend
-        assert isinstance(main, DiskQueue)
-        await eventually(lambda: channel.deferred_count == 1)  # held in memory, not on main
+        cursor = channel.cursor
+        assert cursor is not None
+        await eventually(lambda: channel.deferred_count == 1)  # pushed by the topic's pump
         await consumer.req(first.id, 60_000)  # a long REQ: moved to the deferred store
         await eventually(lambda: channel.deferred_count == 2)
         second = await consumer.message()
         assert second.body == b"backlog1"
-        # Once the deferred store's copy is synced, only what is in flight holds the main queue.
-        await eventually(lambda: main.unacked_count == 1)
+        # Once the deferred store's copy is synced, only what is in flight holds the log.
+        await eventually(lambda: cursor.unsettled_count == 1)
         await trio.sleep(0.4)
         await consumer.fin(second.id)
         third = await consumer.message()

@@ -22,8 +22,19 @@ import pytest
 import trio
 import trio.testing
 
+from lmqd.message import Message
 from lmqd.protocol import MessageFrame, Response
-from lmqd.storage import DataDirLocked, DiskQueue
+from lmqd.storage import (
+    AnchoredTimeBase,
+    ChannelMetadata,
+    DataDirLocked,
+    DiskQueue,
+    Metadata,
+    StoredMessage,
+    TopicLog,
+    TopicMetadata,
+    save_metadata,
+)
 from tests.support.daemon import RunningDaemon, StartDaemon, eventually
 from tests.support.wire import Connect
 
@@ -60,6 +71,10 @@ async def ticker(nursery: trio.Nursery) -> AsyncIterator[None]:
 
     nursery.start_soon(tick)
     yield
+
+
+def make_messages(count: int) -> list[Message]:
+    return [Message(b"%016x" % i, b"m%d" % i, WALL0_NS + i) for i in range(count)]
 
 
 def body_set(n: int, prefix: bytes = b"m") -> set[bytes]:
@@ -135,7 +150,7 @@ async def test_topic_and_channel_spill_to_disk_in_order(
         bodies = [b"s%d" % i for i in range(100)]
         assert await producer.mpub("spill", bodies) == OK
         topic = running.broker.topics["spill"]
-        assert isinstance(topic.backend, DiskQueue)
+        assert isinstance(topic.log, TopicLog)
         assert (topic.depth, topic.backend_depth) == (100, 100 - mem_queue_size)
         consumer = await connect(running.tcp)
         await consumer.sub("spill", "c")
@@ -235,11 +250,60 @@ async def test_corrupt_segment_does_not_stop_the_daemon(
 
         second = await start_daemon(tmp_path, mem_queue_size=0)
         topic = second.broker.topics["t"]
-        assert isinstance(topic.backend, DiskQueue) and topic.backend.corrupt_count == 1
+        assert topic.log is not None and topic.log.corrupt_count == 1
         consumer = await connect(second.tcp)
         await consumer.sub("t", "c", rdy=5)
         assert [(await consumer.message()).body for _ in range(2)] == [b"message-0", b"message-2"]
         await second.stop()
+
+
+@pytest.mark.parametrize("durable", [False, True])
+async def test_a_data_directory_from_before_topic_logs_loses_nothing(
+    start_daemon: StartDaemon, tmp_path: Path, connect: Connect, durable: bool
+) -> None:
+    """An lmqd from before topic logs kept a disk queue per topic and per channel: the topic's
+    holds what it had not handed on yet, each channel's what it had received. The log adopts
+    the topic's queue; each channel's queue becomes its own store."""
+    timebase = AnchoredTimeBase(0.0, WALL0_NS)
+    with trio.fail_after(30):
+        topic_queue = DiskQueue("up", tmp_path, timebase=timebase, ack_mode=durable)
+        topic_queue.put_many(make_messages(6))  # m0..m5
+        pumped = topic_queue.read_many(4)  # handed to both channels
+        for m in pumped:
+            if isinstance(m, StoredMessage):
+                topic_queue.ack(m.token)
+        topic_queue.close()
+        for channel, kept in (("a", pumped), ("b", pumped[2:])):  # b had consumed m0, m1
+            queue = DiskQueue(f"up:{channel}", tmp_path, timebase=timebase, ack_mode=durable)
+            queue.put_many([Message(m.id, m.body, m.timestamp) for m in kept])
+            queue.close()
+        save_metadata(
+            str(tmp_path / "lmqd.dat"),
+            Metadata((TopicMetadata("up", False, (ChannelMetadata("a"), ChannelMetadata("b"))),)),
+        )
+
+        running = await start_daemon(tmp_path, durable=durable, mem_queue_size=2)
+        topic = running.broker.topics["up"]
+        await eventually(lambda: topic.depth == 0)  # m4, m5: handed on now
+        assert [topic.channels[c].depth for c in ("a", "b")] == [6, 4]
+        for channel, want in (("a", 6), ("b", 4)):
+            consumer = await connect(running.tcp)
+            await consumer.sub("up", channel, rdy=10)
+            got = []
+            for _ in range(want):
+                m = await consumer.message()
+                got.append(m.body)
+                await consumer.fin(m.id)
+            assert sorted(got) == [b"m%d" % i for i in range(6 - want, 6)]
+            with trio.move_on_after(0.2):
+                extra = await consumer.message()
+                pytest.fail(f"channel {channel} got {extra.body!r} twice")
+        await running.stop()
+        again = await start_daemon(tmp_path, durable=durable, mem_queue_size=2)
+        assert set(again.broker.topics["up"].channels) == {"a", "b"}
+        for channel in ("a", "b"):
+            assert again.broker.topics["up"].channels[channel].depth == 0
+        await again.stop()
 
 
 async def test_second_daemon_on_the_same_data_path_fails_to_start(

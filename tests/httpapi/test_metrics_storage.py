@@ -2,10 +2,10 @@
 
 Rules for this module (STYLE.md):
 - A real ``LmqDaemon`` runs in-process on 127.0.0.1 port 0 (``start_daemon``); messages are
-  published over HTTP with ``--mem-queue-size 1`` so they spill into the disk queues.
+  published over HTTP with ``--mem-queue-size 1`` so they spill into the topic's log.
 - Every test body runs under ``trio.fail_after(TIMEOUT)``.
-- Bytes on disk are checked three ways: the scraped gauge, ``DiskQueue.bytes_on_disk`` and the
-  sizes of the segment files actually in the data directory.
+- Bytes on disk are checked three ways: the scraped gauge, the logs' and queues'
+  ``bytes_on_disk`` and the sizes of the segment files actually in the data directory.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import trio
 from prometheus_client.parser import text_string_to_metric_families
 
 from lmqd.broker import Broker
-from lmqd.storage import DiskQueue
+from lmqd.storage import TopicLog
 from lmqd.storage.files import queue_stem
 from tests.support.daemon import StartDaemon, eventually
 from tests.support.http import http
@@ -91,9 +91,9 @@ def check_histogram(samples: Samples) -> int:
     return int(count)
 
 
-def disk_queue(queue: object) -> DiskQueue:
-    assert isinstance(queue, DiskQueue)
-    return queue
+def topic_log(log: TopicLog | None) -> TopicLog:
+    assert isinstance(log, TopicLog)
+    return log
 
 
 async def test_disk_bytes_and_fsync_histogram(start_daemon: StartDaemon) -> None:
@@ -102,14 +102,14 @@ async def test_disk_bytes_and_fsync_histogram(start_daemon: StartDaemon) -> None
                                      max_bytes_per_file=1024)
         daemon: Broker = running.broker
         base = running.http
-        # No channel yet: the topic holds the messages, all but one in its disk queue, which
-        # rolls over several 1 KiB segments.
+        # No channel yet: the topic holds the messages, all but one in its log, which rolls
+        # over several 1 KiB segments.
         assert (await http(base, "POST", "/mpub?topic=spill", b"\n".join([BODY] * 20))).status \
             == 200
         assert (await http(base, "POST", "/pub?topic=eph%23ephemeral", BODY)).status == 200
         topic = daemon.topics["spill"]
-        tq = disk_queue(topic.backend)
-        assert tq.depth == 19
+        tq = topic_log(topic.log)
+        assert topic.backend_depth == 19
         rounds_before = daemon.syncer.statistics().rounds
         await eventually(lambda: tq.dirty_count == 0
                          and daemon.syncer.statistics().rounds > rounds_before)
@@ -126,23 +126,21 @@ async def test_disk_bytes_and_fsync_histogram(start_daemon: StartDaemon) -> None
         assert disk == {("spill", ""): tq.bytes_on_disk}  # no series for the ephemeral topic
         assert tq.bytes_on_disk == on_disk > 19 * len(BODY)
 
-        # A channel drains the topic's queue (its read segments are unlinked by later syncs)
-        # and fills its own disk queue.
+        # A channel reads the topic's log: nothing is copied, so it has no files of its own.
         assert (await http(base, "POST", "/channel/create?topic=spill&channel=c")).status == 200
         channel = topic.channels["c"]
-        cq = disk_queue(channel.backend)
         await eventually(lambda: channel.depth == 20 and topic.depth == 0)
+        assert channel.backend_depth == 19
+        samples, _ = await scrape(base)
+        assert disk_gauge(samples) == {("spill", ""): tq.bytes_on_disk}
+        assert tq.bytes_on_disk == on_disk
+        # Once its cursor has passed them (emptied: it reads from the end), the segments go.
+        assert (await http(base, "POST", "/channel/empty?topic=spill&channel=c")).status == 200
         await eventually(lambda: tq.bytes_on_disk == segment_bytes(running.data_path, "spill")
-                         and cq.bytes_on_disk == segment_bytes(running.data_path, "spill:c")
-                         and tq.dirty_count == 0 and cq.dirty_count == 0)
+                         and tq.dirty_count == 0 and tq.bytes_on_disk < on_disk)
         samples, _ = await scrape(base)
         check_histogram(samples)
-        assert disk_gauge(samples) == {
-            ("spill", ""): tq.bytes_on_disk,
-            ("spill", "c"): cq.bytes_on_disk,
-        }
-        assert tq.bytes_on_disk < on_disk  # the drained segments are gone
-        assert cq.bytes_on_disk > 19 * len(BODY)
+        assert disk_gauge(samples) == {("spill", ""): tq.bytes_on_disk}
 
 
 async def test_durable_channel_counts_its_deferred_store(
@@ -157,12 +155,12 @@ async def test_durable_channel_counts_its_deferred_store(
         assert (await http(base, "POST", "/pub?topic=t", BODY)).status == 200
         assert (await http(base, "POST", "/pub?topic=t&defer=60000", BODY)).status == 200
         channel = daemon.topics["t"].channels["c"]
-        await eventually(lambda: len(channel.durable_queues) == 2 and channel.deferred_count == 1)
-        main, deferred = channel.durable_queues
-        await eventually(lambda: main.dirty_count == 0 and deferred.dirty_count == 0)
+        await eventually(lambda: len(channel.disk_queues) == 1 and channel.deferred_count == 1)
+        (deferred,) = channel.disk_queues  # no own store: nothing was requeued
+        await eventually(lambda: deferred.dirty_count == 0)
         samples, _ = await scrape(base)
         disk = disk_gauge(samples)
         assert deferred.bytes_on_disk > len(BODY)
-        assert disk[("t", "c")] == main.bytes_on_disk + deferred.bytes_on_disk
+        assert disk[("t", "c")] == deferred.bytes_on_disk
         assert segment_bytes(running.data_path, None) == sum(disk.values())
         check_histogram(samples)

@@ -207,6 +207,70 @@ def _first_at_or_after(stamps: list[int], ts: int) -> int:
     return next((i for i, s in enumerate(stamps) if s >= ts), len(stamps))
 
 
+def test_appending_at_a_later_offset_leaves_a_gap_every_reader_steps_over(
+    tmp_path: Path,
+) -> None:
+    log = open_log(tmp_path, max_bytes_per_file=SMALL)
+    cursor = log.create_cursor("c")
+    first, second, third = stamped(3), stamped(4, start=3), stamped(30, start=7)
+    assert log.append_many(first) == 0
+    assert read_all(cursor) == list(zip(range(3), first, strict=True))  # the cache's objects
+    assert log.append_many(second, 10) == 10  # offsets 3..9 were never written
+    log.advance_to(40)  # nor are 14..39
+    log.advance_to(20)  # never backwards
+    assert log.next_offset == 40
+    assert log.append_many(third, 50) == 50
+    with pytest.raises(ValueError, match="was given already"):
+        log.append_many(stamped(1), 49)
+    got = read_all(cursor)
+    assert [o for o, _ in got] == [*range(10, 14), *range(50, 80)]
+    assert got[0][1] is second[0]  # a gap in the cache is stepped over in the cache
+    assert entry_keys(log.read_range(0, end_offset=100)) == (
+        expected(0, first) + expected(10, second) + expected(50, third)
+    )
+    assert entry_keys(log.read_range(5, 3)) == expected(10, second[:3])
+    log.close()
+    again = open_log(tmp_path, max_bytes_per_file=SMALL)
+    assert again.next_offset == 80
+    assert entry_keys(read_all(again.create_cursor("d", "earliest"))) == (
+        expected(0, first) + expected(10, second) + expected(50, third)
+    )
+    again.advance_to(90)
+    again.close()
+    assert open_log(tmp_path).next_offset == 90
+
+
+def test_a_cursor_reads_up_to_a_limit_and_skips_forward_keeping_the_unsettled(
+    tmp_path: Path,
+) -> None:
+    log = open_log(tmp_path, max_bytes_per_file=SMALL)
+    msgs = stamped(40)
+    log.append_many(msgs)
+    cursor = log.create_cursor("c", "earliest")
+    assert [o for o, _ in cursor.read_many(100, until=5)] == [0, 1, 2, 3, 4]
+    assert cursor.skip_to(30) == 30
+    assert cursor.skip_to(10) == 30  # never backwards
+    assert (cursor.low, cursor.unsettled_count) == (0, 5)
+    assert [o for o, _ in cursor.read_many(3)] == [30, 31, 32]
+    cursor.settle_many([0, 1, 2, 3, 4])
+    assert cursor.low == 30
+    assert cursor.skip_to(1000) == 40  # clamped to the end
+
+
+def test_deferred_offsets_are_found_from_the_entries(tmp_path: Path) -> None:
+    log = open_log(tmp_path, max_bytes_per_file=SMALL)
+    msgs = stamped(60)
+    for i in (3, 17, 18, 41, 59):
+        msgs[i].deliver_at = 5.0
+    log.append_many(msgs[:30])
+    log.append_many(msgs[30:])
+    assert log.deferred_offsets(0, 60) == [3, 17, 18, 41, 59]
+    assert log.deferred_offsets(4, 42) == [17, 18, 41]
+    assert log.deferred_offsets(18, 19) == [18]
+    assert log.deferred_offsets(42, 59) == []
+    assert log.deferred_offsets(30, 30) == []
+
+
 def test_offset_for_time_finds_the_first_message_at_or_after_a_time(tmp_path: Path) -> None:
     rng = random.Random(7)
     stamps = []

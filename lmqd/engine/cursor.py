@@ -1,0 +1,267 @@
+"""ChannelCursor: one channel's read position over its topic's stream.
+
+Theory of operation
+-------------------
+A channel reads its topic's messages in offset order from ``position`` up to the topic's
+``pumped`` offset (``stream.py``): from the log while ``position`` is below the memory tail,
+then from the tail. It takes what it may deliver (``read``), never more, so a channel holds in
+memory only its in-flight, requeued and deferred messages; everything else it has not read yet
+is the topic's, stored once.
+
+**The log cursor.** A channel of a topic with a log also has a ``lmqd.storage.Cursor`` of the
+same name in it: that is what the log persists (where the channel resumes after a restart) and
+what keeps the log's segments from deletion (its low-water mark).
+
+* Default mode: reads settle at once (nsqd promises nothing across a crash for messages read).
+  Reading from the memory tail does not move the log cursor; the stream moves it to the
+  channel's position before each sync and at shutdown (``sync_log_cursor``), and a read from the
+  log first seeks it there.
+* ``--durable``: every message stays in the log (write-through), the log cursor is the
+  channel's reader, and a message read stays **unsettled** (it holds the low-water mark) until
+  the channel settles it: FIN, or a copy of it in the channel's own store made durable
+  (``lmqd.engine.durable``). So after a crash every message not FIN'd is read again.
+
+**Copies.** The messages in the stream are shared (the log's tail cache and the memory tail
+hold one object per message for every channel), so a cursor hands out copies
+(``Message.copy``: same id, timestamp and body object, own attempts and flight fields; from the
+log, carrying their offset). The one exception: the last channel to read a message from the
+memory tail (every other cursor is past it) takes the object itself, and the tail forgets it at
+once, so no other reader can see it changed; a topic with one channel copies nothing.
+
+**Deferred messages** are pushed to the channels by the topic's pump, so a cursor steps over
+them (settling them: their copies are elsewhere), except in a range it is replaying
+(``replay_until``: a cursor created at or moved to an offset before ``pumped``; the pump never
+pushed those to this channel).
+
+**Topic empty** drops the messages the topic had not handed on; a cursor that had not reached
+them yet keeps the dropped range in ``_skips`` (in memory only) and steps over it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from lmqd.engine.stream import TopicStream
+from lmqd.message import Message
+from lmqd.storage import Cursor, LogEntry
+
+__all__ = ["ChannelCursor"]
+
+
+class ChannelCursor:
+    """A channel's position in its topic's stream; see the module docstring."""
+
+    __slots__ = ("_log_cursor", "_settle", "_skips", "name", "position", "replay_until", "stream")
+
+    def __init__(
+        self, stream: TopicStream, name: str, *, durable: bool, at: int | None = None
+    ) -> None:
+        self.stream = stream
+        self.name = name
+        self._settle = not durable
+        """Settle on reading: messages read are done as far as the log is concerned."""
+        self._skips: list[tuple[int, int]] = []
+        self.replay_until = 0
+        """Deferred messages below this offset are read like the others (a replay)."""
+        log = stream.log
+        lc = log.cursor(name) if log is not None else None
+        if lc is not None:
+            self.position = lc.position  # restored: resume at its low-water mark
+        else:
+            # nsqd: a new channel sees what the topic hands on from now on.
+            self.position = stream.pumped
+            if log is not None:
+                lc = log.create_cursor(name, stream.log_target(stream.pumped))
+        self._log_cursor: Cursor | None = lc
+        if at is not None:
+            self.seek(at)
+        stream.cursors.append(self)
+
+    def __repr__(self) -> str:
+        return f"<ChannelCursor {self.stream.name}:{self.name} at {self.position}>"
+
+    # -- sizes -------------------------------------------------------------------------------
+
+    @property
+    def unread(self) -> int:
+        """Messages handed to the channel by the topic and not read yet (deferred ones, which
+        the pump pushed, not counted)."""
+        stream = self.stream
+        pos = self.position
+        end = stream.pumped
+        if pos >= end:
+            return 0
+        n = end - pos - stream.deferred_between(max(pos, self.replay_until), end)
+        for start, stop in self._skips:
+            n -= max(min(stop, end) - max(start, pos), 0)
+        return max(n, 0)
+
+    @property
+    def has_unread(self) -> bool:
+        """``unread > 0``, cheaply (deferred ones aside)."""
+        return self.position < self.stream.pumped
+
+    @property
+    def unread_on_disk(self) -> int:
+        """Of ``unread``, the messages in the log (approximate over gaps a replay crosses)."""
+        stream = self.stream
+        if stream.log is None:
+            return 0
+        pos = self.position
+        end = min(stream.pumped, stream.tail.start)
+        if pos >= end:
+            return 0
+        return max(end - pos - stream.deferred_between(max(pos, self.replay_until), end), 0)
+
+    @property
+    def low(self) -> int:
+        """The low-water mark the log keeps for this channel (its position without a log)."""
+        lc = self._log_cursor
+        return lc.low if lc is not None else self.position
+
+    @property
+    def unsettled_count(self) -> int:
+        lc = self._log_cursor
+        return lc.unsettled_count if lc is not None else 0
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def read(self, count: int) -> list[Message]:
+        """Up to ``count`` of the next messages handed to the channel, as the channel's own
+        copies, deferred ones stepped over; the position moves past them."""
+        stream = self.stream
+        limit = stream.pumped
+        out: list[Message] = []
+        while len(out) < count and self.position < limit:
+            end = limit
+            if self._skips:
+                start, stop = self._skips[0]
+                if self.position >= start:
+                    self.position = max(self.position, stop)
+                    del self._skips[0]
+                    continue
+                end = min(end, start)
+            want = count - len(out)
+            if self.position < stream.tail.start and stream.log is not None:
+                got = self._read_log(want, min(end, stream.tail.start))
+                if got is None:
+                    break  # unreadable for now (see the storage log); tried again later
+                out += got
+            else:
+                out += self._read_tail(want, end)
+        return out
+
+    def _read_log(self, want: int, until: int) -> list[Message] | None:
+        stream = self.stream
+        log = stream.log
+        lc = self._log_cursor
+        assert log is not None and lc is not None
+        if lc.position != self.position:
+            if lc.position < self.position:
+                lc.skip_to(self.position)  # keeps what is unsettled
+            else:
+                lc.seek(self.position)
+        entries = lc.read_many(want, settle=self._settle, until=until)
+        if not entries:
+            if lc.position >= until:
+                self.position = lc.position  # a gap (damage) up to there
+            elif lc.position >= log.next_offset:
+                self.position = until  # past the log's end: never written (read from memory)
+            else:
+                return None
+            return []
+        self.position = lc.position
+        first = entries[0][0]
+        if first >= stream.known_from and not stream.deferred_between(first, self.position):
+            return list(map(_copy_entry, entries))
+        replay = self.replay_until
+        out: list[Message] = []
+        passed: list[int] = []
+        for offset, m in entries:
+            if m.deliver_at and offset >= replay:
+                passed.append(offset)  # the pump pushed it to the channel
+            else:
+                out.append(_copy_entry((offset, m)))
+        if passed and not self._settle:
+            lc.settle_many(passed)
+        return out
+
+    def _read_tail(self, want: int, end: int) -> list[Message]:
+        stream = self.stream
+        pos = self.position
+        msgs = stream.tail.slice(pos, min(want, end - pos))
+        after = pos + len(msgs)
+        self.position = after
+        # The messages every other channel has read already, no channel reads after this one:
+        # it takes the objects themselves and the tail forgets them at once (so nobody can see
+        # them changed); of the others it takes copies.
+        others = min((c.position for c in stream.cursors if c is not self), default=after)
+        own = min(max(others - pos, 0), len(msgs))
+        if own < len(msgs):
+            msgs = msgs[:own] + [m.copy() for m in msgs[own:]]
+        if stream.deferred_between(max(pos, self.replay_until), after):
+            replay = self.replay_until
+            msgs = [m for k, m in enumerate(msgs, pos) if not m.deliver_at or k < replay]
+        if own:
+            stream.trim()
+        return msgs
+
+    # -- moving ------------------------------------------------------------------------------
+
+    def settle_many(self, offsets: Iterable[int]) -> int:
+        """``--durable``: messages read are done (FIN, or a durable copy stands for them)."""
+        lc = self._log_cursor
+        return lc.settle_many(offsets) if lc is not None else 0
+
+    def seek(self, offset: int) -> int:
+        """Read from ``offset`` on (clamped to the earliest offset stored and the topic's
+        end): a replay, or a jump ahead (channel empty). Deferred messages in a replayed range
+        are read too. Returns the new position."""
+        stream = self.stream
+        log = stream.log
+        lowest = log.earliest_offset if log is not None else stream.tail.start
+        position = min(max(offset, lowest), stream.next_offset)
+        self.position = position
+        self.replay_until = stream.pumped if position < stream.pumped else 0
+        self._skips.clear()
+        lc = self._log_cursor
+        if lc is not None:
+            lc.seek(stream.log_target(position))
+        return position
+
+    def skip(self, start: int, end: int) -> None:
+        """The topic dropped ``[start, end)`` (topic empty); ``start`` is at or after the
+        position."""
+        if self.position >= start:
+            self.position = max(self.position, end)
+        else:
+            self._skips.append((start, end))
+
+    def sync_log_cursor(self) -> None:
+        """Default mode: move the log cursor to the channel's position (it lags while the
+        channel reads from memory). ``--durable``: only forward (gaps), keeping the unsettled."""
+        lc = self._log_cursor
+        if lc is None or lc.deleted:
+            return
+        target = self.stream.log_target(self.position)
+        if lc.position == target:
+            return
+        if self._settle:
+            lc.seek(target)
+        elif target > lc.position:
+            lc.skip_to(target)
+
+    def delete(self) -> None:
+        """The channel is deleted: forget the cursor (the log deletes what only it kept)."""
+        stream = self.stream
+        if self in stream.cursors:
+            stream.cursors.remove(self)
+        if stream.log is not None and not stream.log.closed:
+            stream.log.delete_cursor(self.name)
+        self._log_cursor = None
+        self.position = stream.next_offset  # nothing left to read
+
+
+def _copy_entry(entry: LogEntry) -> Message:
+    offset, m = entry
+    return Message(m.id, m.body, m.timestamp, m.attempts, m.deliver_at, 0, 0.0, 0.0, offset)

@@ -1,0 +1,487 @@
+"""TopicStream: a topic's messages by offset, in memory and in its log, stored once.
+
+Theory of operation
+-------------------
+Every message a topic takes gets the topic's next **offset**. Offsets below ``tail.start`` are
+in the topic's ``TopicLog`` (``lmqd.storage.log``), the ones from there on in its memory tail
+(``tail.py``); either way there is one copy of each message, whatever the number of channels.
+Each channel reads the stream through its own cursor (``cursor.py``).
+
+``pumped`` splits the stream in two: the messages below it were handed to the channels (they
+may read them), the ones from it on are still the topic's (``depth``). The topic's pump moves it
+forward when the topic is not paused and has channels (nsqd's messagePump), so a topic without
+channels keeps its backlog and its first channel reads it; a channel created later starts at
+``pumped`` (nsqd: it sees only what the topic hands on from then on). ``pumped`` is kept in
+the log as the cursor ``#topic`` (not a valid channel name), so it survives restarts, and it
+keeps the log's segments from being deleted before they are pumped.
+
+Where messages go (``append``):
+
+* **Memory first** (nsqd's ``--mem-queue-size``, once per topic): the tail holds up to
+  ``limit`` messages; when it would grow past that, its oldest messages are appended to the log.
+  A message every channel has read leaves the tail from the front (``trim``) without ever being
+  written: the log has gaps there (offsets are never reused; storage handles gaps as it handles
+  damage). At shutdown the tail goes to the log (``close``).
+* **Write-through** (``--durable``, ``--mem-queue-size=0``, or a retention policy, which needs
+  every message on disk): every message is appended at once and the tail stays empty; channels
+  that keep up read the log's tail cache, the same objects, without decoding.
+* **No log** (ephemeral topics): the tail holds what the pump has not handed on yet, up to
+  ``limit``; past that new messages are dropped and counted (nsqd's dummy backend).
+
+**Deferred messages** (DPUB) are in the stream like the others, but channels do not read them
+in order: the pump pushes each one, as it pumps it, into every channel's deferred queue, and the
+cursors step over them. ``deferred`` lists their offsets (those published in this run; the
+pump finds the ones a previous run left in the log by reading the entries, ``TopicLog
+.deferred_offsets``). A durable channel's copy must be fsynced before ``#topic`` may pass the
+message (``pin``), or a crash could lose it for that channel.
+
+**Syncing.** The stream is what the syncer syncs for the topic (``Syncable``): ``prepare_sync``
+first moves every cursor kept in the log to where its channel really is (a channel reading from
+memory does not move its log cursor; see ``cursor.py``), then hands over the log's sync job.
+"""
+
+from __future__ import annotations
+
+import logging
+from bisect import bisect_left, insort
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from lmqd.engine.tail import MemoryTail
+from lmqd.message import Message
+from lmqd.storage import SyncJob, TopicLog
+
+__all__ = ["TOPIC_CURSOR", "StreamCursor", "TopicStream"]
+
+log = logging.getLogger("lmqd.topic")
+
+TOPIC_CURSOR = "#topic"
+"""The log cursor holding the topic's ``pumped`` offset (``#`` is in no valid channel name)."""
+
+READ_CHUNK = 256
+"""Messages ``read_entries`` takes from the log per step while it watches its byte budget: a
+step of 100-byte messages is one read-ahead of the log's reader."""
+
+
+def _take_within(
+    out: list[tuple[int, Message]], got: list[tuple[int, Message]], budget: int
+) -> int:
+    """Append ``got`` to ``out`` while the bodies fit ``budget`` bytes (-1: no limit; the first
+    message always goes); returns the budget left (0: full)."""
+    if budget < 0:
+        out.extend(got)
+        return budget
+    for entry in got:
+        size = len(entry[1].body)
+        if out and size > budget:
+            return 0
+        out.append(entry)
+        budget = max(budget - size, 0)
+        if budget == 0:
+            return 0
+    return budget
+
+
+class StreamCursor(Protocol):
+    """What the stream needs of its channels' cursors (``cursor.ChannelCursor``)."""
+
+    @property
+    def position(self) -> int:
+        """The offset the channel reads next."""
+        ...
+
+    def skip(self, start: int, end: int) -> None:
+        """The topic dropped ``[start, end)``."""
+        ...
+
+    def sync_log_cursor(self) -> None:
+        """Move the cursor kept in the log to the channel's position."""
+        ...
+
+
+class TopicStream:
+    """One topic's messages by offset: memory tail and log; see the module docstring."""
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        log: TopicLog | None,
+        limit: int,
+        write_through: bool = False,
+        drop_overflow: bool = False,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        self.name = name
+        self.log = log
+        self._clock = clock
+        """``trio.current_time``: the time retention is judged by (through the log's time
+        base, so tests on a virtual clock see exact times); None: the wall clock."""
+        self.limit = limit
+        """Messages the tail may hold (``--mem-queue-size``)."""
+        self.write_through = log is not None and (write_through or limit == 0)
+        self.drop_overflow = drop_overflow and log is None
+        start = log.next_offset if log is not None else 0
+        self.next_offset = start
+        """The offset the next message gets."""
+        self.known_from = start
+        """Offsets from here on were taken in this run (their deferred ones are in
+        ``deferred``); older ones came from the log as an earlier run left it."""
+        self.tail = MemoryTail(start)
+        self.cursors: list[StreamCursor] = []
+        """The channels' cursors (``cursor.py``): what ``trim`` and ``prepare_sync`` look at."""
+        self.deferred: list[int] = []
+        """Offsets of the deferred (DPUB) messages not yet passed by every cursor, sorted."""
+        self.dropped_count = 0
+        """Messages dropped because the tail was full (no log)."""
+        self.wrote_backend = False
+        """Whether the last ``append`` wrote to the log (a success there clears bad health)."""
+        self._pins: dict[int, int] = {}
+        """Deferred messages whose durable channel copies are not fsynced yet: ``#topic`` may
+        not pass them (offset -> copies pending)."""
+        self._topic_cursor = None
+        if log is not None:
+            cursor = log.cursor(TOPIC_CURSOR)
+            if cursor is None:
+                adopted = log.adopted_offset
+                # An adopted disk queue says how far it had handed messages on; anything else
+                # without a record of it (a lost state file) starts from the earliest offset:
+                # duplicates at worst, never a loss.
+                cursor = log.create_cursor(
+                    TOPIC_CURSOR, adopted if adopted is not None else "earliest"
+                )
+            self._topic_cursor = cursor
+        self.pumped = self._topic_cursor.position if self._topic_cursor is not None else start
+        """Messages below this offset were handed to the channels."""
+
+    def __repr__(self) -> str:
+        return f"<TopicStream {self.name} {self.pumped}/{self.next_offset}>"
+
+    # -- sizes -------------------------------------------------------------------------------
+
+    @property
+    def depth(self) -> int:
+        """Messages not handed to the channels yet."""
+        return max(self.next_offset - self.pumped, 0)
+
+    @property
+    def backend_depth(self) -> int:
+        """Of ``depth``, the messages in the log."""
+        if self.log is None:
+            return 0
+        return max(min(self.tail.start, self.next_offset) - self.pumped, 0)
+
+    @property
+    def earliest_offset(self) -> int:
+        """The oldest offset stored (the log's, else the tail's)."""
+        if self.log is not None and self.log.earliest_offset < self.tail.start:
+            return self.log.earliest_offset
+        return self.tail.start
+
+    def offset_for_time(self, ts_ns: int) -> int:
+        """The offset of the first message stored whose timestamp is at or after ``ts_ns``
+        (the log's index, then the memory tail); ``next_offset`` if there is none."""
+        tail = self.tail
+        if self.log is not None:
+            found = self.log.offset_for_time(ts_ns)
+            if found < self.log.next_offset and found < tail.start:
+                return found
+        for k, m in enumerate(tail.slice(tail.start, len(tail))):
+            if m.timestamp >= ts_ns:
+                return tail.start + k
+        return self.next_offset
+
+    def read_entries(
+        self, start: int, count: int, end: int | None = None, max_bytes: int | None = None
+    ) -> tuple[list[tuple[int, Message]], int]:
+        """Up to ``count`` messages from ``start`` on (or the earliest stored), below ``end``,
+        with their offsets, and the offset to read on from. Consumes nothing; the messages are
+        shared: read-only. ``max_bytes`` of bodies stops the read early (at least one message
+        is returned). For tools (``GET /topic/read``, the Spark source)."""
+        stop = self.next_offset if end is None else min(end, self.next_offset)
+        position = max(start, self.earliest_offset)
+        out: list[tuple[int, Message]] = []
+        budget = max_bytes if max_bytes is not None else -1
+        tail = self.tail
+        log = self.log
+        if log is not None and position < tail.start and position < stop:
+            reader = log.open_reader(position)
+            try:
+                while len(out) < count and budget != 0:
+                    got = reader.read_many(
+                        min(count - len(out), READ_CHUNK), min(stop, tail.start)
+                    )
+                    if not got:
+                        break
+                    budget = _take_within(out, got, budget)
+                position = max(reader.position, position)
+                if out:
+                    position = out[-1][0] + 1
+                elif position >= log.next_offset:
+                    position = min(tail.start, stop)  # never written: read from memory
+            finally:
+                reader.close()
+        if tail.start <= position < stop and len(out) < count and budget != 0:
+            msgs = tail.slice(position, min(count - len(out), stop - position))
+            _take_within(out, list(enumerate(msgs, position)), budget)
+            if out:
+                position = max(position, out[-1][0] + 1)
+        return out, position
+
+    def deferred_between(self, start: int, end: int) -> int:
+        """Deferred messages known in ``[start, end)`` (``deferred``)."""
+        if not self.deferred or start >= end:
+            return 0
+        return bisect_left(self.deferred, end) - bisect_left(self.deferred, start)
+
+    # -- taking messages ---------------------------------------------------------------------
+
+    def append(self, messages: Sequence[Message]) -> None:
+        """Take ``messages``, whose offsets are ``next_offset`` on, in order. All or none:
+        raises ``BackendError`` having kept none (a log write failed)."""
+        n = len(messages)
+        if not n:
+            return
+        log = self.log
+        tail = self.tail
+        if log is None:
+            self.wrote_backend = False
+            if self.drop_overflow:
+                room = self.limit - (self.next_offset - self.pumped)
+                if room < n:
+                    self.dropped_count += n - max(room, 0)
+                    messages = messages[: max(room, 0)]
+                    n = len(messages)
+            tail.extend(messages)
+            self.next_offset += n
+            return
+        if self.write_through:
+            if len(tail):  # a switch to write-through could not write the tail then
+                self.trim()
+                log.append_many([*tail.front(len(tail)), *messages], tail.start)
+            else:
+                log.append_many(messages, self.next_offset)
+            self.next_offset += n
+            tail.reset(self.next_offset)
+            self.wrote_backend = True
+            return
+        self.trim()
+        excess = len(tail) + n - self.limit
+        if excess <= 0:
+            self.wrote_backend = False
+            tail.extend(messages)
+            self.next_offset += n
+            return
+        # The oldest go to the log: the tail's, then (past those) the new messages' first ones.
+        from_tail = min(excess, len(tail))
+        direct = excess - from_tail
+        spill = tail.front(from_tail)
+        if direct:
+            spill += messages[:direct]
+        log.append_many(spill, tail.start)
+        self.wrote_backend = True
+        tail.drop_front(from_tail)
+        if direct:
+            tail.reset(self.next_offset + direct)
+            messages = messages[direct:]
+        tail.extend(messages)
+        self.next_offset += n
+
+    def note_deferred(self, offsets: Sequence[int]) -> None:
+        """Offsets just appended whose messages are deferred (DPUB)."""
+        self.deferred.extend(offsets)
+
+    def set_write_through(self, on: bool) -> None:
+        """Switch to writing every message to the log (a retention policy needs them there),
+        or back to memory first. The tail goes to the log first; raises ``BackendError``
+        (the switch is made all the same: the tail goes to the log with the next publish)."""
+        if self.log is None:
+            return
+        was = self.write_through
+        self.write_through = on or self.limit == 0
+        if self.write_through and not was:
+            self.flush_tail()
+
+    def flush_tail(self) -> None:
+        """Write the whole tail to the log (shutdown, write-through); raises ``BackendError``."""
+        log = self.log
+        tail = self.tail
+        if log is None:
+            return
+        self.trim()
+        if len(tail):
+            log.append_many(tail.front(len(tail)), tail.start)
+            tail.reset(self.next_offset)
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def read_range(self, start: int, end: int) -> list[Message]:
+        """The messages in ``[start, end)`` (offsets lost to damage absent), as stored: shared
+        objects, read-only. For channels that take copies of everything (ephemeral ones)."""
+        out: list[Message] = []
+        tail = self.tail
+        if start < tail.start and self.log is not None:
+            out = [m for _, m in self.log.read_range(start, end_offset=min(end, tail.start))]
+            start = tail.start
+        if start < end:
+            out += tail.slice(max(start, tail.start), end - max(start, tail.start))
+        return out
+
+    def messages_at(self, offsets: Sequence[int]) -> list[Message]:
+        """Copies of the messages at ``offsets``, each carrying its offset (those not stored,
+        lost to damage, left out). For the few deferred messages of a pump batch."""
+        out: list[Message] = []
+        tail = self.tail
+        for offset in offsets:
+            if tail.start <= offset < tail.end:
+                m = tail.slice(offset, 1)[0].copy()
+            elif self.log is not None and offset < tail.start:
+                got = self.log.read_range(offset, 1)
+                if not got or got[0][0] != offset:
+                    continue
+                m = got[0][1].copy()
+            else:
+                continue
+            m.offset = offset
+            out.append(m)
+        return out
+
+    def take_pump_batch(self, count: int) -> tuple[int, int, list[int]]:
+        """Hand up to ``count`` more messages to the channels: (start, end, offsets of the
+        deferred ones among them)."""
+        start = self.pumped
+        end = min(start + count, self.next_offset)
+        self.pumped = end
+        deferred = self.deferred
+        if start < self.known_from and self.log is not None:
+            # A backlog an earlier run left: find its deferred messages (entries only).
+            for offset in self.log.deferred_offsets(start, min(end, self.known_from)):
+                insort(deferred, offset)
+        if not deferred:
+            return start, end, []
+        lo = bisect_left(deferred, start)
+        hi = bisect_left(deferred, end, lo)
+        return start, end, deferred[lo:hi]
+
+    def trim(self) -> None:
+        """Forget, from memory, the messages every channel has read (never written: nsqd's
+        consumed memory queue), and the deferred offsets every cursor has passed."""
+        low = self.pumped
+        for cursor in self.cursors:
+            if cursor.position < low:
+                low = cursor.position
+        tail = self.tail
+        if len(tail) and low > tail.start:
+            tail.drop_until(min(low, tail.end))
+        deferred = self.deferred
+        if deferred and deferred[0] < low:
+            del deferred[: bisect_left(deferred, low)]
+
+    def reset_unpumped(self) -> None:
+        """Topic empty (nsqd): drop the messages not yet handed to the channels. Their offsets
+        in memory are given again (nobody saw them); the log's are skipped by every cursor."""
+        old = self.pumped
+        tail = self.tail
+        if len(tail) and old < tail.end:
+            tail.truncate(max(old, tail.start))
+            self.next_offset = tail.end
+        skip_to = self.next_offset
+        self.pumped = skip_to
+        for cursor in self.cursors:
+            cursor.skip(old, skip_to)
+        deferred = self.deferred
+        if deferred:
+            lo = bisect_left(deferred, old)
+            del deferred[lo : bisect_left(deferred, skip_to, lo)]
+
+    # -- durable deferred copies --------------------------------------------------------------
+
+    def pin(self, offset: int) -> None:
+        """A durable channel's copy of the deferred message at ``offset`` is not fsynced yet:
+        ``#topic`` does not pass it until ``unpin``."""
+        self._pins[offset] = self._pins.get(offset, 0) + 1
+
+    def unpin(self, offset: int) -> None:
+        left = self._pins.get(offset, 0) - 1
+        if left > 0:
+            self._pins[offset] = left
+        else:
+            self._pins.pop(offset, None)
+
+    def clear_pins(self) -> None:
+        """Every pinned copy is durable (the channels synced their stores at shutdown)."""
+        self._pins.clear()
+
+    # -- what the syncer calls ---------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        return self.log is None or self.log.closed
+
+    @property
+    def dirty_count(self) -> int:
+        return self.log.dirty_count if self.log is not None else 0
+
+    @property
+    def bytes_on_disk(self) -> int:
+        return self.log.bytes_on_disk if self.log is not None else 0
+
+    def prepare_sync(self) -> SyncJob | None:
+        """The log's sync job, once every cursor in it is where its channel is."""
+        log_ = self.log
+        if log_ is None:
+            return None
+        self.refresh_cursors()
+        now_ns = None if self._clock is None else log_.timebase.to_wall_ns(self._clock())
+        return log_.prepare_sync(now_ns)
+
+    def refresh_cursors(self) -> None:
+        """Move ``#topic`` to ``pumped`` (or the oldest pinned offset) and every channel's log
+        cursor to its channel's position (``ChannelCursor.sync_log_cursor``)."""
+        topic_cursor = self._topic_cursor
+        if topic_cursor is not None and not topic_cursor.deleted:
+            pumped = min(self.pumped, min(self._pins)) if self._pins else self.pumped
+            target = self.log_target(pumped)
+            if topic_cursor.position != target:
+                topic_cursor.seek(target)
+        for cursor in self.cursors:
+            cursor.sync_log_cursor()
+
+    def log_target(self, offset: int) -> int:
+        """``offset`` clamped to the log's offsets, as a seek clamps it (comparing positions
+        with unclamped offsets would seek, and dirty, the log at every sync)."""
+        log_ = self.log
+        if log_ is None:
+            return offset
+        return min(max(offset, log_.earliest_offset), log_.next_offset)
+
+    # -- life cycle --------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Shutdown, blocking: the tail to the log, the cursors where their channels are, the
+        log synced and closed. A failed write is logged: those messages are lost (as nsqd)."""
+        log_ = self.log
+        if log_ is None or log_.closed:
+            return
+        try:
+            self.flush_tail()
+        except Exception:
+            log.error(
+                "TOPIC(%s): failed to flush %d messages to the log at close",
+                self.name,
+                len(self.tail),
+                exc_info=True,
+            )
+            self.tail.reset(self.next_offset)
+        log_.advance_to(self.next_offset)
+        self.refresh_cursors()
+        log_.close()
+
+    def delete(self) -> None:
+        """Drop every message and the log's files."""
+        self.tail.reset(self.next_offset)
+        self.pumped = self.next_offset
+        self.deferred.clear()
+        self._pins.clear()
+        if self.log is not None:
+            self.log.delete()

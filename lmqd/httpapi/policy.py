@@ -1,0 +1,77 @@
+"""``GET``/``POST /topic/policy?topic=T``: a topic's policy (lmq; ``lmqd.engine.policy``).
+
+``GET`` answers the topic's effective policy as a JSON object, ``{"retention_ms": N,
+"retention_bytes": M}`` (the daemon's ``--retention-ms``/``--retention-bytes`` where the topic
+sets nothing of its own). ``POST`` takes a JSON object of the keys to change, applies them all
+or none, persists them with the metadata, and answers the whole policy as ``GET`` does.
+
+Errors: 400 ``MISSING_ARG_TOPIC`` / ``INVALID_ARG_TOPIC``, 404 ``TOPIC_NOT_FOUND`` (the topic
+must exist, as for the other topic endpoints that change one), 413 ``INVALID_POLICY: ...``
+for a body over ``MAX_POLICY_BODY``, 400 ``INVALID_POLICY: <what is wrong>`` for a body that is
+not a JSON object, an unknown key or a bad value (nothing is changed then), and 500
+``INTERNAL_ERROR`` if turning retention on could not write the topic's memory to its log (the
+policy is set; the memory is written with the next publish).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING
+
+from lmqd.engine.backend import BackendError
+from lmqd.engine.policy import PolicyError, parse_update
+from lmqd.engine.topic import Topic
+from lmqd.gohttp import QueryError
+from lmqd.httpapi.asgi import HttpError, Request, Response, json_response
+from lmqd.names import valid_name
+from lmqd.units import KiB
+
+if TYPE_CHECKING:
+    from lmqd.broker import Broker
+
+__all__ = ["MAX_POLICY_BODY", "PolicyApi"]
+
+MAX_POLICY_BODY = 64 * KiB
+"""A policy object is a few keys: anything much larger is not one (bounded like every read)."""
+
+
+class PolicyApi:
+    """The ``/topic/policy`` handler, for ``HttpApi`` to route."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+
+    def _topic(self, request: Request) -> Topic:
+        try:
+            query = request.query()
+        except QueryError:
+            raise HttpError(400, "INVALID_REQUEST") from None
+        name = query.get("topic")
+        if name is None:
+            raise HttpError(400, "MISSING_ARG_TOPIC")
+        if not valid_name(name):
+            raise HttpError(400, "INVALID_ARG_TOPIC")
+        topic = self.broker.topic_or_none(name)
+        if topic is None:
+            raise HttpError(404, "TOPIC_NOT_FOUND")
+        return topic
+
+    async def topic_policy(self, request: Request) -> Response:
+        topic = self._topic(request)
+        if request.method == "POST":
+            if request.content_length is not None and request.content_length > MAX_POLICY_BODY:
+                raise HttpError(413, "INVALID_POLICY: body too large")
+            body = await request.read_body(MAX_POLICY_BODY + 1)
+            if len(body) > MAX_POLICY_BODY:
+                raise HttpError(413, "INVALID_POLICY: body too large")
+            try:
+                changes = parse_update(json.loads(body))
+            except (UnicodeDecodeError, json.JSONDecodeError):
+                raise HttpError(400, "INVALID_POLICY: the body is not JSON") from None
+            except PolicyError as exc:
+                raise HttpError(400, f"INVALID_POLICY: {exc}") from None
+            try:
+                topic.set_policy(changes)
+            except BackendError:
+                raise HttpError(500, "INTERNAL_ERROR") from None
+        return json_response(topic.policy.to_dict())

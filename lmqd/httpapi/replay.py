@@ -1,0 +1,265 @@
+"""Replay and reading by offset: lmq's HTTP endpoints over a topic's stored stream.
+
+Every message of a topic has an offset (``lmqd.engine.stream``). These endpoints use them; none
+of them exists in nsqd, and nsqd's own calls are unchanged (``/channel/create`` without
+``from``):
+
+* ``POST /channel/create?topic=T&channel=C&from=POS``: a new channel whose cursor starts at
+  ``POS`` instead of at the end (nsqd's behaviour, ``from=latest``); 400 ``CHANNEL_EXISTS`` if
+  it exists (``/channel/seek`` moves it).
+* ``POST /channel/seek?topic=T&channel=C&to=POS``: move an existing channel's cursor; its
+  in-flight, requeued and deferred messages stay and settle as usual. Answers
+  ``{"offset": N}``, where it now reads from.
+* ``GET /topic/offsets?topic=T[&at=POS]``: ``{"topic", "earliest", "end", "pumped"[, "offset"]}``:
+  the offsets a tool can read (``earliest`` .. ``end`` - 1), where the channels are handed the
+  stream up to (``pumped``) and, with ``at``, the offset ``POS`` stands for.
+* ``GET /topic/read?topic=T&offset=N[&count=M][&end=E][&format=json]``: the messages from offset
+  ``N`` on, consuming nothing (the Spark source, ``lmqadmin tail --from``): binary frames by
+  default, JSON on request (layouts in docs/http.md).
+
+``POS`` is ``earliest`` (the oldest message stored), ``latest`` (for a channel: what the topic
+hands on from now, nsqd's default; for ``/topic/offsets``: the end), an RFC 3339 time (the first
+message published at or after it), a Unix time in milliseconds, or ``offset:N``.
+
+Errors follow nsqd's style (``{"message": "CODE"}``): 400 ``MISSING_ARG_TOPIC`` /
+``INVALID_ARG_TOPIC`` / ``MISSING_ARG_CHANNEL`` / ``INVALID_ARG_CHANNEL``, 404
+``TOPIC_NOT_FOUND`` / ``CHANNEL_NOT_FOUND``, 400 ``INVALID_ARG_FROM`` / ``MISSING_ARG_TO`` /
+``INVALID_ARG_TO`` / ``INVALID_ARG_AT`` / ``MISSING_ARG_OFFSET`` / ``INVALID_ARG_OFFSET`` /
+``INVALID_ARG_COUNT`` / ``INVALID_ARG_END``, and 400 ``NOT_STORED`` for a channel that keeps
+nothing (ephemeral: it has no cursor to move). The binary frames are ``lmqd.message.READ_FRAME``.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
+
+import attrs
+
+from lmqd.engine.backend import BackendError
+from lmqd.engine.channel import TopicExiting
+from lmqd.engine.stream import TopicStream
+from lmqd.engine.topic import Topic
+from lmqd.gohttp import QueryError
+from lmqd.httpapi.asgi import EMPTY, HttpError, Query, Request, Response, json_response
+from lmqd.message import READ_CONTENT_TYPE, encode_read_frames
+from lmqd.names import is_ephemeral, valid_name
+from lmqd.units import MiB
+
+if TYPE_CHECKING:
+    from lmqd.broker import Broker
+
+__all__ = [
+    "DEFAULT_READ_COUNT",
+    "MAX_READ_BYTES",
+    "MAX_READ_COUNT",
+    "Position",
+    "ReplayApi",
+    "parse_position",
+]
+
+DEFAULT_READ_COUNT = 1000
+MAX_READ_COUNT = 10_000
+"""Messages one ``/topic/read`` answers at most: ~1.4 MB of 100-byte messages, a few ms of the
+event loop (reads of the log's files run in it, like every storage read of the daemon)."""
+MAX_READ_BYTES = 4 * MiB
+"""Body bytes one ``/topic/read`` answers at most (at least one message is always sent): keeps a
+read of large messages as short as a read of small ones."""
+
+_DIGITS = re.compile(r"[0-9]{1,18}")
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+@attrs.frozen
+class Position:
+    """A parsed ``from``/``to``/``at`` value: one of its fields is set."""
+
+    earliest: bool = False
+    latest: bool = False
+    time_ns: int | None = None
+    offset: int | None = None
+
+
+def parse_position(value: str) -> Position | None:
+    """``earliest``, ``latest``, an RFC 3339 time, Unix milliseconds or ``offset:N``; None if
+    ``value`` is none of them."""
+    if value == "earliest":
+        return Position(earliest=True)
+    if value == "latest":
+        return Position(latest=True)
+    if value.startswith("offset:"):
+        digits = value.removeprefix("offset:")
+        return Position(offset=int(digits)) if _DIGITS.fullmatch(digits) else None
+    if _DIGITS.fullmatch(value):
+        return Position(time_ns=int(value) * 1_000_000)
+    try:
+        when = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    if when.tzinfo is None or "T" not in value.upper():
+        return None  # RFC 3339 has both a date-time separator and an offset
+    return Position(time_ns=(when - _EPOCH) // timedelta(microseconds=1) * 1000)
+
+
+def resolve(stream: TopicStream, position: Position, *, latest: int) -> int:
+    """The offset ``position`` stands for in ``stream`` (``latest``: what "latest" means)."""
+    if position.earliest:
+        return stream.earliest_offset
+    if position.latest:
+        return latest
+    if position.time_ns is not None:
+        return stream.offset_for_time(position.time_ns)
+    assert position.offset is not None
+    return position.offset
+
+
+class ReplayApi:
+    """The handlers above, for ``HttpApi`` to route."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+
+    # -- shared checks (nsqd's order: topic name, channel name, existence) -------------------
+
+    @staticmethod
+    def _query(request: Request) -> Query:
+        try:
+            return request.query()
+        except QueryError:
+            raise HttpError(400, "INVALID_REQUEST") from None
+
+    def _topic(self, query: Query) -> Topic:
+        name = query.get("topic")
+        if name is None:
+            raise HttpError(400, "MISSING_ARG_TOPIC")
+        if not valid_name(name):
+            raise HttpError(400, "INVALID_ARG_TOPIC")
+        topic = self.broker.topic_or_none(name)
+        if topic is None:
+            raise HttpError(404, "TOPIC_NOT_FOUND")
+        return topic
+
+    @staticmethod
+    def _position(query: Query, key: str, *, required: bool) -> Position | None:
+        value = query.get(key)
+        if value is None:
+            if required:
+                raise HttpError(400, f"MISSING_ARG_{key.upper()}")
+            return None
+        position = parse_position(value)
+        if position is None:
+            raise HttpError(400, f"INVALID_ARG_{key.upper()}")
+        return position
+
+    @staticmethod
+    def _count(query: Query, key: str, default: int | None, *, low: int = 0) -> int | None:
+        value = query.get(key)
+        if value is None:
+            return default
+        if not _DIGITS.fullmatch(value) or int(value) < low:
+            raise HttpError(400, f"INVALID_ARG_{key.upper()}")
+        return int(value)
+
+    # -- channels ----------------------------------------------------------------------------
+
+    def create_channel_from(self, topic: Topic, name: str, value: str) -> Response:
+        """``/channel/create`` with ``from`` (``HttpApi`` has checked the names and topic)."""
+        position = parse_position(value)
+        if position is None:
+            raise HttpError(400, "INVALID_ARG_FROM")
+        if topic.channel_or_none(name) is not None:
+            raise HttpError(400, "CHANNEL_EXISTS")
+        if topic.stream.log is None or is_ephemeral(name):
+            raise HttpError(400, "NOT_STORED")
+        start = resolve(topic.stream, position, latest=topic.stream.pumped)
+        try:
+            topic.get_channel(name, start_at=start)
+        except TopicExiting:
+            raise HttpError(503, "EXITING") from None
+        except BackendError:
+            raise HttpError(500, "INTERNAL_ERROR") from None
+        return EMPTY
+
+    async def channel_seek(self, request: Request) -> Response:
+        query = self._query(request)
+        topic_name = query.get("topic")
+        if topic_name is None:
+            raise HttpError(400, "MISSING_ARG_TOPIC")
+        if not valid_name(topic_name):
+            raise HttpError(400, "INVALID_ARG_TOPIC")
+        channel_name = query.get("channel")
+        if channel_name is None:
+            raise HttpError(400, "MISSING_ARG_CHANNEL")
+        if not valid_name(channel_name):
+            raise HttpError(400, "INVALID_ARG_CHANNEL")
+        position = self._position(query, "to", required=True)
+        assert position is not None
+        topic = self.broker.topic_or_none(topic_name)
+        if topic is None:
+            raise HttpError(404, "TOPIC_NOT_FOUND")
+        channel = topic.channel_or_none(channel_name)
+        if channel is None:
+            raise HttpError(404, "CHANNEL_NOT_FOUND")
+        if channel.cursor is None:
+            raise HttpError(400, "NOT_STORED")
+        offset = channel.seek(resolve(topic.stream, position, latest=topic.stream.pumped))
+        return json_response({"offset": offset})
+
+    # -- reading by offset ---------------------------------------------------------------------
+
+    async def topic_offsets(self, request: Request) -> Response:
+        query = self._query(request)
+        topic = self._topic(query)
+        position = self._position(query, "at", required=False)
+        stream = topic.stream
+        answer: dict[str, object] = {
+            "topic": topic.name,
+            "earliest": stream.earliest_offset,
+            "end": stream.next_offset,
+            "pumped": stream.pumped,
+        }
+        if position is not None:
+            answer["offset"] = resolve(stream, position, latest=stream.next_offset)
+        return json_response(answer)
+
+    async def topic_read(self, request: Request) -> Response:
+        query = self._query(request)
+        topic = self._topic(query)
+        start = self._count(query, "offset", None)
+        if start is None:
+            raise HttpError(400, "MISSING_ARG_OFFSET" if "offset" not in query
+                            else "INVALID_ARG_OFFSET")
+        count = self._count(query, "count", DEFAULT_READ_COUNT, low=1)
+        assert count is not None
+        end = self._count(query, "end", None)
+        stream = topic.stream
+        entries, following = stream.read_entries(
+            start, min(count, MAX_READ_COUNT), end, MAX_READ_BYTES
+        )
+        headers = (
+            ("X-Lmq-Next-Offset", str(following)),
+            ("X-Lmq-Earliest-Offset", str(stream.earliest_offset)),
+            ("X-Lmq-End-Offset", str(stream.next_offset)),
+        )
+        if query.get("format") == "json":
+            return json_response({
+                "topic": topic.name,
+                "earliest": stream.earliest_offset,
+                "end": stream.next_offset,
+                "next": following,
+                "messages": [
+                    {
+                        "offset": offset,
+                        "id": m.id.decode("ascii", "replace"),
+                        "timestamp": m.timestamp,
+                        "attempts": m.attempts,
+                        "body": base64.b64encode(m.body).decode(),
+                    }
+                    for offset, m in entries
+                ],
+            })
+        return Response(
+            200, encode_read_frames(entries), READ_CONTENT_TYPE, v1=False, headers=headers
+        )

@@ -1,0 +1,213 @@
+"""lmq's replay endpoints: channels created at an offset or time, seek, reading by offset.
+
+Rules for this module (STYLE.md):
+- A real ``LmqDaemon`` runs in-process on 127.0.0.1 port 0 (``start_daemon``) with its data in
+  ``tmp_path``; requests go over a real socket (``tests.support.http``); consumers speak V2
+  (``tests.support.wire``).
+- Every test body runs under ``trio.fail_after(TIMEOUT)``.
+- Times given to the daemon are the messages' own timestamps (read back through the API), never
+  guesses about the wall clock.
+"""
+
+from __future__ import annotations
+
+import struct
+from datetime import UTC, datetime
+
+import pytest
+import trio
+
+from lmqd.httpapi.replay import parse_position
+from lmqd.message import READ_CONTENT_TYPE, READ_FRAME
+from tests.support.daemon import RunningDaemon, StartDaemon
+from tests.support.http import http
+from tests.support.wire import Wire
+
+TIMEOUT = 10.0
+
+
+async def publish(running: RunningDaemon, topic: str, bodies: list[bytes]) -> None:
+    r = await http(running.http, "POST", f"/mpub?topic={topic}", b"\n".join(bodies))
+    assert r.status == 200
+
+
+async def consume(running: RunningDaemon, topic: str, channel: str, count: int) -> list[bytes]:
+    wire = await Wire.connect(running.tcp)
+    await wire.sub(topic, channel, rdy=count + 10)
+    got = []
+    for _ in range(count):
+        m = await wire.message()
+        got.append(m.body)
+        await wire.fin(m.id)
+    with trio.move_on_after(0.2):
+        extra = await wire.message()
+        pytest.fail(f"one message too many: {extra.body!r}")
+    await wire.aclose()
+    return got
+
+
+def frames(data: bytes) -> list[tuple[int, int, int, bytes, bytes]]:
+    """(offset, timestamp, attempts, id, body) of each message of a binary /topic/read."""
+    out = []
+    pos = 0
+    while pos < len(data):
+        size, offset, ts, attempts, msg_id = READ_FRAME.unpack_from(data, pos)
+        start = pos + READ_FRAME.size
+        end = pos + 4 + size
+        out.append((offset, ts, attempts, msg_id, data[start:end]))
+        pos = end
+    return out
+
+
+def test_positions_parse() -> None:
+    assert parse_position("earliest") is not None and parse_position("earliest").earliest
+    assert parse_position("latest") is not None and parse_position("latest").latest
+    assert parse_position("offset:17") is not None and parse_position("offset:17").offset == 17
+    assert parse_position("1700000000123").time_ns == 1_700_000_000_123_000_000  # type: ignore[union-attr]
+    when = parse_position("2023-11-14T22:13:20.5Z")
+    assert when is not None and when.time_ns == 1_700_000_000_500_000_000
+    assert parse_position("2023-11-14T23:13:20+01:00").time_ns == 1_700_000_000 * 10**9  # type: ignore[union-attr]
+    for bad in ("", "soon", "offset:", "offset:-1", "-5", "2023-11-14", "2023-11-14T22:13:20",
+                "1.5"):
+        assert parse_position(bad) is None, bad
+
+
+@pytest.mark.parametrize("mem_queue_size", [0, 10_000])
+async def test_a_channel_created_from_earliest_replays_the_retained_log(
+    start_daemon: StartDaemon, mem_queue_size: int
+) -> None:
+    with trio.fail_after(TIMEOUT):
+        running = await start_daemon(http=True, mem_queue_size=mem_queue_size)
+        base = running.http
+        # Kept on disk: no channel yet (the topic holds them), then written at once
+        # (--mem-queue-size=0) or on the way to the first channel below (memory first).
+        await publish(running, "t", [b"a", b"b", b"c"])
+        assert await consume(running, "t", "first", 3) == [b"a", b"b", b"c"]
+        assert (await http(base, "POST", "/channel/create?topic=t&channel=late")).status == 200
+        r = await http(base, "POST", "/channel/create?topic=t&channel=replay&from=earliest")
+        assert (r.status, r.body) == (200, b"")
+        await publish(running, "t", [b"d"])
+        assert await consume(running, "t", "late", 1) == [b"d"]  # nsqd: new ones only
+        replayed = await consume(running, "t", "replay", 4 if mem_queue_size == 0 else 1)
+        # Memory first: what the only channel read from memory never reached the disk.
+        assert replayed == ([b"a", b"b", b"c", b"d"] if mem_queue_size == 0 else [b"d"])
+
+
+async def test_replay_from_a_time_and_seek(start_daemon: StartDaemon) -> None:
+    with trio.fail_after(TIMEOUT):
+        running = await start_daemon(http=True, mem_queue_size=0)
+        base = running.http
+        await publish(running, "t", [b"old1", b"old2"])
+        await trio.sleep(0.01)
+        await publish(running, "t", [b"new1", b"new2"])
+        r = await http(base, "GET", "/topic/read?topic=t&offset=0&format=json")
+        assert r.status == 200
+        messages = r.json()["messages"]
+        assert [m["offset"] for m in messages] == [0, 1, 2, 3]
+        new_ts = messages[2]["timestamp"]
+        assert new_ts > messages[1]["timestamp"]
+        ms = new_ts // 1_000_000  # at or before it, 10 ms after the old ones
+        r = await http(base, "POST", f"/channel/create?topic=t&channel=since&from={ms}")
+        assert r.status == 200
+        assert await consume(running, "t", "since", 2) == [b"new1", b"new2"]
+        rfc = datetime.fromtimestamp(new_ts / 1e9 - 0.0005, UTC).isoformat()
+        rfc = rfc.replace("+00:00", "Z")
+        r = await http(base, "POST", f"/channel/create?topic=t&channel=rfc&from={rfc}")
+        assert r.status == 200
+        assert await consume(running, "t", "rfc", 2) == [b"new1", b"new2"]
+
+        r = await http(base, "POST", "/channel/seek?topic=t&channel=since&to=earliest")
+        assert (r.status, r.json()) == (200, {"offset": 0})
+        assert await consume(running, "t", "since", 4) == [b"old1", b"old2", b"new1", b"new2"]
+        r = await http(base, "POST", "/channel/seek?topic=t&channel=since&to=offset:3")
+        assert r.json() == {"offset": 3}
+        assert await consume(running, "t", "since", 1) == [b"new2"]
+        r = await http(base, "POST", "/channel/seek?topic=t&channel=since&to=latest")
+        assert r.json() == {"offset": 4}
+
+
+async def test_seek_leaves_in_flight_messages_to_settle(start_daemon: StartDaemon) -> None:
+    with trio.fail_after(TIMEOUT):
+        running = await start_daemon(http=True, mem_queue_size=0)
+        await publish(running, "t", [b"a", b"b"])
+        wire = await Wire.connect(running.tcp)
+        await wire.sub("t", "c", rdy=1)
+        held = await wire.message()
+        r = await http(running.http, "POST", "/channel/seek?topic=t&channel=c&to=latest")
+        assert r.json() == {"offset": 2}
+        channel = running.broker.topics["t"].channels["c"]
+        assert (channel.depth, channel.in_flight_count) == (0, 1)
+        await wire.fin(held.id)
+        await wire.send(b"NOP\n")
+        with trio.move_on_after(0.2):
+            extra = await wire.frame()
+            pytest.fail(f"FIN of a message in flight across a seek failed: {extra}")
+        assert channel.in_flight_count == 0
+        await wire.aclose()
+
+
+async def test_reading_by_offset_consumes_nothing(start_daemon: StartDaemon) -> None:
+    with trio.fail_after(TIMEOUT):
+        running = await start_daemon(http=True, mem_queue_size=2)
+        base = running.http
+        bodies = [b"m%d" % i for i in range(7)]
+        await publish(running, "t", bodies)  # 5 in the log, 2 in memory
+        r = await http(base, "GET", "/topic/offsets?topic=t")
+        assert (r.status, r.json()) == (
+            200, {"topic": "t", "earliest": 0, "end": 7, "pumped": 0},
+        )
+        r = await http(base, "GET", "/topic/offsets?topic=t&at=latest")
+        assert r.json()["offset"] == 7
+        r = await http(base, "GET", "/topic/read?topic=t&offset=3&count=3")
+        assert r.status == 200
+        assert r.headers["content-type"] == READ_CONTENT_TYPE
+        assert (r.headers["x-lmq-next-offset"], r.headers["x-lmq-end-offset"]) == ("6", "7")
+        got = frames(r.body)
+        assert [(o, b) for o, _, _, _, b in got] == [(3, b"m3"), (4, b"m4"), (5, b"m5")]
+        assert all(a == 0 and len(i) == 16 and ts > 0 for _, ts, a, i, _ in got)
+        r = await http(base, "GET", "/topic/read?topic=t&offset=0&end=2")
+        assert [b for *_, b in frames(r.body)] == [b"m0", b"m1"]
+        r = await http(base, "GET", "/topic/read?topic=t&offset=7")
+        assert (r.body, r.headers["x-lmq-next-offset"]) == (b"", "7")
+        assert await consume(running, "t", "c", 7) == bodies  # all still there
+
+
+async def test_replay_errors(start_daemon: StartDaemon) -> None:
+    with trio.fail_after(TIMEOUT):
+        running = await start_daemon(http=True)
+        base = running.http
+        await publish(running, "t", [b"x"])
+        await publish(running, "e#ephemeral", [b"x"])
+        assert (await http(base, "POST", "/channel/create?topic=t&channel=c")).status == 200
+        cases = [
+            ("POST", "/channel/create?topic=t&channel=d&from=soon", 400, "INVALID_ARG_FROM"),
+            ("POST", "/channel/create?topic=t&channel=c&from=earliest", 400, "CHANNEL_EXISTS"),
+            ("POST", "/channel/create?topic=e%23ephemeral&channel=d&from=earliest", 400,
+             "NOT_STORED"),
+            ("POST", "/channel/create?topic=t&channel=d%23ephemeral&from=earliest", 400,
+             "NOT_STORED"),
+            ("POST", "/channel/create?topic=nope&channel=d&from=earliest", 404,
+             "TOPIC_NOT_FOUND"),
+            ("POST", "/channel/seek?topic=t&channel=c", 400, "MISSING_ARG_TO"),
+            ("POST", "/channel/seek?topic=t&channel=c&to=x", 400, "INVALID_ARG_TO"),
+            ("POST", "/channel/seek?topic=t&channel=nope&to=earliest", 404, "CHANNEL_NOT_FOUND"),
+            ("POST", "/channel/seek?topic=nope&channel=c&to=earliest", 404, "TOPIC_NOT_FOUND"),
+            ("POST", "/channel/seek?channel=c&to=earliest", 400, "MISSING_ARG_TOPIC"),
+            ("POST", "/channel/seek?topic=t&to=earliest", 400, "MISSING_ARG_CHANNEL"),
+            ("POST", "/channel/seek?topic=t&channel=b%20d&to=earliest", 400,
+             "INVALID_ARG_CHANNEL"),
+            ("GET", "/topic/offsets?topic=nope", 404, "TOPIC_NOT_FOUND"),
+            ("GET", "/topic/offsets?topic=t&at=x", 400, "INVALID_ARG_AT"),
+            ("GET", "/topic/read?topic=t", 400, "MISSING_ARG_OFFSET"),
+            ("GET", "/topic/read?topic=t&offset=-1", 400, "INVALID_ARG_OFFSET"),
+            ("GET", "/topic/read?topic=t&offset=0&count=0", 400, "INVALID_ARG_COUNT"),
+            ("GET", "/topic/read?topic=t&offset=0&end=x", 400, "INVALID_ARG_END"),
+            ("GET", "/topic/read?topic=b%20d&offset=0", 400, "INVALID_ARG_TOPIC"),
+        ]
+        for method, target, status, message in cases:
+            r = await http(base, method, target)
+            assert (r.status, r.json()) == (status, {"message": message}), target
+        # A binary answer is framed as documented: one 38-byte header per message.
+        r = await http(base, "GET", "/topic/read?topic=t&offset=0")
+        assert len(r.body) == READ_FRAME.size + 1
+        assert struct.unpack_from(">I", r.body)[0] == READ_FRAME.size - 4 + 1
