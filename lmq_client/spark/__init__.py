@@ -1,4 +1,5 @@
-"""The PySpark data source ``lmq``: write DataFrames and streams into lmq (or nsqd) topics.
+"""The PySpark data source ``lmq``: write DataFrames and streams into lmq (or nsqd) topics, and
+read lmq topics by offset (``spark.read``/``spark.readStream.format("lmq")``, ``source.py``).
 
 ::
 
@@ -32,6 +33,8 @@ try:
     from lmq_client.spark.options import SinkOptions
     from lmq_client.spark.publish import LmqCommitMessage
     from lmq_client.spark.session import ensure_java, local_session
+    from lmq_client.spark.source import LmqBatchReader, LmqStreamReader
+    from lmq_client.spark.source_options import SourceOptions
 except ModuleNotFoundError as exc:
     if (exc.name or "").partition(".")[0] not in _EXTRA_MODULES:
         raise
@@ -42,12 +45,15 @@ except ModuleNotFoundError as exc:
     ) from exc
 
 __all__ = [
+    "LmqBatchReader",
     "LmqBatchWriter",
     "LmqCommitMessage",
     "LmqDataSource",
     "LmqSinkError",
+    "LmqStreamReader",
     "LmqStreamWriter",
     "SinkOptions",
+    "SourceOptions",
     "ensure_java",
     "local_session",
 ]

@@ -1,10 +1,11 @@
-"""``LmqDataSource``: the PySpark data source ``lmq`` (batch and streaming writers).
+"""``LmqDataSource``: the PySpark data source ``lmq`` (batch and streaming writers and readers).
 
-Spark creates the data source and its writer on the driver (in a Python worker), checks the
-options and the schema there, pickles the writer to the executors, calls ``write`` once per task
-with that task's Arrow record batches, and finally ``commit`` (all tasks returned) or ``abort``
-(some failed) on the driver. ``commit`` has nothing left to do, since every row was answered
-``OK`` before its task returned; it only logs a summary. See ``docs/spark.md``.
+Writing: Spark creates the data source and its writer on the driver (in a Python worker), checks
+the options and the schema there, pickles the writer to the executors, calls ``write`` once per
+task with that task's Arrow record batches, and finally ``commit`` (all tasks returned) or
+``abort`` (some failed) on the driver. ``commit`` has nothing left to do, since every row was
+answered ``OK`` before its task returned; it only logs a summary. Reading: ``source.py`` (offsets
+per daemon, ranges read by ``GET /topic/read``). See ``docs/spark.md``.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from pyspark.sql.types import StructType
 
 from lmq_client.spark.options import SinkOptions
 from lmq_client.spark.publish import LmqCommitMessage, summarize, write_partition
+from lmq_client.spark.source import SOURCE_SCHEMA, LmqBatchReader, LmqStreamReader
+from lmq_client.spark.source_options import SourceOptions
 
 __all__ = ["LmqBatchWriter", "LmqDataSource", "LmqStreamWriter"]
 
@@ -31,7 +34,8 @@ log = logging.getLogger("lmq_client.spark")
 
 
 class LmqDataSource(DataSource):
-    """Writes a DataFrame's rows to an lmq (or nsqd) topic, one message per row.
+    """Writes a DataFrame's rows to an lmq (or nsqd) topic, one message per row, and reads an
+    lmq topic by offset (``reader``, ``streamReader``: ``source.py``).
 
     Register it with ``spark.dataSource.register(LmqDataSource)``, then::
 
@@ -50,8 +54,31 @@ class LmqDataSource(DataSource):
 
     @classmethod
     def name(cls) -> str:
-        """The format name: ``df.write.format("lmq")``."""
+        """The format name: ``df.write.format("lmq")``, ``spark.read.format("lmq")``."""
         return "lmq"
+
+    def schema(self) -> StructType:
+        """What a read returns (``source.SOURCE_SCHEMA``)."""
+        return SOURCE_SCHEMA
+
+    def reader(self, schema: StructType) -> LmqBatchReader:
+        """``spark.read.format("lmq")``: options ``address`` (the daemons' HTTP addresses),
+        ``topic``, ``startingOffsets`` (default earliest), ``endingOffsets`` (default latest),
+        ``partitionSize``, ``timeout``."""
+        return LmqBatchReader(self._source_options(schema))
+
+    def streamReader(self, schema: StructType) -> LmqStreamReader:
+        """``spark.readStream.format("lmq")``: as ``reader``, with ``startingOffsets`` (default
+        latest) for a query without a checkpoint and ``maxMessagesPerTrigger``."""
+        return LmqStreamReader(self._source_options(schema))
+
+    def _source_options(self, schema: StructType) -> SourceOptions:
+        if schema != SOURCE_SCHEMA:
+            raise ValueError(
+                f"lmq source: the schema is fixed ({SOURCE_SCHEMA.simpleString()}); "
+                "select or cast columns after reading"
+            )
+        return SourceOptions.parse(self.options)
 
     def writer(self, schema: StructType, overwrite: bool) -> LmqBatchWriter:
         """The batch writer; ``mode("overwrite")`` is refused (a topic cannot be replaced)."""

@@ -1,0 +1,282 @@
+"""The source side of the ``lmq`` data source: reading topics by offset, batch and streaming.
+
+Theory of operation
+-------------------
+Every message a topic stores has an offset on its daemon (docs/storage.md), and lmqd serves
+them by offset without consuming anything (``GET /topic/read``, docs/http.md). The source's
+position in a topic is therefore one offset per daemon, ``{"host:port": offset}``, and that is
+exactly what Spark's streaming engine keeps as the source's offsets in the checkpoint:
+
+* on the driver, ``latestOffset`` asks every daemon where its topic ends (``GET
+  /topic/offsets``) and returns the new per-daemon ends (``maxMessagesPerTrigger`` spread over
+  the daemons in proportion to what each has waiting);
+* ``partitions(start, end)`` cuts each daemon's ``[start, end)`` into ranges of at most
+  ``partitionSize`` offsets, one Spark task each;
+* an executor reads its range with ``/topic/read`` requests (the daemon's binary frames, each
+  answer turned into one Arrow record batch without a Python object per message).
+
+A micro-batch is a fixed set of offset ranges: reading it again (a retried task, a query
+restarted from its checkpoint) reads exactly the same messages, as long as the daemon still
+stores them. So a query restarted from its checkpoint reads exactly the messages after its last
+committed batch: none lost, none repeated. Reading consumes nothing, so it needs the messages
+retained: give the topic a retention policy (``lmqadmin topic policy T --retention 7d``), or
+keep a channel behind the reader. Offsets lost to damage, or never written (messages every
+channel read from memory before anything needed them on disk), are simply absent.
+
+A batch read (``spark.read.format("lmq")``) fixes its ranges when it is planned: from
+``startingOffsets`` (default ``earliest``) to ``endingOffsets`` (default ``latest``, the ends
+at planning time).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import pyarrow as pa  # type: ignore[import-untyped]
+from pyspark.sql.datasource import (
+    DataSourceReader,
+    DataSourceStreamReader,
+    InputPartition,
+)
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
+from pyspark.sql.types import (
+    BinaryType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from lmq_client.http import HTTPClient, HTTPError
+from lmq_client.spark.source_options import DEFAULT_READ_COUNT, Bound, SourceOptions
+from lmqd.message import READ_FRAME
+
+__all__ = [
+    "ARROW_SCHEMA",
+    "SOURCE_SCHEMA",
+    "LmqBatchReader",
+    "LmqPartition",
+    "LmqStreamReader",
+    "read_partition",
+]
+
+log = logging.getLogger("lmq_client.spark")
+
+SOURCE_SCHEMA = StructType([
+    StructField("value", BinaryType(), False),
+    StructField("id", StringType(), False),
+    StructField("topic", StringType(), False),
+    StructField("node", StringType(), False),
+    StructField("offset", LongType(), False),
+    StructField("timestamp", TimestampType(), False),
+    StructField("attempts", IntegerType(), False),
+])
+"""The rows a read returns: the body, the message id, the topic, the daemon it came from (its
+address as given in ``address``), the offset there, the publish time and the attempts stored."""
+
+ARROW_SCHEMA = pa.schema([
+    pa.field("value", pa.binary(), False),
+    pa.field("id", pa.string(), False),
+    pa.field("topic", pa.string(), False),
+    pa.field("node", pa.string(), False),
+    pa.field("offset", pa.int64(), False),
+    pa.field("timestamp", pa.timestamp("us", tz="UTC"), False),
+    pa.field("attempts", pa.int32(), False),
+])
+
+
+class LmqPartition(InputPartition):
+    """Offsets ``[start, end)`` of the topic on daemon ``node``: one Spark task."""
+
+    def __init__(self, node: str, start: int, end: int) -> None:
+        super().__init__((node, start, end))
+        self.node = node
+        self.start = start
+        self.end = end
+
+
+# -- talking to the daemons ------------------------------------------------------------------
+
+
+def _offsets(client: HTTPClient, topic: str) -> dict[str, int]:
+    """``/topic/offsets`` of ``topic`` (a daemon that does not have it: all zero)."""
+    try:
+        answer = client.topic_offsets(topic)
+    except HTTPError as exc:
+        if exc.status == 404:
+            return {"earliest": 0, "end": 0}
+        raise
+    return {"earliest": int(answer["earliest"]), "end": int(answer["end"])}
+
+
+def _resolve(options: SourceOptions, bound: Bound, default: str) -> dict[str, int]:
+    """Per-daemon offsets for ``bound`` (daemons it leaves out: ``default``)."""
+    result: dict[str, int] = {}
+    for address in options.addresses:
+        if isinstance(bound, Mapping) and address in bound:
+            result[address] = int(bound[address])
+            continue
+        which = bound if isinstance(bound, str) else default
+        known = _offsets(HTTPClient(address, timeout=options.timeout_s), options.topic)
+        result[address] = known["earliest"] if which == "earliest" else known["end"]
+    return result
+
+
+def _split(start: Mapping[str, int], end: Mapping[str, int], size: int) -> list[LmqPartition]:
+    parts = []
+    for node, stop in end.items():
+        first = start.get(node, 0)
+        for at in range(first, stop, size):
+            parts.append(LmqPartition(node, at, min(at + size, stop)))
+    return parts
+
+
+def read_partition(options: SourceOptions, partition: LmqPartition) -> Iterator[pa.RecordBatch]:
+    """The messages of ``partition`` as Arrow record batches (one per ``/topic/read``)."""
+    client = HTTPClient(partition.node, timeout=options.timeout_s)
+    position = partition.start
+    while position < partition.end:
+        params = {
+            "topic": options.topic,
+            "offset": str(position),
+            "count": str(min(DEFAULT_READ_COUNT, partition.end - position)),
+            "end": str(partition.end),
+        }
+        try:
+            data, headers = client.request_with_headers("GET", "/topic/read", params)
+        except HTTPError as exc:
+            if exc.status == 404:
+                return  # the topic is gone: nothing left to read
+            raise
+        following = int(headers.get("x-lmq-next-offset", position))
+        if data:
+            yield _record_batch(data, options.topic, partition.node)
+        if following <= position:
+            log.warning(
+                "SPARK(%s): %s cannot read offset %d now (see its log); partition ends early",
+                options.topic,
+                partition.node,
+                position,
+            )
+            return
+        position = following
+
+
+def _record_batch(data: bytes, topic: str, node: str) -> pa.RecordBatch:
+    """One ``/topic/read`` answer as rows of ``ARROW_SCHEMA``."""
+    values: list[bytes] = []
+    ids: list[bytes] = []
+    offsets: list[int] = []
+    stamps: list[int] = []
+    attempts: list[int] = []
+    unpack = READ_FRAME.unpack_from
+    header = READ_FRAME.size
+    pos = 0
+    end = len(data)
+    while pos < end:
+        size, offset, ts, tries, msg_id = unpack(data, pos)
+        stop = pos + 4 + size
+        values.append(data[pos + header : stop])
+        ids.append(msg_id)
+        offsets.append(offset)
+        stamps.append(ts // 1000)
+        attempts.append(tries)
+        pos = stop
+    count = len(values)
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array(values, pa.binary()),
+            pa.array(ids, pa.binary()).cast(pa.string()),
+            pa.array([topic] * count, pa.string()),
+            pa.array([node] * count, pa.string()),
+            pa.array(offsets, pa.int64()),
+            pa.array(stamps, pa.timestamp("us", tz="UTC")),
+            pa.array(attempts, pa.int32()),
+        ],
+        schema=ARROW_SCHEMA,
+    )
+
+
+# -- the readers --------------------------------------------------------------------------------
+
+
+class LmqBatchReader(DataSourceReader):
+    """``spark.read.format("lmq")``: the offsets from ``startingOffsets`` to ``endingOffsets``,
+    fixed when the read is planned (on the driver)."""
+
+    def __init__(self, options: SourceOptions) -> None:
+        self.options = options
+        self.start = _resolve(options, options.starting or "earliest", "earliest")
+        self.end = _resolve(options, options.ending, "latest")
+
+    def partitions(self) -> Sequence[InputPartition]:
+        return _split(self.start, self.end, self.options.partition_size)
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, LmqPartition)
+        return read_partition(self.options, partition)
+
+
+class LmqStreamReader(DataSourceStreamReader):
+    """``spark.readStream.format("lmq")``: offsets per daemon as the source's Spark offsets."""
+
+    def __init__(self, options: SourceOptions) -> None:
+        self.options = options
+
+    def initialOffset(self) -> dict[str, int]:
+        """Where a query without a checkpoint starts: ``startingOffsets`` (default latest)."""
+        return _resolve(self.options, self.options.starting or "latest", "earliest")
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.options.max_per_trigger is None:
+            return ReadAllAvailable()
+        return ReadMaxRows(self.options.max_per_trigger)
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, int]:
+        """Every daemon's end, or no more than ``limit`` messages past ``start`` in all."""
+        ends: dict[str, int] = {}
+        for address in self.options.addresses:
+            begin = int(start.get(address, 0))
+            try:
+                known = _offsets(HTTPClient(address, timeout=self.options.timeout_s),
+                                 self.options.topic)
+            except Exception:
+                log.warning("SPARK(%s): %s unreachable; its offset stays at %d",
+                            self.options.topic, address, begin, exc_info=True)
+                ends[address] = begin
+                continue
+            ends[address] = max(begin, known["end"])
+        if isinstance(limit, ReadMaxRows):
+            return _spread(start, ends, limit.max_rows)
+        return ends
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        begin = {k: int(v) for k, v in start.items()}
+        return _split(begin, {k: int(v) for k, v in end.items()}, self.options.partition_size)
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, LmqPartition)
+        return read_partition(self.options, partition)
+
+    def commit(self, end: dict[str, Any]) -> None:
+        """Spark recorded ``end``: nothing to release (reading consumed nothing)."""
+
+
+def _spread(start: Mapping[str, Any], ends: Mapping[str, int], limit: int) -> dict[str, int]:
+    """``ends`` cut so that at most ``limit`` offsets lie past ``start`` in all, each daemon
+    getting a share in proportion to what it has waiting (at least one while any is left)."""
+    waiting = {a: max(e - int(start.get(a, 0)), 0) for a, e in ends.items()}
+    total = sum(waiting.values())
+    if total <= limit:
+        return dict(ends)
+    result = {}
+    left = limit
+    for address, count in waiting.items():
+        share = min(count, max(count * limit // total, 1 if count else 0), left)
+        left -= share
+        result[address] = int(start.get(address, 0)) + share
+    return result

@@ -1,0 +1,159 @@
+"""The source's options (``spark.read.format("lmq")``, ``spark.readStream.format("lmq")``):
+parsed and checked once on the driver, shipped to executors as one object.
+
+As for the sink (``options.py``), an unknown option fails the query before any task runs.
+Offsets are per daemon: a start or end is ``earliest``, ``latest``, or a JSON object mapping a
+daemon's address (as given in ``address``) to an offset, ``{"10.0.0.1:4151": 1200}`` (a daemon
+it leaves out starts at ``earliest``; for an end, at ``latest``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+
+from lmq_client._util import address_list, check_name
+
+__all__ = [
+    "DEFAULT_PARTITION_SIZE",
+    "DEFAULT_READ_COUNT",
+    "DEFAULT_SOURCE_TIMEOUT_S",
+    "Bound",
+    "SourceOptions",
+]
+
+DEFAULT_PARTITION_SIZE = 100_000
+"""Offsets per Spark partition: a range of a million messages is read by ten tasks in
+parallel; each task's reads are ~10 requests of ``DEFAULT_READ_COUNT`` messages, long enough
+that a task's start-up cost (a Python worker, a connection) is small beside them."""
+
+DEFAULT_READ_COUNT = 10_000
+"""Messages per ``/topic/read`` request: the daemon's maximum (``lmqd.httpapi.replay``)."""
+
+DEFAULT_SOURCE_TIMEOUT_S = 30.0
+"""Seconds an HTTP request to a daemon may take before the task fails (a read of 10,000
+messages takes milliseconds; the bound only catches a daemon that stopped answering)."""
+
+Bound = str | Mapping[str, int]
+"""``"earliest"``, ``"latest"``, or offsets by daemon address."""
+
+_KNOWN = {
+    name.lower(): name
+    for name in (
+        "address",
+        "topic",
+        "startingOffsets",
+        "endingOffsets",
+        "maxMessagesPerTrigger",
+        "partitionSize",
+        "timeout",
+        # Spark's own
+        "checkpointLocation",
+        "path",
+    )
+}
+_SPARK_OWN = frozenset({"checkpointLocation", "path"})
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SourceOptions:
+    """Everything a read needs (picklable: it travels to the executors).
+
+    ``addresses``: the daemons' **HTTP** addresses (the source reads with ``GET /topic/read``);
+    ``topic``; ``starting``/``ending``: the start (streaming: of the first micro-batch) and, for
+    batch reads, the end; ``max_per_trigger``: at most this many messages per micro-batch over
+    all daemons (None: everything available); ``partition_size``: offsets per Spark partition;
+    ``timeout_s``: per HTTP request.
+    """
+
+    addresses: tuple[str, ...]
+    topic: str
+    starting: Bound | None = None
+    ending: Bound = "latest"
+    max_per_trigger: int | None = None
+    partition_size: int = DEFAULT_PARTITION_SIZE
+    timeout_s: float = DEFAULT_SOURCE_TIMEOUT_S
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str]) -> SourceOptions:
+        """Options as given to ``.option(...)``; ``ValueError`` naming the bad one otherwise."""
+        given: dict[str, str] = {}
+        for key, value in options.items():
+            canonical = _KNOWN.get(key.lower())
+            if canonical is None:
+                known = ", ".join(sorted(v for v in _KNOWN.values() if v not in _SPARK_OWN))
+                raise ValueError(f"lmq source: unknown option {key!r} (known: {known})")
+            given[canonical] = value
+        for required in ("address", "topic"):
+            if not given.get(required, "").strip():
+                raise ValueError(f"lmq source: option {required!r} is required")
+        addresses = tuple(a.strip() for a in given["address"].split(",") if a.strip())
+        try:
+            address_list(list(addresses))
+        except ValueError as exc:
+            raise ValueError(f"lmq source: option 'address': {exc}") from None
+        topic = given["topic"].strip()
+        try:
+            check_name("topic", topic)
+        except ValueError as exc:
+            raise ValueError(f"lmq source: option 'topic': {exc}") from None
+        maximum = given.get("maxMessagesPerTrigger")
+        per_trigger = None if maximum is None else _positive(maximum, "maxMessagesPerTrigger")
+        return cls(
+            addresses=addresses,
+            topic=topic,
+            starting=_bound(given, "startingOffsets", addresses),
+            ending=_bound(given, "endingOffsets", addresses) or "latest",
+            max_per_trigger=per_trigger,
+            partition_size=_positive(
+                given.get("partitionSize", str(DEFAULT_PARTITION_SIZE)), "partitionSize"
+            ),
+            timeout_s=_seconds(given.get("timeout"), DEFAULT_SOURCE_TIMEOUT_S),
+        )
+
+
+def _bound(given: Mapping[str, str], name: str, addresses: tuple[str, ...]) -> Bound | None:
+    raw = given.get(name)
+    if raw is None:
+        return None
+    value = raw.strip()
+    if value in ("earliest", "latest"):
+        return value
+    try:
+        doc = json.loads(value)
+    except ValueError:
+        doc = None
+    if not isinstance(doc, dict) or not all(
+        isinstance(k, str) and type(v) is int and v >= 0 for k, v in doc.items()
+    ):
+        raise ValueError(
+            f"lmq source: option {name!r} must be earliest, latest or a JSON object of "
+            f"offsets by daemon address, not {raw!r}"
+        )
+    unknown = sorted(set(doc) - set(addresses))
+    if unknown:
+        raise ValueError(f"lmq source: option {name!r} names daemons not in 'address': {unknown}")
+    return dict(doc)
+
+
+def _positive(raw: str, name: str) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"lmq source: option {name!r} must be an integer, not {raw!r}") from None
+    if value < 1:
+        raise ValueError(f"lmq source: option {name!r} must be at least 1, not {value}")
+    return value
+
+
+def _seconds(raw: str | None, default: float) -> float:
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"lmq source: option 'timeout' must be a number, not {raw!r}") from None
+    if not value > 0:
+        raise ValueError(f"lmq source: option 'timeout' must be positive, not {value}")
+    return value
