@@ -77,6 +77,7 @@ class Topic:
         on_change: Callable[[], None] | None = None,
         on_health: Callable[[str | None], None] | None = None,
         deferred_store_factory: Callable[[str, str, bool], BackendQueue | None] | None = None,
+        clock: Callable[[], float] = trio.current_time,
     ) -> None:
         self.name = name
         self.options = options
@@ -100,7 +101,7 @@ class Topic:
             limit=options.mem_queue_size,
             write_through=options.durable,
             drop_overflow=self.ephemeral,
-            clock=trio.current_time,
+            clock=clock,
         )
         """The topic's messages by offset: memory tail and log."""
         self.durable = options.durable and log is not None
