@@ -28,6 +28,10 @@ log, carrying their offset). The one exception: the last channel to read a messa
 memory tail (every other cursor is past it) takes the object itself, and the tail forgets it at
 once, so no other reader can see it changed; a topic with one channel copies nothing.
 
+**After a crash** (``--durable``), the messages a cursor reads again below its persisted read
+position (``Cursor.read_before``) were delivered before the crash: their copies count that
+delivery in ``attempts``.
+
 **Deferred messages** are pushed to the channels by the topic's pump, so a cursor steps over
 them (settling them: their copies are elsewhere), except in a range it is replaying
 (``replay_until``: a cursor created at or moved to an offset before ``pumped``; the pump never
@@ -172,6 +176,8 @@ class ChannelCursor:
             return []
         self.position = lc.position
         first = entries[0][0]
+        if first < lc.read_before:
+            entries = _redelivered(entries, lc.read_before)
         if first >= stream.known_from and not stream.deferred_between(first, self.position):
             return list(map(_copy_entry, entries))
         replay = self.replay_until
@@ -260,6 +266,17 @@ class ChannelCursor:
             stream.log.delete_cursor(self.name)
         self._log_cursor = None
         self.position = stream.next_offset  # nothing left to read
+
+
+def _redelivered(entries: list[LogEntry], below: int) -> list[LogEntry]:
+    """``entries`` with the attempts of those below ``below`` counted one up: read before a
+    crash, they were delivered then (the copies made from these carry it)."""
+    out: list[LogEntry] = []
+    for offset, m in entries:
+        if offset < below:
+            m = Message(m.id, m.body, m.timestamp, m.attempts + 1, m.deliver_at)
+        out.append((offset, m))
+    return out
 
 
 def _copy_entry(entry: LogEntry) -> Message:

@@ -79,6 +79,7 @@ class Topic:
         deferred_store_factory: Callable[[str, str, bool], BackendQueue | None] | None = None,
         on_channel_created: Callable[[str, str], None] | None = None,
         on_channel_deleted: Callable[[str, str], None] | None = None,
+        clock: Callable[[], float] = trio.current_time,
     ) -> None:
         self.name = name
         self.options = options
@@ -106,7 +107,7 @@ class Topic:
             limit=options.mem_queue_size,
             write_through=options.durable,
             drop_overflow=self.ephemeral,
-            clock=trio.current_time,
+            clock=clock,
         )
         """The topic's messages by offset: memory tail and log."""
         self.durable = options.durable and log is not None

@@ -450,6 +450,11 @@ class TopicLog:
             cursors=tuple(sorted((name, c.low) for name, c in self._cursors.items())),
             legacy=tuple(sorted(self._legacy.items())),
             adopted=self._adopted,
+            read=tuple(
+                sorted(
+                    (name, c.position) for name, c in self._cursors.items() if c.position > c.low
+                )
+            ),
         )
 
     def _close_fds(self) -> None:
@@ -489,7 +494,8 @@ class TopicLog:
         self._legacy = r.legacy
         self._adopted = r.adopted
         for name, low in r.cursors.items():
-            self._cursors[name] = Cursor(name, index, self._cache, low)
+            cursor = self._cursors[name] = Cursor(name, index, self._cache, low)
+            cursor.read_before = max(min(r.read.get(name, low), index.next_offset), low)
         # What recovery found may have been in the OS only (a kill -9 before a sync): make it
         # durable before a state file says so, then persist that state at once, so a crash now
         # neither redoes the repairs nor takes the records found for corruption.

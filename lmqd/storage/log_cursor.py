@@ -39,7 +39,7 @@ class Cursor:
     Created by ``TopicLog.create_cursor`` (or restored when the log opens), never directly.
     """
 
-    __slots__ = ("_acks", "_index", "_reader", "deleted", "dirty", "name")
+    __slots__ = ("_acks", "_index", "_reader", "deleted", "dirty", "name", "read_before")
 
     def __init__(self, name: str, index: LogIndex, cache: TailCache, offset: int) -> None:
         self.name = name
@@ -47,9 +47,12 @@ class Cursor:
         self._reader = LogReader(index, cache, offset)
         self._acks = AckTracker()
         self.dirty = 0
-        """Reads settled, settles and seeks since the log's last ``prepare_sync``."""
+        """Reads, settles and seeks since the log's last ``prepare_sync``."""
         self.deleted = False
         """Set by ``TopicLog.delete_cursor``: the cursor reads nothing any more."""
+        self.read_before = offset
+        """Offsets below this were read by the cursor before the log was last opened (its
+        persisted read position): read again after a crash, they are redeliveries."""
 
     @property
     def position(self) -> int:
@@ -83,9 +86,9 @@ class Cursor:
             return []
         got = self._reader.read_many(max_count, until)
         if got:
-            if settle:
-                self.dirty += len(got)
-            else:
+            # Counted either way: the read position is persisted too (``read_before``).
+            self.dirty += len(got)
+            if not settle:
                 offsets = list(map(_offset, got))
                 self._acks.outstanding.update(offsets)
                 self._acks.order.extend(offsets)

@@ -96,6 +96,8 @@ class RecoveredLog:
     missing_segments: int = 0
     rebuilt_state: bool = False
     """The state file was missing (with segments present) or damaged."""
+    read: dict[str, int] = attrs.Factory(dict)
+    """Each restored cursor's read position when the state was written (if past its mark)."""
 
 
 class _Indexer:
@@ -264,6 +266,7 @@ def recover_log(directory: str, name: str) -> RecoveredLog:
         earliest = result.segments[0].base if result.segments else result.next_offset
         for cursor, low in state.cursors:
             result.cursors[cursor] = _clamped(name, cursor, low, earliest, result.next_offset)
+        result.read = {c: p for c, p in state.read if c in result.cursors}
     return result
 
 

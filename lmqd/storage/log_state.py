@@ -4,7 +4,8 @@ One small JSON object per log, replaced atomically by sync jobs (temp -> fsync -
 fsync the directory, ``sync.py``), as a disk queue's positions file is::
 
     {"version": 1, "name": "orders", "next_offset": 1234, "write": [4, 65568],
-     "cursors": {"archive": 1000, "audit": 1200}, "legacy": [[0, 0], [1, 57]], "adopted": 0}
+     "cursors": {"archive": 1000, "audit": 1200}, "legacy": [[0, 0], [1, 57]], "adopted": 0,
+     "read": {"archive": 1042}}
 
 * ``next_offset``: the offset the next message gets. Recovery takes the larger of this and what
   the segments hold, so an offset is not reused even once every segment holding it is deleted.
@@ -15,6 +16,8 @@ fsync the directory, ``sync.py``), as a disk queue's positions file is::
   log adopted, so those segments' offsets stay the same at every start (their records carry none).
 * ``adopted`` (optional): the offset at which the topic's disk queue had stopped reading when
   the log adopted its files (``log_recovery.py``); absent or null otherwise.
+* ``read`` (optional): each cursor's read position, where it differs from its mark: after a
+  crash, the messages a cursor reads again below it were delivered before (their ``attempts``).
 """
 
 from __future__ import annotations
@@ -39,6 +42,9 @@ class LogState:
     legacy: tuple[tuple[int, int], ...] = ()
     """(segment number, base offset) of each adopted segment of a disk queue's format."""
     adopted: int | None = None
+    read: tuple[tuple[str, int], ...] = ()
+    """(name, read position) of each cursor, sorted by name: where it had read up to. After a
+    crash the messages between a cursor's mark and this were delivered before (``attempts``)."""
 
 
 def encode_log_state(name: str, state: LogState) -> bytes:
@@ -53,6 +59,8 @@ def encode_log_state(name: str, state: LogState) -> bytes:
     }
     if state.adopted is not None:
         doc["adopted"] = state.adopted
+    if state.read:
+        doc["read"] = dict(state.read)
     return json.dumps(doc, separators=(",", ":")).encode() + b"\n"
 
 
@@ -96,4 +104,10 @@ def decode_log_state(name: str, data: bytes) -> LogState:
     adopted = doc.get("adopted")
     if adopted is not None:
         adopted = _count(adopted, "adopted offset")
-    return LogState(next_offset, write[0], write[1], pairs, bases, adopted)
+    read = doc.get("read", {})
+    if not isinstance(read, dict):
+        raise ValueError(f"bad read positions {read!r}")
+    positions = tuple(
+        sorted((str(k), _count(v, f"read position of {k!r}")) for k, v in read.items())
+    )
+    return LogState(next_offset, write[0], write[1], pairs, bases, adopted, positions)

@@ -330,3 +330,75 @@ async def test_deferred_messages_are_due_on_time_behind_a_backlog(
         await consumer.fin(second.id)
         third = await consumer.message()
         assert third.body == b"soon"  # due: ahead of the 498 still on disk
+
+
+async def test_kill9_with_a_held_message_loses_nothing_and_old_segments_go(
+    start_daemon: StartDaemon, tmp_path: Path, connect: Connect
+) -> None:
+    """One message held in flight must not keep the log: it is copied to the channel's store
+    and the segments every channel passed are deleted; a kill -9 then loses nothing."""
+    with trio.fail_after(TIMEOUT):
+        live = tmp_path / "live"
+        running = await durable(
+            start_daemon, live, sync_timeout=0.05, max_bytes_per_file=2048, msg_timeout=3.0
+        )
+        holder = await connect(running.tcp, msg_timeout=3000)
+        await holder.sub("t", "a", rdy=1)
+        other = await connect(running.tcp)
+        await other.sub("t", "b", rdy=50)
+        producer = await connect(running.tcp)
+        published = [b"message %03d " % i + b"x" * 40 for i in range(120)]
+        assert await producer.mpub("t", published[:1]) == OK
+        held = await holder.message()  # never FIN'd: in flight across everything below
+        for i in range(1, 120, 20):
+            assert await producer.mpub("t", published[i : i + 20]) == OK
+        await holder.send(b"RDY 50\n")
+        finished = {b"a": {held.body}, b"b": set()}
+        for wire, channel, count in ((holder, b"a", 119), (other, b"b", 120)):
+            for _ in range(count):
+                m = await wire.message()
+                await wire.fin(m.id)
+                finished[channel].add(m.body)
+        assert finished == {b"a": set(published), b"b": set(published)}
+        log = running.broker.topics["t"].log
+        assert log is not None
+        await eventually(lambda: log.earliest_offset > 0)  # the held message's segment went
+        await eventually(lambda: not running.broker.syncer.busy)
+        snapshot(live, tmp_path / "crashed")  # kill -9 here
+
+        restarted = await durable(start_daemon, tmp_path / "crashed")
+        holder = await connect(restarted.tcp)
+        await holder.sub("t", "a", rdy=200)
+        while True:  # FINs after the last sync may come back first (at-least-once)
+            again = await holder.message()
+            await holder.fin(again.id)
+            if again.body == held.body:  # due at the deadline it had before the crash
+                break
+        assert again.attempts == 2
+        await running.stop()
+
+
+async def test_a_message_in_flight_at_a_kill9_comes_back_counting_that_delivery(
+    start_daemon: StartDaemon, tmp_path: Path, connect: Connect
+) -> None:
+    with trio.fail_after(TIMEOUT):
+        live = tmp_path / "live"
+        running = await durable(start_daemon, live, sync_timeout=0.05)
+        consumer = await connect(running.tcp, msg_timeout=60000)
+        await consumer.sub("t", "c", rdy=1)
+        producer = await connect(running.tcp)
+        assert await producer.pub("t", b"first") == OK
+        first = await consumer.message()
+        assert first.attempts == 1
+        assert await producer.pub("t", b"second") == OK  # a sync: it records the read too
+        log = running.broker.topics["t"].log
+        assert log is not None
+        await eventually(lambda: log.dirty_count == 0 and not running.broker.syncer.busy)
+        snapshot(live, tmp_path / "crashed")  # kill -9 with "first" in flight
+
+        restarted = await durable(start_daemon, tmp_path / "crashed")
+        consumer = await connect(restarted.tcp)
+        await consumer.sub("t", "c", rdy=2)
+        got = {(m.body, m.attempts) for m in [await consumer.message() for _ in range(2)]}
+        assert got == {(b"first", 2), (b"second", 1)}
+        await running.stop()

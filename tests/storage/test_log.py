@@ -366,8 +366,13 @@ def test_unsettled_messages_are_read_again_after_a_restart(tmp_path: Path) -> No
     log = open_log(tmp_path, max_bytes_per_file=SMALL)
     restored = log.cursor("c")
     assert restored is not None and (restored.position, restored.low) == (7, 7)
+    assert restored.read_before == 12  # 7..11 were read before: redeliveries now
     assert entry_keys(read_all(restored)) == expected(7, msgs[7:])
     log.close()
+    again = open_log(tmp_path, max_bytes_per_file=SMALL)
+    restored = again.cursor("c")
+    assert restored is not None and (restored.low, restored.read_before) == (7, 30)
+    again.close()
 
 
 def test_settled_reads_move_the_mark_with_the_position(tmp_path: Path) -> None:
