@@ -11,9 +11,10 @@ timers), the TCP server, the HTTP server and the lookupd registration run;
 Shutdown (``shutdown()``, SIGTERM, SIGINT): connections stop reading, held durable ``OK``
 responses get their sync round and every connection a moment to send what it owes; then the
 listeners and connections are cancelled (each connection requeues its in-flight messages), the
-metadata file is written, every topic is closed (channels first: memory and in-flight messages go
-to the main queue, deferred ones to the deferred store, with their attempts and deadlines; each
-queue is synced), and the data directory is released.
+metadata file is written, every topic is closed (channels first: in-flight and requeued messages
+go to their own store, deferred ones to the deferred store, with their attempts and deadlines,
+each synced; then the topic's memory tail goes to its log and the log is synced with every
+cursor where its channel is), and the data directory is released.
 """
 
 from __future__ import annotations

@@ -1,19 +1,20 @@
 """End-to-end throughput of lmqd under ``lmqadmin bench``, with the daemon's own CPU per message.
 
     .venv/bin/python scripts/bench_throughput.py [--runs 3] [--duration 10] [--size 100]
-        [--writers 1] [--readers 1] [--lmqd-flag=--mem-queue-size=0 ...] [--markdown]
+        [--writers 1] [--readers 1] [--channels 1] [--lmqd-flag=--mem-queue-size=0 ...]
+        [--markdown]
 
 Each run starts a fresh ``lmqd`` (``python -m lmqd``, 127.0.0.1 port 0, HTTP off, data in a new
 temporary directory under ``--dir``), then runs ``lmqadmin bench --json`` against it: the
 writers and readers are separate processes, started by lmqadmin. The daemon's CPU time
 (user + system, ``/proc/<pid>/stat``) is read just before and after the bench and divided by the
-messages consumed, so it covers publish, delivery and FIN of every message (the bench drains
-the channel before it returns). CPU per message is the robust figure on a shared machine:
-the rates move with whatever else runs, CPU time much less.
+messages published, so it covers publish, and delivery and FIN on every channel, of every
+message (the bench drains the channels before it returns). CPU per message is the robust
+figure on a shared machine: the rates move with whatever else runs, CPU time much less.
 
 Prints one line per run (rates, daemon CPU per message, the daemon's peak RSS, the bytes it wrote
-to files -- about 0 unless the backlog spilled to disk -- and the load average when the run began)
-and the medians, as a Markdown table with ``--markdown``.
+to files -- about 0 unless the backlog spilled to disk -- in all and per message published, and
+the load average when the run began) and the medians, as a Markdown table with ``--markdown``.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ def run_once(args: argparse.Namespace, index: int) -> dict[str, Any]:
                 "--size", str(args.size), "--batch-size", str(args.batch_size),
                 "--rdy", str(args.rdy), "--duration", str(args.duration),
                 *getattr(args, "bench_flag", []),
+                "--channels", str(args.channels),
             )  # fmt: skip
             cpu0 = daemon.cpu_seconds()
             written0 = daemon.bytes_written()
@@ -71,7 +73,8 @@ def run_once(args: argparse.Namespace, index: int) -> dict[str, Any]:
         raise RuntimeError(f"lmqadmin bench reported errors: {report['errors']}")
     consumed = report["consume"]["messages"] if report["consume"] else 0
     published = report["publish"]["messages"]
-    per_message = (cpu1 - cpu0) / (consumed or published) * 1e6
+    # Per message published (with several channels each one is consumed once per channel).
+    per_message = (cpu1 - cpu0) / (published or consumed) * 1e6
     return {
         "published_per_s": report["publish"]["msgs_per_s"],
         "consumed_per_s": report["consume"]["msgs_per_s"] if report["consume"] else 0.0,
@@ -85,6 +88,7 @@ def run_once(args: argparse.Namespace, index: int) -> dict[str, Any]:
         "rss_mb": rss / 1024,
         "peak_rss_mb": hwm / 1024,
         "spilled_mb": spilled / 1e6,
+        "written_b_per_msg": spilled / (published or 1),
         "load": load,
     }
 
@@ -98,6 +102,7 @@ COLUMNS = [
     ("p99 latency", "p99_ms", "{:.1f} ms"),
     ("peak RSS", "peak_rss_mb", "{:.1f} MB"),
     ("written to disk", "spilled_mb", "{:.0f} MB"),
+    ("written/msg", "written_b_per_msg", "{:.0f} B"),
 ]
 
 
@@ -110,6 +115,8 @@ def main() -> None:
     parser.add_argument("--readers", type=int, default=1)
     parser.add_argument("--batch-size", type=int, default=200)
     parser.add_argument("--rdy", type=int, default=2500)
+    parser.add_argument("--channels", type=int, default=1,
+                        help="Channels the readers consume (each message once per channel).")
     parser.add_argument("--lmqd-flag", action="append", default=[],
                         help="A flag for lmqd, e.g. --lmqd-flag=--mem-queue-size=0 (repeatable).")
     parser.add_argument("--admin-flag", action="append", default=[],

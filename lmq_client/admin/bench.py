@@ -2,11 +2,11 @@
 
 Theory of operation
 -------------------
-Readers start first (each subscribes to ``topic``/``channel`` on every daemon with ``RDY rdy``:
-the daemons given, or with lookupds the producers they list for the topic) and report ready;
-then writers publish ``MPUB`` batches, ``pipeline`` of them in flight per connection (writer
-``i`` to daemon ``i`` modulo their number), until ``duration`` has passed or their share of
-``count`` is sent. Readers stop once
+Readers start first (each subscribes to ``topic``/``channel``, or to each of ``channels``
+channels, on every daemon with ``RDY rdy``: the daemons given, or with lookupds the producers
+they list for the topic) and report ready; then writers publish ``MPUB`` batches, ``pipeline`` of
+them in flight per connection (writer ``i`` to daemon ``i`` modulo their number), until
+``duration`` has passed or their share of ``count`` is sent. Readers stop once
 they have consumed what was published; with no writers they drain an existing backlog, exactly
 ``count`` messages if it is given, else until nothing arrives for ``DRAIN_IDLE_TIMEOUT``.
 Every message carries its send time (``time.time_ns()``, 8 bytes big-endian) at the start of
@@ -61,6 +61,9 @@ class BenchConfig:
     tcp: Sequence[str]
     topic: str
     channel: str = "bench"
+    channels: int = 1
+    """Channels of the topic: ``channel``, or ``channel0`` .. ``channelN-1``; every reader
+    subscribes to each of them, so every message is consumed once per channel."""
     writers: int = 1
     readers: int = 1
     batch_size: int = 200
@@ -277,20 +280,28 @@ async def _read(
         addresses = sorted(found)
     async with trio.open_nursery() as nursery:
         for address in addresses:
-            conn = Connection(
-                address,
-                connect_timeout=config.timeout,
-                on_messages=on_messages,
-                transport=config.transport,
-            )
-            await nursery.start(conn.run)
-            await conn.request(Sub(topic=config.topic, channel=config.channel).encode())
-            conn.write(Rdy(count=config.rdy).encode())
+            for channel in channel_names(config):
+                conn = Connection(
+                    address,
+                    connect_timeout=config.timeout,
+                    on_messages=on_messages,
+                    transport=config.transport,
+                )
+                await nursery.start(conn.run)
+                await conn.request(Sub(topic=config.topic, channel=channel).encode())
+                conn.write(Rdy(count=config.rdy).encode())
         results.put(("ready", index))
         # The parent always sets stop (also when it fails), so the thread cannot be left over.
         await trio.to_thread.run_sync(stop.wait)
         nursery.cancel_scope.cancel()
     return state["first"], state["last"], int(state["received"]), hist
+
+
+def channel_names(config: BenchConfig) -> list[str]:
+    """The channels the readers consume (``BenchConfig.channels``)."""
+    if config.channels == 1:
+        return [config.channel]
+    return [f"{config.channel}{k}" for k in range(config.channels)]
 
 
 # -- the parent --------------------------------------------------------------------------------
@@ -369,7 +380,11 @@ def run_bench(config: BenchConfig, console: Console | None = None) -> dict[str, 
                 progress.update(sub_task, completed=sum(v.value for v in consumed))
             # Readers stop at what the writers published or, with no writers (draining a
             # backlog), at ``count``; with neither, when nothing arrives for a while.
-            target = sum(r["messages"] for r in writer_results) if writers else config.count
+            target = (
+                sum(r["messages"] for r in writer_results) * config.channels
+                if writers
+                else config.count
+            )
             if readers and unreachable is None and not errors:
                 last_seen, last_change = -1, time.monotonic()
                 while True:
@@ -451,6 +466,7 @@ def _report(
     return {
         "topic": config.topic,
         "channel": config.channel,
+        "channels": config.channels,
         "daemons": list(config.tcp),
         "batch_size": config.batch_size,
         "rdy": config.rdy,

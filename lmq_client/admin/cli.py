@@ -747,6 +747,9 @@ async def _tail(
 @click.option("--topic", default=None, callback=_name("topic"),
               help="Topic to use [default: a fresh bench-<random>, deleted afterwards].")
 @click.option("--channel", default="bench", show_default=True, callback=_name("channel"))
+@click.option("--channels", default=1, show_default=True, type=click.IntRange(min=1),
+              help="Channels to consume (CHANNEL0..N-1 when more than one): each message is "
+                   "consumed once per channel.")
 @click.option("--writers", default=1, show_default=True, type=click.IntRange(min=0),
               help="Publishing processes.")
 @click.option("--readers", default=1, show_default=True, type=click.IntRange(min=0),
@@ -775,6 +778,7 @@ def bench(
     settings: Settings,
     topic: str | None,
     channel: str,
+    channels: int,
     writers: int,
     readers: int,
     batch_size: int,
@@ -802,10 +806,10 @@ def bench(
     if settings.lookupd and readers:
         _prepare_discovery(settings, topic, channel)
     config = BenchConfig(
-        tcp=settings.tcp_addresses(), topic=topic, channel=channel, writers=writers,
-        readers=readers, batch_size=batch_size, rdy=rdy, size=size, duration=duration,
-        count=count, pipeline=pipeline, timeout=settings.timeout, transport=settings.transport,
-        lookupd=settings.lookupd, incompressible=incompressible,
+        tcp=settings.tcp_addresses(), topic=topic, channel=channel, channels=channels,
+        writers=writers, readers=readers, batch_size=batch_size, rdy=rdy, size=size,
+        duration=duration, count=count, pipeline=pipeline, timeout=settings.timeout,
+        transport=settings.transport, lookupd=settings.lookupd, incompressible=incompressible,
     )
     console = _console(err=True)
     report = run_bench(config, console=None if quiet or not console.is_terminal else console)
