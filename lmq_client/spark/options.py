@@ -102,15 +102,7 @@ class SinkOptions:
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SinkOptions:
         """Options as given to ``.option(...)``; ``ValueError`` naming the bad one otherwise."""
-        given: dict[str, str] = {}
-        for key, value in options.items():
-            canonical = _KNOWN.get(key.lower())
-            if canonical is None:
-                raise ValueError(
-                    f"lmq sink: unknown option {key!r} (known: "
-                    f"{', '.join(sorted(v for v in _KNOWN.values() if v not in _SPARK_OWN))})"
-                )
-            given[canonical] = value
+        given = canonical_options(options, _KNOWN, "sink")
         if not given.get("topic", "").strip():
             raise ValueError("lmq sink: option 'topic' is required")
         lookupds = tuple(_split(given.get("lookupdHttpAddress", "")))
@@ -177,6 +169,22 @@ class SinkOptions:
 
 
 _SPARK_OWN = frozenset({"checkpointLocation", "path"})
+"""Options Spark passes to a data source beside the user's (not listed as known in errors)."""
+
+
+def canonical_options(
+    options: Mapping[str, str], known: Mapping[str, str], who: str
+) -> dict[str, str]:
+    """``options`` by their canonical names (``known`` maps lower-case names to them; Spark
+    lower-cases option keys); ``ValueError`` naming an unknown one and the known ones."""
+    given: dict[str, str] = {}
+    for key, value in options.items():
+        canonical = known.get(key.lower())
+        if canonical is None:
+            names = ", ".join(sorted(v for v in known.values() if v not in _SPARK_OWN))
+            raise ValueError(f"lmq {who}: unknown option {key!r} (known: {names})")
+        given[canonical] = value
+    return given
 
 
 def _split(value: str) -> list[str]:

@@ -14,6 +14,7 @@ import json
 from collections.abc import Mapping
 
 from lmq_client._util import address_list, check_name
+from lmq_client.spark.options import canonical_options
 
 __all__ = [
     "DEFAULT_PARTITION_SIZE",
@@ -53,7 +54,6 @@ _KNOWN = {
         "path",
     )
 }
-_SPARK_OWN = frozenset({"checkpointLocation", "path"})
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -78,13 +78,7 @@ class SourceOptions:
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SourceOptions:
         """Options as given to ``.option(...)``; ``ValueError`` naming the bad one otherwise."""
-        given: dict[str, str] = {}
-        for key, value in options.items():
-            canonical = _KNOWN.get(key.lower())
-            if canonical is None:
-                known = ", ".join(sorted(v for v in _KNOWN.values() if v not in _SPARK_OWN))
-                raise ValueError(f"lmq source: unknown option {key!r} (known: {known})")
-            given[canonical] = value
+        given = canonical_options(options, _KNOWN, "source")
         for required in ("address", "topic"):
             if not given.get(required, "").strip():
                 raise ValueError(f"lmq source: option {required!r} is required")
