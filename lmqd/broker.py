@@ -309,6 +309,13 @@ class Broker:
         write or the sync failed.
         """
         messages = self.publish(topic_name, bodies, defer)
+        await self.wait_durable(topic_name)
+        return messages
+
+    async def wait_durable(self, topic_name: str) -> None:
+        """``--durable``: wait until what the topic holds so far (messages, and its channels'
+        positions in its log) is fsynced; at once otherwise. Raises ``BackendError`` if the
+        sync failed."""
         done = trio.Event()
         failure: list[OSError] = []
 
@@ -321,7 +328,6 @@ class Broker:
             await done.wait()
             if failure:
                 raise BackendError(f"sync failed: {failure[0]}")
-        return messages
 
     # -- statistics --------------------------------------------------------------------------
 

@@ -866,11 +866,12 @@ class Channel:
             sub.in_flight_count = 0
         if self.cursor is not None:
             # What the topic has handed on is this channel's queue: it now reads from the end.
-            self.cursor.seek(self.cursor.stream.pumped)
+            self.cursor.seek(self.cursor.stream.pumped, keep_unsettled=False)
 
     def seek(self, offset: int) -> int:
         """Read the topic's stream from ``offset`` on (clamped to what is stored): a replay, or
-        a jump ahead. In-flight, requeued and deferred messages stay and settle as usual.
+        a jump ahead. In-flight, requeued and deferred messages stay and settle as usual (in
+        ``--durable`` they keep the log's claim until then: a crash brings them back).
         Returns the new position. Raises ``ValueError`` for a channel without a cursor
         (ephemeral: nothing of it is stored)."""
         if self.cursor is None:

@@ -38,7 +38,14 @@ them (settling them: their copies are elsewhere), except in a range it is replay
 pushed those to this channel).
 
 **Topic empty** drops the messages the topic had not handed on; a cursor that had not reached
-them yet keeps the dropped range in ``_skips`` (in memory only) and steps over it.
+them yet keeps the dropped range in ``_skips`` and steps over it. The range is persisted with
+its log cursor (``Cursor.add_skip``) until the mark has passed it, so a restart before the
+channel got there steps over it too.
+
+**Seek** moves the read position anywhere stored. In ``--durable``, messages read before it
+and not settled (in flight, or requeued with their copies not yet fsynced) keep holding the
+log's mark (``Cursor.seek(keep_unsettled=True)``) until they settle as usual: a crash brings
+them back whatever the new position.
 """
 
 from __future__ import annotations
@@ -77,6 +84,8 @@ class ChannelCursor:
             if log is not None:
                 lc = log.create_cursor(name, stream.log_target(stream.pumped))
         self._log_cursor: Cursor | None = lc
+        if lc is not None and lc.skips:
+            self._skips = [r for r in lc.skips if r[1] > self.position]
         if at is not None:
             self.seek(at)
         stream.cursors.append(self)
@@ -164,7 +173,7 @@ class ChannelCursor:
             if lc.position < self.position:
                 lc.skip_to(self.position)  # keeps what is unsettled
             else:
-                lc.seek(self.position)
+                lc.seek(self.position, keep_unsettled=not self._settle)
         entries = lc.read_many(want, settle=self._settle, until=until)
         if not entries:
             if lc.position >= until:
@@ -219,10 +228,12 @@ class ChannelCursor:
         lc = self._log_cursor
         return lc.settle_many(offsets) if lc is not None else 0
 
-    def seek(self, offset: int) -> int:
+    def seek(self, offset: int, *, keep_unsettled: bool = True) -> int:
         """Read from ``offset`` on (clamped to the earliest offset stored and the topic's
         end): a replay, or a jump ahead (channel empty). Deferred messages in a replayed range
-        are read too. Returns the new position."""
+        are read too. ``--durable``: the messages read and not settled keep the log's claim on
+        them unless ``keep_unsettled`` is false (they were dropped). Returns the new
+        position."""
         stream = self.stream
         log = stream.log
         lowest = log.earliest_offset if log is not None else stream.tail.start
@@ -232,7 +243,9 @@ class ChannelCursor:
         self._skips.clear()
         lc = self._log_cursor
         if lc is not None:
-            lc.seek(stream.log_target(position))
+            lc.skips.clear()
+            keep = keep_unsettled and not self._settle
+            lc.seek(stream.log_target(position), keep_unsettled=keep)
         return position
 
     def skip(self, start: int, end: int) -> None:
@@ -242,6 +255,8 @@ class ChannelCursor:
             self.position = max(self.position, end)
         else:
             self._skips.append((start, end))
+            if self._log_cursor is not None:
+                self._log_cursor.add_skip(start, end)
 
     def sync_log_cursor(self) -> None:
         """Default mode: move the log cursor to the channel's position (it lags while the

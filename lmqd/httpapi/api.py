@@ -358,12 +358,21 @@ class HttpApi(AsgiApp):
         topic, name = self._topic_and_channel_name(request)
         start = self._query(request).get("from")
         if start is not None:  # lmq: a channel that starts elsewhere than at the end
-            return self.replay.create_channel_from(topic, name, start)
+            self.replay.create_channel_from(topic, name, start)
+        elif topic.channel_or_none(name) is None:
+            try:
+                topic.get_channel(name)
+            except TopicExiting:
+                raise HttpError(503, "EXITING") from None
+            except BackendError:  # its disk queue could not be opened
+                raise HttpError(500, "INTERNAL_ERROR") from None
+        else:
+            return EMPTY
         try:
-            topic.get_channel(name)
-        except TopicExiting:
-            raise HttpError(503, "EXITING") from None
-        except BackendError:  # its disk queue could not be opened
+            # --durable: answered once the channel's start in the log is fsynced, so a crash
+            # after the answer never gives it messages the topic handed on before it existed.
+            await self.broker.wait_durable(topic.name)
+        except BackendError:
             raise HttpError(500, "INTERNAL_ERROR") from None
         return EMPTY
 

@@ -43,7 +43,7 @@ from lmqd.engine.channel import TopicExiting
 from lmqd.engine.stream import TopicStream
 from lmqd.engine.topic import Topic
 from lmqd.gohttp import QueryError
-from lmqd.httpapi.asgi import EMPTY, HttpError, Query, Request, Response, json_response
+from lmqd.httpapi.asgi import HttpError, Query, Request, Response, json_response
 from lmqd.message import READ_CONTENT_TYPE, encode_read_frames
 from lmqd.names import is_ephemeral, valid_name
 from lmqd.units import MiB
@@ -164,8 +164,9 @@ class ReplayApi:
 
     # -- channels ----------------------------------------------------------------------------
 
-    def create_channel_from(self, topic: Topic, name: str, value: str) -> Response:
-        """``/channel/create`` with ``from`` (``HttpApi`` has checked the names and topic)."""
+    def create_channel_from(self, topic: Topic, name: str, value: str) -> None:
+        """``/channel/create`` with ``from`` (``HttpApi`` has checked the names and topic, and
+        answers)."""
         position = parse_position(value)
         if position is None:
             raise HttpError(400, "INVALID_ARG_FROM")
@@ -180,7 +181,6 @@ class ReplayApi:
             raise HttpError(503, "EXITING") from None
         except BackendError:
             raise HttpError(500, "INTERNAL_ERROR") from None
-        return EMPTY
 
     async def channel_seek(self, request: Request) -> Response:
         query = self._query(request)

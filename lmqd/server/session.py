@@ -437,7 +437,9 @@ class Session:
 
     def _subscribe(self, topic_name: str, channel_name: str) -> None:
         try:
-            channel = self.broker.get_topic(topic_name).get_channel(channel_name)
+            topic = self.broker.get_topic(topic_name)
+            created = topic.channel_or_none(channel_name) is None
+            channel = topic.get_channel(channel_name)
             self.subscription = channel.add_consumer(self)
         except TooManyConsumers as exc:
             raise errors.sub_failed(str(exc)) from exc
@@ -446,7 +448,15 @@ class Session:
         except BackendError as exc:  # its disk queue could not be opened
             raise errors.sub_failed(str(exc)) from exc
         self.channel = channel
-        self.output.write(OK_FRAME)
+        if not created:
+            self.output.write(OK_FRAME)
+            return
+        # --durable: a new channel's OK (and what follows it) waits until its start in the
+        # topic's log is fsynced, so a crash after the OK never gives it messages the topic
+        # handed on before it existed.
+        hold = self.output.hold("SUB", [OK_FRAME])
+        if not self.broker.after_durable(topic_name, partial(self._synced, hold)):
+            self._synced(hold, None)
 
     def _ready(self, count: int) -> None:
         if self.conn.state is ClientState.CLOSING:  # nsqd ignores RDY after CLS

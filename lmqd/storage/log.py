@@ -455,6 +455,13 @@ class TopicLog:
                     (name, c.position) for name, c in self._cursors.items() if c.position > c.low
                 )
             ),
+            skips=tuple(
+                sorted(
+                    (name, pending)
+                    for name, c in self._cursors.items()
+                    if c.skips and (pending := c.pending_skips())
+                )
+            ),
         )
 
     def _close_fds(self) -> None:
@@ -496,6 +503,7 @@ class TopicLog:
         for name, low in r.cursors.items():
             cursor = self._cursors[name] = Cursor(name, index, self._cache, low)
             cursor.read_before = max(min(r.read.get(name, low), index.next_offset), low)
+            cursor.skips = r.skips.get(name, [])
         # What recovery found may have been in the OS only (a kill -9 before a sync): make it
         # durable before a state file says so, then persist that state at once, so a crash now
         # neither redoes the repairs nor takes the records found for corruption.

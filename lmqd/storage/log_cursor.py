@@ -39,7 +39,17 @@ class Cursor:
     Created by ``TopicLog.create_cursor`` (or restored when the log opens), never directly.
     """
 
-    __slots__ = ("_acks", "_index", "_reader", "deleted", "dirty", "name", "read_before")
+    __slots__ = (
+        "_acks",
+        "_held",
+        "_index",
+        "_reader",
+        "deleted",
+        "dirty",
+        "name",
+        "read_before",
+        "skips",
+    )
 
     def __init__(self, name: str, index: LogIndex, cache: TailCache, offset: int) -> None:
         self.name = name
@@ -53,6 +63,12 @@ class Cursor:
         self.read_before = offset
         """Offsets below this were read by the cursor before the log was last opened (its
         persisted read position): read again after a crash, they are redeliveries."""
+        self.skips: list[tuple[int, int]] = []
+        """Offset ranges ``[start, end)`` the cursor's owner steps over (a topic empty dropped
+        them before it read them), persisted with the mark until it has passed them."""
+        self._held = AckTracker()
+        """Messages read and not settled before a ``seek(keep_unsettled=True)``: they hold the
+        mark until settled, wherever the cursor reads now."""
 
     @property
     def position(self) -> int:
@@ -63,12 +79,15 @@ class Cursor:
     def low(self) -> int:
         """The low-water mark: the oldest offset read and not settled, else ``position``."""
         oldest = self._acks.oldest()
-        return self._reader.position if oldest is None else oldest
+        low = self._reader.position if oldest is None else oldest
+        if self._held.order:
+            return min(low, self._held.order[0])
+        return low
 
     @property
     def unsettled_count(self) -> int:
         """Messages read and not yet settled."""
-        return len(self._acks)
+        return len(self._acks) + len(self._held)
 
     @property
     def lag(self) -> int:
@@ -96,23 +115,56 @@ class Cursor:
 
     def settle(self, offset: int) -> bool:
         """Mark one message read as done; False if it is not unsettled."""
-        if not self._acks.ack(offset):
+        if not self._acks.ack(offset) and not (self._held and self._held.ack(offset)):
             return False
         self.dirty += 1
         return True
 
     def settle_many(self, offsets: Iterable[int]) -> int:
-        """Mark many messages done; returns how many were unsettled (each counted once)."""
-        known = self._acks.ack_many(offsets)
+        """Mark many messages done; returns how many were unsettled (each counted once).
+
+        A message read again after a ``seek(keep_unsettled=True)`` while its first reading was
+        still unsettled has two claims on the mark: each settle of its offset ends one."""
+        held = self._held
+        if not held:
+            known = self._acks.ack_many(offsets)
+        else:
+            offsets = set(offsets)
+            current = offsets & self._acks.outstanding
+            known = self._acks.ack_many(current) + held.ack_many(offsets - current)
         self.dirty += known
         return known
 
-    def seek(self, offset: int) -> int:
-        """Read from ``offset`` on (clamped to the log's earliest offset and its end), forgetting
-        every unsettled message: the low-water mark becomes the new position. Returns it."""
-        self._acks.clear()
+    def seek(self, offset: int, *, keep_unsettled: bool = False) -> int:
+        """Read from ``offset`` on (clamped to the log's earliest offset and its end). The
+        unsettled messages are forgotten (the mark becomes the new position), or, with
+        ``keep_unsettled``, keep holding the mark until settled (a channel's messages in flight
+        across a seek). Returns the new position."""
+        acks = self._acks
+        if keep_unsettled and acks.outstanding:
+            held = self._held
+            held.outstanding |= acks.outstanding
+            order = sorted(held.outstanding)
+            held.order.clear()
+            held.order.extend(order)
+        elif not keep_unsettled:
+            self._held.clear()
+        acks.clear()
         self.dirty += 1
         return self._reader.seek(offset)
+
+    def add_skip(self, start: int, end: int) -> None:
+        """The owner will step over ``[start, end)`` (at or after its position): persisted
+        until the mark has passed it, so a restart steps over it too."""
+        self.skips.append((start, end))
+        self.dirty += 1
+
+    def pending_skips(self) -> tuple[tuple[int, int], ...]:
+        """The skipped ranges the mark has not passed (what the state file keeps); the others
+        are forgotten."""
+        low = self.low
+        self.skips = [r for r in self.skips if r[1] > low]
+        return tuple(self.skips)
 
     def skip_to(self, offset: int) -> int:
         """Move forward to ``offset`` (clamped to the log's end), passing over the messages in

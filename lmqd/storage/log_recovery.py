@@ -97,6 +97,7 @@ class RecoveredLog:
     rebuilt_state: bool = False
     """The state file was missing (with segments present) or damaged."""
     read: dict[str, int] = attrs.Factory(dict)
+    skips: dict[str, list[tuple[int, int]]] = attrs.Factory(dict)
     """Each restored cursor's read position when the state was written (if past its mark)."""
 
 
@@ -267,6 +268,7 @@ def recover_log(directory: str, name: str) -> RecoveredLog:
         for cursor, low in state.cursors:
             result.cursors[cursor] = _clamped(name, cursor, low, earliest, result.next_offset)
         result.read = {c: p for c, p in state.read if c in result.cursors}
+        result.skips = {c: list(r) for c, r in state.skips if c in result.cursors}
     return result
 
 

@@ -18,6 +18,8 @@ fsync the directory, ``sync.py``), as a disk queue's positions file is::
   the log adopted its files (``log_recovery.py``); absent or null otherwise.
 * ``read`` (optional): each cursor's read position, where it differs from its mark: after a
   crash, the messages a cursor reads again below it were delivered before (their ``attempts``).
+* ``skips`` (optional): for a cursor, the offset ranges ``[start, end)`` it steps over (a topic
+  empty dropped them before the cursor read them), kept until its mark has passed them.
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ class LogState:
     read: tuple[tuple[str, int], ...] = ()
     """(name, read position) of each cursor, sorted by name: where it had read up to. After a
     crash the messages between a cursor's mark and this were delivered before (``attempts``)."""
+    skips: tuple[tuple[str, tuple[tuple[int, int], ...]], ...] = ()
+    """(name, ranges) of each cursor with ranges to step over, sorted by name."""
 
 
 def encode_log_state(name: str, state: LogState) -> bytes:
@@ -61,6 +65,8 @@ def encode_log_state(name: str, state: LogState) -> bytes:
         doc["adopted"] = state.adopted
     if state.read:
         doc["read"] = dict(state.read)
+    if state.skips:
+        doc["skips"] = {k: [list(r) for r in ranges] for k, ranges in state.skips}
     return json.dumps(doc, separators=(",", ":")).encode() + b"\n"
 
 
@@ -110,4 +116,17 @@ def decode_log_state(name: str, data: bytes) -> LogState:
     positions = tuple(
         sorted((str(k), _count(v, f"read position of {k!r}")) for k, v in read.items())
     )
-    return LogState(next_offset, write[0], write[1], pairs, bases, adopted, positions)
+    skips = doc.get("skips", {})
+    if not isinstance(skips, dict) or not all(isinstance(v, list) for v in skips.values()):
+        raise ValueError(f"bad skipped ranges {skips!r}")
+    ranges = tuple(
+        sorted((str(k), tuple(_range(r, k) for r in v)) for k, v in skips.items() if v)
+    )
+    return LogState(next_offset, write[0], write[1], pairs, bases, adopted, positions, ranges)
+
+
+def _range(value: Any, cursor: str) -> tuple[int, int]:
+    start, end = _pair(value, f"skipped range of {cursor!r}")
+    if end <= start:
+        raise ValueError(f"empty skipped range {value!r} of {cursor!r}")
+    return start, end

@@ -402,3 +402,68 @@ async def test_a_message_in_flight_at_a_kill9_comes_back_counting_that_delivery(
         got = {(m.body, m.attempts) for m in [await consumer.message() for _ in range(2)]}
         assert got == {(b"first", 2), (b"second", 1)}
         await running.stop()
+
+
+async def test_a_new_channels_ok_waits_for_its_start_to_be_fsynced(
+    start_daemon: StartDaemon, tmp_path: Path, connect: Connect, fsync: FsyncFault
+) -> None:
+    with trio.fail_after(TIMEOUT):
+        running = await durable(start_daemon, tmp_path, http=True)
+        producer = await connect(running.tcp)
+        assert await producer.pub("t", b"first") == OK
+        await eventually(lambda: not running.broker.syncer.busy)
+        fsync.hold = True
+        consumer = await connect(running.tcp)
+        await consumer.send(b"SUB t new\n")
+        await trio.to_thread.run_sync(fsync.held.wait, TIMEOUT)
+        with trio.move_on_after(0.3) as waited:
+            await consumer.frame()
+        assert waited.cancelled_caught, "SUB's OK sent before the channel's start was fsynced"
+        answers: list[HttpResult] = []
+
+        async def create() -> None:
+            answers.append(await http(running.http, "POST", "/channel/create?topic=t&channel=h"))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(create)
+            await trio.sleep(0.3)
+            assert answers == [], "/channel/create answered before the fsync"
+            fsync.hold = False
+            fsync.released.set()
+        assert await consumer.frame() == OK
+        assert answers[0].status == 200
+
+
+async def test_after_a_crash_a_new_channel_gets_nothing_handed_on_before_it_existed(
+    start_daemon: StartDaemon, tmp_path: Path, connect: Connect
+) -> None:
+    with trio.fail_after(TIMEOUT):
+        live = tmp_path / "live"
+        running = await durable(start_daemon, live, sync_timeout=60.0, http=True)
+        reader = await connect(running.tcp)
+        await reader.sub("t", "c")
+        assert (await http(running.http, "POST", "/topic/pause?topic=t")).status == 200
+        producer = await connect(running.tcp)
+        assert await producer.mpub("t", [b"old%d" % i for i in range(20)]) == OK
+        # The pump hands them on after their sync: the topic's position in the log is not
+        # fsynced past them (no periodic sync for a minute).
+        assert (await http(running.http, "POST", "/topic/unpause?topic=t")).status == 200
+        await eventually(lambda: running.broker.topics["t"].depth == 0)
+        late = await connect(running.tcp)
+        await late.sub("t", "late")
+        await eventually(lambda: not running.broker.syncer.busy)
+        snapshot(live, tmp_path / "crashed")  # kill -9 right after the OK
+
+        restarted = await durable(start_daemon, tmp_path / "crashed")
+        late = await connect(restarted.tcp)
+        await late.sub("t", "late", rdy=100)
+        producer = await connect(restarted.tcp)
+        assert await producer.pub("t", b"after") == OK
+        got: list[bytes] = []
+        with trio.move_on_after(1.0):
+            while True:
+                m = await late.message()
+                got.append(m.body)
+                await late.fin(m.id)
+        assert got == [b"after"]
+        await running.stop()
