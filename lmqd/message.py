@@ -69,6 +69,16 @@ class Message:
         )
 
 
+def copies(messages: Iterable[Message]) -> list[Message]:
+    """``[m.copy() for m in messages]`` without a method call per message (a channel's
+    copies of a batch: the hot path of topics with several channels)."""
+    new = Message
+    return [
+        new(m.id, m.body, m.timestamp, m.attempts, m.deliver_at, 0, 0.0, 0.0, m.offset)
+        for m in messages
+    ]
+
+
 class GuidFactory:
     """Time-ordered unique 64-bit message ids, after nsqd's ``guid.go`` (one per topic).
 

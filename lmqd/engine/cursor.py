@@ -53,7 +53,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from lmqd.engine.stream import TopicStream
-from lmqd.message import Message
+from lmqd.message import Message, copies
 from lmqd.storage import Cursor, LogEntry
 
 __all__ = ["ChannelCursor"]
@@ -213,7 +213,7 @@ class ChannelCursor:
         others = min((c.position for c in stream.cursors if c is not self), default=after)
         own = min(max(others - pos, 0), len(msgs))
         if own < len(msgs):
-            msgs = msgs[:own] + [m.copy() for m in msgs[own:]]
+            msgs = msgs[:own] + copies(msgs[own:])
         if stream.deferred_between(max(pos, self.replay_until), after):
             replay = self.replay_until
             msgs = [m for k, m in enumerate(msgs, pos) if not m.deliver_at or k < replay]

@@ -41,7 +41,7 @@ from lmqd.engine.cursor import ChannelCursor
 from lmqd.engine.e2e import E2eLatencyStream
 from lmqd.engine.policy import TopicPolicy
 from lmqd.engine.stream import TOPIC_CURSOR, TopicStream
-from lmqd.message import GuidFactory, Message
+from lmqd.message import GuidFactory, Message, copies
 from lmqd.names import is_ephemeral
 from lmqd.options import Options
 from lmqd.stats import NO_E2E_LATENCY, E2eLatency, TopicStats
@@ -236,27 +236,27 @@ class Topic:
             if not readers and stream.log is None:
                 # The tail forgets them below: the first channel may keep the objects.
                 for channel in pushed[1:]:
-                    channel.put_many([m.copy() for m in batch], now)
+                    channel.put_many(copies(batch), now)
                 pushed[0].put_many(batch, now)
             else:
                 for channel in pushed:
-                    channel.put_many([m.copy() for m in batch], now)
+                    channel.put_many(copies(batch), now)
         for channel in channels:
             channel.deliver(now)
         stream.trim()
 
     def _push_deferred(self, channel: Channel, deferred: list[Message], now: float) -> None:
         """Copies of the batch's deferred messages (with their offsets) to one channel."""
-        copies = [m.copy() for m in deferred]
+        copied = copies(deferred)
         if not channel.durable:
-            channel.push_deferred(copies, now)
+            channel.push_deferred(copied, now)
             return
         stream = self.stream
         offsets = [m.offset for m in deferred]
         for offset in offsets:
             stream.pin(offset)  # #topic must not pass them before this channel's copy is safe
         try:
-            channel.push_deferred(copies, now)
+            channel.push_deferred(copied, now)
         except BackendError as exc:
             # Kept in memory; the pin stays, so a restart pumps them again for this channel.
             log.error(
@@ -264,14 +264,14 @@ class Topic:
                 "until a restart pumps them again) - %s",
                 self.name,
                 channel.name,
-                len(copies),
+                len(copied),
                 exc,
             )
             if self._on_health is not None:
                 self._on_health(str(exc))
-            for m in copies:
+            for m in copied:
                 m.offset = -1
-            channel.hold_deferred(copies)
+            channel.hold_deferred(copied)
             return
         store = channel.deferred_store
         if self._syncer is None or store is None:
