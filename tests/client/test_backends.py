@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import anyio
+import anyio.lowlevel
 import anyio.to_thread
 import pytest
 import trio
@@ -132,15 +133,17 @@ def test_backoff_and_give_up(backend: str, daemon: LmqdProcess) -> None:
     async def main() -> None:
         finished = anyio.Event()
         given_up = anyio.Event()
+        first_call = anyio.Event()
 
         async def handler(message: Message) -> None:
             calls.append((message.body, message.attempts, anyio.current_time()))
+            first_call.set()
             if message.body == b"poison" or message.attempts == 1:
                 raise RuntimeError("handler failure")
             finished.set()
 
         async def give_up(message: Message) -> None:
-            await anyio.sleep(0)
+            await anyio.lowlevel.checkpoint()  # an async hook is awaited
             gave_up.append((message.body, message.attempts))
             given_up.set()
 
@@ -150,8 +153,7 @@ def test_backoff_and_give_up(backend: str, daemon: LmqdProcess) -> None:
         ) as consumer:
             async with Producer(address) as producer:
                 await producer.publish(topic, b"flaky")
-            while not calls:
-                await anyio.sleep(0.01)
+            await first_call.wait()
             await anyio.sleep(0.1)
             assert consumer.rdy_counts() == {address: 0}  # backing off
             assert consumer.statistics().backoff_level == 1
