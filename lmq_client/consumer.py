@@ -52,11 +52,10 @@ from typing import Any
 
 import anyio
 import anyio.to_thread
-import attrs
 from anyio.abc import TaskGroup, TaskStatus
 
 from lmq_client._util import address_list, check_name
-from lmq_client.backoff import Backoff
+from lmq_client.backoff import Backoff, BackoffState
 from lmq_client.connection import Connection, StreamOpener, open_tcp_stream
 from lmq_client.errors import ConnectionFailed, LmqClientError, NSQError
 from lmq_client.lookupd import (
@@ -70,6 +69,7 @@ from lmq_client.lookupd import (
 )
 from lmq_client.message import Message
 from lmq_client.rdy import choose_active, rdy_targets
+from lmq_client.stats import ConsumerStats
 from lmq_client.transport import PLAIN, TransportOptions
 from lmqd.protocol import Cls, MessageFrame, Rdy, Sub
 
@@ -94,18 +94,6 @@ async def _threaded_lookup(lookupd: str, topic: str, *, request_timeout: float) 
         functools.partial(lookup_producers, lookupd, topic, timeout=request_timeout),
         abandon_on_cancel=True,
     )
-
-
-@attrs.frozen
-class ConsumerStats:
-    """Counters since the consumer started."""
-
-    received: int
-    finished: int
-    requeued: int
-    given_up: int
-    connections: int
-    backoff_level: int
 
 
 class _ConnState:
@@ -206,8 +194,7 @@ class Consumer:
         self._unanswered = 0
         self._all_answered = anyio.Event()
         self._all_answered.set()
-        self._backoff_level = 0
-        self._backoff_until: float | None = None
+        self._flow = BackoffState(self.backoff)
         self._probe: Connection | None = None
         self._next_redistribute = math.inf
         self._timers_changed = anyio.Event()
@@ -244,7 +231,7 @@ class Consumer:
             requeued=self._requeued,
             given_up=self._given_up,
             connections=len(self._states),
-            backoff_level=self._backoff_level,
+            backoff_level=self._flow.level,
         )
 
     async def wait_connections(self, count: int) -> None:
@@ -518,7 +505,7 @@ class Consumer:
         self._active.discard(conn)
         if self._probe is conn:
             self._probe = None
-            if self._backoff_level > 0 and self._backoff_until is None and self._states:
+            if self._flow.probing and self._states:
                 self._probe = self._rng.choice(list(self._states))
         if len(self._states) > self.max_in_flight:
             self._active = choose_active(
@@ -535,9 +522,9 @@ class Consumer:
             # all of max_in_flight could fill it before the others are even up.
             return
         conns = list(self._states)
-        if self._backoff_until is not None:
+        if self._flow.paused_until is not None:
             wanted = dict.fromkeys(conns, 0)
-        elif self._backoff_level > 0:
+        elif self._flow.probing:
             wanted = {c: (1 if c is self._probe else 0) for c in conns}
         else:
             caps = {c: c.max_rdy_count for c in conns}
@@ -562,52 +549,38 @@ class Consumer:
 
     # -- backoff ---------------------------------------------------------------------------------
 
-    def _start_backoff(self) -> None:
-        delay = self.backoff.delay(self._backoff_level)
-        self._backoff_until = anyio.current_time() + delay
-        self._probe = None
-        log.info(
-            "consumer %s/%s: backing off for %.3fs (level %d)",
-            self.topic, self.channel, delay, self._backoff_level,
-        )
-        self._timers_changed.set()
-        self._update_rdy()
-
-    def _end_backoff_timeout(self) -> None:
-        self._backoff_until = None
-        conns = list(self._states)
-        self._probe = self._rng.choice(conns) if conns else None
-        self._update_rdy()
-
     def _on_outcome(self, *, failure: bool) -> None:
-        if self._backoff_until is not None:
-            return  # outcomes of messages that were in flight when the backoff began
-        if failure:
-            self._backoff_level = min(self._backoff_level + 1, self.backoff.max_level)
-            self._start_backoff()
-        elif self._backoff_level > 0:
-            self._backoff_level -= 1
-            if self._backoff_level == 0:
-                log.info("consumer %s/%s: backoff over", self.topic, self.channel)
-                self._probe = None
-                self._update_rdy()
-            else:
-                self._start_backoff()
+        flow = self._flow
+        if not flow.outcome(anyio.current_time(), failure=failure):
+            return
+        self._probe = None
+        if flow.paused_until is not None:
+            log.info(
+                "consumer %s/%s: backing off for %.3fs (level %d)",
+                self.topic, self.channel, flow.paused_until - anyio.current_time(), flow.level,
+            )
+            self._timers_changed.set()
+        else:
+            log.info("consumer %s/%s: backoff over", self.topic, self.channel)
+        self._update_rdy()
 
     async def _timers(self) -> None:
         while True:
+            flow = self._flow
             deadline = min(
-                self._backoff_until if self._backoff_until is not None else math.inf,
+                flow.paused_until if flow.paused_until is not None else math.inf,
                 self._next_redistribute,
             )
             with anyio.CancelScope(deadline=deadline):
                 await self._timers_changed.wait()
             self._timers_changed = anyio.Event()
             now = anyio.current_time()
-            if self._backoff_until is not None and now >= self._backoff_until:
-                self._end_backoff_timeout()
+            if flow.pause_over(now):
+                conns = list(self._states)
+                self._probe = self._rng.choice(conns) if conns else None
+                self._update_rdy()
             if now >= self._next_redistribute:
-                if self._backoff_until is None and self._backoff_level == 0:
+                if flow.level == 0:
                     self._redistribute()
                 else:
                     self._next_redistribute = now + self.rdy_redistribute_interval
