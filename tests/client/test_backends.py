@@ -31,6 +31,7 @@ from lmq_client.consumer import Consumer
 from lmq_client.message import Message
 from lmq_client.producer import Producer
 from lmq_client.transport import TransportOptions
+from tests.security.authserver_thread import auth_server, grant
 from tests.support.process import DaemonProcess, LmqdProcess, start_lmqd, stop_lmqd
 from tests.transport.certs import Certs
 
@@ -219,35 +220,45 @@ def test_reconnect_after_daemon_restart(backend: str, tmp_path: Path) -> None:
     assert got == [b"before", b"after"]
 
 
-def test_tls_and_compression(backend: str, tmp_path: Path, certs: Certs) -> None:
-    server = start_lmqd(
-        tmp_path, [f"--tls-cert={certs.server.cert_file}", f"--tls-key={certs.server.key_file}"]
-    )
-    address = server.tcp_address
-    snappy = TransportOptions(tls=True, tls_root_ca_file=certs.ca_file, snappy=True)
-    deflate = TransportOptions(tls=True, tls_root_ca_file=certs.ca_file, deflate=True)
-    bodies = [b"small", b"x" * 300_000, b"last"]
+def test_tls_compression_and_auth(backend: str, tmp_path: Path, certs: Certs) -> None:
+    answer = grant({"topic": "^secure$", "channels": [".*"], "permissions": ["publish",
+                                                                             "subscribe"]})
+    with auth_server(answer) as auth:
+        server = start_lmqd(tmp_path, [
+            f"--tls-cert={certs.server.cert_file}", f"--tls-key={certs.server.key_file}",
+            f"--auth-http-address={auth.address}",
+        ])  # fmt: skip
+        address = server.tcp_address
+        options = {"tls": True, "tls_root_ca_file": certs.ca_file, "auth_secret": "s3cret"}
+        snappy = TransportOptions(snappy=True, **options)
+        deflate = TransportOptions(deflate=True, **options)
+        bodies = [b"small", b"x" * 300_000, b"last"]
 
-    async def main() -> None:
-        async with Producer(address, transport=snappy) as producer:
-            for body in bodies:
-                await producer.publish("secure", body)
-        got = []
-        async with Consumer("secure", "c", address, transport=deflate) as consumer:
-            async for message in consumer:
-                got.append(message.body)
-                message.finish()
-                if len(got) == len(bodies):
-                    break
-        assert got == bodies
-        with pytest.raises(errors.ConnectionFailed, match="CERTIFICATE_VERIFY_FAILED"):
-            async with Producer(address, transport=TransportOptions(tls=True)):
-                pass
+        async def main() -> None:
+            async with Producer(address, transport=snappy) as producer:
+                for body in bodies:
+                    await producer.publish("secure", body)
+                with pytest.raises(errors.AuthError, match="E_UNAUTHORIZED"):
+                    await producer.publish("forbidden", b"no")
+            got = []
+            async with Consumer("secure", "c", address, transport=deflate) as consumer:
+                async for message in consumer:
+                    got.append(message.body)
+                    message.finish()
+                    if len(got) == len(bodies):
+                        break
+            assert got == bodies
+            with pytest.raises(errors.ConnectionFailed, match="CERTIFICATE_VERIFY_FAILED"):
+                no_ca = TransportOptions(tls=True, auth_secret="s3cret")  # system CAs only
+                async with Producer(address, transport=no_ca):
+                    pass
 
-    try:
-        run(backend, main)
-    finally:
-        stop_lmqd(server)
+        try:
+            run(backend, main)
+        finally:
+            stop_lmqd(server)
+    assert {q["secret"] for q in auth.queries} == {"s3cret"}
+    assert {q["tls"] for q in auth.queries} == {"true"}
 
 
 def test_discovery_through_lmqlookupd(backend: str, tmp_path: Path) -> None:
@@ -290,3 +301,26 @@ def test_discovery_through_lmqlookupd(backend: str, tmp_path: Path) -> None:
         for server in servers:
             stop_lmqd(server)
         lookupd.check_stop()
+
+
+def test_built_outside_the_loop_and_body_errors_unwrapped(
+    backend: str, daemon: LmqdProcess
+) -> None:
+    """Clients built in synchronous code work in the loop that runs them; an exception in the
+    ``async with`` body reaches the caller as itself, not in an exception group."""
+    address = daemon.tcp_address
+    topic = f"outside-{backend}"
+    producer = Producer(address)
+    consumer = Consumer(topic, "c", address)
+
+    async def main() -> None:
+        async with producer:
+            await producer.publish(topic, b"x")
+        with pytest.raises(KeyError, match="from the body"):
+            async with consumer:
+                message = await consumer.__anext__()
+                assert message.body == b"x"
+                message.finish()
+                raise KeyError("from the body")
+
+    run(backend, main)
