@@ -21,6 +21,7 @@ from pathlib import Path
 import anyio
 import anyio.lowlevel
 import anyio.to_thread
+import attrs
 import pytest
 import trio
 import trio.lowlevel
@@ -229,9 +230,9 @@ def test_tls_compression_and_auth(backend: str, tmp_path: Path, certs: Certs) ->
             f"--auth-http-address={auth.address}",
         ])  # fmt: skip
         address = server.tcp_address
-        options = {"tls": True, "tls_root_ca_file": certs.ca_file, "auth_secret": "s3cret"}
-        snappy = TransportOptions(snappy=True, **options)
-        deflate = TransportOptions(deflate=True, **options)
+        secure = TransportOptions(tls=True, tls_root_ca_file=certs.ca_file, auth_secret="s3cret")
+        snappy = attrs.evolve(secure, snappy=True)
+        deflate = attrs.evolve(secure, deflate=True)
         bodies = [b"small", b"x" * 300_000, b"last"]
 
         async def main() -> None:
