@@ -14,7 +14,7 @@ backoff sets RDY 0 everywhere for a while, then probes with RDY 1) and its ``max
 with an ``on_give_up`` hook; ``run(handler)`` is its handler loop.
 
 Both take ``transport`` (``lmq_client.transport.TransportOptions``): the connection then performs
-the upgrades the daemon grants after IDENTIFY, as the trio client does: TLS with
+the upgrades the daemon grants after IDENTIFY, as the async client does: TLS with
 ``ssl.SSLContext.wrap_socket`` on the same socket, compression with lmqd's codecs around every
 send and receive, then AUTH.
 """
@@ -455,7 +455,7 @@ class Consumer:
     rules for discovered daemons are ``lmq_client.lookupd.Discovery``'s: new ones are connected,
     ones no longer listed are dropped, and one whose connection ended is redialled only if the
     lookupds still list it. A daemon given by address is redialled after the reconnect backoff.
-    ``max_in_flight`` is spread over the connections as RDY (``lmq_client.rdy``), as the trio
+    ``max_in_flight`` is spread over the connections as RDY (``lmq_client.rdy``), as the async
     consumer does.
 
     The constructor connects to the addresses given and queries the lookupds once. Without
