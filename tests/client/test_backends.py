@@ -325,3 +325,28 @@ def test_built_outside_the_loop_and_body_errors_unwrapped(
                 raise KeyError("from the body")
 
     run(backend, main)
+
+
+def test_heartbeats_answered_while_idle(backend: str, daemon: LmqdProcess) -> None:
+    """Idle for more than two 1 s heartbeat intervals: the writer answered every heartbeat with
+    NOP, so both clients are still connected on their first connection."""
+    address = daemon.tcp_address
+    topic = f"idle-{backend}"
+
+    async def main() -> None:
+        async with (
+            Producer(address, heartbeat_interval=1.0) as producer,
+            Consumer(topic, "c", address, heartbeat_interval=1.0) as consumer,
+        ):
+            connection = await producer.connect()
+            await anyio.sleep(2.6)
+            assert await producer.connect() is connection  # not replaced
+            assert consumer.connected_addresses == [address]
+            await producer.publish(topic, b"still here")
+            async for message in consumer:
+                assert message.body == b"still here"
+                message.finish()
+                break
+            assert consumer.statistics().connections == 1
+
+    run(backend, main)
