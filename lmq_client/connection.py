@@ -15,7 +15,7 @@ so one code base runs in asyncio and trio applications alike; the protocol itsel
 codec and knows neither.
 
 Writing is synchronous: ``write()`` appends bytes to an output list and wakes the writer, which
-sends everything pending in one ``send_all``. So a thousand FINs queued by message handlers cost
+sends everything pending in one ``send``. So a thousand FINs queued by message handlers cost
 one send, and commands keep the order in which they were written.
 
 Commands that the daemon answers (IDENTIFY, SUB, PUB, MPUB, DPUB, CLS) get a ``Reply``; the daemon
