@@ -295,6 +295,7 @@ def test_discovery_through_lmqlookupd(backend: str, tmp_path: Path) -> None:
                         break
                 assert sorted(consumer.connected_addresses) == addresses
                 assert consumer.discovered_addresses == addresses
+                assert consumer.rdy_counts() == dict.fromkeys(addresses, 2)  # 4 split evenly
             assert got == {a.encode() for a in addresses}
 
         run(backend, main)
