@@ -1,6 +1,6 @@
-"""lmq_client: NSQ clients for lmqd (and nsqd) — trio Producer/Consumer, blocking client, lmqadmin.
+"""lmq_client: NSQ clients for lmqd (and nsqd) — async Producer/Consumer, blocking client, lmqadmin.
 
-The trio clients::
+The async clients, under asyncio or trio (anyio underneath)::
 
     async with Producer("127.0.0.1:4150") as producer:
         await producer.publish("events", b"hello")

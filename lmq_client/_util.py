@@ -1,4 +1,4 @@
-"""Small helpers shared by the trio and blocking clients: addresses, names, IDENTIFY."""
+"""Small helpers shared by the async and blocking clients: addresses, names, IDENTIFY."""
 
 from __future__ import annotations
 

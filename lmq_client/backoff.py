@@ -1,7 +1,15 @@
-"""Exponential backoff with jitter, as a pure function of the failure level.
+"""Exponential backoff with jitter, as a pure function of the failure level, and the consumers'
+backoff state.
 
-Used twice: by the Consumer when handlers fail (go-nsq's backoff: stop the flow with RDY 0, wait,
-probe with RDY 1) and between reconnect attempts. Kept free of trio so it is tested on its own.
+``Backoff`` is used twice: by the consumers when handlers fail and between reconnect attempts.
+``BackoffState`` is go-nsq's consumer backoff as plain state with ``now`` passed in, shared by
+the async consumer (``lmq_client.consumer``) and the blocking one (``lmq_client.sync``): a
+failure raises the level and pauses the flow (RDY 0 everywhere) for ``delay(level)``; when the
+pause ends the consumer probes with RDY 1 on one connection; a success lowers the level (at 0
+the full RDY is back, otherwise another, shorter, pause follows) and a failure raises it.
+Outcomes reported during a pause belong to messages that were in flight when it began, and are
+not counted, so one burst of failures counts once. Free of any event loop, so it is tested on
+its own.
 """
 
 from __future__ import annotations
@@ -49,3 +57,41 @@ class Backoff:
         while self.base * 2.0 ** (level - 1) < self.max_delay and level < 64:
             level += 1
         return level
+
+
+class BackoffState:
+    """A consumer's backoff level and pause (see the module docstring); every method O(1)."""
+
+    def __init__(self, backoff: Backoff) -> None:
+        self.backoff = backoff
+        self.level = 0
+        """Consecutive failures not yet offset by successes (0: not backing off)."""
+        self.paused_until: float | None = None
+        """When the current pause ends (None: not paused)."""
+
+    @property
+    def probing(self) -> bool:
+        """Backing off but not paused: one connection gets RDY 1, the others RDY 0."""
+        return self.level > 0 and self.paused_until is None
+
+    def outcome(self, now: float, *, failure: bool) -> bool:
+        """A message was answered (``failure``: requeued with backoff); True if the level or
+        the pause changed, so RDY must be set again."""
+        if self.paused_until is not None:
+            return False
+        if failure:
+            self.level = min(self.level + 1, self.backoff.max_level)
+        elif self.level > 0:
+            self.level -= 1
+        else:
+            return False
+        if self.level > 0:
+            self.paused_until = now + self.backoff.delay(self.level)
+        return True
+
+    def pause_over(self, now: float) -> bool:
+        """End the pause if it is due; True if it ended (now probe with RDY 1)."""
+        if self.paused_until is None or now < self.paused_until:
+            return False
+        self.paused_until = None
+        return True

@@ -1,4 +1,4 @@
-"""One V2 connection to one daemon, on trio; the building block of Producer and Consumer.
+"""One V2 connection to one daemon, on anyio; the building block of Producer and Consumer.
 
 Theory of operation
 -------------------
@@ -6,11 +6,16 @@ The framing is the sans-IO ``lmqd.protocol.ClientConnection``; this module only 
 ``run()`` connects, sends the magic and IDENTIFY (with ``feature_negotiation``), performs the
 upgrades the daemon granted (TLS, then snappy or deflate, then AUTH: ``lmq_client.transport``),
 reports itself started, then runs a reader and a writer task until either ends. After the
-upgrades the stream is a ``trio.SSLStream`` and/or an ``lmqd.transport.streams.CompressedStream``
-around the socket, and the two tasks do not know the difference.
+upgrades the stream is an ``anyio.streams.tls.TLSStream`` and/or an
+``lmq_client.streams.CompressedStream`` around the socket, and the two tasks do not know the
+difference.
+
+Everything async goes through anyio (task groups, events, cancel scopes, ``anyio.connect_tcp``),
+so one code base runs in asyncio and trio applications alike; the protocol itself is the sans-IO
+codec and knows neither.
 
 Writing is synchronous: ``write()`` appends bytes to an output list and wakes the writer, which
-sends everything pending in one ``send_all``. So a thousand FINs queued by message handlers cost
+sends everything pending in one ``send``. So a thousand FINs queued by message handlers cost
 one send, and commands keep the order in which they were written.
 
 Commands that the daemon answers (IDENTIFY, SUB, PUB, MPUB, DPUB, CLS) get a ``Reply``; the daemon
@@ -34,10 +39,12 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import trio
+import anyio
+from anyio.abc import ByteStream, TaskStatus
 
 from lmq_client._util import USER_AGENT, identify_body, parse_identify_response
 from lmq_client.errors import ConnectionFailed, LmqClientError, NSQError, error_from_frame
+from lmq_client.streams import CompressedStream, PrefixedStream, start_tls
 from lmq_client.transport import (
     PLAIN,
     FrameReader,
@@ -55,7 +62,6 @@ from lmqd.protocol import (
     Response,
     encode_identify,
 )
-from lmqd.transport.streams import CompressedStream, PrefixedStream, start_tls_client
 
 __all__ = ["Connection", "Reply", "open_tcp_stream"]
 
@@ -67,15 +73,15 @@ RECEIVE_SIZE = 256 * 1024
 # and our clock drift apart a little, and a busy daemon may send a heartbeat late.
 HEARTBEAT_GRACE = 5.0
 
-StreamOpener = Callable[[str], Awaitable[trio.abc.Stream]]
+StreamOpener = Callable[[str], Awaitable[ByteStream]]
 MessagesCallback = Callable[["Connection", list[MessageFrame]], None]
 ErrorCallback = Callable[["Connection", NSQError], None]
 
 
-async def open_tcp_stream(address: str) -> trio.abc.Stream:
-    """The default way to reach a daemon: TCP with Nagle off (commands are small)."""
+async def open_tcp_stream(address: str) -> ByteStream:
+    """The default way to reach a daemon: TCP (anyio turns Nagle off: commands are small)."""
     host, port = split_address(address)
-    return await trio.open_tcp_stream(host, port)
+    return await anyio.connect_tcp(host, port)
 
 
 class Reply:
@@ -84,7 +90,7 @@ class Reply:
     __slots__ = ("_data", "_done", "_error")
 
     def __init__(self) -> None:
-        self._done = trio.Event()
+        self._done = anyio.Event()
         self._data = b""
         self._error: BaseException | None = None
 
@@ -110,7 +116,8 @@ class Reply:
 
 
 class Connection:
-    """A V2 connection to the daemon at ``address``; ``await nursery.start(conn.run)`` opens it.
+    """A V2 connection to the daemon at ``address``; ``await task_group.start(conn.run)`` opens
+    it.
 
     ``identify`` holds extra IDENTIFY keys (``msg_timeout`` in ms, ``output_buffer_timeout``...);
     ``server_settings`` is the daemon's answer to IDENTIFY (``max_rdy_count``...);
@@ -145,14 +152,16 @@ class Connection:
         """Why the connection ended (None while it is open or after a clean close)."""
         self._open_stream = open_stream
         self._codec = ClientConnection()
-        self._stream: trio.abc.Stream | None = None
+        self._stream: ByteStream | None = None
         self._out: list[bytes] = []
-        self._wake_writer = trio.Event()
-        self._flushed = trio.Event()
+        self._wake_writer = anyio.Event()
+        self._flushed = anyio.Event()
         self._flushed.set()
         self._replies: deque[Reply] = deque()
-        self._cancel = trio.CancelScope()
-        self._closed = trio.Event()
+        # A cancel scope needs a running event loop: made when ``run`` starts.
+        self._cancel: anyio.CancelScope | None = None
+        self._close_requested = False
+        self._closed = anyio.Event()
         self._open = False
 
     def __repr__(self) -> str:
@@ -178,7 +187,7 @@ class Connection:
         self._out.append(data)
         self._wake_writer.set()
         if self._flushed.is_set():
-            self._flushed = trio.Event()
+            self._flushed = anyio.Event()
 
     def command(self, data: bytes) -> Reply:
         """Queue a command that the daemon answers; ``await reply.wait()`` for the answer."""
@@ -194,31 +203,36 @@ class Connection:
     # -- lifecycle -------------------------------------------------------------------------------
 
     async def run(
-        self, *, task_status: trio.TaskStatus[Connection] = trio.TASK_STATUS_IGNORED
+        self, *, task_status: TaskStatus[Connection] = anyio.TASK_STATUS_IGNORED
     ) -> None:
         """Connect and handshake (then report started), and serve until closed or lost.
 
         Raises ``ConnectionFailed`` or ``NSQError`` if the handshake fails; afterwards a lost
         connection just returns, with the reason in ``self.error``.
         """
+        self._cancel = anyio.CancelScope()
+        if self._close_requested:
+            self._cancel.cancel()
         with self._cancel:
             try:
                 await self._connect()
                 self._open = True
                 task_status.started(self)
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(self._writer, nursery.cancel_scope)
+                async with anyio.create_task_group() as tasks:
+                    tasks.start_soon(self._writer, tasks.cancel_scope)
                     await self._reader()
-                    nursery.cancel_scope.cancel()
+                    tasks.cancel_scope.cancel()
             finally:
                 self._shutdown()
                 if self._stream is not None:
-                    with trio.CancelScope(shield=True):
+                    with anyio.CancelScope(shield=True):
                         await self._stream.aclose()
 
     async def aclose(self) -> None:
         """Close now (no goodbye: outstanding commands fail with ``ConnectionFailed``)."""
-        self._cancel.cancel()
+        self._close_requested = True
+        if self._cancel is not None:
+            self._cancel.cancel()
         if self._open or self._stream is not None:
             await self._closed.wait()
 
@@ -257,16 +271,16 @@ class Connection:
     async def _connect(self) -> None:
         reader = FrameReader(self.address)
         try:
-            with trio.fail_after(self.connect_timeout):
+            with anyio.fail_after(self.connect_timeout):
                 self._stream = await self._open_stream(self.address)
-                await self._stream.send_all(
+                await self._stream.send(
                     self._codec.initial_bytes() + encode_identify(self.identify)
                 )
                 self.server_settings = parse_identify_response(await self._handshake_frame(reader))
                 await self._upgrade(reader)
-        except trio.TooSlowError:
+        except TimeoutError:
             raise ConnectionFailed(self.address, "timed out connecting") from None
-        except (OSError, trio.BrokenResourceError) as exc:
+        except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
             raise ConnectionFailed(self.address, f"cannot connect ({_reason(exc)})") from None
         log.debug("NSQD(%s): connected, %s", self.address, self.server_settings)
 
@@ -276,24 +290,22 @@ class Connection:
         upgrades = plan_upgrades(self.transport, self.server_settings, self.address)
         if upgrades.tls:
             host, _ = split_address(self.address)
-            self._stream = await start_tls_client(
-                self._with_rest(reader),
-                self.transport.ssl_context(),
-                server_hostname=host,
-                handshake_timeout_s=math.inf,  # bounded by connect_timeout
+            # The handshake is bounded by connect_timeout, like the rest of _connect.
+            self._stream = await start_tls(
+                self._with_rest(reader), self.transport.ssl_context(), server_hostname=host
             )
             await self._expect_ok(reader, "TLS")
         if upgrades.codec is not None:
             self._stream = CompressedStream(self._with_rest(reader), upgrades.codec)
             await self._expect_ok(reader, upgrades.codec.name)
         if upgrades.auth_secret is not None:
-            await self._stream.send_all(Auth(secret=upgrades.auth_secret).encode())
+            await self._stream.send(Auth(secret=upgrades.auth_secret).encode())
             self.auth_identity = parse_auth_answer(await self._handshake_frame(reader))
             log.info("NSQD(%s): authenticated as %s", self.address, self.auth_identity)
         # Frames that came right behind the last handshake frame go to the reader task.
         self._stream = self._with_rest(reader)
 
-    def _with_rest(self, reader: FrameReader) -> trio.abc.Stream:
+    def _with_rest(self, reader: FrameReader) -> ByteStream:
         assert self._stream is not None
         rest = reader.take_rest()
         return PrefixedStream(self._stream, rest) if rest else self._stream
@@ -309,14 +321,17 @@ class Connection:
             data = reader.next_response()
             if data is not None:
                 return data
-            received = await self._stream.receive_some(RECEIVE_SIZE)
-            if not received:
-                raise ConnectionFailed(self.address, "connection closed during the handshake")
+            try:
+                received = await self._stream.receive(RECEIVE_SIZE)
+            except anyio.EndOfStream:
+                raise ConnectionFailed(
+                    self.address, "connection closed during the handshake"
+                ) from None
             reader.receive_data(bytes(received))
 
     # -- the two tasks ---------------------------------------------------------------------------
 
-    async def _writer(self, cancel: trio.CancelScope) -> None:
+    async def _writer(self, cancel: anyio.CancelScope) -> None:
         stream = self._stream
         assert stream is not None
         try:
@@ -324,12 +339,12 @@ class Connection:
                 if not self._out:
                     self._flushed.set()
                     await self._wake_writer.wait()
-                    self._wake_writer = trio.Event()
+                    self._wake_writer = anyio.Event()
                     continue
                 data = b"".join(self._out)
                 self._out.clear()
-                await stream.send_all(data)
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                await stream.send(data)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
             self._lost(f"connection lost while writing ({_reason(exc)})")
         finally:
             cancel.cancel()
@@ -344,16 +359,16 @@ class Connection:
             else math.inf
         )
         while True:
-            with trio.move_on_after(timeout):
+            with anyio.move_on_after(timeout):
                 try:
-                    data = await stream.receive_some(RECEIVE_SIZE)
-                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-                    self._lost(f"connection lost ({_reason(exc)})")
-                    return
-                if not data:
+                    data = await stream.receive(RECEIVE_SIZE)
+                except anyio.EndOfStream:
                     self._lost("connection closed by the daemon")
                     return
-                # SocketStream gives bytes already; bytes() of bytes is free.
+                except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
+                    self._lost(f"connection lost ({_reason(exc)})")
+                    return
+                # Socket streams give bytes already; bytes() of bytes is free.
                 codec.receive_data(bytes(data))
                 try:
                     while events := codec.next_events():
@@ -404,7 +419,7 @@ class Connection:
 def _reason(exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.strerror:
         return exc.strerror
-    if isinstance(exc, trio.BrokenResourceError) and exc.__cause__ is not None:
+    if isinstance(exc, anyio.BrokenResourceError) and exc.__cause__ is not None:
         # a failed TLS handshake or a corrupt compressed stream: the cause says which
         return str(exc.__cause__) or type(exc.__cause__).__name__
     return str(exc) or type(exc).__name__

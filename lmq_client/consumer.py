@@ -1,4 +1,7 @@
-"""The trio Consumer: one topic/channel, from one or several daemons, listed or discovered.
+"""The async Consumer: one topic/channel, from one or several daemons, listed or discovered.
+
+It runs under asyncio and trio alike: every wait, task and timer goes through anyio (task groups,
+events, cancel scopes, ``anyio.current_time``), as in ``lmq_client.connection``.
 
 Theory of operation
 -------------------
@@ -47,11 +50,12 @@ from collections.abc import Awaitable, Callable, Sequence
 from types import TracebackType
 from typing import Any
 
-import attrs
-import trio
+import anyio
+import anyio.to_thread
+from anyio.abc import TaskGroup, TaskStatus
 
 from lmq_client._util import address_list, check_name
-from lmq_client.backoff import Backoff
+from lmq_client.backoff import Backoff, BackoffState
 from lmq_client.connection import Connection, StreamOpener, open_tcp_stream
 from lmq_client.errors import ConnectionFailed, LmqClientError, NSQError
 from lmq_client.lookupd import (
@@ -65,6 +69,7 @@ from lmq_client.lookupd import (
 )
 from lmq_client.message import Message
 from lmq_client.rdy import choose_active, rdy_targets
+from lmq_client.stats import ConsumerStats
 from lmq_client.transport import PLAIN, TransportOptions
 from lmqd.protocol import Cls, MessageFrame, Rdy, Sub
 
@@ -85,22 +90,10 @@ _LOOKUPD_ROUND = "<lookupd>"
 async def _threaded_lookup(lookupd: str, topic: str, *, request_timeout: float) -> list[str]:
     # urllib blocks: a worker thread per query, once a minute per consumer. Abandoned if the
     # consumer closes meanwhile (the thread then ends within ``request_timeout`` on its own).
-    return await trio.to_thread.run_sync(
+    return await anyio.to_thread.run_sync(
         functools.partial(lookup_producers, lookupd, topic, timeout=request_timeout),
         abandon_on_cancel=True,
     )
-
-
-@attrs.frozen
-class ConsumerStats:
-    """Counters since the consumer started."""
-
-    received: int
-    finished: int
-    requeued: int
-    given_up: int
-    connections: int
-    backoff_level: int
 
 
 class _ConnState:
@@ -125,7 +118,8 @@ class Consumer:
     Either pass ``handler`` (an async function: returning finishes the message, raising requeues
     it with backoff; ``concurrency`` handlers run at once, default ``max_in_flight``) or iterate
     with ``async for message in consumer`` and answer each message yourself. Use as
-    ``async with Consumer(...) as consumer:`` or ``await nursery.start(consumer.run)``.
+    ``async with Consumer(...) as consumer:`` or ``await task_group.start(consumer.run)`` (an
+    anyio task group or a trio nursery).
     """
 
     def __init__(
@@ -193,29 +187,28 @@ class Consumer:
         self._rng = rng or random.Random()
 
         self._states: dict[Connection, _ConnState] = {}
-        self._conns_changed = trio.Event()
+        self._conns_changed = anyio.Event()
         self._active: set[Connection] = set()
         self._queue: deque[Message] = deque()
-        self._queue_ready = trio.Event()
+        self._queue_ready = anyio.Event()
         self._unanswered = 0
-        self._all_answered = trio.Event()
+        self._all_answered = anyio.Event()
         self._all_answered.set()
-        self._backoff_level = 0
-        self._backoff_until: float | None = None
+        self._flow = BackoffState(self.backoff)
         self._probe: Connection | None = None
         self._next_redistribute = math.inf
-        self._timers_changed = trio.Event()
+        self._timers_changed = anyio.Event()
         self._first_round: set[str] = set(self.addresses)
         if self.lookupd_addresses:
             self._first_round.add(_LOOKUPD_ROUND)
-        self._first_round_done = trio.Event()
+        self._first_round_done = anyio.Event()
         self._discovery: Discovery | None = None
-        self._discovered: dict[str, trio.CancelScope] = {}
-        self._discovery_wake = trio.Event()
+        self._discovered: dict[str, anyio.CancelScope] = {}
+        self._discovery_wake = anyio.Event()
         self._closing = False
-        self._closed = trio.Event()
-        self._nursery: trio.Nursery | None = None
-        self._nursery_cm: Any = None
+        self._closed = anyio.Event()
+        self._tasks: TaskGroup | None = None
+        self._tasks_cm: Any = None
         self._received = self._finished = self._requeued = self._given_up = 0
 
     # -- public ----------------------------------------------------------------------------------
@@ -238,7 +231,7 @@ class Consumer:
             requeued=self._requeued,
             given_up=self._given_up,
             connections=len(self._states),
-            backoff_level=self._backoff_level,
+            backoff_level=self._flow.level,
         )
 
     async def wait_connections(self, count: int) -> None:
@@ -248,20 +241,20 @@ class Consumer:
 
     def _connections_changed(self) -> None:
         self._conns_changed.set()
-        self._conns_changed = trio.Event()
+        self._conns_changed = anyio.Event()
 
     def rdy_counts(self) -> dict[str, int]:
         """The RDY last sent on each live connection, by daemon address."""
         return {c.address: s.rdy for c, s in self._states.items()}
 
     async def __aenter__(self) -> Consumer:
-        self._nursery_cm = trio.open_nursery()
-        nursery = await self._nursery_cm.__aenter__()
+        self._tasks_cm = anyio.create_task_group()
+        tasks = await self._tasks_cm.__aenter__()
         try:
-            self._start(nursery)
+            self._start(tasks)
             await self._first_round_done.wait()
         except BaseException:
-            cm, self._nursery_cm = self._nursery_cm, None
+            cm, self._tasks_cm = self._tasks_cm, None
             self._stop()
             await cm.__aexit__(None, None, None)
             raise
@@ -273,23 +266,23 @@ class Consumer:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool | None:
-        cm, self._nursery_cm = self._nursery_cm, None
+        cm, self._tasks_cm = self._tasks_cm, None
         try:
             if exc_type is None:
                 await self._drain()
         finally:
             self._stop()
-            # Leave the nursery without the body's exception, so that it reaches the caller as
+            # Leave the task group without the body's exception, so that it reaches the caller as
             # it is rather than wrapped in an exception group.
             await cm.__aexit__(None, None, None)
         return None
 
     async def run(
-        self, *, task_status: trio.TaskStatus[Consumer] = trio.TASK_STATUS_IGNORED
+        self, *, task_status: TaskStatus[Consumer] = anyio.TASK_STATUS_IGNORED
     ) -> None:
         """Consume until ``close()``; started once every daemon was tried once."""
-        async with trio.open_nursery() as nursery:
-            self._start(nursery)
+        async with anyio.create_task_group() as tasks:
+            self._start(tasks)
             await self._first_round_done.wait()
             task_status.started(self)
             await self._closed.wait()
@@ -299,7 +292,7 @@ class Consumer:
 
         Don't call it from a handler (it would wait for that handler's own message).
         """
-        if self._nursery is None:
+        if self._tasks is None:
             return
         if self._closing:
             await self._closed.wait()
@@ -321,7 +314,7 @@ class Consumer:
             message = self._queue.popleft()
             if not message.responded:
                 message.requeue(0, backoff=False)
-        with trio.move_on_after(self.close_timeout) as scope:
+        with anyio.move_on_after(self.close_timeout) as scope:
             await self._all_answered.wait()
             # CLOSE_WAIT, and the answers written since, sent before the sockets close.
             for conn, reply in goodbyes:
@@ -339,9 +332,9 @@ class Consumer:
     def _stop(self) -> None:
         self._closing = True
         self._queue_ready.set()
-        nursery, self._nursery = self._nursery, None
-        if nursery is not None:
-            nursery.cancel_scope.cancel()
+        tasks, self._tasks = self._tasks, None
+        if tasks is not None:
+            tasks.cancel_scope.cancel()
         self._closed.set()
 
     def __aiter__(self) -> Consumer:
@@ -355,25 +348,25 @@ class Consumer:
 
     # -- start-up and connections ----------------------------------------------------------------
 
-    def _start(self, nursery: trio.Nursery) -> None:
-        if self._nursery is not None or self._closing:
+    def _start(self, tasks: TaskGroup) -> None:
+        if self._tasks is not None or self._closing:
             raise RuntimeError("a Consumer runs once")
-        self._nursery = nursery
+        self._tasks = tasks
         for address in self.addresses:
-            nursery.start_soon(self._supervise, address)
+            tasks.start_soon(self._supervise, address)
         if self.lookupd_addresses:
             self._discovery = Discovery(
                 interval=self.lookupd_poll_interval,
                 jitter=self.lookupd_poll_jitter,
                 reconnect_backoff=self.reconnect_backoff,
                 rng=self._rng,
-                start=trio.current_time(),
+                start=anyio.current_time(),
             )
-            nursery.start_soon(self._discover, self._discovery)
-        nursery.start_soon(self._timers)
+            tasks.start_soon(self._discover, self._discovery)
+        tasks.start_soon(self._timers)
         if self.handler is not None:
             for _ in range(self.concurrency):
-                nursery.start_soon(self._worker, self.handler)
+                tasks.start_soon(self._worker, self.handler)
 
     def _first_attempt_done(self, address: str) -> None:
         self._first_round.discard(address)
@@ -392,7 +385,7 @@ class Consumer:
             failures += 1
             delay = self.reconnect_backoff.delay(failures)
             log.info("consumer: reconnecting to %s in %.1fs", address, delay)
-            await trio.sleep(delay)
+            await anyio.sleep(delay)
 
     async def _connect(self, address: str) -> bool:
         """One connection: connect, SUB, consume until it ends. True if it subscribed."""
@@ -410,14 +403,14 @@ class Consumer:
         )
         subscribed = False
         try:
-            async with trio.open_nursery() as nursery:
+            async with anyio.create_task_group() as tasks:
                 try:
-                    await nursery.start(conn.run)
+                    await tasks.start(conn.run)
                     await conn.request(Sub(topic=self.topic, channel=self.channel).encode())
                 except (ConnectionFailed, NSQError) as exc:
-                    # Raised here, inside the nursery, so it isn't wrapped in a group.
+                    # Caught here, inside the task group, so it isn't wrapped in a group.
                     log.warning("consumer %s/%s: %s", self.topic, self.channel, exc)
-                    nursery.cancel_scope.cancel()
+                    tasks.cancel_scope.cancel()
                 else:
                     subscribed = True
                     if self._discovery is not None:
@@ -435,34 +428,34 @@ class Consumer:
     # -- discovery -------------------------------------------------------------------------------
 
     async def _discover(self, discovery: Discovery) -> None:
-        assert self._nursery is not None
-        nursery = self._nursery
+        assert self._tasks is not None
+        tasks = self._tasks
         explicit = set(self.addresses)
         while True:
-            if trio.current_time() < discovery.next_poll_at:
-                self._discovery_wake = trio.Event()
-                with trio.move_on_at(discovery.next_poll_at):
+            if anyio.current_time() < discovery.next_poll_at:
+                self._discovery_wake = anyio.Event()
+                with anyio.CancelScope(deadline=discovery.next_poll_at):
                     await self._discovery_wake.wait()
                 continue
-            discovery.polled(trio.current_time())
+            discovery.polled(anyio.current_time())
             found = await self._query_lookupds()
             if found is not None:
                 found -= explicit  # already supervised
-            connect, drop = discovery.answered(trio.current_time(), found)
+            connect, drop = discovery.answered(anyio.current_time(), found)
             for address in drop:
                 log.info("consumer %s/%s: %s is no longer listed by the lookupds; dropping it",
                          self.topic, self.channel, address)
                 scope = self._discovered.pop(address, None)
                 if scope is not None:
                     scope.cancel()
-                discovery.connection_ended(address, trio.current_time(), dropped=True)
+                discovery.connection_ended(address, anyio.current_time(), dropped=True)
             for address in connect:
                 log.info("consumer %s/%s: found %s through the lookupds",
                          self.topic, self.channel, address)
-                scope = self._discovered[address] = trio.CancelScope()
+                scope = self._discovered[address] = anyio.CancelScope()
                 if not self._first_round_done.is_set():
                     self._first_round.add(address)
-                nursery.start_soon(self._run_discovered, discovery, address, scope)
+                tasks.start_soon(self._run_discovered, discovery, address, scope)
             self._first_attempt_done(_LOOKUPD_ROUND)
 
     async def _query_lookupds(self) -> set[str] | None:
@@ -479,7 +472,7 @@ class Consumer:
         return found
 
     async def _run_discovered(
-        self, discovery: Discovery, address: str, scope: trio.CancelScope
+        self, discovery: Discovery, address: str, scope: anyio.CancelScope
     ) -> None:
         """One connection to a discovered daemon; when it ends, discovery decides what next."""
         try:
@@ -489,7 +482,7 @@ class Consumer:
             if self._discovered.get(address) is scope:
                 del self._discovered[address]
             if not scope.cancel_called and not self._closing:
-                discovery.connection_ended(address, trio.current_time())
+                discovery.connection_ended(address, anyio.current_time())
                 self._discovery_wake.set()
 
     def _add_conn(self, conn: Connection) -> None:
@@ -500,7 +493,7 @@ class Consumer:
                 list(self._states), self._active, (), self.max_in_flight, self._rng
             )
             if self._next_redistribute == math.inf:
-                self._next_redistribute = trio.current_time() + self.rdy_redistribute_interval
+                self._next_redistribute = anyio.current_time() + self.rdy_redistribute_interval
                 self._timers_changed.set()
         self._update_rdy()
 
@@ -512,7 +505,7 @@ class Consumer:
         self._active.discard(conn)
         if self._probe is conn:
             self._probe = None
-            if self._backoff_level > 0 and self._backoff_until is None and self._states:
+            if self._flow.probing and self._states:
                 self._probe = self._rng.choice(list(self._states))
         if len(self._states) > self.max_in_flight:
             self._active = choose_active(
@@ -529,9 +522,9 @@ class Consumer:
             # all of max_in_flight could fill it before the others are even up.
             return
         conns = list(self._states)
-        if self._backoff_until is not None:
+        if self._flow.paused_until is not None:
             wanted = dict.fromkeys(conns, 0)
-        elif self._backoff_level > 0:
+        elif self._flow.probing:
             wanted = {c: (1 if c is self._probe else 0) for c in conns}
         else:
             caps = {c: c.max_rdy_count for c in conns}
@@ -552,56 +545,42 @@ class Consumer:
             state.got_message = False
         self._active = choose_active(conns, self._active, idle, self.max_in_flight, self._rng)
         self._update_rdy()
-        self._next_redistribute = trio.current_time() + self.rdy_redistribute_interval
+        self._next_redistribute = anyio.current_time() + self.rdy_redistribute_interval
 
     # -- backoff ---------------------------------------------------------------------------------
 
-    def _start_backoff(self) -> None:
-        delay = self.backoff.delay(self._backoff_level)
-        self._backoff_until = trio.current_time() + delay
-        self._probe = None
-        log.info(
-            "consumer %s/%s: backing off for %.3fs (level %d)",
-            self.topic, self.channel, delay, self._backoff_level,
-        )
-        self._timers_changed.set()
-        self._update_rdy()
-
-    def _end_backoff_timeout(self) -> None:
-        self._backoff_until = None
-        conns = list(self._states)
-        self._probe = self._rng.choice(conns) if conns else None
-        self._update_rdy()
-
     def _on_outcome(self, *, failure: bool) -> None:
-        if self._backoff_until is not None:
-            return  # outcomes of messages that were in flight when the backoff began
-        if failure:
-            self._backoff_level = min(self._backoff_level + 1, self.backoff.max_level)
-            self._start_backoff()
-        elif self._backoff_level > 0:
-            self._backoff_level -= 1
-            if self._backoff_level == 0:
-                log.info("consumer %s/%s: backoff over", self.topic, self.channel)
-                self._probe = None
-                self._update_rdy()
-            else:
-                self._start_backoff()
+        flow = self._flow
+        if not flow.outcome(anyio.current_time(), failure=failure):
+            return
+        self._probe = None
+        if flow.paused_until is not None:
+            log.info(
+                "consumer %s/%s: backing off for %.3fs (level %d)",
+                self.topic, self.channel, flow.paused_until - anyio.current_time(), flow.level,
+            )
+            self._timers_changed.set()
+        else:
+            log.info("consumer %s/%s: backoff over", self.topic, self.channel)
+        self._update_rdy()
 
     async def _timers(self) -> None:
         while True:
+            flow = self._flow
             deadline = min(
-                self._backoff_until if self._backoff_until is not None else math.inf,
+                flow.paused_until if flow.paused_until is not None else math.inf,
                 self._next_redistribute,
             )
-            with trio.move_on_at(deadline):
+            with anyio.CancelScope(deadline=deadline):
                 await self._timers_changed.wait()
-            self._timers_changed = trio.Event()
-            now = trio.current_time()
-            if self._backoff_until is not None and now >= self._backoff_until:
-                self._end_backoff_timeout()
+            self._timers_changed = anyio.Event()
+            now = anyio.current_time()
+            if flow.pause_over(now):
+                conns = list(self._states)
+                self._probe = self._rng.choice(conns) if conns else None
+                self._update_rdy()
             if now >= self._next_redistribute:
-                if self._backoff_until is None and self._backoff_level == 0:
+                if flow.level == 0:
                     self._redistribute()
                 else:
                     self._next_redistribute = now + self.rdy_redistribute_interval
@@ -617,7 +596,7 @@ class Consumer:
         self._received += len(messages)
         self._unanswered += len(messages)
         if self._all_answered.is_set():
-            self._all_answered = trio.Event()
+            self._all_answered = anyio.Event()
         if state is not None:
             state.in_flight += len(messages)
             state.got_message = True
@@ -651,7 +630,7 @@ class Consumer:
                 if self._closing:
                     raise _Closed
                 if self._queue_ready.is_set():
-                    self._queue_ready = trio.Event()
+                    self._queue_ready = anyio.Event()
                 await self._queue_ready.wait()
             message = self._queue.popleft()
             if not message._conn.is_open:

@@ -1,6 +1,6 @@
 """Finding daemons through lookupds (nsqlookupd's HTTP API, or lmqlookupd's).
 
-Three parts, all without trio:
+Three parts, all without an event loop:
 
 - **Queries.** ``lookup_producers(address, topic)`` asks one lookupd which nodes have a topic
   (``GET /lookup?topic=``) and returns their TCP addresses (``broadcast_address:tcp_port``, as
@@ -9,7 +9,7 @@ Three parts, all without trio:
   publishers. An address is ``host:port`` or a URL (``http://host:port[/path]``): as in pynsq
   and go-nsq, a URL's path, when it is neither empty nor ``/``, replaces ``/lookup``. Requests
   send nsqd's ``Accept: application/vnd.nsq; version=1.0``; they are blocking
-  (``urllib``, through ``lmq_client.http``), and the trio consumer runs them in a worker thread.
+  (``urllib``, through ``lmq_client.http``), and the async consumer runs them in a worker thread.
 - **The poll schedule.** go-nsq's and pynsq's: the first query at once, the second after a
   random ``jitter * interval`` plus one ``interval`` (``jitter`` = 0.3, ``interval`` = 60 s),
   then every ``interval``. The jitter spreads the consumers that started together (a deploy)

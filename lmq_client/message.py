@@ -10,7 +10,7 @@ __all__ = ["Message"]
 
 
 class Link(Protocol):
-    """Where a message's answers go: a trio ``Connection`` or the blocking client's socket."""
+    """Where a message's answers go: an async ``Connection`` or the blocking client's socket."""
 
     @property
     def address(self) -> str: ...

@@ -1,4 +1,6 @@
-"""The trio Producer: PUB, MPUB and DPUB over one pipelined connection, reconnecting on demand.
+"""The async Producer: PUB, MPUB and DPUB over one pipelined connection, reconnecting on demand.
+
+It runs under asyncio and trio alike (anyio, as ``lmq_client.connection``).
 
 Any number of tasks may publish at once through one Producer: their commands go out on one
 connection back to back (written in one send when they arrive together) and each task is woken by
@@ -15,7 +17,8 @@ from collections.abc import Sequence
 from types import TracebackType
 from typing import Any
 
-import trio
+import anyio
+from anyio.abc import TaskGroup
 
 from lmq_client._util import address_list, check_name
 from lmq_client.connection import Connection, StreamOpener, open_tcp_stream
@@ -54,20 +57,20 @@ class Producer:
         self._open_stream = open_stream
         self._conn: Connection | None = None
         self._next = 0
-        self._connect_lock = trio.Lock()
-        self._nursery: trio.Nursery | None = None
-        self._nursery_cm: Any = None
+        self._connect_lock = anyio.Lock()
+        self._tasks: TaskGroup | None = None
+        self._tasks_cm: Any = None
         self._closed = False
 
     # -- lifecycle -------------------------------------------------------------------------------
 
     async def __aenter__(self) -> Producer:
-        self._nursery_cm = trio.open_nursery()
-        self._nursery = await self._nursery_cm.__aenter__()
+        self._tasks_cm = anyio.create_task_group()
+        self._tasks = await self._tasks_cm.__aenter__()
         try:
             await self.connect()
         except BaseException:
-            await self._exit_nursery()
+            await self._exit_tasks()
             raise
         return self
 
@@ -80,14 +83,14 @@ class Producer:
         try:
             await self.aclose()
         finally:
-            await self._exit_nursery()
+            await self._exit_tasks()
 
-    async def _exit_nursery(self) -> None:
-        # The nursery only holds the connection's tasks: cancel them and leave it without the
+    async def _exit_tasks(self) -> None:
+        # The task group only holds the connection's tasks: cancel them and leave it without the
         # body's exception, so that exception reaches the caller as it is (not in a group).
-        cm, nursery, self._nursery_cm, self._nursery = self._nursery_cm, self._nursery, None, None
-        if cm is not None and nursery is not None:
-            nursery.cancel_scope.cancel()
+        cm, tasks, self._tasks_cm, self._tasks = self._tasks_cm, self._tasks, None, None
+        if cm is not None and tasks is not None:
+            tasks.cancel_scope.cancel()
             await cm.__aexit__(None, None, None)
 
     async def aclose(self) -> None:
@@ -110,7 +113,7 @@ class Producer:
             return conn
         if self._closed:
             raise LmqClientError("producer is closed")
-        if self._nursery is None:
+        if self._tasks is None:
             raise LmqClientError("use the Producer as `async with Producer(...)`")
         async with self._connect_lock:
             conn = self._conn
@@ -129,7 +132,7 @@ class Producer:
                     transport=self.transport,
                 )
                 try:
-                    await self._nursery.start(conn.run)
+                    await self._tasks.start(conn.run)
                 except ConnectionFailed as exc:
                     failures.append(exc)
                     log.info("producer: %s", exc)

@@ -1,4 +1,4 @@
-"""How a Consumer spreads ``max_in_flight`` over its connections (pure functions, no trio).
+"""How a Consumer spreads ``max_in_flight`` over its connections (pure functions, no event loop).
 
 RDY is a window per connection (nsqd sends while ``in_flight < rdy``), so the consumer only has
 to choose one number per connection and send it when it changes. With at least as many slots as

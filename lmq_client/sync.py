@@ -8,10 +8,13 @@ idle producer never loses a publish to a stale socket.
 
 ``Consumer`` consumes from several daemons, given or found through lookupds, on one thread:
 ``get()`` waits on all of them at once (``select``), and does the lookupd queries and redials
-when they are due; messages are answered with the same ``Message`` API as the trio consumer.
+when they are due; messages are answered with the same ``Message`` API as the async consumer.
+It also has the async consumer's backoff (``lmq_client.backoff.BackoffState``: a requeue with
+backoff sets RDY 0 everywhere for a while, then probes with RDY 1) and its ``max_attempts``
+with an ``on_give_up`` hook; ``run(handler)`` is its handler loop.
 
 Both take ``transport`` (``lmq_client.transport.TransportOptions``): the connection then performs
-the upgrades the daemon grants after IDENTIFY, as the trio client does: TLS with
+the upgrades the daemon grants after IDENTIFY, as the async client does: TLS with
 ``ssl.SSLContext.wrap_socket`` on the same socket, compression with lmqd's codecs around every
 send and receive, then AUTH.
 """
@@ -27,7 +30,7 @@ import select
 import socket
 import ssl
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -37,7 +40,7 @@ from lmq_client._util import (
     identify_body,
     parse_identify_response,
 )
-from lmq_client.backoff import Backoff
+from lmq_client.backoff import Backoff, BackoffState
 from lmq_client.errors import (
     ConnectionFailed,
     LmqClientError,
@@ -55,6 +58,7 @@ from lmq_client.lookupd import (
 )
 from lmq_client.message import Message
 from lmq_client.rdy import choose_active, rdy_targets
+from lmq_client.stats import ConsumerStats
 from lmq_client.transport import (
     PLAIN,
     FrameReader,
@@ -176,9 +180,12 @@ class _SocketConnection:
         return self._open
 
     def write(self, data: bytes) -> None:
-        """``Message`` answers go straight to the socket."""
+        """``Message`` answers go straight to the socket. On a connection lost meanwhile they
+        are dropped (the daemon delivers the message again); the consumer notices the loss
+        when it next reads."""
         if self._open:
-            self.sendall(data)
+            with contextlib.suppress(ConnectionFailed):
+                self.sendall(data)
 
     def sendall(self, data: bytes) -> None:
         if self._compression is not None:
@@ -448,13 +455,21 @@ class Consumer:
     rules for discovered daemons are ``lmq_client.lookupd.Discovery``'s: new ones are connected,
     ones no longer listed are dropped, and one whose connection ended is redialled only if the
     lookupds still list it. A daemon given by address is redialled after the reconnect backoff.
-    ``max_in_flight`` is spread over the connections as RDY (``lmq_client.rdy``), as the trio
+    ``max_in_flight`` is spread over the connections as RDY (``lmq_client.rdy``), as the async
     consumer does.
 
     The constructor connects to the addresses given and queries the lookupds once. Without
     lookupds it raises ``ConnectionFailed`` when none of the addresses could be subscribed; it
     raises the daemon's ``NSQError`` when one refuses the subscription. A connection lost later
     is never an exception: ``get`` goes on with the others and redials.
+
+    Backoff and give-up are the async consumer's: ``message.requeue()`` (with ``backoff``, the
+    default) sets RDY 0 on every connection for ``backoff.delay(level)`` seconds, then RDY 1 on
+    one; successes step the level down. A message delivered more than ``max_attempts`` times
+    (0: no limit) is not returned: ``on_give_up(message)`` sees it, then it is finished.
+    ``run(handler)`` calls ``handler(message)`` for each message until ``close()``: returning
+    finishes it, raising requeues it after ``min(requeue_delay * attempts,
+    max_requeue_delay)`` seconds and backs off.
     """
 
     def __init__(
@@ -472,6 +487,11 @@ class Consumer:
         heartbeat_interval: float = 30.0,
         msg_timeout: float | None = None,
         reconnect_backoff: Backoff | None = None,
+        max_attempts: int = 5,
+        on_give_up: Callable[[Message], object] | None = None,
+        requeue_delay: float = 90.0,
+        max_requeue_delay: float = 900.0,
+        backoff: Backoff | None = None,
         rng: random.Random | None = None,
         transport: TransportOptions = PLAIN,
     ) -> None:
@@ -492,6 +512,15 @@ class Consumer:
         self.lookupd_timeout = lookupd_timeout
         self.transport = transport
         self.reconnect_backoff = reconnect_backoff or Backoff(base=1.0, max_delay=60.0)
+        self.max_attempts = max_attempts
+        self.on_give_up = on_give_up
+        self.requeue_delay = requeue_delay
+        self.max_requeue_delay = max_requeue_delay
+        self.backoff = backoff or Backoff(base=1.0, max_delay=120.0)
+        self._flow = BackoffState(self.backoff)
+        self._probe: str | None = None
+        """The connection that gets RDY 1 while the backoff probes."""
+        self._received = self._finished = self._requeued = self._given_up = 0
         self._identify = {} if msg_timeout is None else {"msg_timeout": round(msg_timeout * 1000)}
         self._rng = rng or random.Random()
         self._conns: dict[str, _SocketConnection] = {}
@@ -544,6 +573,41 @@ class Consumer:
         """The RDY last sent on each connection, by daemon address."""
         return dict(self._rdy)
 
+    def statistics(self) -> ConsumerStats:
+        """Counters and state, as the async consumer's ``statistics()``."""
+        return ConsumerStats(
+            received=self._received,
+            finished=self._finished,
+            requeued=self._requeued,
+            given_up=self._given_up,
+            connections=len(self._conns),
+            backoff_level=self._flow.level,
+        )
+
+    def requeue_delay_for(self, message: Message) -> float:
+        """The delay of ``run``'s requeue: ``requeue_delay * attempts``, capped (go-nsq)."""
+        return min(self.requeue_delay * message.attempts, self.max_requeue_delay)
+
+    def run(self, handler: Callable[[Message], object]) -> None:
+        """Hand every message to ``handler`` until ``close()`` (which the handler may call).
+
+        A handler that returns finishes the message (unless it answered it itself); one that
+        raises requeues it with ``requeue_delay_for(message)`` and backs off.
+        """
+        for message in self:
+            try:
+                handler(message)
+            except Exception:
+                log.warning(
+                    "consumer %s/%s: handler failed on %r", self.topic, self.channel, message,
+                    exc_info=True,
+                )
+                if not message.responded:
+                    message.requeue(self.requeue_delay_for(message))
+            else:
+                if not message.responded:
+                    message.finish()
+
     def __enter__(self) -> Consumer:
         return self
 
@@ -569,6 +633,9 @@ class Consumer:
             self._maintain(now)
             message = self._next_message()
             if message is not None:
+                if self.max_attempts and message.attempts > self.max_attempts:
+                    self._give_up(message)
+                    continue
                 return message
             now = time.monotonic()
             wake = self._next_due()
@@ -584,6 +651,42 @@ class Consumer:
         self._closed = True
         for address in list(self._conns):
             self._disconnect(address)
+
+    def _give_up(self, message: Message) -> None:
+        log.warning(
+            "consumer %s/%s: giving up on %r after %d attempts",
+            self.topic, self.channel, message, message.attempts,
+        )
+        self._given_up += 1
+        if self.on_give_up is not None:
+            try:
+                self.on_give_up(message)
+            except Exception:
+                log.exception("consumer %s/%s: give-up hook failed", self.topic, self.channel)
+        if not message.responded:
+            message.finish()
+
+    def _message_done(self, message: Message, *, success: bool, backoff: bool) -> None:
+        """Called by ``Message`` when it is answered: counters and backoff."""
+        if success:
+            self._finished += 1
+        else:
+            self._requeued += 1
+        if not (success or backoff):
+            return
+        flow = self._flow
+        if not flow.outcome(time.monotonic(), failure=not success):
+            return
+        self._probe = None
+        self._rdy_stale = True
+        if flow.paused_until is not None:
+            log.info(
+                "consumer %s/%s: backing off for %.3fs (level %d)",
+                self.topic, self.channel, flow.paused_until - time.monotonic(), flow.level,
+            )
+        else:
+            log.info("consumer %s/%s: backoff over", self.topic, self.channel)
+        self._update_rdy()
 
     # -- connections -----------------------------------------------------------------------------
 
@@ -614,6 +717,8 @@ class Consumer:
         self._rdy_stale = True
         self._active.discard(address)
         self._got_message.discard(address)
+        if self._probe == address:
+            self._probe = None
         if conn is not None and conn.is_open:
             with contextlib.suppress(LmqClientError):
                 conn.sendall(Cls().encode())
@@ -638,12 +743,17 @@ class Consumer:
 
     def _next_due(self) -> float:
         due = min((at for _, at in self._redial.values()), default=math.inf)
+        if self._flow.paused_until is not None:
+            due = min(due, self._flow.paused_until)
         if self._discovery is not None:
             due = min(due, self._discovery.next_poll_at)
         return due
 
     def _maintain(self, now: float) -> None:
-        """Redial given addresses and query the lookupds when due; then set RDY."""
+        """End a backoff pause, redial given addresses and query the lookupds when due; then
+        set RDY."""
+        if self._flow.pause_over(now):
+            self._rdy_stale = True  # probe with RDY 1
         for address, (_, at) in list(self._redial.items()):
             if at <= now and address not in self._conns:
                 try:
@@ -708,7 +818,14 @@ class Consumer:
             self._active = choose_active(conns, self._active, (), self.max_in_flight, self._rng)
         caps = {a: int(c.server_settings.get("max_rdy_count") or 2500)
                 for a, c in self._conns.items()}  # fmt: skip
-        for address, count in rdy_targets(self.max_in_flight, conns, caps, self._active).items():
+        wanted = rdy_targets(self.max_in_flight, conns, caps, self._active)
+        if self._flow.paused_until is not None:
+            wanted = dict.fromkeys(conns, 0)
+        elif self._flow.probing:
+            if self._probe not in self._conns and conns:
+                self._probe = self._rng.choice(conns)
+            wanted = {a: (1 if a == self._probe else 0) for a in conns}
+        for address, count in wanted.items():
             if self._rdy.get(address) != count:
                 try:
                     self._conns[address].sendall(Rdy(count=count).encode())
@@ -736,8 +853,9 @@ class Consumer:
                 if isinstance(event, MessageFrame):
                     self._turn = (self._turn + i + 1) % max(1, len(addresses))
                     self._got_message.add(address)
+                    self._received += 1
                     return Message(
-                        event.id, event.body, event.timestamp, event.attempts, conn, None
+                        event.id, event.body, event.timestamp, event.attempts, conn, self
                     )
                 if isinstance(event, Error):
                     error = error_from_frame(event.code, event.text, address=address)

@@ -4,7 +4,7 @@ A client asks for upgrades in IDENTIFY (``tls_v1``, ``snappy``, ``deflate`` + ``
 and the daemon's JSON answer says which it grants, and whether it wants ``AUTH``. Then, in
 nsqd's order, on the same connection: the TLS handshake and an ``OK`` frame through TLS; the
 compression layer and an ``OK`` frame through it; ``AUTH <secret>`` and its JSON answer. The
-trio ``Connection`` and the blocking client in ``lmq_client.sync`` both follow that sequence;
+async ``Connection`` and the blocking client in ``lmq_client.sync`` both follow that sequence;
 this module holds what they share, sans I/O:
 
 * ``TransportOptions`` — what the user asked for (go-nsq's names: ``tls_v1``,

@@ -2,9 +2,11 @@
 
 ``FakeNetwork.open_stream`` is passed to a client as its ``open_stream``: each connection the
 client opens becomes a ``memory_stream_pair`` whose server end is a ``FakeDaemon`` that the test
-drives step by step. The fake parses what the client sends with the real sans-IO
-``ServerConnection`` (so the client's bytes are checked by the same parser lmqd uses) and
-timestamps every command on the trio clock, which the tests compare with exact virtual times.
+drives step by step (the client's end goes through ``TrioByteStream``: the clients take anyio
+byte streams). The fake parses what the client sends with the real sans-IO ``ServerConnection``
+(so the client's bytes are checked by the same parser lmqd uses) and timestamps every command
+on the trio clock, which the tests compare with exact virtual times. These tests run the async
+clients under anyio's trio backend; ``test_backends.py`` runs them under asyncio too.
 
 Upgrades are real: ``start_tls`` runs the server side of a TLS handshake on the connection (with
 lmqd's ``start_tls_server``) and ``start_compression`` wraps it in lmqd's ``CompressedStream``,
@@ -20,8 +22,10 @@ import ssl
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import anyio
 import trio
 import trio.testing
+from anyio.abc import ByteStream
 
 from lmqd.message import Message as DaemonMessage
 from lmqd.protocol import (
@@ -52,6 +56,39 @@ IDENTIFY_RESPONSE: dict[str, Any] = {
     "output_buffer_size": 16384,
     "output_buffer_timeout": 250,
 }
+
+
+class TrioByteStream(ByteStream):
+    """A trio stream as the anyio byte stream the clients expect (trio's exceptions become
+    anyio's, b"" becomes ``anyio.EndOfStream``)."""
+
+    def __init__(self, stream: trio.abc.Stream) -> None:
+        self.stream = stream
+
+    async def receive(self, max_bytes: int = 65536) -> bytes:
+        try:
+            data = await self.stream.receive_some(max_bytes)
+        except trio.BrokenResourceError as exc:
+            raise anyio.BrokenResourceError(str(exc)) from exc
+        except trio.ClosedResourceError as exc:
+            raise anyio.ClosedResourceError(str(exc)) from exc
+        if not data:
+            raise anyio.EndOfStream
+        return bytes(data)
+
+    async def send(self, item: bytes) -> None:
+        try:
+            await self.stream.send_all(item)
+        except trio.BrokenResourceError as exc:
+            raise anyio.BrokenResourceError(str(exc)) from exc
+        except trio.ClosedResourceError as exc:
+            raise anyio.ClosedResourceError(str(exc)) from exc
+
+    async def send_eof(self) -> None:
+        raise NotImplementedError("the clients never half-close")
+
+    async def aclose(self) -> None:
+        await self.stream.aclose()
 
 
 class FakeDaemon:
@@ -153,14 +190,14 @@ class FakeNetwork:
         self.refuse: set[str] = set()
         self.attempts: list[tuple[float, str]] = []
 
-    async def open_stream(self, address: str) -> trio.abc.Stream:
+    async def open_stream(self, address: str) -> ByteStream:
         self.attempts.append((trio.current_time(), address))
         await trio.lowlevel.checkpoint()
         if address in self.refuse:
             raise OSError(errno.ECONNREFUSED, "Connection refused")
         client, server = trio.testing.memory_stream_pair()
         self._send.send_nowait(FakeDaemon(address, server))
-        return client
+        return TrioByteStream(client)
 
     async def accept(self, limit: float = math.inf) -> FakeDaemon:
         """The daemon end of the next connection the client opens."""

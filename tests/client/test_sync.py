@@ -10,12 +10,15 @@ from __future__ import annotations
 import json
 import pickle
 import socket
+import threading
 import time
 import urllib.request
 
 import pytest
 
 from lmq_client import errors
+from lmq_client.backoff import Backoff
+from lmq_client.message import Message
 from lmq_client.sync import Consumer, Producer
 from tests.support.process import LmqdProcess
 
@@ -108,3 +111,77 @@ def test_heartbeat_answered_while_waiting(lmqd_server: LmqdProcess) -> None:
         message = consumer.get(timeout=5)
         assert message is not None and message.body == b"still here"
         message.finish()
+
+
+def test_requeue_backs_off_then_probes(lmqd_server: LmqdProcess) -> None:
+    """A requeue with backoff sets RDY 0 for the backoff delay, then RDY 1 on one daemon; a
+    success ends the backoff and the full RDY comes back (the async consumer's rules)."""
+    backoff = Backoff(base=0.5, max_delay=0.5, jitter=0.0)
+    with Producer(lmqd_server.tcp_address, timeout=5) as producer:
+        producer.mpub("bo", [b"a", b"b"])
+    with Consumer(
+        "bo", "c", lmqd_server.tcp_address, max_in_flight=5, timeout=5, backoff=backoff
+    ) as consumer:
+        address = lmqd_server.tcp_address
+        first = consumer.get(timeout=5)
+        assert first is not None and consumer.rdy_counts() == {address: 5}
+        failed_at = time.monotonic()
+        first.requeue(0)  # back in the queue at once, but the consumer pauses
+        assert consumer.rdy_counts() == {address: 0}
+        assert consumer.statistics().backoff_level == 1
+        # "b" was already in flight when the backoff began: still handed out, not counted
+        second = consumer.get(timeout=5)
+        assert second is not None and second.body == b"b"
+        second.finish()
+        assert consumer.statistics().backoff_level == 1
+        again = consumer.get(timeout=5)
+        assert again is not None and (again.body, again.attempts) == (b"a", 2)
+        assert time.monotonic() - failed_at >= 0.5
+        assert consumer.rdy_counts() == {address: 1}  # the probe
+        again.finish()
+        assert consumer.rdy_counts() == {address: 5}
+        stats = consumer.statistics()
+    assert (stats.received, stats.finished, stats.requeued, stats.backoff_level) == (3, 2, 1, 0)
+
+
+def test_run_gives_up_after_max_attempts(lmqd_server: LmqdProcess) -> None:
+    """``run(handler)``: a raising handler requeues (``requeue_delay * attempts``) and backs
+    off; after ``max_attempts`` deliveries ``on_give_up`` sees the message, then it is
+    finished."""
+    address = lmqd_server.tcp_address
+    with Producer(address, timeout=5) as producer:
+        producer.publish("poison", b"bad")
+        producer.publish("poison", b"good")
+    attempts: list[tuple[bytes, int]] = []
+    gave_up: list[tuple[bytes, int]] = []
+
+    def give_up(message: Message) -> None:
+        gave_up.append((message.body, message.attempts))
+        with Producer(address, timeout=5) as producer:
+            producer.publish("poison", b"last")  # the handler stops at this one
+
+    consumer = Consumer(
+        "poison", "c", address, timeout=5, max_attempts=2, on_give_up=give_up,
+        requeue_delay=0.05, backoff=Backoff(base=0.05, max_delay=0.1, jitter=0.0),
+    )
+
+    def handler(message: Message) -> None:
+        attempts.append((message.body, message.attempts))
+        if message.body == b"bad":
+            raise ValueError("cannot handle it")
+        if message.body == b"last":
+            consumer.close()
+
+    # run() blocks until close(): in a thread, so the test is bounded by the join
+    worker = threading.Thread(target=consumer.run, args=(handler,), daemon=True)
+    worker.start()
+    worker.join(timeout=10)
+    alive = worker.is_alive()
+    if alive:
+        consumer.close()
+    assert not alive, f"run() did not end; attempts so far {attempts}"
+    assert [a for body, a in attempts if body == b"bad"] == [1, 2]
+    assert gave_up == [(b"bad", 3)]
+    assert [body for body, _ in attempts if body != b"bad"] == [b"good", b"last"]
+    stats = consumer.statistics()
+    assert (stats.given_up, stats.requeued, stats.finished) == (1, 2, 3)

@@ -9,11 +9,11 @@ import random
 
 import pytest
 
-from lmq_client._util import split_address
 from lmq_client.admin.bench import LatencyHistogram
-from lmq_client.backoff import Backoff
+from lmq_client.backoff import Backoff, BackoffState
 from lmq_client.errors import NSQError, SubFailedError, error_from_frame
 from lmq_client.rdy import choose_active, even_split, rdy_targets
+from lmqd.net import split_address
 
 
 def test_backoff_exponential_capped_and_jittered() -> None:
@@ -27,6 +27,31 @@ def test_backoff_exponential_capped_and_jittered() -> None:
     assert len(set(delays)) > 100  # actually random
     with pytest.raises(ValueError):
         Backoff(jitter=1.5)
+
+
+def test_backoff_state_pauses_probes_and_steps_down() -> None:
+    """go-nsq's consumer backoff, with ``now`` passed in: exact pause deadlines."""
+    flow = BackoffState(Backoff(base=1.0, max_delay=4.0, jitter=0.0))
+    assert not flow.outcome(0.0, failure=False)  # a success at level 0 changes nothing
+    assert flow.outcome(10.0, failure=True)
+    assert (flow.level, flow.paused_until, flow.probing) == (1, 11.0, False)
+    assert not flow.outcome(10.5, failure=True)  # in flight before the pause: not counted
+    assert not flow.pause_over(10.999) and flow.pause_over(11.0)
+    assert (flow.paused_until, flow.probing) == (None, True)
+    assert flow.outcome(12.0, failure=True)  # the probe failed: level 2, 2 s
+    assert (flow.level, flow.paused_until) == (2, 14.0)
+    assert flow.pause_over(14.0)
+    assert flow.backoff.max_level == 3  # 4 s, the cap, is reached at level 3
+    for now in (15.0, 23.0, 31.0):  # the level stops at 3, the pause at max_delay
+        assert flow.outcome(now, failure=True)
+        assert (flow.level, flow.paused_until) == (3, now + 4.0)
+        assert flow.pause_over(now + 4.0)
+    assert flow.outcome(40.0, failure=False)  # a success steps down and pauses less long
+    assert (flow.level, flow.paused_until) == (2, 42.0)
+    while flow.level:
+        assert flow.pause_over(flow.paused_until or 0.0)
+        assert flow.outcome(100.0, failure=False)
+    assert (flow.paused_until, flow.probing) == (None, False)
 
 
 def test_even_split_adds_up_and_respects_caps() -> None:
