@@ -403,6 +403,32 @@ async def test_ttl_skips_an_expired_backlog_on_disk(
             topic.close()
 
 
+async def test_ttl_dead_letters_an_expired_backlog_on_disk(
+    tmp_path: Path, autojump_clock: trio.abc.Clock
+) -> None:
+    with trio.fail_after(TIMEOUT):
+        sink = DeadLetters()
+        topic = make_topic(tmp_path, sink=sink, mem_queue_size=0, ttl_ms=5000)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(topic.run)
+            channel = topic.get_channel("c")
+            channel.set_policy({"dead_letter_topic": "t.dead"})
+            old = topic.publish([b"old-%d" % k for k in range(300)], trio.current_time())
+            await trio.sleep(9)
+            topic.publish([b"new-%d" % k for k in range(3)], trio.current_time())
+            await trio.sleep(1)
+            client = Client(1, ready=50)
+            client.subscribe(channel)
+            await settle()
+            # Read from the log (not skipped: each is published to the dead-letter topic).
+            assert sorted(m.body for m in client.received) == [b"new-0", b"new-1", b"new-2"]
+            assert client.write_times == [10.0]
+            assert {m.id for m in sink.messages} == {m.id for m in old}
+            assert {reason for *_, reason in sink.got} == {"expired"}
+            assert channel.expired_count == channel.dead_letter_count == 300
+            topic.close()
+
+
 async def test_ttl_holds_across_a_restart(tmp_path: Path, autojump_clock: trio.abc.Clock) -> None:
     with trio.fail_after(TIMEOUT):
         topic = make_topic(tmp_path, ttl_ms=5000)
