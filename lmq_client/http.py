@@ -180,6 +180,22 @@ class HTTPClient:
         body = json.dumps(dict(changes)).encode()
         return self._json(self.request("POST", "/topic/policy", {"topic": topic}, body))
 
+    def channel_policy(
+        self, topic: str, channel: str, changes: Mapping[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """GET (or, with ``changes``, POST) ``/channel/policy`` (lmqd): the channel's policy."""
+        params = {"topic": topic, "channel": channel}
+        if not changes:
+            return self._json(self.request("GET", "/channel/policy", params))
+        body = json.dumps(dict(changes)).encode()
+        return self._json(self.request("POST", "/channel/policy", params, body))
+
+    def channel_redrive(self, topic: str, channel: str, source: str, max_count: int) -> int:
+        """POST ``/channel/redrive`` (lmqd): move up to ``max_count`` dead letters from topic
+        ``source`` back into the channel; how many moved."""
+        params = {"topic": topic, "channel": channel, "from": source, "max": str(max_count)}
+        return int(self._json(self.request("POST", "/channel/redrive", params))["moved"])
+
     def channel_seek(self, topic: str, channel: str, to: str) -> int:
         """POST ``/channel/seek`` (lmqd): move a channel's cursor; the offset it now reads."""
         answer = self._json(

@@ -17,7 +17,9 @@ from typing import Protocol
 import attrs
 import trio
 
-from lmqd.engine.backend import BackendError
+from lmqd.engine.backend import BackendError, Syncable
+from lmqd.engine.channel import Channel
+from lmqd.engine.channel_policy import REDRIVE_CHANNEL
 from lmqd.engine.stores import Stores
 from lmqd.engine.syncer import DurableCallback, Syncer
 from lmqd.engine.topic import Topic
@@ -170,14 +172,14 @@ class Broker:
 
     def metadata(self) -> Metadata:
         """What the metadata file should say now (durable topics and channels, paused flags,
-        topic policies)."""
+        topic and channel policies)."""
         return Metadata(
             tuple(
                 TopicMetadata(
                     t.name,
                     t.paused,
                     tuple(
-                        ChannelMetadata(c.name, c.paused)
+                        ChannelMetadata(c.name, c.paused, tuple(sorted(c.policy_settings.items())))
                         for c in t.channels.values()
                         if not c.ephemeral
                     ),
@@ -222,6 +224,7 @@ class Broker:
                 on_health=self.set_health,
                 on_channel_created=self._channel_created,
                 on_channel_deleted=self._channel_deleted,
+                dead_letter=self._dead_letter,
             )
             self.topics[name] = topic
             log.info("TOPIC(%s): created", name)
@@ -328,6 +331,61 @@ class Broker:
             await done.wait()
             if failure:
                 raise BackendError(f"sync failed: {failure[0]}")
+
+    # -- channel policies: dead letters and redrive ------------------------------------------
+
+    def _dead_letter(
+        self, channel: Channel, messages: Sequence[Message], reason: str
+    ) -> Syncable | None:
+        """A channel's ``DeadLetterSink``: publish copies of ``messages`` (id, body, timestamp
+        and attempts kept) to its dead-letter topic, created if needed with its
+        ``REDRIVE_CHANNEL``. Returns what a durable channel waits for before acknowledging
+        them; raises ``BackendError`` / ``TopicExiting`` having published none."""
+        name = channel.dead_letter_topic
+        topic = self.get_topic(name)
+        topic.get_channel(REDRIVE_CHANNEL)
+        copies = [Message(m.id, m.body, m.timestamp, m.attempts) for m in messages]
+        try:
+            topic.put_many(copies)
+        except BackendError as exc:
+            self.set_health(str(exc))
+            raise
+        log.info(
+            "CHANNEL(%s:%s): %d messages to dead-letter topic %s (%s)",
+            channel.topic_name,
+            channel.name,
+            len(messages),
+            name,
+            reason,
+        )
+        return topic.durable_queue
+
+    def redrive(self, channel: Channel, source: Topic, max_count: int) -> int:
+        """Move up to ``max_count`` ready messages from ``source``'s ``REDRIVE_CHANNEL`` into
+        ``channel`` (attempts reset, see ``Channel.accept_redriven``); returns how many.
+
+        Raises ``KeyError`` if ``source`` has no redrive channel (nothing was ever
+        dead-lettered there), ``BackendError`` if ``channel`` could not store them (then they
+        stay in the dead-letter topic: the redrive channel gets them back at once)."""
+        dead = source.channels[REDRIVE_CHANNEL]
+        now = trio.current_time()
+        taken = dead.take_for_redrive(max_count, now)
+        if not taken:
+            return 0
+        try:
+            stored = channel.accept_redriven(taken, now)
+        except BackendError:
+            dead.put_back(taken)
+            raise
+        dead.redriven(taken, stored)
+        log.info(
+            "CHANNEL(%s:%s): %d messages redriven from %s",
+            channel.topic_name,
+            channel.name,
+            len(taken),
+            source.name,
+        )
+        return len(taken)
 
     # -- statistics --------------------------------------------------------------------------
 

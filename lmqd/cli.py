@@ -119,6 +119,7 @@ class _NsqdCommand(click.Command):
 _METAVARS = {
     Kind.STRING: "TEXT",
     Kind.INT: "INT",
+    Kind.FLOAT: "FLOAT",
     Kind.DURATION: "DURATION",
     Kind.BOOL: "BOOL",
     Kind.STRING_LIST: "TEXT",

@@ -1,7 +1,8 @@
 """Settings: nsqd's flags and config-file keys, their value syntaxes, and the mapping onto Options.
 
 ``SETTINGS`` is the one table of every setting ``lmqd`` accepts (nsqd v1.3.0's flags, the master
-ones, and lmq's ``--durable``, ``--retention-ms``, ``--retention-bytes``): the flag name, the
+ones, and lmq's ``--durable``, ``--retention-ms``, ``--retention-bytes``, ``--ttl-ms`` and the
+channel-policy defaults ``--max-attempts`` ... ``--backoff-jitter``): the flag name, the
 config-file key(s), the value kind, the ``Options`` field it sets, and -- for the settings lmqd
 accepts only so that nsqd command lines and config files keep working -- why it has no effect.
 ``lmqd.cli`` builds its flags from this table and ``docs/operations.md`` documents it;
@@ -37,6 +38,7 @@ from typing import Any
 
 import attrs
 
+from lmqd.names import is_ephemeral, valid_name
 from lmqd.net import split_address
 from lmqd.options import LOG_LEVELS, Options
 
@@ -68,6 +70,7 @@ class Kind(enum.Enum):
 
     STRING = "string"
     INT = "int"
+    FLOAT = "number"
     DURATION = "duration"  # -> float seconds
     BOOL = "bool"
     STRING_LIST = "string list"  # repeatable flag; list (or comma string) in a config file
@@ -172,6 +175,22 @@ SETTINGS: tuple[Setting, ...] = (
             "[lmq] keep a topic's log this many ms after every channel passed it (0: no)"),
     Setting("retention-bytes", Kind.INT, "retention_bytes",
             "[lmq] keep up to this many bytes of a topic's log every channel passed (0: no)"),
+    Setting("ttl-ms", Kind.INT, "ttl_ms",
+            "[lmq] default topic TTL: drop or dead-letter messages not delivered within this "
+            "many ms of their publish (0: no TTL)"),
+    # -- channel policies (lmq): every channel's defaults; /channel/policy overrides them
+    Setting("max-attempts", Kind.INT, "max_attempts",
+            "[lmq] deliveries after which a message that comes back is dead-lettered or "
+            "dropped (0: unlimited)"),
+    Setting("dead-letter-topic", Kind.STRING, "dead_letter_topic",
+            "[lmq] topic for messages out of attempts or expired (empty: drop and count)"),
+    Setting("backoff-ms", Kind.INT, "backoff_ms",
+            "[lmq] server-side delay before retrying a timed-out or REQ 0 message, doubling "
+            "with each attempt (0: none)"),
+    Setting("backoff-max-ms", Kind.INT, "backoff_max_ms",
+            "[lmq] cap of that delay (0: one hour)"),
+    Setting("backoff-jitter", Kind.FLOAT, "backoff_jitter",
+            "[lmq] fraction of the delay taken off at random, 0 to 1"),
     Setting("queue-scan-worker-pool-max", Kind.INT, "queue_scan_worker_pool_max",
             "max concurrency for checking in-flight and deferred timeouts", inert=_NO_SCAN),
     Setting("queue-scan-selection-count", Kind.INT, "queue_scan_selection_count",
@@ -409,6 +428,17 @@ def _parse_tls_min_version(text: str) -> str:
     return lowered
 
 
+def _parse_float(text: str) -> float:
+    # Go's strconv.ParseFloat spellings that matter here; nan and inf are no setting.
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError("not a number") from None
+    if value != value or value in (float("inf"), float("-inf")):
+        raise ValueError("not a finite number")
+    return value
+
+
 def _parse_floats(text: str) -> list[float]:
     try:
         return [float(part) for part in text.split(",")]
@@ -419,6 +449,7 @@ def _parse_floats(text: str) -> list[float]:
 _SCALAR_PARSERS: dict[Kind, Callable[[str], Any]] = {
     Kind.STRING: str,
     Kind.INT: parse_int,
+    Kind.FLOAT: _parse_float,
     Kind.DURATION: parse_duration,
     Kind.BOOL: parse_bool,
     Kind.LOG_LEVEL: _parse_log_level,
@@ -463,6 +494,8 @@ def _from_config(setting: Setting, raw: object) -> Any:
         raise ValueError('want a duration string such as "1m30s", or integer milliseconds')
     if kind is Kind.INT and isinstance(raw, int) and not isinstance(raw, bool):
         return raw
+    if kind is Kind.FLOAT and isinstance(raw, int | float) and not isinstance(raw, bool):
+        return _parse_float(str(float(raw)))
     if kind in BOOL_KINDS and isinstance(raw, bool):
         return raw if kind is Kind.BOOL else ("true" if raw else "false")
     if isinstance(raw, str):
@@ -594,5 +627,9 @@ def _check_nsqd_rules(options: Options) -> None:
                 raise ConfigError(f"--{flag}: {exc}") from None
     if options.tls_required != "false" and not (options.tls_cert and options.tls_key):
         raise ConfigError("cannot require TLS client connections without TLS key and cert")
+    if options.dead_letter_topic and (
+        not valid_name(options.dead_letter_topic) or is_ephemeral(options.dead_letter_topic)
+    ):
+        raise ConfigError("--dead-letter-topic must be a valid, non-ephemeral topic name")
     if options.auth_http_request_method not in ("get", "post"):
         raise ConfigError("--auth-http-request-method must be post or get")

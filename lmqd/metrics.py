@@ -27,6 +27,10 @@ lmqd_channel_messages_total (put into the channel)    counter   topic, channel
 lmqd_channel_requeues_total / _timeouts_total         counter   topic, channel
 lmqd_channel_e2e_processing_latency_seconds           gauge     topic, channel, quantile
 lmqd_channel_e2e_processing_latency_samples           gauge     topic, channel
+lmqd_topic_dead_lettered_total / _expired_total       counter   topic
+lmqd_topic_max_attempts_dropped_total                 counter   topic
+lmqd_channel_dead_lettered_total / _expired_total     counter   topic, channel
+lmqd_channel_max_attempts_dropped_total               counter   topic, channel
 lmqd_client_delivered_messages_total                  counter   topic, channel, client
 lmqd_client_finished_messages_total                   counter   topic, channel, client
 lmqd_client_requeued_messages_total                   counter   topic, channel, client
@@ -50,6 +54,12 @@ per channel store on disk: ``channel=""`` for a topic's log (every channel's mes
 once), and a channel's series sums its own store and its ``#deferred`` store once open
 (``Channel.disk_queues``; a channel that never needed either has no series). Ephemeral topics
 and channels (no files) have no series.
+
+The channel-policy counters (``lmqd.engine.channel_policy``): ``dead_lettered`` counts messages
+published to the channel's dead-letter topic (expired or out of attempts), ``expired`` those not
+delivered within the topic's ``ttl_ms`` (dead-lettered or dropped), ``max_attempts_dropped``
+those out of attempts with no dead-letter topic to go to; a topic's series are the sums over its
+channels.
 
 The registry also carries prometheus-client's standard ``process_*``, ``python_gc_*`` and
 ``python_info`` collectors.
@@ -109,6 +119,7 @@ class LmqCollector(Collector):
         yield from self._daemon_metrics(broker, topics)
         yield from self._topic_metrics(topics)
         yield from self._channel_metrics(topics)
+        yield from _policy_metrics(topics)
         yield from self._client_metrics(topics, producers)
         yield from _sync_metrics(broker.syncer.statistics())
         yield _disk_bytes(broker)
@@ -206,6 +217,27 @@ class LmqCollector(Collector):
             for count in p.pub_counts:
                 published.add_metric([p.client_id, p.remote_address, count.topic], count.count)
         yield from (delivered, finished, requeued, in_flight, ready, published)
+
+
+def _policy_metrics(topics: list[TopicStats]) -> Iterator[Metric]:
+    for level, labels in (("topic", _TOPIC), ("channel", _CHANNEL)):
+        dead = _counter(f"lmqd_{level}_dead_lettered",
+                        "messages published to the dead-letter topic", labels)
+        expired = _counter(f"lmqd_{level}_expired",
+                           "messages not delivered within the topic's ttl_ms", labels)
+        dropped = _counter(f"lmqd_{level}_max_attempts_dropped",
+                           "messages out of attempts dropped (no dead-letter topic)", labels)
+        for t in topics:
+            rows: Iterable[tuple[list[str], TopicStats | ChannelStats]] = (
+                [([t.topic_name], t)]
+                if level == "topic"
+                else [([t.topic_name, c.channel_name], c) for c in t.channels]
+            )
+            for key, stats in rows:
+                dead.add_metric(key, stats.dead_letter_count)
+                expired.add_metric(key, stats.expired_count)
+                dropped.add_metric(key, stats.max_attempts_dropped_count)
+        yield from (dead, expired, dropped)
 
 
 def _sync_metrics(stats: SyncerStats) -> Iterator[Metric]:

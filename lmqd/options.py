@@ -41,6 +41,14 @@ def _port(instance: Any, attribute: attrs.Attribute[Any], value: int) -> None:
         raise ValueError(f"--{attribute.name.replace('_', '-')} must be [0,65535]")
 
 
+MAX_ATTEMPTS = 65535
+"""The largest ``max_attempts`` (channel policy, ``--max-attempts``): the wire carries a
+message's attempts as a uint16 (nsqd's frame), so a larger limit could never be seen reached."""
+
+MAX_BACKOFF_MS = 3_600_000
+"""The largest ``backoff_ms``/``backoff_max_ms``, and the cap when ``backoff_max_ms`` is 0: one
+hour, nsqd's default ``--max-req-timeout`` (the longest delay a client may give a ``REQ``)."""
+
 LOG_LEVELS = ("debug", "info", "warn", "error", "fatal")
 """``--log-level`` names, nsqd's (``internal/lg``), in order: DEBUG = 1 ... FATAL = 5."""
 
@@ -81,6 +89,23 @@ class Options:
     retention_bytes: int = attrs.field(default=0, validator=_non_negative)
     """lmq extension: keep such segments while they and the newer ones take at most this many
     bytes (0: no size retention)."""
+    ttl_ms: int = attrs.field(default=0, validator=_non_negative)
+    """lmq extension: the default of a topic's ``ttl_ms`` policy: a message not delivered within
+    this many ms of its publish is dropped or dead-lettered (0: no TTL)."""
+
+    # -- channel policies (lmq; ``lmqd.engine.channel_policy``), the defaults of every channel
+    max_attempts: int = attrs.field(default=0, validator=_non_negative)
+    """Deliveries after which a message that comes back is dead-lettered or dropped (0: no
+    limit, nsqd)."""
+    dead_letter_topic: str = ""
+    """Where such messages go ("": dropped and counted); ``lmqd.config`` checks the name."""
+    backoff_ms: int = attrs.field(default=0, validator=_non_negative)
+    """Server-side delay before a timed-out or ``REQ 0`` message is retried, doubling with each
+    attempt (0: none, nsqd)."""
+    backoff_max_ms: int = attrs.field(default=0, validator=_non_negative)
+    """The cap of that delay (0: ``MAX_BACKOFF_MS``, an hour)."""
+    backoff_jitter: float = attrs.field(default=0.0)
+    """Fraction of the delay taken off at random, 0 to 1."""
 
     # -- messages
     msg_timeout: float = attrs.field(default=60.0, validator=_positive)
@@ -130,6 +155,22 @@ class Options:
     http_client_request_timeout: float = 5.0
     queue_scan_worker_pool_max: int = 4
     queue_scan_selection_count: int = 20
+
+    @max_attempts.validator
+    def _check_max_attempts(self, attribute: attrs.Attribute[int], value: int) -> None:
+        if not 0 <= value <= MAX_ATTEMPTS:
+            raise ValueError(f"--max-attempts must be [0,{MAX_ATTEMPTS}]")
+
+    @backoff_ms.validator
+    @backoff_max_ms.validator
+    def _check_backoff(self, attribute: attrs.Attribute[int], value: int) -> None:
+        if not 0 <= value <= MAX_BACKOFF_MS:
+            raise ValueError(f"--{attribute.name.replace('_', '-')} must be [0,{MAX_BACKOFF_MS}]")
+
+    @backoff_jitter.validator
+    def _check_backoff_jitter(self, attribute: attrs.Attribute[float], value: float) -> None:
+        if not 0 <= value <= 1:
+            raise ValueError("--backoff-jitter must be [0,1]")
 
     @max_deflate_level.validator
     def _check_deflate_level(self, attribute: attrs.Attribute[int], value: int) -> None:

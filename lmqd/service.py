@@ -32,7 +32,9 @@ from functools import partial
 import trio
 
 from lmqd.broker import BoundAddresses, Broker
+from lmqd.engine import channel_policy
 from lmqd.engine.backend import BackendError
+from lmqd.engine.channel import Channel
 from lmqd.engine.policy import PolicyError, parse_update
 from lmqd.engine.stores import queues_to_open, restore_plan, stored_queue_names
 from lmqd.engine.topic import Topic
@@ -134,6 +136,7 @@ class LmqDaemon:
                     continue
                 channel = topic.get_channel(c.name)
                 channel.paused = c.paused
+                _restore_channel_policy(channel, c.policy)
             _restore_log_channels(topic)
         stores.close_unclaimed()
         log.info(
@@ -277,6 +280,24 @@ def _restore_policy(topic: Topic, stored: Sequence[tuple[str, int]]) -> None:
         topic.set_policy(changes)
     except BackendError as exc:
         log.error("TOPIC(%s): applying its policy: %s", topic.name, exc)
+
+
+def _restore_channel_policy(
+    channel: Channel, stored: Sequence[tuple[str, channel_policy.PolicyValue]]
+) -> None:
+    """The channel's own policy keys from the metadata file, all or none (a key this build
+    does not know, or a bad value, is logged and the channel keeps the daemon's defaults)."""
+    if not stored:
+        return
+    try:
+        channel.set_policy(channel_policy.parse_update(dict(stored)))
+    except PolicyError as exc:
+        log.error(
+            "CHANNEL(%s:%s): policy in the metadata file not applied: %s",
+            channel.topic_name,
+            channel.name,
+            exc,
+        )
 
 
 def _restore_log_channels(topic: Topic) -> None:

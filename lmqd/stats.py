@@ -141,6 +141,13 @@ class ChannelStats:
     """None when the caller asked for no clients (``client_count`` is still filled in)."""
     paused: bool
     e2e_processing_latency: E2eLatency = NO_E2E_LATENCY
+    # lmq's channel policies (lmqd.engine.channel_policy), after nsqd's fields:
+    dead_letter_count: int = 0
+    """Messages published to the channel's dead-letter topic (expired or out of attempts)."""
+    expired_count: int = 0
+    """Messages not delivered within the topic's ``ttl_ms`` (dead-lettered or dropped)."""
+    max_attempts_dropped_count: int = 0
+    """Messages out of attempts dropped for want of a dead-letter topic."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -156,6 +163,9 @@ class ChannelStats:
             "clients": None if self.clients is None else [c.to_dict() for c in self.clients],
             "paused": self.paused,
             "e2e_processing_latency": self.e2e_processing_latency.to_dict(),
+            "dead_letter_count": self.dead_letter_count,
+            "expired_count": self.expired_count,
+            "max_attempts_dropped_count": self.max_attempts_dropped_count,
         }
 
 
@@ -172,6 +182,19 @@ class TopicStats:
     paused: bool
     e2e_processing_latency: E2eLatency = NO_E2E_LATENCY
 
+    # lmq's channel policies: the sums over the topic's channels.
+    @property
+    def dead_letter_count(self) -> int:
+        return sum(c.dead_letter_count for c in self.channels)
+
+    @property
+    def expired_count(self) -> int:
+        return sum(c.expired_count for c in self.channels)
+
+    @property
+    def max_attempts_dropped_count(self) -> int:
+        return sum(c.max_attempts_dropped_count for c in self.channels)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "topic_name": self.topic_name,
@@ -182,4 +205,7 @@ class TopicStats:
             "message_bytes": self.message_bytes,
             "paused": self.paused,
             "e2e_processing_latency": self.e2e_processing_latency.to_dict(),
+            "dead_letter_count": self.dead_letter_count,
+            "expired_count": self.expired_count,
+            "max_attempts_dropped_count": self.max_attempts_dropped_count,
         }

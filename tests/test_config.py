@@ -431,6 +431,7 @@ def test_setting_kinds_match_options_types() -> None:
     want = {
         Kind.STRING: str,
         Kind.INT: int,
+        Kind.FLOAT: float,
         Kind.DURATION: float,
         Kind.BOOL: bool,
         Kind.STRING_LIST: tuple,

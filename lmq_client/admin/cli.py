@@ -424,6 +424,9 @@ def _split_unit(text: str) -> tuple[float | None, str]:
               help="policy: keep the log this long after every channel passed it (7d, 12h, 0).")
 @click.option("--retention-bytes", metavar="SIZE", callback=_retention_bytes,
               help="policy: keep up to this much of the log every channel passed (10GB, 0).")
+@click.option("--ttl", metavar="DURATION", callback=_retention_ms,
+              help="policy: dead-letter or drop messages not delivered this long after their "
+                   "publish (1h, 30m, 0).")
 @json_option
 @click.pass_obj
 @handle_errors
@@ -433,16 +436,19 @@ def topic(
     topic: str,
     retention: int | None,
     retention_bytes: int | None,
+    ttl: int | None,
 ) -> None:
     """create | delete | empty | pause | unpause a topic, on every daemon; policy shows or sets
     a topic's policy (lmqd)."""
     changes = {
         key: value
-        for key, value in (("retention_ms", retention), ("retention_bytes", retention_bytes))
+        for key, value in (
+            ("retention_ms", retention), ("retention_bytes", retention_bytes), ("ttl_ms", ttl)
+        )
         if value is not None
     }
     if changes and action != "policy":
-        raise click.UsageError("--retention and --retention-bytes go with policy")
+        raise click.UsageError("--retention, --retention-bytes and --ttl go with policy")
     # With lookupds: create on every node, anything else on the nodes that have the topic.
     addresses = settings.http_addresses(None if action == "create" else topic)
     _require_nodes(addresses, topic)
@@ -486,27 +492,87 @@ def _on_lookupds(settings: Settings, path: str, params: dict[str, str]) -> None:
 POSITION_HELP = "earliest, latest, an RFC 3339 time, Unix milliseconds or offset:N (lmqd)."
 
 
+def _jitter(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
+    if value is not None and not 0 <= value <= 1:
+        raise click.BadParameter(f"{value}: a fraction from 0 to 1")
+    return value
+
+
+REDRIVE_CALL_MAX = 10_000
+"""What one ``/channel/redrive`` call moves at most (lmqd's ``MAX_REDRIVE``): without ``--max``
+lmqadmin calls again until a call moves fewer."""
+
+
 @cli.command()
-@click.argument("action", type=click.Choice((*ACTIONS, "seek")))
+@click.argument("action", type=click.Choice((*ACTIONS, "seek", "policy", "redrive")))
 @click.argument("topic", callback=_name("topic"))
 @click.argument("channel", callback=_name("channel"))
 @click.option("--from", "start", metavar="POS",
-              help=f"create: where the channel starts reading: {POSITION_HELP}")
+              help=f"create: where the channel starts reading: {POSITION_HELP} "
+                   "redrive: the dead-letter topic to move messages back from.")
 @click.option("--to", metavar="POS",
               help=f"seek: where the channel reads from next: {POSITION_HELP}")
+@click.option("--max", "max_count", type=click.IntRange(min=1), metavar="N",
+              help="redrive: move at most this many messages (default: all).")
+@click.option("--max-attempts", type=click.IntRange(0, 65535), metavar="N",
+              help="policy: deliveries before a message is dead-lettered or dropped (0: no limit).")
+@click.option("--dead-letter-topic", metavar="TOPIC",
+              help='policy: where such messages go ("" : drop them).')
+@click.option("--backoff", metavar="DURATION", callback=_retention_ms,
+              help="policy: server-side delay before retrying a timeout or REQ 0, doubling per "
+                   "attempt (1s, 500ms, 0).")
+@click.option("--backoff-max", metavar="DURATION", callback=_retention_ms,
+              help="policy: the cap of that delay (1m; 0: one hour).")
+@click.option("--backoff-jitter", type=float, metavar="FRACTION", callback=_jitter,
+              help="policy: fraction of the delay taken off at random, 0 to 1.")
 @json_option
 @click.pass_obj
 @handle_errors
 def channel(
-    settings: Settings, action: str, topic: str, channel: str, start: str | None, to: str | None
+    settings: Settings,
+    action: str,
+    topic: str,
+    channel: str,
+    start: str | None,
+    to: str | None,
+    max_count: int | None,
+    max_attempts: int | None,
+    dead_letter_topic: str | None,
+    backoff: int | None,
+    backoff_max: int | None,
+    backoff_jitter: float | None,
 ) -> None:
-    """create | delete | empty | pause | unpause | seek a channel, on every daemon."""
-    if start is not None and action != "create":
-        raise click.UsageError("--from goes with create")
+    """create | delete | empty | pause | unpause | seek a channel, on every daemon; policy shows
+    or sets a channel's policy, redrive moves dead letters back into it (lmqd)."""
+    changes = {
+        key: value
+        for key, value in (
+            ("max_attempts", max_attempts), ("dead_letter_topic", dead_letter_topic),
+            ("backoff_ms", backoff), ("backoff_max_ms", backoff_max),
+            ("backoff_jitter", backoff_jitter),
+        )
+        if value is not None
+    }
+    if changes and action != "policy":
+        raise click.UsageError(
+            "--max-attempts, --dead-letter-topic and --backoff* go with policy"
+        )
+    if start is not None and action not in ("create", "redrive"):
+        raise click.UsageError("--from goes with create or redrive")
     if (to is not None) != (action == "seek"):
         raise click.UsageError("seek needs --to (and only seek takes it)")
+    if (max_count is not None) and action != "redrive":
+        raise click.UsageError("--max goes with redrive")
     addresses = settings.http_addresses(topic)
     _require_nodes(addresses, topic)
+    if action == "policy":
+        _channel_policy(settings, addresses, topic, channel, changes)
+        return
+    if action == "redrive":
+        if start is None:
+            raise click.UsageError("redrive needs --from DEAD_LETTER_TOPIC")
+        _channel_redrive(settings, addresses, topic, channel, start, max_count)
+        return
     offsets: dict[str, int] = {}
     for address in addresses:
         client = HTTPClient(address, timeout=settings.timeout)
@@ -527,6 +593,48 @@ def channel(
         if to is not None:
             result["offsets"] = offsets
         _emit_json(result)
+
+
+def _channel_policy(
+    settings: Settings, addresses: list[str], topic: str, channel: str, changes: dict[str, Any]
+) -> None:
+    policies = {}
+    for address in addresses:
+        client = HTTPClient(address, timeout=settings.timeout)
+        policies[address] = policy = client.channel_policy(topic, channel, changes)
+        if not settings.as_json:
+            shown = ", ".join(f"{k}={v}" for k, v in policy.items())
+            click.echo(f"channel {topic}/{channel} on {address}: {shown}")
+    if settings.as_json:
+        _emit_json({"topic": topic, "channel": channel, "policies": policies})
+
+
+def _channel_redrive(
+    settings: Settings,
+    addresses: list[str],
+    topic: str,
+    channel: str,
+    source: str,
+    max_count: int | None,
+) -> None:
+    moved: dict[str, int] = {}
+    for address in addresses:
+        client = HTTPClient(address, timeout=settings.timeout)
+        total = 0
+        while max_count is None or total < max_count:
+            left = REDRIVE_CALL_MAX if max_count is None else max_count - total
+            want = min(REDRIVE_CALL_MAX, left)
+            got = client.channel_redrive(topic, channel, source, want)
+            total += got
+            if got < want:
+                break
+        moved[address] = total
+        if not settings.as_json:
+            click.echo(
+                f"redrove {total} messages from {source} into {topic}/{channel} on {address}"
+            )
+    if settings.as_json:
+        _emit_json({"topic": topic, "channel": channel, "from": source, "moved": moved})
 
 
 # -- pub ---------------------------------------------------------------------------------------

@@ -30,6 +30,10 @@ _COUNTS = (
     "requeue_count",
     "timeout_count",
     "client_count",
+    # lmqd's channel-policy counters (a topic's are its channels' sums; 0 from nsqd)
+    "dead_letter_count",
+    "expired_count",
+    "max_attempts_dropped_count",
 )
 
 
@@ -149,7 +153,7 @@ def _e2e_text(e2e: Mapping[float, float]) -> str:
 
 
 _HEADERS = ("depth", "mem", "disk", "in-flight", "deferred", "requeued", "timed out",
-            "messages", "rate/s", "clients")  # fmt: skip
+            "messages", "rate/s", "clients", "dead-lettered", "expired", "dropped")  # fmt: skip
 
 
 def _cells(row: Row) -> list[str]:
@@ -165,6 +169,9 @@ def _cells(row: Row) -> list[str]:
         str(c["message_count"]),
         "-" if row.rate is None else f"{row.rate:.1f}",
         str(c["client_count"]),
+        str(c["dead_letter_count"]),
+        str(c["expired_count"]),
+        str(c["max_attempts_dropped_count"]),
         _e2e_text(row.e2e),
     ]
 

@@ -248,6 +248,29 @@ class ChannelCursor:
             lc.seek(stream.log_target(position), keep_unsettled=keep)
         return position
 
+    def skip_older_than(self, ts_ns: int) -> int:
+        """Step over the messages in the log, from the position on, published before
+        ``ts_ns`` (expired: the topic's ``ttl_ms``), found by the log's time index without
+        reading them; returns how many (deferred ones, which the pump pushed, not counted).
+
+        The index finds the first message at or after ``ts_ns`` in offset order, so every
+        message below it is older even if the wall clock stepped back. Only the log: the memory
+        tail is checked message by message as the channel takes it.
+        """
+        stream = self.stream
+        log = stream.log
+        pos = self.position
+        if log is None or pos >= stream.tail.start:
+            return 0
+        end = min(log.offset_for_time(ts_ns), stream.tail.start, stream.pumped)
+        if end <= pos:
+            return 0
+        n = end - pos - stream.deferred_between(max(pos, self.replay_until), end)
+        for start, stop in self._skips:
+            n -= max(min(stop, end) - max(start, pos), 0)
+        self.position = end  # the log cursor follows at the next read (keeping the unsettled)
+        return max(n, 0)
+
     def skip(self, start: int, end: int) -> None:
         """The topic dropped ``[start, end)`` (topic empty); ``start`` is at or after the
         position."""

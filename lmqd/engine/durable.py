@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from functools import partial
 
-from lmqd.engine.backend import StoredQueue
+from lmqd.engine.backend import StoredQueue, Syncable
 from lmqd.engine.cursor import ChannelCursor
 from lmqd.engine.syncer import Syncer
 from lmqd.message import Message
@@ -96,8 +96,9 @@ class DurableAcks:
         if queue.ack_messages(messages) and self._syncer is not None:
             self._syncer.note_dirty(queue)
 
-    def ack_when_copied(self, originals: Sequence[Message], queue: StoredQueue | None) -> None:
-        """Acknowledge ``originals`` once their copies, written to ``queue``, are fsynced."""
+    def ack_when_copied(self, originals: Sequence[Message], queue: Syncable | None) -> None:
+        """Acknowledge ``originals`` once their copies, written to ``queue`` (a store of the
+        channel's, or another topic's log: a dead letter, a redrive), are fsynced."""
         if self._syncer is None or queue is None:
             self.ack(originals)
             return

@@ -8,7 +8,11 @@ log segment is deleted once every channel has passed it. Today's keys are retent
 * ``retention_bytes``: keep passed segments while they and the newer ones take at most this
   many bytes.
 
-0 means "no retention by this measure" (retention only ever keeps more, so 0 keeps nothing
+* ``ttl_ms``: a message not delivered within this many ms of its publish timestamp is not
+  delivered any more: each channel dead-letters it (its ``dead_letter_topic``,
+  ``lmqd.engine.channel_policy``) or drops it, and counts it (``expired_count``).
+
+0 means "no retention by this measure", "no TTL" (retention only ever keeps more, so 0 keeps nothing
 extra). The daemon's ``--retention-ms`` / ``--retention-bytes`` are the defaults; a topic's own
 settings (``POST /topic/policy``, persisted with the metadata) override them key by key. A topic
 with any retention writes every message to its log (the memory tail would let messages every
@@ -29,7 +33,7 @@ from lmqd.options import Options
 
 __all__ = ["MAX_POLICY_VALUE", "POLICY_KEYS", "PolicyError", "TopicPolicy", "parse_update"]
 
-POLICY_KEYS = ("retention_ms", "retention_bytes")
+POLICY_KEYS = ("retention_ms", "retention_bytes", "ttl_ms")
 
 MAX_POLICY_VALUE = 2**63 - 1
 """The largest value a key takes (Go's int64, as every other lmqd/nsqd integer setting)."""
@@ -45,6 +49,7 @@ class TopicPolicy:
 
     retention_ms: int = 0
     retention_bytes: int = 0
+    ttl_ms: int = 0
 
     @classmethod
     def effective(cls, options: Options, settings: Mapping[str, int]) -> TopicPolicy:
@@ -52,6 +57,7 @@ class TopicPolicy:
         return cls(
             retention_ms=settings.get("retention_ms", options.retention_ms),
             retention_bytes=settings.get("retention_bytes", options.retention_bytes),
+            ttl_ms=settings.get("ttl_ms", options.ttl_ms),
         )
 
     @property
@@ -60,7 +66,11 @@ class TopicPolicy:
         return bool(self.retention_ms or self.retention_bytes)
 
     def to_dict(self) -> dict[str, int]:
-        return {"retention_ms": self.retention_ms, "retention_bytes": self.retention_bytes}
+        return {
+            "retention_ms": self.retention_ms,
+            "retention_bytes": self.retention_bytes,
+            "ttl_ms": self.ttl_ms,
+        }
 
 
 def parse_update(doc: Any) -> dict[str, int]:

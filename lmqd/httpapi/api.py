@@ -41,6 +41,7 @@ from lmqd.httpapi.asgi import (
     go_json,
     json_response,
 )
+from lmqd.httpapi.channel_policy import ChannelPolicyApi
 from lmqd.httpapi.config_api import get_option, put_option
 from lmqd.httpapi.policy import PolicyApi
 from lmqd.httpapi.replay import ReplayApi
@@ -117,6 +118,11 @@ class HttpApi(AsgiApp):
         self.policy = PolicyApi(broker)  # lmq's topic policies (policy.py)
         add("GET", "/topic/policy", self.policy.topic_policy)
         add("POST", "/topic/policy", self.policy.topic_policy)
+        # lmq's channel policies and redrive (channel_policy.py)
+        self.channel_policy = ChannelPolicyApi(broker, self._existing_channel)
+        add("GET", "/channel/policy", self.channel_policy.channel_policy)
+        add("POST", "/channel/policy", self.channel_policy.channel_policy)
+        add("POST", "/channel/redrive", self.channel_policy.channel_redrive)
         add("GET", "/config/:opt", self.config)
         add("PUT", "/config/:opt", self.config)
         add("POST", "/debug/freememory", self.free_memory)

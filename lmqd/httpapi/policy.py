@@ -16,7 +16,7 @@ policy is set; the memory is written with the next publish).
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from lmqd.engine.backend import BackendError
 from lmqd.engine.policy import PolicyError, parse_update
@@ -29,10 +29,24 @@ from lmqd.units import KiB
 if TYPE_CHECKING:
     from lmqd.broker import Broker
 
-__all__ = ["MAX_POLICY_BODY", "PolicyApi"]
+__all__ = ["MAX_POLICY_BODY", "PolicyApi", "read_policy_body"]
 
 MAX_POLICY_BODY = 64 * KiB
 """A policy object is a few keys: anything much larger is not one (bounded like every read)."""
+
+
+async def read_policy_body(request: Request) -> Any:
+    """A policy ``POST``'s body as parsed JSON (413 / 400 ``INVALID_POLICY: ...`` if too large
+    or not JSON); topic and channel policies alike."""
+    if request.content_length is not None and request.content_length > MAX_POLICY_BODY:
+        raise HttpError(413, "INVALID_POLICY: body too large")
+    body = await request.read_body(MAX_POLICY_BODY + 1)
+    if len(body) > MAX_POLICY_BODY:
+        raise HttpError(413, "INVALID_POLICY: body too large")
+    try:
+        return json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise HttpError(400, "INVALID_POLICY: the body is not JSON") from None
 
 
 class PolicyApi:
@@ -59,15 +73,9 @@ class PolicyApi:
     async def topic_policy(self, request: Request) -> Response:
         topic = self._topic(request)
         if request.method == "POST":
-            if request.content_length is not None and request.content_length > MAX_POLICY_BODY:
-                raise HttpError(413, "INVALID_POLICY: body too large")
-            body = await request.read_body(MAX_POLICY_BODY + 1)
-            if len(body) > MAX_POLICY_BODY:
-                raise HttpError(413, "INVALID_POLICY: body too large")
+            doc = await read_policy_body(request)
             try:
-                changes = parse_update(json.loads(body))
-            except (UnicodeDecodeError, json.JSONDecodeError):
-                raise HttpError(400, "INVALID_POLICY: the body is not JSON") from None
+                changes = parse_update(doc)
             except PolicyError as exc:
                 raise HttpError(400, f"INVALID_POLICY: {exc}") from None
             try:

@@ -7,7 +7,8 @@ JSON shape so that the same tools can read it::
      "version":"0.1.0"}
 
 A topic with a policy of its own (lmq) also has ``"policy": {"retention_ms": 86400000}``, a key
-nsqd ignores.
+nsqd ignores; so has a channel with one (``"policy": {"max_attempts": 5, "dead_letter_topic":
+"orders.dead", "backoff_jitter": 0.2}``: integers, numbers and strings).
 
 It is replaced atomically (temp -> fsync -> rename -> fsync the directory). Ephemeral names
 (``#ephemeral``, ``#tmp``) are never written. A damaged file does not stop the daemon: it is
@@ -41,12 +42,18 @@ def is_durable_name(name: str) -> bool:
     return valid_name(name) and not is_ephemeral(name)
 
 
+PolicyPairs = tuple[tuple[str, int | float | str], ...]
+"""A channel's own policy keys, sorted (``lmqd.engine.channel_policy`` checks them)."""
+
+
 @attrs.frozen
 class ChannelMetadata:
     """One durable channel."""
 
     name: str
     paused: bool = False
+    policy: PolicyPairs = ()
+    """lmq: the channel's own policy keys, sorted; written only when set."""
 
 
 @attrs.frozen
@@ -80,11 +87,14 @@ def encode_metadata(metadata: Metadata) -> bytes:
     for topic in metadata.topics:
         if not _storable(topic.name, "topic"):
             continue
-        channels = [
-            {"name": c.name, "paused": c.paused}
-            for c in topic.channels
-            if _storable(c.name, f"channel of {topic.name}")
-        ]
+        channels = []
+        for c in topic.channels:
+            if not _storable(c.name, f"channel of {topic.name}"):
+                continue
+            channel: dict[str, Any] = {"name": c.name, "paused": c.paused}
+            if c.policy:
+                channel["policy"] = dict(c.policy)
+            channels.append(channel)
         entry: dict[str, Any] = {"name": topic.name, "paused": topic.paused, "channels": channels}
         if topic.policy:
             entry["policy"] = dict(topic.policy)
@@ -117,7 +127,28 @@ def _parse_channel(raw: Any, topic: str) -> ChannelMetadata | None:
     if not is_durable_name(name):
         log.warning("METADATA: skipping channel %r of topic %s (not a durable name)", name, topic)
         return None
-    return ChannelMetadata(name, raw.get("paused") is True)
+    return ChannelMetadata(
+        name, raw.get("paused") is True, _parse_channel_policy(raw.get("policy"), topic, name)
+    )
+
+
+def _parse_channel_policy(raw: Any, topic: str, channel: str) -> PolicyPairs:
+    """A channel's policy keys: a JSON object of integers, numbers and strings (the engine
+    checks keys and ranges); anything else is skipped (logged), the rest of the file loads."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, dict):
+        log.warning(
+            "METADATA: skipping the policy of channel %s:%s (not an object)", topic, channel
+        )
+        return ()
+    pairs: list[tuple[str, int | float | str]] = []
+    for key, value in raw.items():
+        if isinstance(key, str) and type(value) in (int, float, str):
+            pairs.append((key, value))
+        else:
+            log.warning("METADATA: skipping policy key %r of channel %s:%s", key, topic, channel)
+    return tuple(sorted(pairs))
 
 
 def _parse_topic(raw: Any) -> TopicMetadata | None:

@@ -83,8 +83,8 @@ async def consume_all(topic: Topic, count: int, client_id: int = 1) -> None:
 
 
 def test_policy_updates_are_checked_whole() -> None:
-    assert parse_update({"retention_ms": 5, "retention_bytes": 0}) == {
-        "retention_ms": 5, "retention_bytes": 0,
+    assert parse_update({"retention_ms": 5, "retention_bytes": 0, "ttl_ms": 9}) == {
+        "retention_ms": 5, "retention_bytes": 0, "ttl_ms": 9,
     }
     for bad, message in (
         ([], "must be a JSON object"),
@@ -94,12 +94,13 @@ def test_policy_updates_are_checked_whole() -> None:
         ({"retention_bytes": True}, "retention_bytes must be an integer"),
         ({"retention_bytes": "5"}, "retention_bytes must be an integer"),
         ({"retention_ms": 2**63}, "retention_ms must be an integer"),
+        ({"ttl_ms": -1}, "ttl_ms must be an integer"),
     ):
         with pytest.raises(PolicyError, match=message):
             parse_update(bad)
     options = Options(retention_ms=7, retention_bytes=9)
     assert TopicPolicy.effective(options, {"retention_bytes": 0}).to_dict() == {
-        "retention_ms": 7, "retention_bytes": 0,
+        "retention_ms": 7, "retention_bytes": 0, "ttl_ms": 0,
     }
 
 
@@ -133,7 +134,7 @@ async def test_time_retention_keeps_passed_segments_exactly_that_long(
         assert segments(tmp_path) == 1
         # A topic's own policy overrides the default; 0 is "no retention".
         topic.set_policy({"retention_ms": 0})
-        assert topic.policy.to_dict() == {"retention_ms": 0, "retention_bytes": 0}
+        assert topic.policy.to_dict() == {"retention_ms": 0, "retention_bytes": 0, "ttl_ms": 0}
         topic.close()
 
 

@@ -24,11 +24,13 @@ from tests.support.wire import OK, Wire
 TIMEOUT = 15.0
 
 TOP_KEYS = ["version", "health", "start_time", "topics", "memory", "producers"]
+# lmq's policy counters come after nsqd's fields (whose order and names are unchanged).
+POLICY_KEYS = ["dead_letter_count", "expired_count", "max_attempts_dropped_count"]
 TOPIC_KEYS = ["topic_name", "channels", "depth", "backend_depth", "message_count",
-              "message_bytes", "paused", "e2e_processing_latency"]
+              "message_bytes", "paused", "e2e_processing_latency", *POLICY_KEYS]
 CHANNEL_KEYS = ["channel_name", "depth", "backend_depth", "in_flight_count", "deferred_count",
                 "message_count", "requeue_count", "timeout_count", "client_count", "clients",
-                "paused", "e2e_processing_latency"]
+                "paused", "e2e_processing_latency", *POLICY_KEYS]
 CLIENT_KEYS = ["client_id", "hostname", "version", "remote_address", "state", "ready_count",
                "in_flight_count", "message_count", "finish_count", "requeue_count", "connect_ts",
                "sample_rate", "deflate", "snappy", "user_agent", "tls", "tls_cipher_suite",

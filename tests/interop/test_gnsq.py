@@ -9,9 +9,11 @@ Rules for this module (see STYLE.md, Tests):
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 
 import pytest
 
+from lmq_client.http import HTTPClient
 from tests.support.process import LmqdProcess
 
 from .runner import assert_every_message_once, run_client
@@ -89,3 +91,39 @@ def test_http_stats_depths(lmqd_server: LmqdProcess) -> None:
     )
     assert result["topic_depth"] == 0, result
     assert result["channels"] == [{"name": "c", "depth": 5, "deferred": 0}], result
+
+
+def test_max_attempts_dead_letters_and_redrive(lmqd_server: LmqdProcess) -> None:
+    """A stock gnsq consumer that REQs everything sees each message exactly max_attempts
+    times; then it is in the dead-letter topic with its attempts, and redrive brings it back."""
+    http = lmqd_server.http_address
+    assert http is not None
+    client = HTTPClient(http)
+    client.topic_action("create", "jobs")
+    client.channel_action("create", "jobs", "work")
+    policy = client.channel_policy(
+        "jobs", "work", {"max_attempts": 3, "dead_letter_topic": "jobs.dead"}
+    )
+    assert (policy["max_attempts"], policy["dead_letter_topic"]) == (3, "jobs.dead")
+    bodies = [f"job-{i}" for i in range(5)]
+    result = run_client(
+        "gnsq", "consume", timeout=40, address=lmqd_server.tcp_address, topic="jobs",
+        channel="work", bodies=bodies, action="requeue", expect=15, consume_timeout_s=30,
+        quiet_s=0.5,
+    )  # fmt: skip
+    received = Counter(tuple(r) for r in result["received"])
+    assert received == {(body, attempt): 1 for body in bodies for attempt in (1, 2, 3)}
+
+    [jobs] = client.stats("jobs")["topics"]
+    [work] = jobs["channels"]
+    assert (work["dead_letter_count"], work["depth"], work["in_flight_count"]) == (5, 0, 0)
+    dead, _ = client.read("jobs.dead", 0)
+    assert sorted((m.body.decode(), m.attempts) for m in dead) == [(b, 3) for b in bodies]
+
+    assert client.channel_redrive("jobs", "work", "jobs.dead", 100) == 5
+    result = run_client(
+        "gnsq", "consume", timeout=40, address=lmqd_server.tcp_address, topic="jobs",
+        channel="work", action="finish", expect=5, consume_timeout_s=30, quiet_s=0.5,
+    )  # fmt: skip
+    assert sorted(tuple(r) for r in result["received"]) == [(b, 1) for b in bodies]
+    assert client.channel_redrive("jobs", "work", "jobs.dead", 100) == 0

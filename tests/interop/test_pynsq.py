@@ -9,8 +9,11 @@ Rules for this module (see STYLE.md, Tests):
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 
+from lmq_client.http import HTTPClient
 from tests.support.process import LmqdProcess
 
 from .runner import assert_every_message_once, run_client
@@ -124,3 +127,34 @@ def check_ephemeral(result: dict[str, object]) -> None:
     # The durable channel saw everything.
     assert "while-nobody-listens" in keeper
     assert set(first) | set(second) <= set(keeper)
+
+
+def test_max_attempts_dead_letters_and_redrive(lmqd_server: LmqdProcess) -> None:
+    """A stock pynsq Reader that REQs everything sees each message exactly max_attempts times;
+    then it is in the dead-letter topic with its attempts, and redrive brings it back."""
+    http = lmqd_server.http_address
+    assert http is not None
+    client = HTTPClient(http)
+    client.topic_action("create", "jobs")
+    client.channel_action("create", "jobs", "work")
+    client.channel_policy("jobs", "work", {"max_attempts": 4, "dead_letter_topic": "jobs.dead"})
+    bodies = [f"job-{i}" for i in range(5)]
+    result = run_client(
+        "pynsq", "consume", timeout=40, address=lmqd_server.tcp_address, topic="jobs",
+        channel="work", bodies=bodies, action="requeue", expect=20, consume_timeout_s=30,
+        quiet_s=0.5,
+    )  # fmt: skip
+    received = Counter(tuple(r) for r in result["received"])
+    assert received == {(body, attempt): 1 for body in bodies for attempt in (1, 2, 3, 4)}
+    dead, _ = client.read("jobs.dead", 0)
+    assert sorted((m.body.decode(), m.attempts) for m in dead) == [(b, 4) for b in bodies]
+    [jobs] = client.stats("jobs")["topics"]
+    assert jobs["channels"][0]["dead_letter_count"] == 5
+
+    assert client.channel_redrive("jobs", "work", "jobs.dead", 3) == 3
+    assert client.channel_redrive("jobs", "work", "jobs.dead", 3) == 2
+    result = run_client(
+        "pynsq", "consume", timeout=40, address=lmqd_server.tcp_address, topic="jobs",
+        channel="work", action="finish", expect=5, consume_timeout_s=30, quiet_s=0.5,
+    )  # fmt: skip
+    assert sorted(tuple(r) for r in result["received"]) == [(b, 1) for b in bodies]

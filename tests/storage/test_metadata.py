@@ -50,6 +50,33 @@ def test_round_trip_in_nsqd_shape(tmp_path: Path) -> None:
     assert sorted(os.listdir(tmp_path)) == ["lmqd.dat"]  # no temp file left behind
 
 
+def test_channel_policies_round_trip_and_bad_values_are_skipped(tmp_path: Path) -> None:
+    path = metadata_path(tmp_path)
+    policy = (("backoff_jitter", 0.2), ("dead_letter_topic", "dead"), ("max_attempts", 5))
+    saved = Metadata(
+        (TopicMetadata("t", False, (ChannelMetadata("c", False, policy), ChannelMetadata("d"))),)
+    )
+    save_metadata(path, saved)
+    assert load_metadata(path) == saved
+    channels = json.loads(Path(path).read_bytes())["topics"][0]["channels"]
+    assert channels == [
+        {"name": "c", "paused": False,
+         "policy": {"backoff_jitter": 0.2, "dead_letter_topic": "dead", "max_attempts": 5}},
+        {"name": "d", "paused": False},  # no policy: nsqd's shape
+    ]  # fmt: skip
+    # Values of a JSON type no policy key takes are skipped; the rest of the file loads (the
+    # engine's validator judges keys and ranges when the channel is restored).
+    Path(path).write_text(
+        '{"topics":[{"name":"t","channels":[{"name":"c","policy":{"max_attempts":3,'
+        '"backoff_ms":null,"dead_letter_topic":["x"],"backoff_jitter":true}},'
+        '{"name":"d","policy":[1]}]}]}'
+    )
+    assert load_metadata(path).topics[0].channels == (
+        ChannelMetadata("c", False, (("max_attempts", 3),)),
+        ChannelMetadata("d"),
+    )
+
+
 def test_reads_nsqd_written_files(tmp_path: Path) -> None:
     path = tmp_path / "lmqd.dat"
     path.write_text(

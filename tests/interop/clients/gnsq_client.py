@@ -154,6 +154,45 @@ def http_stats(params: Params) -> Result:
     }
 
 
+def consume(params: Params) -> Result:
+    """Publish ``bodies`` (if any), then consume ``expect`` deliveries on one channel with a
+    stock ``gnsq.Consumer``: each is REQ'd at once (``requeue``: REQ <id> 0) or FIN'd
+    (``action``); returns every delivery's body and attempts, after ``quiet_s`` with nothing
+    more."""
+    received: list[tuple[str, int]] = []
+    requeue = params["action"] == "requeue"
+
+    def handler(consumer: Any, message: Any) -> None:
+        received.append((message.body.decode(), message.attempts))
+        if requeue:
+            message.requeue(0, backoff=False)
+        else:
+            message.finish()
+
+    consumer = gnsq.Consumer(
+        params["topic"],
+        params["channel"],
+        nsqd_tcp_addresses=[params["address"]],
+        max_in_flight=10,
+        max_tries=0,  # gnsq's own limit off: the daemon's max_attempts decides
+        message_handler=handler,
+    )
+    consumer.start(block=False)
+    if params.get("bodies"):
+        producer = gnsq.Producer(nsqd_tcp_addresses=[params["address"]])
+        producer.start()
+        for body in params["bodies"]:
+            producer.publish(params["topic"], body.encode())
+        producer.close()
+    deadline = deadline_after(params["consume_timeout_s"])
+    while len(received) < params["expect"]:
+        check_deadline(deadline, f"{params['expect']} deliveries")
+        gevent.sleep(0.01)
+    gevent.sleep(params["quiet_s"])  # one more delivery would arrive now
+    consumer.close()
+    return {"received": received}
+
+
 if __name__ == "__main__":
     main(
         {
@@ -162,5 +201,6 @@ if __name__ == "__main__":
             "cls_before_sub": cls_before_sub,
             "heartbeat": heartbeat,
             "http_stats": http_stats,
+            "consume": consume,
         }
     )

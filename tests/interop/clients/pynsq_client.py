@@ -242,6 +242,43 @@ async def ephemeral(params: Params) -> Result:
     return result
 
 
+async def consume(params: Params) -> Result:
+    """A stock ``nsq.Reader`` on one channel answering every delivery with ``REQ <id> 0``
+    (``message.requeue(delay=0, backoff=False)``) or ``FIN`` (``action``), until ``expect``
+    deliveries and then ``quiet_s`` with nothing more; returns every body and attempts."""
+    received: list[tuple[str, int]] = []
+    requeue = params["action"] == "requeue"
+
+    def handler(message: Any) -> bool | None:
+        received.append((message.body.decode(), message.attempts))
+        if requeue:
+            message.requeue(delay=0, backoff=False)
+            return None
+        return True
+
+    reader = nsq.Reader(
+        topic=params["topic"],
+        channel=params["channel"],
+        message_handler=handler,
+        nsqd_tcp_addresses=[params["address"]],
+        max_in_flight=10,
+        max_tries=0,  # pynsq's own limit off: the daemon's max_attempts decides
+    )
+    await wait_for(lambda: reader_connected(reader), 10, "reader")
+    if params.get("bodies"):
+        writer = await ready_writer(params)
+        for body in params["bodies"]:
+            assert await publish(writer, "pub", params["topic"], body.encode()) == "OK"
+    await wait_for(
+        lambda: len(received) >= params["expect"],
+        params["consume_timeout_s"],
+        f"{params['expect']} deliveries",
+    )
+    await asyncio.sleep(params["quiet_s"])  # one more delivery would arrive now
+    close_reader(reader)
+    return {"received": received}
+
+
 def run(coroutine: Callable[[Params], Any]) -> Callable[[Params], Result]:
     def scenario(params: Params) -> Result:
         result: Result = IOLoop.current().run_sync(
@@ -259,5 +296,6 @@ if __name__ == "__main__":
             "dpub": run(dpub),
             "requeue": run(requeue),
             "ephemeral": run(ephemeral),
+            "consume": run(consume),
         }
     )

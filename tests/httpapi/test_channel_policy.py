@@ -1,0 +1,200 @@
+"""``/channel/policy`` and ``/channel/redrive`` over HTTP, with a real daemon and V2 consumer.
+
+Rules for this module (STYLE.md):
+- A real ``LmqDaemon`` runs in-process on 127.0.0.1 port 0 (``start_daemon``) with its data in
+  ``tmp_path``; a restart is a graceful stop and a new daemon on the same directory.
+- Consumers speak the V2 protocol through ``tests.support.wire.Wire``.
+- Every test body runs under ``trio.fail_after(TIMEOUT)``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import trio
+
+from tests.support.daemon import StartDaemon, eventually
+from tests.support.http import http
+from tests.support.wire import Wire
+
+TIMEOUT = 15.0
+
+DEFAULTS = {
+    "max_attempts": 0, "dead_letter_topic": "", "backoff_ms": 0, "backoff_max_ms": 0,
+    "backoff_jitter": 0,
+}  # fmt: skip
+
+
+async def test_channel_policy_defaults_changes_and_persistence(
+    start_daemon: StartDaemon, tmp_path: Path
+) -> None:
+    with trio.fail_after(TIMEOUT):
+        running = await start_daemon(tmp_path, http=True, max_attempts=9, backoff_ms=100)
+        base = running.http
+        for path in ("/topic/create?topic=t", "/channel/create?topic=t&channel=c"):
+            assert (await http(base, "POST", path)).status == 200
+        r = await http(base, "GET", "/channel/policy?topic=t&channel=c")
+        assert (r.status, r.json()) == (200, {**DEFAULTS, "max_attempts": 9, "backoff_ms": 100})
+        assert r.headers["content-type"] == "application/json; charset=utf-8"
+        change = {"max_attempts": 5, "dead_letter_topic": "t.dead", "backoff_jitter": 0.25}
+        target = "/channel/policy?topic=t&channel=c"
+        r = await http(base, "POST", target, json.dumps(change).encode())
+        assert (r.status, r.json()) == (200, {**DEFAULTS, **change, "backoff_ms": 100})
+        r = await http(base, "POST", "/channel/policy?topic=t&channel=c", b'{"backoff_ms": 0}')
+        assert r.json()["backoff_ms"] == 0
+        await running.stop()
+        saved = json.loads((tmp_path / "lmqd.dat").read_text())
+        [channel] = saved["topics"][0]["channels"]
+        assert channel == {
+            "name": "c", "paused": False,
+            "policy": {"backoff_jitter": 0.25, "backoff_ms": 0, "dead_letter_topic": "t.dead",
+                       "max_attempts": 5},
+        }  # fmt: skip
+
+        again = await start_daemon(tmp_path, http=True)  # no daemon defaults now
+        r = await http(again.http, "GET", "/channel/policy?topic=t&channel=c")
+        assert r.json() == {**DEFAULTS, **change}
+        await again.stop()
+
+
+async def test_channel_policy_errors(start_daemon: StartDaemon) -> None:
+    with trio.fail_after(TIMEOUT):
+        running = await start_daemon(http=True)
+        base = running.http
+        for path in ("/topic/create?topic=t", "/channel/create?topic=t&channel=c"):
+            assert (await http(base, "POST", path)).status == 200
+        target = "/channel/policy?topic=t&channel=c"
+        cases = [
+            ("GET", "/channel/policy", b"", 400, "MISSING_ARG_TOPIC"),
+            ("GET", "/channel/policy?topic=b%20d&channel=c", b"", 400, "INVALID_ARG_TOPIC"),
+            ("GET", "/channel/policy?topic=t", b"", 400, "MISSING_ARG_CHANNEL"),
+            ("GET", "/channel/policy?topic=t&channel=b%20d", b"", 400, "INVALID_ARG_CHANNEL"),
+            ("GET", "/channel/policy?topic=nope&channel=c", b"", 404, "TOPIC_NOT_FOUND"),
+            ("GET", "/channel/policy?topic=t&channel=nope", b"", 404, "CHANNEL_NOT_FOUND"),
+            ("POST", "/channel/policy?topic=t&channel=nope", b"{}", 404, "CHANNEL_NOT_FOUND"),
+            ("POST", target, b"{", 400, "INVALID_POLICY: the body is not JSON"),
+            ("POST", target, b"\xff", 400, "INVALID_POLICY: the body is not JSON"),
+            ("POST", target, b"[1]", 400, "INVALID_POLICY: the policy must be a JSON object"),
+            ("POST", target, b'{"retention_ms": 1}', 400,
+             "INVALID_POLICY: unknown key 'retention_ms' (known: max_attempts, "
+             "dead_letter_topic, backoff_ms, backoff_max_ms, backoff_jitter)"),
+            ("POST", target, b'{"max_attempts": -1}', 400,
+             "INVALID_POLICY: max_attempts must be an integer from 0 to 65535"),
+            ("POST", target, b'{"max_attempts": 2.5}', 400,
+             "INVALID_POLICY: max_attempts must be an integer from 0 to 65535"),
+            ("POST", target, b'{"backoff_ms": "1s"}', 400,
+             "INVALID_POLICY: backoff_ms must be an integer from 0 to 3600000"),
+            ("POST", target, b'{"backoff_max_ms": 3600001}', 400,
+             "INVALID_POLICY: backoff_max_ms must be an integer from 0 to 3600000"),
+            ("POST", target, b'{"backoff_jitter": 2}', 400,
+             "INVALID_POLICY: backoff_jitter must be a number from 0 to 1"),
+            ("POST", target, b'{"backoff_jitter": NaN}', 400,
+             "INVALID_POLICY: backoff_jitter must be a number from 0 to 1"),
+            ("POST", target, b'{"dead_letter_topic": null}', 400,
+             'INVALID_POLICY: dead_letter_topic must be a string ("" for none)'),
+            ("POST", target, b'{"dead_letter_topic": "a b"}', 400,
+             "INVALID_POLICY: dead_letter_topic must be a valid topic name"),
+            ("POST", target, b'{"dead_letter_topic": "d#ephemeral"}', 400,
+             "INVALID_POLICY: dead_letter_topic must not be ephemeral (dead letters are kept)"),
+            ("POST", target, b'{"max_attempts": 3, "dead_letter_topic": "t"}', 400,
+             "INVALID_POLICY: dead_letter_topic must not be the channel's own topic"),
+            ("POST", target, b"{" + b" " * 70_000 + b"}", 413, "INVALID_POLICY: body too large"),
+        ]  # fmt: skip
+        for method, path, body, status, message in cases:
+            r = await http(base, method, path, body or None)
+            assert (r.status, r.json()) == (status, {"message": message}), (path, body)
+        # A refused change changes nothing, not even its valid keys.
+        r = await http(base, "GET", target)
+        assert r.json() == DEFAULTS
+        assert running.broker.metadata().topics[0].channels[0].policy == ()
+
+
+async def test_redrive_errors(start_daemon: StartDaemon) -> None:
+    with trio.fail_after(TIMEOUT):
+        running = await start_daemon(http=True)
+        base = running.http
+        for path in (
+            "/topic/create?topic=t", "/channel/create?topic=t&channel=c",
+            "/topic/create?topic=plain",
+        ):
+            assert (await http(base, "POST", path)).status == 200
+        redrive = "/channel/redrive?topic=t&channel=c"
+        cases = [
+            ("/channel/redrive?channel=c&from=d", 400, "MISSING_ARG_TOPIC"),
+            ("/channel/redrive?topic=t&from=d", 400, "MISSING_ARG_CHANNEL"),
+            ("/channel/redrive?topic=t&channel=x&from=d", 404, "CHANNEL_NOT_FOUND"),
+            ("/channel/redrive?topic=nope&channel=c&from=d", 404, "TOPIC_NOT_FOUND"),
+            (redrive, 400, "MISSING_ARG_FROM"),
+            (f"{redrive}&from=a%20b", 400, "INVALID_ARG_FROM"),
+            (f"{redrive}&from=t", 400, "INVALID_ARG_FROM: the channel's own topic"),
+            (f"{redrive}&from=d&max=0", 400, "INVALID_ARG_MAX: an integer from 1 to 10000"),
+            (f"{redrive}&from=d&max=10001", 400, "INVALID_ARG_MAX: an integer from 1 to 10000"),
+            (f"{redrive}&from=d&max=-1", 400, "INVALID_ARG_MAX: an integer from 1 to 10000"),
+            (f"{redrive}&from=d&max=five", 400, "INVALID_ARG_MAX: an integer from 1 to 10000"),
+            (f"{redrive}&from=d&max=%C2%B2", 400, "INVALID_ARG_MAX: an integer from 1 to 10000"),
+            (f"{redrive}&from=d", 404, "DEAD_LETTER_TOPIC_NOT_FOUND"),
+            (f"{redrive}&from=plain", 404, "DEAD_LETTER_TOPIC_NOT_FOUND"),  # never a DLQ
+        ]
+        for path, status, message in cases:
+            r = await http(base, "POST", path)
+            assert (r.status, r.json()) == (status, {"message": message}), path
+        r = await http(base, "GET", f"{redrive}&from=d")
+        assert r.status == 405
+
+
+async def test_dead_letters_counters_and_redrive(start_daemon: StartDaemon) -> None:
+    with trio.fail_after(TIMEOUT):
+        running = await start_daemon(http=True)
+        base = running.http
+        for path in ("/topic/create?topic=t", "/channel/create?topic=t&channel=c"):
+            assert (await http(base, "POST", path)).status == 200
+        policy = {"max_attempts": 2, "dead_letter_topic": "t.dead"}
+        target = "/channel/policy?topic=t&channel=c"
+        r = await http(base, "POST", target, json.dumps(policy).encode())
+        assert r.status == 200
+        for body in (b"one", b"two"):
+            assert (await http(base, "POST", "/pub?topic=t", body)).status == 200
+        wire = await Wire.connect(running.tcp)
+        await wire.sub("t", "c", rdy=2)
+        seen = []
+        for _ in range(4):  # two deliveries of each, both REQ'd
+            m = await wire.message()
+            seen.append((m.body, m.attempts))
+            await wire.req(m.id, 0)
+
+        def dead_lettered() -> bool:
+            return "t.dead" in running.broker.topics and (
+                running.broker.topics["t.dead"].channels["lmq.redrive"].depth == 2
+            )
+
+        await eventually(dead_lettered)
+        assert sorted(seen) == [(b"one", 1), (b"one", 2), (b"two", 1), (b"two", 2)]
+        stats = (await http(base, "GET", "/stats?format=json&topic=t")).json()
+        [topic] = stats["topics"]
+        [channel] = topic["channels"]
+        assert (channel["dead_letter_count"], channel["expired_count"]) == (2, 0)
+        assert channel["max_attempts_dropped_count"] == 0
+        assert topic["dead_letter_count"] == 2
+        metrics = (await http(base, "GET", "/metrics")).body.decode()
+        assert 'lmqd_channel_dead_lettered_total{channel="c",topic="t"} 2.0' in metrics
+        assert 'lmqd_topic_dead_lettered_total{topic="t"} 2.0' in metrics
+        assert 'lmqd_channel_expired_total{channel="c",topic="t"} 0.0' in metrics
+        assert 'lmqd_channel_max_attempts_dropped_total{channel="c",topic="t"} 0.0' in metrics
+        # The dead letters are an ordinary topic: readable with its attempts, by any channel.
+        read = (await http(base, "GET", "/topic/read?topic=t.dead&offset=0&format=json")).json()
+        assert sorted(m["attempts"] for m in read["messages"]) == [2, 2]
+
+        r = await http(base, "POST", "/channel/redrive?topic=t&channel=c&from=t.dead&max=1")
+        assert (r.status, r.json()) == (200, {"moved": 1})
+        again = await wire.message()
+        assert again.attempts == 1  # a fresh set of attempts
+        await wire.fin(again.id)
+        r = await http(base, "POST", "/channel/redrive?topic=t&channel=c&from=t.dead")
+        assert r.json() == {"moved": 1}
+        last = await wire.message()
+        assert {again.body, last.body} == {b"one", b"two"}
+        await wire.fin(last.id)
+        r = await http(base, "POST", "/channel/redrive?topic=t&channel=c&from=t.dead")
+        assert r.json() == {"moved": 0}
+        await wire.aclose()
