@@ -41,6 +41,9 @@ def _port(instance: Any, attribute: attrs.Attribute[Any], value: int) -> None:
         raise ValueError(f"--{attribute.name.replace('_', '-')} must be [0,65535]")
 
 
+OVERFLOW_MODES = ("reject", "drop_oldest")
+"""What a topic at its ``max_depth`` does with a publish (``lmqd.engine.policy``)."""
+
 LOG_LEVELS = ("debug", "info", "warn", "error", "fatal")
 """``--log-level`` names, nsqd's (``internal/lg``), in order: DEBUG = 1 ... FATAL = 5."""
 
@@ -81,6 +84,16 @@ class Options:
     retention_bytes: int = attrs.field(default=0, validator=_non_negative)
     """lmq extension: keep such segments while they and the newer ones take at most this many
     bytes (0: no size retention)."""
+    # lmq topic publish policies (lmqd.engine.policy): the defaults of every topic's own keys.
+    max_depth: int = attrs.field(default=0, validator=_non_negative)
+    """The deepest backlog a topic's channel may have (0: unbounded, nsqd)."""
+    overflow: str = attrs.field(default="reject", validator=attrs.validators.in_(OVERFLOW_MODES))
+    publish_rate: int = attrs.field(default=0, validator=_non_negative)
+    """Messages per second a topic accepts (0: no limit)."""
+    publish_burst: int = attrs.field(default=0, validator=_non_negative)
+    """Messages a topic accepts at once above its rate (0: one second's worth)."""
+    dedup_window_ms: int = attrs.field(default=0, validator=_non_negative)
+    """A body equal to one published this recently is not enqueued again (0: off)."""
 
     # -- messages
     msg_timeout: float = attrs.field(default=60.0, validator=_positive)

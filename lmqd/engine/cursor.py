@@ -240,6 +240,10 @@ class ChannelCursor:
         position."""
         if self.position >= start:
             self.position = max(self.position, end)
+        elif self._skips and self._skips[-1][1] == start:
+            # Consecutive drops (drop_oldest on a paused topic) make one range, not a list
+            # that grows with every publish.
+            self._skips[-1] = (self._skips[-1][0], end)
         else:
             self._skips.append((start, end))
 
