@@ -124,3 +124,26 @@ def check_ephemeral(result: dict[str, object]) -> None:
     # The durable channel saw everything.
     assert "while-nobody-listens" in keeper
     assert set(first) | set(second) <= set(keeper)
+
+
+@pytest.mark.lmqd_args("--max-depth=5")
+def test_full_topic_refuses_with_the_exact_error_and_loses_nothing(
+    lmqd_server: LmqdProcess,
+) -> None:
+    """``--max-depth`` (the daemon-wide default, overflow ``reject``): pynsq's Writer gets
+    ``E_PUB_FAILED`` with its reason for the sixth PUB; the five accepted are all delivered."""
+    result = run_client(
+        "pynsq",
+        "publish_until_refused",
+        timeout=30,
+        address=lmqd_server.tcp_address,
+        topic="bounded",
+        channel="c",
+        count=10,
+        expect=5,
+        quiet_s=0.5,
+    )
+    assert result["answers"] == [
+        "OK", "OK", "OK", "OK", "OK", "E_PUB_FAILED PUB failed topic bounded is full (max_depth 5)",
+    ], result["stderr"]  # fmt: skip
+    assert result["received"] == [f"m-{i}" for i in range(5)]
