@@ -282,7 +282,8 @@ class Broker:
         except BackendError as exc:
             self.set_health(str(exc))
             raise
-        self._stored(topic)
+        if self._health_error is not None:
+            self._stored(topic)
         return messages
 
     def publish_run(
