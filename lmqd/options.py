@@ -87,7 +87,8 @@ class Options:
     # lmq topic publish policies (lmqd.engine.policy): the defaults of every topic's own keys.
     max_depth: int = attrs.field(default=0, validator=_non_negative)
     """The deepest backlog a topic's channel may have (0: unbounded, nsqd)."""
-    overflow: str = attrs.field(default="reject", validator=attrs.validators.in_(OVERFLOW_MODES))
+    overflow: str = attrs.field(default="reject")
+    """What a topic at its max_depth does with a publish: one of ``OVERFLOW_MODES``."""
     publish_rate: int = attrs.field(default=0, validator=_non_negative)
     """Messages per second a topic accepts (0: no limit)."""
     publish_burst: int = attrs.field(default=0, validator=_non_negative)
@@ -148,6 +149,11 @@ class Options:
     def _check_deflate_level(self, attribute: attrs.Attribute[int], value: int) -> None:
         if not 1 <= value <= 9:
             raise ValueError("--max-deflate-level must be [1,9]")
+
+    @overflow.validator
+    def _check_overflow(self, attribute: attrs.Attribute[str], value: str) -> None:
+        if value not in OVERFLOW_MODES:
+            raise ValueError(f"--overflow must be {' or '.join(OVERFLOW_MODES)} (got {value!r})")
 
     @node_id.validator
     def _check_node_id(self, attribute: attrs.Attribute[int], value: int) -> None:
