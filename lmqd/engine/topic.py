@@ -234,7 +234,7 @@ class Topic:
                 new, new_digests = list(command), []
             if reject and new and len(kept) + len(new) > room:
                 refusal = gate.refuse_full(size)
-                log.info("TOPIC(%s): refused %d messages: %s", self.name, size, refusal)
+                log.debug("TOPIC(%s): refused %d messages: %s", self.name, size, refusal)
                 break
             kept += new
             digests += new_digests

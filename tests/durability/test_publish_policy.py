@@ -18,6 +18,7 @@ import trio
 
 from tests.support.http import http
 from tests.support.process import LmqdProcess, start_lmqd, stop_lmqd
+from tests.support.wire import Wire
 
 TIMEOUT = 30.0
 
@@ -66,5 +67,35 @@ async def test_policy_survives_a_restart(tmp_path: Path, how: str) -> None:
             stats = (await http(base, "GET", "/stats?format=json&topic=t")).json()
             assert stats["topics"][0]["depth"] == 2
             assert stats["topics"][0]["overflow_refused_count"] == 1
+        finally:
+            await trio.to_thread.run_sync(stop_lmqd, server)
+
+
+async def test_dropped_messages_stay_dropped_after_sigterm(tmp_path: Path) -> None:
+    """``drop_oldest`` with ``--durable``: a channel's dropped messages are acknowledged as a
+    FIN would be, so a restart does not bring them back."""
+    with trio.fail_after(TIMEOUT):
+        server = await start(tmp_path)
+        base = address(server)
+        assert (await http(base, "POST", "/topic/create?topic=t")).status == 200
+        assert (await http(base, "POST", "/channel/create?topic=t&channel=c")).status == 200
+        policy = b'{"max_depth": 3, "overflow": "drop_oldest"}'
+        assert (await http(base, "POST", "/topic/policy?topic=t", policy)).status == 200
+        for n in range(10):
+            assert (await http(base, "POST", "/pub?topic=t", b"m%d" % n)).status == 200
+        await trio.to_thread.run_sync(stop_lmqd, server)
+
+        server = await start(tmp_path)
+        try:
+            base = address(server)
+            stats = (await http(base, "GET", "/stats?format=json&topic=t")).json()
+            assert stats["topics"][0]["channels"][0]["depth"] == 3
+            r = await http(base, "GET", "/topic/policy?topic=t")
+            assert r.json()["overflow"] == "drop_oldest"
+            consumer = await Wire.connect(server.tcp_host_port)
+            await consumer.sub("t", "c", rdy=10)
+            got = [(await consumer.message()).body for _ in range(3)]
+            assert got == [b"m7", b"m8", b"m9"]
+            await consumer.aclose()
         finally:
             await trio.to_thread.run_sync(stop_lmqd, server)

@@ -147,3 +147,20 @@ def test_full_topic_refuses_with_the_exact_error_and_loses_nothing(
         "OK", "OK", "OK", "OK", "OK", "E_PUB_FAILED PUB failed topic bounded is full (max_depth 5)",
     ], result["stderr"]  # fmt: skip
     assert result["received"] == [f"m-{i}" for i in range(5)]
+
+
+@pytest.mark.lmqd_args("--max-depth=3", "--overflow=drop_oldest")
+def test_drop_oldest_accepts_everything_and_keeps_the_newest(lmqd_server: LmqdProcess) -> None:
+    result = run_client(
+        "pynsq",
+        "publish_until_refused",
+        timeout=30,
+        address=lmqd_server.tcp_address,
+        topic="newest",
+        channel="c",
+        count=10,
+        expect=3,
+        quiet_s=0.5,
+    )
+    assert result["answers"] == ["OK"] * 10, result["stderr"]
+    assert result["received"] == ["m-7", "m-8", "m-9"]
