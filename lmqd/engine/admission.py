@@ -7,9 +7,10 @@ await. The order on a publish run (a run of PUB/MPUB commands a connection sent 
 HTTP request):
 
 1. **Rate** (``TokenBucket``), before anything is stored: the caller reserves the run's tokens
-   with ``reserve`` and waits the returned time (one wait per run, at most ``PUBLISH_WAIT_MAX``)
-   or refuses the first command that cannot be paid for within it (``RateLimited``). Tokens are
-   taken for every message offered, duplicates included.
+   with ``reserve`` and waits the returned time once for all the commands paid for within
+   ``PUBLISH_WAIT_MAX`` (the rest of the run then waits its own turn), or refuses a command
+   that cannot be paid for within it on its turn (``RateLimited``). Tokens are taken for every
+   message offered, duplicates included.
 2. **Dedup** (``DedupWindow``): duplicate bodies are left out (the command is still answered OK).
 3. **Depth**, ``overflow="reject"``: commands are accepted whole, in order, while the topic's
    backlog plus what they add stays within ``max_depth``; the first that would pass it is
