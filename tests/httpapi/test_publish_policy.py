@@ -102,6 +102,13 @@ async def test_full_topic_is_503_and_over_the_rate_is_429(start_daemon: StartDae
         assert (r.status, r.json()) == (429, {"message": "RATE_LIMITED"})
         assert r.headers["retry-after"] == "3"
         assert (await http(base, "POST", "/pub?topic=slow", b"a")).status == 200  # the burst
+        # Within the rate but ahead of its token: this request waits for it, then succeeds.
+        policy = b'{"publish_rate": 4, "publish_burst": 1}'
+        assert (await http(base, "POST", "/topic/policy?topic=slow", policy)).status == 200
+        assert (await http(base, "POST", "/pub?topic=slow", b"b")).status == 200
+        before = trio.current_time()
+        assert (await http(base, "POST", "/pub?topic=slow", b"c")).status == 200
+        assert trio.current_time() - before >= 0.2  # 1/4 s for its token (timer slack aside)
 
         r = await http(base, "GET", "/stats?format=json&topic=full")
         topic = r.json()["topics"][0]

@@ -145,3 +145,31 @@ async def test_duplicates_are_answered_ok_and_enqueued_once(
         assert topic.message_count == 3  # same, other, and same again after the window
         stats = topic.statistics().publish_policy
         assert stats is not None and stats.deduplicated_count == 2
+
+
+async def test_dpub_takes_its_token_and_a_policy_removed_mid_wait_is_harmless(
+    daemon: Broker, nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    with trio.fail_after(TIMEOUT):
+        topic = daemon.get_topic("t")
+        topic.set_policy({"publish_rate": 2, "publish_burst": 1})
+        producer = await connect(daemon, nursery)
+        start = trio.current_time()
+        await producer.send(dpub("t", 5000, b"later") + dpub("t", 5000, b"later too"))
+        assert await producer.response() == b"OK"
+        assert trio.current_time() == start
+        assert await producer.response() == b"OK"
+        assert trio.current_time() == start + 0.5
+        # A run waiting for its tokens when the rate is turned off is published as reserved.
+        await producer.send(pub("t", b"1") + pub("t", b"2"))
+        await trio.sleep(0.25)
+        topic.set_policy({"publish_rate": 0})
+        assert await producer.response() == b"OK"
+        assert await producer.response() == b"OK"
+        assert trio.current_time() == start + 1.5
+        await producer.send(pub("t", b"3"))
+        assert await producer.response() == b"OK"
+        assert trio.current_time() == start + 1.5
+        assert topic.message_count == 5
+        assert topic.channels == {}
+        assert topic.depth == 5
