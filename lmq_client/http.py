@@ -173,7 +173,9 @@ class HTTPClient:
             params["from"] = start
         self.request("POST", f"/channel/{action}", params)
 
-    def topic_policy(self, topic: str, changes: Mapping[str, int] | None = None) -> dict[str, Any]:
+    def topic_policy(
+        self, topic: str, changes: Mapping[str, int | str] | None = None
+    ) -> dict[str, Any]:
         """GET (or, with ``changes``, POST) ``/topic/policy`` (lmqd): the topic's policy."""
         if not changes:
             return self._json(self.request("GET", "/topic/policy", {"topic": topic}))

@@ -17,12 +17,13 @@ from typing import Protocol
 import attrs
 import trio
 
+from lmqd.engine.admission import PublishGate
 from lmqd.engine.backend import BackendError, Syncable
 from lmqd.engine.channel import Channel
 from lmqd.engine.channel_policy import REDRIVE_CHANNEL
 from lmqd.engine.stores import Stores
 from lmqd.engine.syncer import DurableCallback, Syncer
-from lmqd.engine.topic import Topic
+from lmqd.engine.topic import PublishOutcome, Topic
 from lmqd.message import GuidFactory, Message
 from lmqd.options import Options
 from lmqd.stats import ClientStats, TopicStats
@@ -273,9 +274,10 @@ class Broker:
     ) -> list[Message]:
         """Put ``bodies`` on the topic (created if needed), deferred by ``defer`` seconds.
 
-        Raises ``BackendError`` (nothing stored; health turns NOK) or ``TopicExiting``. With
-        ``--durable`` the messages are written but not yet fsynced: answer the publisher after
-        ``after_durable``.
+        Raises ``BackendError`` (nothing stored; health turns NOK), ``TopicExiting``, or
+        ``PublishRefused`` (a publish policy refused it; nothing stored). With ``--durable``
+        the messages are written but not yet fsynced: answer the publisher after
+        ``after_durable``. The rate limit is the caller's (``publish_gate``).
         """
         topic = self.get_topic(topic_name)
         try:
@@ -283,11 +285,43 @@ class Broker:
         except BackendError as exc:
             self.set_health(str(exc))
             raise
+        if self._health_error is not None:
+            self._stored(topic)
+        return messages
+
+    def publish_run(
+        self, topic_name: str, bodies: Sequence[bytes], sizes: Sequence[int], defer: float = 0.0
+    ) -> PublishOutcome:
+        """``publish`` for a run of commands (``sizes``: messages each) through the topic's
+        publish policies: a prefix of the commands is accepted, the next one may be refused
+        (``PublishOutcome``). Raises as ``publish`` does for failures of the whole run."""
+        topic = self.get_topic(topic_name)
+        try:
+            outcome = topic.publish_run(bodies, sizes, trio.current_time(), defer)
+        except BackendError as exc:
+            self.set_health(str(exc))
+            raise
+        if outcome.messages:
+            self._stored(topic)
+        return outcome
+
+    def _stored(self, topic: Topic) -> None:
         if self._health_error is not None and topic.wrote_backend and not topic.durable:
             # nsqd: a backend write that succeeds clears the health error. A durable write is
             # only good once fsynced: the syncer's next successful round clears it.
             self.set_health(None)
-        return messages
+
+    def publish_gate(self, topic_name: str) -> PublishGate | None:
+        """The topic's publish policies (created with the daemon's defaults if the topic does
+        not exist yet); None without any, or if the topic cannot be created (the publish then
+        fails as usual)."""
+        topic = self.topics.get(topic_name)
+        if topic is None:
+            try:
+                topic = self.get_topic(topic_name)
+            except BackendError:
+                return None
+        return topic.gate
 
     def after_durable(self, topic_name: str, callback: DurableCallback) -> bool:
         """``--durable``: call ``callback(error)`` once everything published to the topic so far

@@ -1,8 +1,9 @@
 """Settings: nsqd's flags and config-file keys, their value syntaxes, and the mapping onto Options.
 
 ``SETTINGS`` is the one table of every setting ``lmqd`` accepts (nsqd v1.3.0's flags, the master
-ones, and lmq's ``--durable``, ``--retention-ms``, ``--retention-bytes``, ``--ttl-ms`` and the
-channel-policy defaults ``--max-attempts`` ... ``--backoff-jitter``): the flag name, the
+ones, and lmq's ``--durable``, ``--retention-ms``, ``--retention-bytes``, ``--ttl-ms``, the
+channel-policy defaults ``--max-attempts`` ... ``--backoff-jitter`` and the topic publish-policy
+defaults ``--max-depth`` ... ``--dedup-window-ms``): the flag name, the
 config-file key(s), the value kind, the ``Options`` field it sets, and -- for the settings lmqd
 accepts only so that nsqd command lines and config files keep working -- why it has no effect.
 ``lmqd.cli`` builds its flags from this table and ``docs/operations.md`` documents it;
@@ -191,6 +192,19 @@ SETTINGS: tuple[Setting, ...] = (
             "[lmq] cap of that delay (0: one hour)"),
     Setting("backoff-jitter", Kind.FLOAT, "backoff_jitter",
             "[lmq] fraction of the delay taken off at random, 0 to 1"),
+    Setting("max-depth", Kind.INT, "max_depth",
+            "[lmq] default topic policy: most messages any channel of a topic may have waiting "
+            "(0: unbounded)"),
+    Setting("overflow", Kind.STRING, "overflow",
+            "[lmq] default topic policy at max-depth: reject or drop_oldest"),
+    Setting("publish-rate", Kind.INT, "publish_rate",
+            "[lmq] default topic policy: messages per second a topic accepts (0: no limit)"),
+    Setting("publish-burst", Kind.INT, "publish_burst",
+            "[lmq] default topic policy: messages accepted at once above the rate "
+            "(0: publish-rate)"),
+    Setting("dedup-window-ms", Kind.INT, "dedup_window_ms",
+            "[lmq] default topic policy: drop a body equal to one published this many ms "
+            "before (0: off)"),
     Setting("queue-scan-worker-pool-max", Kind.INT, "queue_scan_worker_pool_max",
             "max concurrency for checking in-flight and deferred timeouts", inert=_NO_SCAN),
     Setting("queue-scan-selection-count", Kind.INT, "queue_scan_selection_count",

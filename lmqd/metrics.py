@@ -20,6 +20,10 @@ lmqd_topic_messages_total (published)                 counter   topic
 lmqd_topic_message_bytes_total                        counter   topic
 lmqd_topic_e2e_processing_latency_seconds             gauge     topic, quantile
 lmqd_topic_e2e_processing_latency_samples             gauge     topic
+lmqd_topic_overflow_dropped_messages_total            counter   topic
+lmqd_topic_overflow_refused_messages_total            counter   topic
+lmqd_topic_rate_limited_messages_total                counter   topic
+lmqd_topic_deduplicated_messages_total                counter   topic
 lmqd_channel_depth / _backend_depth                   gauge     topic, channel
 lmqd_channel_in_flight / _deferred / _clients         gauge     topic, channel
 lmqd_channel_paused                                   gauge     topic, channel
@@ -41,6 +45,10 @@ lmqd_sync_failures_total (failed queue syncs)         counter
 lmqd_fsync_duration_seconds (per round)               histogram
 lmqd_queue_disk_bytes                                 gauge     topic, channel
 ===================================================== ========= ===========================
+
+The four topic policy counters (``lmqd.engine.admission``: dropped by ``overflow=drop_oldest``,
+refused by ``overflow=reject``, refused by the publish rate, left out by the dedup window) have a
+series only for topics with a publish policy or a count above 0 (``TopicStats.publish_policy``).
 
 ``client`` labels are ``client_id`` (IDENTIFY's, not unique) and ``remote_address`` (unique per
 live connection). The e2e latency is nsqd's rolling-window percentile (``lmqd.engine.e2e``) in
@@ -150,8 +158,23 @@ class LmqCollector(Collector):
         messages = _counter("lmqd_topic_messages", "messages published to the topic", _TOPIC)
         nbytes = _counter("lmqd_topic_message_bytes", "bytes published to the topic", _TOPIC)
         latency, samples = _latency_families("topic", _TOPIC)
+        dropped = _counter("lmqd_topic_overflow_dropped_messages",
+                           "messages dropped to keep the topic's channels within max_depth", _TOPIC)
+        refused = _counter("lmqd_topic_overflow_refused_messages",
+                           "messages refused because the topic was at max_depth", _TOPIC)
+        limited = _counter("lmqd_topic_rate_limited_messages",
+                           "messages refused by the topic's publish rate", _TOPIC)
+        deduplicated = _counter("lmqd_topic_deduplicated_messages",
+                                "messages answered OK but not enqueued: a body seen within the "
+                                "topic's dedup window", _TOPIC)
         for t in topics:
             key = [t.topic_name]
+            policy = t.publish_policy
+            if policy is not None:
+                dropped.add_metric(key, policy.overflow_dropped_count)
+                refused.add_metric(key, policy.overflow_refused_count)
+                limited.add_metric(key, policy.rate_limited_count)
+                deduplicated.add_metric(key, policy.deduplicated_count)
             depth.add_metric(key, t.depth)
             backend.add_metric(key, t.backend_depth)
             channels.add_metric(key, len(t.channels))
@@ -159,7 +182,8 @@ class LmqCollector(Collector):
             messages.add_metric(key, t.message_count)
             nbytes.add_metric(key, t.message_bytes)
             _add_latency(latency, samples, key, t.e2e_processing_latency)
-        yield from (depth, backend, channels, paused, messages, nbytes, latency, samples)
+        yield from (depth, backend, channels, paused, messages, nbytes, latency, samples,
+                    dropped, refused, limited, deduplicated)
 
     def _channel_metrics(self, topics: list[TopicStats]) -> Iterator[Metric]:
         depth = _gauge("lmqd_channel_depth", "ready messages (memory + backend)", _CHANNEL)

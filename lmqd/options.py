@@ -48,6 +48,8 @@ message's attempts as a uint16 (nsqd's frame), so a larger limit could never be 
 MAX_BACKOFF_MS = 3_600_000
 """The largest ``backoff_ms``/``backoff_max_ms``, and the cap when ``backoff_max_ms`` is 0: one
 hour, nsqd's default ``--max-req-timeout`` (the longest delay a client may give a ``REQ``)."""
+OVERFLOW_MODES = ("reject", "drop_oldest")
+"""What a topic at its ``max_depth`` does with a publish (``lmqd.engine.policy``)."""
 
 LOG_LEVELS = ("debug", "info", "warn", "error", "fatal")
 """``--log-level`` names, nsqd's (``internal/lg``), in order: DEBUG = 1 ... FATAL = 5."""
@@ -106,6 +108,17 @@ class Options:
     """The cap of that delay (0: ``MAX_BACKOFF_MS``, an hour)."""
     backoff_jitter: float = attrs.field(default=0.0)
     """Fraction of the delay taken off at random, 0 to 1."""
+    # lmq topic publish policies (lmqd.engine.policy): the defaults of every topic's own keys.
+    max_depth: int = attrs.field(default=0, validator=_non_negative)
+    """The deepest backlog a topic's channel may have (0: unbounded, nsqd)."""
+    overflow: str = attrs.field(default="reject")
+    """What a topic at its max_depth does with a publish: one of ``OVERFLOW_MODES``."""
+    publish_rate: int = attrs.field(default=0, validator=_non_negative)
+    """Messages per second a topic accepts (0: no limit)."""
+    publish_burst: int = attrs.field(default=0, validator=_non_negative)
+    """Messages a topic accepts at once above its rate (0: one second's worth)."""
+    dedup_window_ms: int = attrs.field(default=0, validator=_non_negative)
+    """A body equal to one published this recently is not enqueued again (0: off)."""
 
     # -- messages
     msg_timeout: float = attrs.field(default=60.0, validator=_positive)
@@ -176,6 +189,11 @@ class Options:
     def _check_deflate_level(self, attribute: attrs.Attribute[int], value: int) -> None:
         if not 1 <= value <= 9:
             raise ValueError("--max-deflate-level must be [1,9]")
+
+    @overflow.validator
+    def _check_overflow(self, attribute: attrs.Attribute[str], value: str) -> None:
+        if value not in OVERFLOW_MODES:
+            raise ValueError(f"--overflow must be {' or '.join(OVERFLOW_MODES)} (got {value!r})")
 
     @node_id.validator
     def _check_node_id(self, attribute: attrs.Attribute[int], value: int) -> None:

@@ -266,7 +266,7 @@ class LmqDaemon:
         self._shutdown.set()
 
 
-def _restore_policy(topic: Topic, stored: Sequence[tuple[str, int]]) -> None:
+def _restore_policy(topic: Topic, stored: Sequence[tuple[str, int | str]]) -> None:
     """The topic's own policy keys from the metadata file (ones this build does not know are
     logged and left out)."""
     if not stored:

@@ -170,6 +170,24 @@ class ChannelStats:
 
 
 @attrs.frozen(kw_only=True)
+class PublishPolicyStats:
+    """lmq: what a topic's publish policies did (``lmqd.engine.admission``), in messages."""
+
+    overflow_dropped_count: int = 0
+    overflow_refused_count: int = 0
+    rate_limited_count: int = 0
+    deduplicated_count: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "overflow_dropped_count": self.overflow_dropped_count,
+            "overflow_refused_count": self.overflow_refused_count,
+            "rate_limited_count": self.rate_limited_count,
+            "deduplicated_count": self.deduplicated_count,
+        }
+
+
+@attrs.frozen(kw_only=True)
 class TopicStats:
     """One topic and its channels (sorted by name, as nsqd sorts them)."""
 
@@ -181,6 +199,9 @@ class TopicStats:
     message_bytes: int
     paused: bool
     e2e_processing_latency: E2eLatency = NO_E2E_LATENCY
+    publish_policy: PublishPolicyStats | None = None
+    """lmq: None while the topic has no publish policy and its counters are all 0; otherwise
+    its four counters follow nsqd's keys in ``to_dict``."""
 
     # lmq's channel policies: the sums over the topic's channels.
     @property
@@ -196,7 +217,7 @@ class TopicStats:
         return sum(c.max_attempts_dropped_count for c in self.channels)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        d: dict[str, Any] = {
             "topic_name": self.topic_name,
             "channels": [c.to_dict() for c in self.channels],
             "depth": self.depth,
@@ -209,3 +230,6 @@ class TopicStats:
             "expired_count": self.expired_count,
             "max_attempts_dropped_count": self.max_attempts_dropped_count,
         }
+        if self.publish_policy is not None:
+            d.update(self.publish_policy.to_dict())
+        return d

@@ -271,6 +271,9 @@ def test_percentiles_flag_is_repeatable_and_comma_separated_sorted_like_nsqd() -
         ({"msg-timeout": "90"}, 'missing unit in duration "90" (a duration needs a unit, e.g. 90s'),
         ({"sync-every": "many"}, 'invalid value "many" for --sync-every: not an integer'),
         ({"durable": "yes"}, 'invalid value "yes" for --durable: not a boolean'),
+        ({"overflow": "drop_newest"}, "--overflow must be reject or drop_oldest"),
+        ({"max-depth": "-1"}, "--max-depth must be >= 0"),
+        ({"publish-rate": "-5"}, "--publish-rate must be >= 0"),
     ],
 )
 def test_validation_errors(flags: dict[str, Any], message: str) -> None:
@@ -455,3 +458,13 @@ def test_operations_doc_lists_every_flag_and_marks_the_inert_ones() -> None:
     assert set(rows) == {s.flag for s in config.SETTINGS} | {"config", "version"}
     for s in config.SETTINGS:
         assert ("**inert**" in rows[s.flag]) == bool(s.inert), s.flag
+
+
+def test_topic_policy_defaults_from_flags_and_config() -> None:
+    file = {"max_depth": 100, "overflow": "drop_oldest", "dedup_window_ms": 300_000}
+    options = resolve({"publish-rate": "50", "publish-burst": "80"}, file).options
+    assert (options.max_depth, options.overflow, options.dedup_window_ms) == (
+        100, "drop_oldest", 300_000,
+    )
+    assert (options.publish_rate, options.publish_burst) == (50, 80)
+    assert resolve({}).options.overflow == "reject"

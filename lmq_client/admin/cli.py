@@ -49,6 +49,7 @@ from lmq_client.lookupd import (
 from lmq_client.transport import PLAIN, TransportOptions
 from lmqd import NSQD_COMPAT_VERSION, __version__
 from lmqd.net import split_address
+from lmqd.options import OVERFLOW_MODES
 
 __all__ = ["cli", "main"]
 
@@ -427,6 +428,16 @@ def _split_unit(text: str) -> tuple[float | None, str]:
 @click.option("--ttl", metavar="DURATION", callback=_retention_ms,
               help="policy: dead-letter or drop messages not delivered this long after their "
                    "publish (1h, 30m, 0).")
+@click.option("--max-depth", type=click.IntRange(min=0),
+              help="policy: most messages any channel may have waiting (0: unbounded).")
+@click.option("--overflow", type=click.Choice(OVERFLOW_MODES),
+              help="policy: at max-depth, refuse the publish or drop the oldest messages.")
+@click.option("--rate", type=click.IntRange(min=0),
+              help="policy: messages per second the topic accepts (0: no limit).")
+@click.option("--burst", type=click.IntRange(min=0),
+              help="policy: messages accepted at once above the rate (0: the rate).")
+@click.option("--dedup-window", metavar="DURATION", callback=_retention_ms,
+              help="policy: drop a body equal to one published this recently (5m, 30s, 0).")
 @json_option
 @click.pass_obj
 @handle_errors
@@ -437,18 +448,30 @@ def topic(
     retention: int | None,
     retention_bytes: int | None,
     ttl: int | None,
+    max_depth: int | None,
+    overflow: str | None,
+    rate: int | None,
+    burst: int | None,
+    dedup_window: int | None,
 ) -> None:
     """create | delete | empty | pause | unpause a topic, on every daemon; policy shows or sets
     a topic's policy (lmqd)."""
-    changes = {
-        key: value
-        for key, value in (
-            ("retention_ms", retention), ("retention_bytes", retention_bytes), ("ttl_ms", ttl)
-        )
-        if value is not None
-    }
+    given: tuple[tuple[str, int | str | None], ...] = (
+        ("retention_ms", retention),
+        ("retention_bytes", retention_bytes),
+        ("ttl_ms", ttl),
+        ("max_depth", max_depth),
+        ("overflow", overflow),
+        ("publish_rate", rate),
+        ("publish_burst", burst),
+        ("dedup_window_ms", dedup_window),
+    )
+    changes = {key: value for key, value in given if value is not None}
     if changes and action != "policy":
-        raise click.UsageError("--retention, --retention-bytes and --ttl go with policy")
+        raise click.UsageError(
+            "--retention, --retention-bytes, --ttl, --max-depth, --overflow, --rate, --burst "
+            "and --dedup-window go with policy"
+        )
     # With lookupds: create on every node, anything else on the nodes that have the topic.
     addresses = settings.http_addresses(None if action == "create" else topic)
     _require_nodes(addresses, topic)

@@ -1,5 +1,9 @@
 """``lmqadmin stats``: /stats of one or more daemons, per topic and channel, as a table.
 
+A topic with a publish policy (lmqd) adds its counters (``overflow_dropped_count``,
+``overflow_refused_count``, ``rate_limited_count``, ``deduplicated_count``): a "policy" column
+in the table (shown only when some topic has them) and the same keys in ``--json``.
+
 Rates need two samples: a row's rate is the growth of its ``message_count`` between two polls
 divided by the time between them (nsq_stat's ingress/egress columns work the same way). Across
 daemons counts are summed; an e2e latency percentile is the highest any daemon reports (the
@@ -36,6 +40,16 @@ _COUNTS = (
     "max_attempts_dropped_count",
 )
 
+POLICY_COUNTS = (
+    "overflow_dropped_count",
+    "overflow_refused_count",
+    "rate_limited_count",
+    "deduplicated_count",
+)
+"""lmqd's topic publish policy counters (absent from nsqd's /stats and for topics without)."""
+
+_POLICY_LABELS = ("dropped", "refused", "rate-limited", "deduplicated")
+
 
 @attrs.define
 class Row:
@@ -49,6 +63,8 @@ class Row:
     """quantile -> nanoseconds."""
     rate: float | None = None
     """Messages per second into the topic/channel since the previous sample."""
+    policy: dict[str, int] | None = None
+    """A topic's publish policy counters, summed over the daemons that report them."""
 
 
 Key = tuple[str, str | None]
@@ -131,6 +147,13 @@ def _add(row: Row, data: Mapping[str, Any]) -> None:
         value = data.get(key)
         if isinstance(value, int):
             row.counts[key] += value
+    if row.channel is None and any(key in data for key in POLICY_COUNTS):
+        policy = row.policy if row.policy is not None else dict.fromkeys(POLICY_COUNTS, 0)
+        for key in POLICY_COUNTS:
+            value = data.get(key)
+            if isinstance(value, int):
+                policy[key] += value
+        row.policy = policy
     row.paused = row.paused or bool(data.get("paused"))
     e2e = data.get("e2e_processing_latency") or {}
     for p in e2e.get("percentiles") or []:
@@ -176,6 +199,17 @@ def _cells(row: Row) -> list[str]:
     ]
 
 
+def _policy_text(row: Row) -> str:
+    if row.policy is None:
+        return "-" if row.channel is None else ""
+    shown = [
+        f"{label} {row.policy[key]}"
+        for key, label in zip(POLICY_COUNTS, _POLICY_LABELS, strict=True)
+        if row.policy[key]
+    ]
+    return ", ".join(shown) or "0"
+
+
 def render_table(snap: Snapshot) -> Table:
     """The snapshot as a rich table: one row per topic, its channels indented below it; with
     several daemons a node column, and under each total row one row per daemon."""
@@ -187,7 +221,18 @@ def render_table(snap: Snapshot) -> Table:
     for header in _HEADERS:
         table.add_column(header, justify="right", no_wrap=True)
     table.add_column("e2e latency", justify="left", no_wrap=True)
-    width = len(_HEADERS) + (2 if several else 1)
+    policies = any(
+        row.policy is not None
+        for rows in (snap.rows, *snap.per_node.values())
+        for row in rows.values()
+    )
+    if policies:
+        table.add_column("policy", justify="left", no_wrap=True)
+    width = len(_HEADERS) + (2 if several else 1) + (1 if policies else 0)
+
+    def cells(row: Row) -> list[str]:
+        return [*_cells(row), _policy_text(row)] if policies else _cells(row)
+
     if not snap.rows:
         table.add_row("(no topics)", *[""] * width)
     for key, row in snap.rows.items():
@@ -196,12 +241,12 @@ def render_table(snap: Snapshot) -> Table:
             name += " (paused)"
         name = name if row.channel is not None else f"[bold]{name}[/bold]"
         if not several:
-            table.add_row(name, *_cells(row))
+            table.add_row(name, *cells(row))
             continue
         nodes = [(node, rows[key]) for node, rows in snap.per_node.items() if key in rows]
-        table.add_row(name, f"all ({len(nodes)})", *_cells(row))
+        table.add_row(name, f"all ({len(nodes)})", *cells(row))
         for node, node_row in nodes:
-            table.add_row("", node, *_cells(node_row))
+            table.add_row("", node, *cells(node_row))
     return table
 
 
@@ -231,6 +276,7 @@ def snapshot_json(snap: Snapshot) -> dict[str, Any]:
 def _row_json(row: Row) -> dict[str, Any]:
     return {
         **row.counts,
+        **(row.policy or {}),
         "paused": row.paused,
         "rate": row.rate,
         "e2e_processing_latency_ns": {f"{q:g}": v for q, v in sorted(row.e2e.items())},

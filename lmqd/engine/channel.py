@@ -1139,6 +1139,15 @@ class Channel:
             # What the topic has handed on is this channel's queue: it now reads from the end.
             self.cursor.seek(self.cursor.stream.pumped, keep_unsettled=False)
 
+    def drop_oldest(self, count: int, now: float) -> int:
+        """Drop up to ``count`` of the messages delivery would take next (the oldest waiting:
+        the own store, then the cursor), for a topic's ``overflow="drop_oldest"``; how many.
+        ``--durable``: they are acknowledged as a FIN would."""
+        dropped = self._take(count, now)
+        if self._acks is not None and dropped:
+            self._acks.ack(dropped)
+        return len(dropped)
+
     def seek(self, offset: int) -> int:
         """Read the topic's stream from ``offset`` on (clamped to what is stored): a replay, or
         a jump ahead. In-flight, requeued and deferred messages stay and settle as usual (in

@@ -277,7 +277,12 @@ class ChannelCursor:
         if self.position >= start:
             self.position = max(self.position, end)
         else:
-            self._skips.append((start, end))
+            if self._skips and self._skips[-1][1] == start:
+                # Consecutive drops (drop_oldest on a paused topic) make one range, not a list
+                # that grows with every publish.
+                self._skips[-1] = (self._skips[-1][0], end)
+            else:
+                self._skips.append((start, end))
             if self._log_cursor is not None:
                 self._log_cursor.add_skip(start, end)
 

@@ -394,6 +394,23 @@ class TopicStream:
             lo = bisect_left(deferred, old)
             del deferred[lo : bisect_left(deferred, skip_to, lo)]
 
+    def drop_unpumped(self, count: int) -> int:
+        """``overflow="drop_oldest"``: drop the oldest ``count`` messages not yet handed to the
+        channels (every cursor steps over them, as after ``reset_unpumped``); how many."""
+        old = self.pumped
+        new = min(old + count, self.next_offset)
+        if new <= old:
+            return 0
+        self.pumped = new
+        for cursor in self.cursors:
+            cursor.skip(old, new)
+        deferred = self.deferred
+        if deferred:
+            lo = bisect_left(deferred, old)
+            del deferred[lo : bisect_left(deferred, new, lo)]
+        self.trim()
+        return new - old
+
     # -- durable deferred copies --------------------------------------------------------------
 
     def pin(self, offset: int) -> None:

@@ -33,13 +33,15 @@ from functools import partial
 from itertools import repeat
 from typing import TYPE_CHECKING
 
+import attrs
 import trio
 
+from lmqd.engine.admission import PublishCounters, PublishGate, PublishRefused
 from lmqd.engine.backend import BackendError, BackendQueue, DummyBackend
 from lmqd.engine.channel import Channel, DeadLetterSink, TopicExiting
 from lmqd.engine.cursor import ChannelCursor
 from lmqd.engine.e2e import E2eLatencyStream
-from lmqd.engine.policy import TopicPolicy
+from lmqd.engine.policy import PolicyValue, TopicPolicy
 from lmqd.engine.stream import TOPIC_CURSOR, TopicStream
 from lmqd.message import GuidFactory, Message, copies
 from lmqd.names import is_ephemeral
@@ -50,7 +52,7 @@ from lmqd.storage import TopicLog
 if TYPE_CHECKING:
     from lmqd.engine.syncer import Syncer
 
-__all__ = ["Topic", "TopicExiting"]
+__all__ = ["PublishOutcome", "Topic", "TopicExiting"]
 
 log = logging.getLogger("lmqd.topic")
 
@@ -58,6 +60,18 @@ log = logging.getLogger("lmqd.topic")
 # delivery round per channel) vanish per message; small enough that one busy topic yields to the
 # network tasks often (a batch of 2048 takes roughly a millisecond).
 PUMP_BATCH = 2048
+
+
+@attrs.frozen
+class PublishOutcome:
+    """What ``Topic.publish_run`` did with a run of publish commands."""
+
+    messages: list[Message]
+    """The messages stored (duplicates the dedup window left out are not among them)."""
+    accepted: int
+    """Commands accepted (answered OK), a prefix of the run."""
+    refusal: PublishRefused | None = None
+    """Why command ``accepted`` was refused (None: the whole run was accepted)."""
 
 
 class Topic:
@@ -118,10 +132,15 @@ class Topic:
         """The topic's messages by offset: memory tail and log."""
         self.durable = options.durable and log is not None
         """``--durable``: every publish is in the log, and its ``OK`` waits for the fsync."""
-        self.policy_settings: dict[str, int] = {}
+        self._clock = clock
+        self.policy_settings: dict[str, PolicyValue] = {}
         """The topic's own policy keys (``policy.py``), persisted with the metadata."""
         self.policy = TopicPolicy.effective(options, {})
         """The effective policy: the daemon's defaults, then ``policy_settings``."""
+        self.publish_counters = PublishCounters()
+        """What the publish policies did (kept when the policy changes)."""
+        self.gate: PublishGate | None = None
+        """The publish policies (``admission.py``); None when none is on: nsqd's path."""
         self._apply_policy()
         if syncer is not None and log is not None:
             syncer.register(self.stream)
@@ -164,8 +183,18 @@ class Topic:
         the next offsets.
 
         ``defer`` > 0 (seconds, DPUB) sets ``deliver_at = now + defer``. Raises
-        ``TopicExiting``, or ``BackendError`` having stored none of them.
+        ``TopicExiting``, or ``BackendError`` having stored none of them; with publish
+        policies (``gate``), ``PublishRefused`` having stored none of them, and duplicates
+        are left out of the result.
         """
+        if self.gate is not None:
+            outcome = self.publish_run(bodies, [len(bodies)], now, defer)
+            if outcome.refusal is not None:
+                raise outcome.refusal
+            return outcome.messages
+        return self._publish(bodies, now, defer)
+
+    def _publish(self, bodies: Sequence[bytes], now: float, defer: float) -> list[Message]:
         if self.exiting:
             raise TopicExiting(f"topic {self.name} is exiting")
         ids = self._guid.new_ids(len(bodies))
@@ -177,6 +206,82 @@ class Topic:
         messages = list(map(Message, ids, bodies, repeat(ts), repeat(0), repeat(deliver_at)))
         self._put(messages, sum(map(len, bodies)), deliver_at > 0)
         return messages
+
+    def publish_run(
+        self, bodies: Sequence[bytes], sizes: Sequence[int], now: float, defer: float = 0.0
+    ) -> PublishOutcome:
+        """Publish a run of commands (``sizes``: how many of ``bodies`` each has, in order)
+        through the publish policies: dedup, then ``max_depth`` (see ``admission.py``). The
+        rate was the caller's (``gate.reserve``). Raises ``TopicExiting`` or ``BackendError``
+        having stored nothing and remembered nothing."""
+        gate = self.gate
+        if gate is None:
+            return PublishOutcome(self._publish(bodies, now, defer), len(sizes))
+        if self.exiting:
+            raise TopicExiting(f"topic {self.name} is exiting")
+        window = gate.dedup
+        pending: set[bytes] = set()
+        if window is not None:
+            window.expire(now)
+        reject = gate.max_depth > 0 and not gate.drop_oldest
+        room = gate.max_depth - self.backlog() if reject else 0
+        kept: list[bytes] = []
+        digests: list[bytes] = []
+        accepted = 0
+        refusal: PublishRefused | None = None
+        offered = 0
+        start = 0
+        for size in sizes:
+            command = bodies[start : start + size]
+            start += size
+            if window is not None:
+                new, new_digests = window.unseen(command, pending)
+            else:
+                new, new_digests = list(command), []
+            if reject and new and len(kept) + len(new) > room:
+                refusal = gate.refuse_full(size)
+                log.debug("TOPIC(%s): refused %d messages: %s", self.name, size, refusal)
+                break
+            kept += new
+            digests += new_digests
+            offered += size
+            accepted += 1
+        messages = self._publish(kept, now, defer) if kept else []
+        if window is not None:
+            window.remember(digests, now)
+            gate.counters.deduplicated += offered - len(kept)
+        if gate.drop_oldest and gate.max_depth > 0 and messages:
+            gate.counters.overflow_dropped += self._drop_oldest(gate.max_depth, now)
+        return PublishOutcome(messages, accepted, refusal)
+
+    def backlog(self) -> int:
+        """The deepest backlog of a channel: its waiting messages plus the topic's not yet
+        handed on (the topic's alone without channels); what ``max_depth`` bounds."""
+        deepest = 0
+        for channel in self.channels.values():
+            if not channel.exiting:
+                depth = channel.depth
+                if depth > deepest:
+                    deepest = depth
+        return self.stream.depth + deepest
+
+    def _drop_oldest(self, limit: int, now: float) -> int:
+        """Drop the oldest waiting messages of every backlog over ``limit`` (the topic's not
+        yet handed on first, which every channel would get); how many (see
+        ``PublishCounters.overflow_dropped``)."""
+        stream = self.stream
+        dropped = 0
+        over = stream.depth - limit
+        if over > 0:
+            dropped += stream.drop_unpumped(over)
+        pending = stream.depth
+        for channel in self.channels.values():
+            if channel.exiting:
+                continue
+            over = channel.depth + pending - limit
+            if over > 0:
+                dropped += channel.drop_oldest(over, now)
+        return dropped
 
     def put_many(self, messages: Sequence[Message]) -> None:
         """Store already-built messages (at the next offsets). All or none: raises
@@ -378,7 +483,7 @@ class Topic:
 
     # -- policy ------------------------------------------------------------------------------
 
-    def set_policy(self, changes: Mapping[str, int]) -> TopicPolicy:
+    def set_policy(self, changes: Mapping[str, PolicyValue]) -> TopicPolicy:
         """Set policy keys (validated by ``policy.parse_update``); returns the effective policy.
 
         Raises ``BackendError`` if turning retention on had to write the memory tail to the log
@@ -395,10 +500,16 @@ class Topic:
     def _apply_policy(self) -> None:
         for channel in self.channels.values():
             channel.set_ttl(self.policy.ttl_ms)
+        policy = self.policy
+        if policy.gates_publishing:
+            if self.gate is None:
+                self.gate = PublishGate(self.name, self.publish_counters)
+            self.gate.configure(policy, self._clock())
+        else:
+            self.gate = None
         log_ = self.stream.log
         if log_ is None:
             return
-        policy = self.policy
         log_.retention_ms = policy.retention_ms or None
         log_.retention_bytes = policy.retention_bytes or None
         self.stream.set_write_through(policy.retains or self.options.durable)
@@ -487,4 +598,9 @@ class Topic:
             message_bytes=self.message_bytes,
             paused=self.paused,
             e2e_processing_latency=self.e2e_latency(),
+            publish_policy=(
+                self.publish_counters.snapshot()
+                if self.gate is not None or self.publish_counters.any
+                else None
+            ),
         )

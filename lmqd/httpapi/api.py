@@ -10,22 +10,29 @@ Status codes and message texts are nsqd's, word for word.
 
 Publishing goes through ``broker.publish`` exactly as TCP PUB/MPUB/DPUB do (one code path into
 the topic); any failure there is nsqd's ``503 EXITING``. HTTP publishers are not clients, so
-they never appear in ``producers`` (nsqd behaviour).
+they never appear in ``producers`` (nsqd behaviour). A topic's publish policies
+(``lmqd.engine.admission``) answer ``503 TOPIC_FULL`` (``max_depth``, ``overflow=reject``: the
+service cannot take it now, as for ``EXITING``) and ``429 RATE_LIMITED`` with ``Retry-After``
+(the publisher asked too fast: RFC 6585's meaning, and a client that honours it succeeds when
+it retries); a request within the rate waits for its tokens, at most ``PUBLISH_WAIT_MAX``.
 """
 
 from __future__ import annotations
 
 import gc
 import logging
+import math
 import re
 import socket
 import time
 from typing import TYPE_CHECKING, Any
 
 import attrs
+import trio
 from prometheus_client.exposition import choose_encoder
 
 from lmqd import NSQD_COMPAT_VERSION
+from lmqd.engine.admission import RateLimited, TopicFull
 from lmqd.engine.backend import BackendError
 from lmqd.engine.topic import Topic, TopicExiting
 from lmqd.gohttp import QueryError
@@ -38,6 +45,7 @@ from lmqd.httpapi.asgi import (
     Query,
     Request,
     Response,
+    error_response,
     go_json,
     json_response,
 )
@@ -182,14 +190,26 @@ class HttpApi(AsgiApp):
         except BackendError:  # its disk queue could not be opened
             raise HttpError(500, "INTERNAL_ERROR") from None
 
-    async def _publish(self, topic: str, bodies: list[bytes], defer_s: float = 0.0) -> None:
+    async def _publish(self, topic: str, bodies: list[bytes], defer_s: float = 0.0) -> Response:
         # The one publish path shared with TCP; with --durable it returns once fsynced, so the
         # OK below means what a TCP OK means.
+        gate = self.broker.publish_gate(topic)
+        if gate is not None and gate.bucket is not None:
+            now = trio.current_time()
+            paid, wait = gate.reserve([len(bodies)], now)
+            if not paid:
+                refused = gate.refuse_rate(len(bodies), now)
+                return _rate_limited(refused)
+            if wait > 0:
+                await trio.sleep(wait)  # this request only: its tokens are reserved
         try:
             await self.broker.publish_durable(topic, bodies, defer_s)
+        except TopicFull:
+            raise HttpError(503, "TOPIC_FULL") from None
         except (BackendError, TopicExiting):
             # nsqd answers every PutMessage(s) failure (exiting or a failed backend write) so.
             raise HttpError(503, "EXITING") from None
+        return OK
 
     # -- /ping, /info ------------------------------------------------------------------------
 
@@ -243,8 +263,7 @@ class HttpApi(AsgiApp):
             defer_ms = int(raw_defer)
             if defer_ms < 0 or defer_ms * 1_000_000 > _ns(options.max_req_timeout):
                 raise HttpError(400, "INVALID_DEFER")
-        await self._publish(name, [body], defer_ms / 1000)
-        return OK
+        return await self._publish(name, [body], defer_ms / 1000)
 
     async def mpub(self, request: Request) -> Response:
         options = self.broker.options
@@ -269,7 +288,7 @@ class HttpApi(AsgiApp):
         else:
             bodies = _parse_text_mpub(body, options.max_msg_size, max_body + 1)
         if bodies:
-            await self._publish(name, bodies)
+            return await self._publish(name, bodies)
         return OK
 
     @staticmethod
@@ -431,6 +450,14 @@ class HttpApi(AsgiApp):
     async def metrics(self, request: Request) -> Response:
         encode, content_type = choose_encoder(request.accept)
         return Response(200, encode(self.registry), content_type, v1=False)
+
+
+def _rate_limited(refused: RateLimited) -> Response:
+    """``429 RATE_LIMITED`` with the whole seconds until the request's tokens would be there."""
+    retry = max(1, math.ceil(refused.retry_after))
+    return attrs.evolve(
+        error_response(429, "RATE_LIMITED"), headers=(("Retry-After", str(retry)),)
+    )
 
 
 def _parse_text_mpub(body: bytes, max_msg: int, read_max: int) -> list[bytes]:

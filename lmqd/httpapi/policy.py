@@ -1,9 +1,12 @@
 """``GET``/``POST /topic/policy?topic=T``: a topic's policy (lmq; ``lmqd.engine.policy``).
 
 ``GET`` answers the topic's effective policy as a JSON object, ``{"retention_ms": N,
-"retention_bytes": M}`` (the daemon's ``--retention-ms``/``--retention-bytes`` where the topic
-sets nothing of its own). ``POST`` takes a JSON object of the keys to change, applies them all
-or none, persists them with the metadata, and answers the whole policy as ``GET`` does.
+"retention_bytes": M, "max_depth": ..., "overflow": "reject", ...}`` (every key of
+``lmqd.engine.policy``; the daemon's flags of the same names where the topic sets nothing of its
+own). ``POST`` takes a JSON object of the keys to change, applies them all or none, persists them
+with the metadata, and answers the whole policy as ``GET`` does; with ``--durable`` it answers
+once the metadata file with the change is fsynced (as a durable publish waits for its ``OK``),
+so a policy answered survives ``kill -9``.
 
 Errors: 400 ``MISSING_ARG_TOPIC`` / ``INVALID_ARG_TOPIC``, 404 ``TOPIC_NOT_FOUND`` (the topic
 must exist, as for the other topic endpoints that change one), 413 ``INVALID_POLICY: ...``
@@ -82,4 +85,6 @@ class PolicyApi:
                 topic.set_policy(changes)
             except BackendError:
                 raise HttpError(500, "INTERNAL_ERROR") from None
+            if self.broker.options.durable and not topic.ephemeral:
+                await self.broker.syncer.wait_idle()  # the round that writes the metadata
         return json_response(topic.policy.to_dict())

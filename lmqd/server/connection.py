@@ -20,7 +20,8 @@ them and the connection closes. When the connection ends for any reason its in-f
 requeued at once (nsqd waits for their timeout).
 
 When the session waits (``Session.waiting``) the reader does the work: an AUTH query to the auth
-servers, or the stream upgrade an IDENTIFY negotiated. For an upgrade the writer is paused once
+servers, a sleep for a rate-limited publish (``Throttle``), or the stream upgrade an IDENTIFY
+negotiated. For an upgrade the writer is paused once
 it has sent the IDENTIFY answer (no heartbeat may follow it in plaintext); the reader runs the
 TLS handshake and the codec on the stream (``lmqd.server.upgrade``), swaps ``stream`` for the
 upgraded one and lets the writer go on. A plain connection pays nothing for this: one flag test
@@ -40,7 +41,7 @@ from lmqd.net import split_address
 from lmqd.protocol import HEARTBEAT_FRAME, Limits, ServerConnection
 from lmqd.server.output import OutputBuffer
 from lmqd.server.security import ServerSecurity
-from lmqd.server.session import OUTPUT_HIGH_WATER, AuthQuery, Session, Upgrade, Wait
+from lmqd.server.session import OUTPUT_HIGH_WATER, AuthQuery, Session, Throttle, Upgrade, Wait
 from lmqd.server.upgrade import UpgradeFailed, upgrade_stream
 from lmqd.stats import ClientStats
 from lmqd.transport.auth_http import AuthQueryError
@@ -183,6 +184,11 @@ class TcpConnection:
         """Do what the session waits for; False if the connection must end."""
         if isinstance(wait, AuthQuery):
             await self._query_auth(wait)
+            return True
+        if isinstance(wait, Throttle):
+            # A publish waits for its topic's rate-limit tokens (at most PUBLISH_WAIT_MAX);
+            # only this connection waits, the writer (heartbeats, OKs) goes on.
+            await trio.sleep_until(wait.until)
             return True
         return await self._upgrade(wait)
 

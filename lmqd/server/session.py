@@ -6,12 +6,22 @@ applies them with plain calls: runs of consecutive PUB/MPUBs to one topic become
 everything else in order between the runs. Responses go to the connection's ``OutputBuffer``;
 the connection's I/O loops (``lmqd.server.connection``) only move bytes.
 
-Waiting for I/O without awaiting. Two things a command can need are not plain calls: the
-stream upgrade an IDENTIFY negotiates (TLS, snappy, deflate) and an answer from the auth servers
-(AUTH, or a cached answer whose ttl has passed when PUB/MPUB/DPUB/SUB is checked). The session
-then stops applying, keeps the commands not yet applied, and sets ``waiting`` to an ``Upgrade``
-or an ``AuthQuery``; the connection performs it, reports back (``upgraded``, ``auth_answered``)
-and calls ``resume``, which applies the kept commands and goes on parsing. The authorization
+Waiting for I/O without awaiting. Three things a command can need are not plain calls: the
+stream upgrade an IDENTIFY negotiates (TLS, snappy, deflate), an answer from the auth servers
+(AUTH, or a cached answer whose ttl has passed when PUB/MPUB/DPUB/SUB is checked), and time, for
+a publish to a topic with a rate limit whose tokens are not there yet. The session then stops
+applying, keeps the commands not yet applied, and sets ``waiting`` to an ``Upgrade``, an
+``AuthQuery`` or a ``Throttle``; the connection performs it, reports back (``upgraded``,
+``auth_answered``; a throttle is only a sleep) and calls ``resume``, which applies the kept
+commands and goes on parsing.
+
+Publish policies (``lmqd.engine.admission``). A run of publishes to a topic with a publish gate
+keeps its commands apart (MPUBs are accepted or refused whole, and a refusal is per command):
+the run's tokens are reserved at once (``gate.reserve``), the connection sleeps the wait that
+returns (one ``Throttle`` per run, at most ``PUBLISH_WAIT_MAX``; the reserved commands are
+``_prepaid`` when they are applied again), the topic accepts a prefix of them (dedup, depth), and
+the first command refused gets its ``E_<CMD>_FAILED`` after the ``OK`` of those before it. A run
+to a topic without a gate costs one dict lookup more than nsqd's path. The authorization
 check itself is a plain call on the cached answer (``lmqd.transport.auth.check_authorized``),
 done once per run of publishes to one topic, so there is no await per message.
 
@@ -31,6 +41,7 @@ from functools import partial
 import attrs
 
 from lmqd.broker import Broker
+from lmqd.engine.admission import PublishGate, PublishRefused
 from lmqd.engine.backend import BackendError
 from lmqd.engine.channel import Channel, NotInFlight, NotOwner, TooManyConsumers, TopicExiting
 from lmqd.engine.subscription import Subscription
@@ -103,7 +114,14 @@ class AuthQuery:
     channel: str | None = None
 
 
-Wait = Upgrade | AuthQuery
+@attrs.frozen
+class Throttle:
+    """A publish run waits for its rate-limit tokens until ``until`` (trio time)."""
+
+    until: float
+
+
+Wait = Upgrade | AuthQuery | Throttle
 
 
 class Session:
@@ -153,6 +171,9 @@ class Session:
         self.tls_state: TLSState | None = None
         self.codec_name = ""
         """``"snappy"`` or ``"deflate"`` once the stream is compressed."""
+        self._prepaid = 0
+        """Publish commands at the head of the kept commands whose rate-limit tokens are
+        already reserved (a ``Throttle`` ended)."""
 
     # -- Consumer ----------------------------------------------------------------------------
 
@@ -313,42 +334,55 @@ class Session:
         pub_kind = "PUB"
         pub_bodies: list[bytes] = []
         pub_count = 0
+        pub_gate: PublishGate | None = None
+        pub_commands: list[Pub | Mpub | Dpub] = []
         fins: list[bytes] = []
 
-        def flush() -> None:
-            nonlocal pub_topic, pub_count
+        def flush() -> bool:
+            # False: a gated run must wait (``waiting`` is set): stop applying.
+            nonlocal pub_topic, pub_count, pub_gate
             if fins:
                 self._finish_many(fins, now)
                 fins.clear()
             if pub_topic is not None:
-                topic, count = pub_topic, pub_count
-                pub_topic, pub_count = None, 0
+                topic, count, gate = pub_topic, pub_count, pub_gate
+                pub_topic, pub_count, pub_gate = None, 0, None
+                if gate is not None:
+                    commands = pub_commands[:]
+                    pub_commands.clear()
+                    return self._publish_gated(gate, topic, commands, events, now)
                 self._publish(pub_kind, topic, pub_bodies, 0.0)
                 pub_bodies.clear()
                 self._write_oks(pub_kind, topic, count)
+            return True
 
         for event in events:
             if isinstance(event, Fins):
-                if pub_topic is not None:
-                    flush()
+                if pub_topic is not None and not flush():
+                    return
                 fins += event.ids
                 continue
             if isinstance(event, Pub | Mpub):
                 if fins or event.topic != pub_topic:
-                    flush()
+                    if not flush():
+                        return
                     kind = "PUB" if isinstance(event, Pub) else "MPUB"
                     if self.auth_enabled and not self._auth_checked(kind, event.topic, None, now):
                         self._wait(events, event, self._refresh(kind, event.topic), after=False)
                         return
                     pub_topic = event.topic
                     pub_kind = kind
-                if isinstance(event, Pub):
+                    pub_gate = self.broker.publish_gate(event.topic)
+                if pub_gate is not None:
+                    pub_commands.append(event)
+                elif isinstance(event, Pub):
                     pub_bodies.append(event.body)
                 else:
                     pub_bodies.extend(event.bodies)
                 pub_count += 1
                 continue
-            flush()
+            if not flush():
+                return
             match event:
                 case Rdy(count=count):
                     self._ready(count)
@@ -362,6 +396,11 @@ class Session:
                     if self.auth_enabled and not self._auth_checked("DPUB", topic, None, now):
                         self._wait(events, event, self._refresh("DPUB", topic), after=False)
                         return
+                    gate = self.broker.publish_gate(topic)
+                    if gate is not None:
+                        if not self._publish_gated(gate, topic, [event], events, now):
+                            return
+                        continue
                     self._publish("DPUB", topic, [body], defer_ms / 1000)
                     self._write_oks("DPUB", topic, 1)
                 case Sub(topic=topic, channel=channel):
@@ -388,12 +427,62 @@ class Session:
         flush()
 
     def _publish(self, kind: str, topic: str, bodies: Sequence[bytes], defer: float) -> None:
+        self._prepaid = 0  # reserved for a gate the topic no longer has
         try:
             self.broker.publish(topic, bodies, defer)
+        except PublishRefused as exc:  # the policy came on since the run started
+            raise errors.publish_failed(kind, str(exc)) from exc
         except (BackendError, TopicExiting) as exc:
             raise errors.publish_failed(kind, str(exc) or "exiting") from exc
         # Messages, as nsqd counts them (an MPUB adds its length), however the run was coalesced.
         self.pub_counts[topic] = self.pub_counts.get(topic, 0) + len(bodies)
+
+    def _publish_gated(
+        self,
+        gate: PublishGate,
+        topic: str,
+        commands: list[Pub | Mpub | Dpub],
+        events: Sequence[Event],
+        now: float,
+    ) -> bool:
+        """Publish a run of commands through the topic's publish policies (see the module
+        docstring); False once the session waits for tokens. A refused command raises its
+        ``E_<CMD>_FAILED`` after the ``OK`` of the commands accepted before it."""
+        while commands:
+            sizes = [len(c.bodies) if isinstance(c, Mpub) else 1 for c in commands]
+            if self._prepaid:
+                paid, wait = min(self._prepaid, len(commands)), 0.0
+                self._prepaid = 0
+            else:
+                paid, wait = gate.reserve(sizes, now)
+                if paid == 0:
+                    refusal = gate.refuse_rate(sizes[0], now)
+                    raise errors.publish_failed(_kind(commands[0]), str(refusal))
+                if wait > 0:
+                    self._prepaid = paid
+                    self._wait(events, commands[0], Throttle(until=now + wait), after=False)
+                    return False
+            batch = commands[:paid]
+            commands = commands[paid:]
+            bodies: list[bytes] = []
+            for command in batch:
+                if isinstance(command, Mpub):
+                    bodies += command.bodies
+                else:
+                    bodies.append(command.body)
+            first = batch[0]
+            defer = first.defer_ms / 1000 if isinstance(first, Dpub) else 0.0
+            try:
+                outcome = self.broker.publish_run(topic, bodies, sizes[:paid], defer)
+            except (BackendError, TopicExiting) as exc:
+                raise errors.publish_failed(_kind(first), str(exc) or "exiting") from exc
+            accepted = outcome.accepted
+            if accepted:
+                self.pub_counts[topic] = self.pub_counts.get(topic, 0) + sum(sizes[:accepted])
+                self._write_oks(_kind(first), topic, accepted)
+            if outcome.refusal is not None:
+                raise errors.publish_failed(_kind(batch[accepted]), str(outcome.refusal))
+        return True
 
     def _write_oks(self, kind: str, topic: str, count: int) -> None:
         """Answer ``count`` publishes to ``topic``: now, or (durable) once they are fsynced."""
@@ -488,3 +577,8 @@ class Session:
             channel.touch(sub, msg_id, now)
         except (NotInFlight, NotOwner) as exc:
             self.fail(errors.touch_failed(msg_id, str(exc)))
+
+
+def _kind(command: Pub | Mpub | Dpub) -> str:
+    """The command's name, as its ``E_<CMD>_FAILED`` says it."""
+    return "PUB" if isinstance(command, Pub) else "MPUB" if isinstance(command, Mpub) else "DPUB"

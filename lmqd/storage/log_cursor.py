@@ -156,7 +156,11 @@ class Cursor:
     def add_skip(self, start: int, end: int) -> None:
         """The owner will step over ``[start, end)`` (at or after its position): persisted
         until the mark has passed it, so a restart steps over it too."""
-        self.skips.append((start, end))
+        skips = self.skips
+        if skips and skips[-1][1] == start:
+            skips[-1] = (skips[-1][0], end)  # consecutive drops: one range
+        else:
+            skips.append((start, end))
         self.dirty += 1
 
     def pending_skips(self) -> tuple[tuple[int, int], ...]:

@@ -7,7 +7,8 @@ JSON shape so that the same tools can read it::
      "version":"0.1.0"}
 
 A topic with a policy of its own (lmq) also has ``"policy": {"retention_ms": 86400000}``, a key
-nsqd ignores; so has a channel with one (``"policy": {"max_attempts": 5, "dead_letter_topic":
+nsqd ignores (values are integers, and strings for keys such as ``"overflow": "drop_oldest"``);
+so has a channel with one (``"policy": {"max_attempts": 5, "dead_letter_topic":
 "orders.dead", "backoff_jitter": 0.2}``: integers, numbers and strings).
 
 It is replaced atomically (temp -> fsync -> rename -> fsync the directory). Ephemeral names
@@ -63,7 +64,7 @@ class TopicMetadata:
     name: str
     paused: bool = False
     channels: tuple[ChannelMetadata, ...] = ()
-    policy: tuple[tuple[str, int], ...] = ()
+    policy: tuple[tuple[str, int | str], ...] = ()
     """lmq: the topic's own policy keys (``lmqd.engine.policy``), sorted; written only when
     set, so a file without policies keeps nsqd's shape."""
 
@@ -173,17 +174,18 @@ def _parse_topic(raw: Any) -> TopicMetadata | None:
     )
 
 
-def _parse_policy(raw: Any, topic: str) -> tuple[tuple[str, int], ...]:
-    """A topic's policy keys: a JSON object of non-negative integers (the engine checks the
-    keys); anything else is skipped (logged), the rest of the file still loads."""
+def _parse_policy(raw: Any, topic: str) -> tuple[tuple[str, int | str], ...]:
+    """A topic's policy keys: a JSON object of non-negative integers and strings (the engine
+    checks the keys and values); anything else is skipped (logged), the rest of the file still
+    loads."""
     if raw is None:
         return ()
     if not isinstance(raw, dict):
         log.warning("METADATA: skipping the policy of topic %s (not an object)", topic)
         return ()
-    pairs = []
+    pairs: list[tuple[str, int | str]] = []
     for key, value in raw.items():
-        if isinstance(key, str) and type(value) is int and value >= 0:
+        if isinstance(key, str) and ((type(value) is int and value >= 0) or type(value) is str):
             pairs.append((key, value))
         else:
             log.warning("METADATA: skipping policy key %r of topic %s", key, topic)

@@ -166,25 +166,30 @@ def test_topic_policy(lmqd_module_server: LmqdProcess) -> None:
     server = lmqd_module_server
     http = server.http_address
     assert run(server, "topic", "create", "pol").exit_code == 0
+    publish_off = ("max_depth=0, overflow=reject, publish_rate=0, publish_burst=0, "
+                   "dedup_window_ms=0")  # fmt: skip
     result = run(server, "topic", "policy", "pol")
     assert (result.exit_code, result.output) == (
-        0, f"topic pol on {http}: retention_ms=0, retention_bytes=0, ttl_ms=0\n",
+        0, f"topic pol on {http}: retention_ms=0, retention_bytes=0, ttl_ms=0, {publish_off}\n",
     )
     result = run(server, "topic", "policy", "pol", "--retention", "7d")
     assert result.output == (
-        f"topic pol on {http}: retention_ms=604800000, retention_bytes=0, ttl_ms=0\n"
+        f"topic pol on {http}: retention_ms=604800000, retention_bytes=0, ttl_ms=0, "
+        f"{publish_off}\n"
     )
     result = run(server, "--json", "topic", "policy", "pol", "--retention-bytes", "10MiB")
     assert json.loads(result.output) == {
         "topic": "pol",
-        "policies": {
-            http: {"retention_ms": 604_800_000, "retention_bytes": 10 * 1024**2, "ttl_ms": 0},
-        },
-    }
+        "policies": {http: {
+            "retention_ms": 604_800_000, "retention_bytes": 10 * 1024**2, "ttl_ms": 0,
+            "max_depth": 0, "overflow": "reject", "publish_rate": 0, "publish_burst": 0,
+            "dedup_window_ms": 0,
+        }},
+    }  # fmt: skip
     assert run(server, "topic", "policy", "pol", "--retention", "1.5h").exit_code == 0
     assert run(server, "topic", "policy", "pol", "--ttl", "1h").exit_code == 0
     assert run(server, "topic", "policy", "pol").output.endswith(
-        "retention_ms=5400000, retention_bytes=10485760, ttl_ms=3600000\n"
+        f"retention_ms=5400000, retention_bytes=10485760, ttl_ms=3600000, {publish_off}\n"
     )
     assert run(server, "topic", "policy", "pol", "--retention", "soon").exit_code == 2
     assert run(server, "topic", "policy", "pol", "--retention-bytes", "lots").exit_code == 2
@@ -227,6 +232,37 @@ def test_channel_policy_and_redrive(lmqd_module_server: LmqdProcess) -> None:
     result = run(server, "channel", "redrive", "cp", "work", "--from", "cp.dead")
     assert result.exit_code == 1
     assert "DEAD_LETTER_TOPIC_NOT_FOUND" in result.output
+
+
+def test_topic_publish_policy_and_its_counters_in_stats(lmqd_module_server: LmqdProcess) -> None:
+    server = lmqd_module_server
+    http = server.http_address
+    assert run(server, "topic", "create", "bounded").exit_code == 0
+    result = run(server, "topic", "policy", "bounded", "--max-depth", "10000", "--overflow",
+                 "drop_oldest", "--rate", "100", "--burst", "200", "--dedup-window", "5m")
+    assert (result.exit_code, result.output) == (0, (
+        f"topic bounded on {http}: retention_ms=0, retention_bytes=0, ttl_ms=0, max_depth=10000, "
+        "overflow=drop_oldest, publish_rate=100, publish_burst=200, dedup_window_ms=300000\n"
+    ))  # fmt: skip
+    result = run(server, "--json", "topic", "policy", "bounded", "--max-depth", "2",
+                 "--overflow", "reject")  # fmt: skip
+    assert json.loads(result.output)["policies"][http]["max_depth"] == 2
+    assert run(server, "pub", "bounded", "a", "a", "b").exit_code == 0  # one duplicate
+    assert run(server, "pub", "bounded", "c").exit_code == 1  # full: refused
+    for bad in (["--overflow", "drop_newest"], ["--rate", "-1"], ["--dedup-window", "soon"],
+                ["--max-depth", "ten"]):  # fmt: skip
+        assert run(server, "topic", "policy", "bounded", *bad).exit_code == 2, bad
+    assert run(server, "topic", "pause", "bounded", "--rate", "1").exit_code == 2
+
+    result = run(server, "--json", "stats", "bounded", "--interval", "0")
+    (topic,) = json.loads(result.output)["topics"]
+    assert (topic["deduplicated_count"], topic["overflow_refused_count"]) == (1, 1)
+    assert (topic["rate_limited_count"], topic["overflow_dropped_count"]) == (0, 0)
+    result = run(server, "stats", "bounded", "--interval", "0")
+    header = next(line for line in result.output.splitlines() if "topic / channel" in line)
+    assert "policy" in header
+    row = next(line for line in result.output.splitlines() if "│ bounded " in line)
+    assert row.split("│")[-2].strip() == "refused 1, deduplicated 1"
 
 
 def test_errors_and_exit_codes(lmqd_module_server: LmqdProcess) -> None:

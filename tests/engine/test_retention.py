@@ -31,6 +31,12 @@ BODY = b"x" * 100
 SEGMENT = 1000
 """Bytes per segment: seven 100-byte messages written one per publish."""
 
+PUBLISH_OFF = {
+    "ttl_ms": 0, "max_depth": 0, "overflow": "reject", "publish_rate": 0, "publish_burst": 0,
+    "dedup_window_ms": 0,
+}
+"""The TTL and publish policy keys, all off (``lmqd.engine.policy``)."""
+
 
 class VirtualWall:
     """``time`` for ``lmqd.engine.topic``: message timestamps on the virtual clock."""
@@ -100,7 +106,7 @@ def test_policy_updates_are_checked_whole() -> None:
             parse_update(bad)
     options = Options(retention_ms=7, retention_bytes=9)
     assert TopicPolicy.effective(options, {"retention_bytes": 0}).to_dict() == {
-        "retention_ms": 7, "retention_bytes": 0, "ttl_ms": 0,
+        "retention_ms": 7, "retention_bytes": 0, **PUBLISH_OFF,
     }
 
 
@@ -134,7 +140,7 @@ async def test_time_retention_keeps_passed_segments_exactly_that_long(
         assert segments(tmp_path) == 1
         # A topic's own policy overrides the default; 0 is "no retention".
         topic.set_policy({"retention_ms": 0})
-        assert topic.policy.to_dict() == {"retention_ms": 0, "retention_bytes": 0, "ttl_ms": 0}
+        assert topic.policy.to_dict() == {"retention_ms": 0, "retention_bytes": 0, **PUBLISH_OFF}
         topic.close()
 
 

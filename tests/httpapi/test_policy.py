@@ -16,6 +16,12 @@ import trio
 from tests.support.daemon import StartDaemon
 from tests.support.http import http
 
+PUBLISH_OFF = {
+    "ttl_ms": 0, "max_depth": 0, "overflow": "reject", "publish_rate": 0, "publish_burst": 0,
+    "dedup_window_ms": 0,
+}
+"""The TTL and publish policy keys, all off (``lmqd.engine.policy``)."""
+
 TIMEOUT = 10.0
 
 
@@ -28,15 +34,15 @@ async def test_policy_defaults_changes_and_persistence(
         assert (await http(base, "POST", "/topic/create?topic=t")).status == 200
         r = await http(base, "GET", "/topic/policy?topic=t")
         assert (r.status, r.json()) == (
-            200, {"retention_ms": 3_600_000, "retention_bytes": 0, "ttl_ms": 0},
+            200, {"retention_ms": 3_600_000, "retention_bytes": 0, **PUBLISH_OFF},
         )
         assert r.headers["content-type"] == "application/json; charset=utf-8"
         r = await http(base, "POST", "/topic/policy?topic=t", b'{"retention_bytes": 1000000}')
         assert (r.status, r.json()) == (
-            200, {"retention_ms": 3_600_000, "retention_bytes": 1_000_000, "ttl_ms": 0},
+            200, {"retention_ms": 3_600_000, "retention_bytes": 1_000_000, **PUBLISH_OFF},
         )
         r = await http(base, "POST", "/topic/policy?topic=t", b'{"retention_ms": 0}')
-        assert r.json() == {"retention_ms": 0, "retention_bytes": 1_000_000, "ttl_ms": 0}
+        assert r.json() == {"retention_ms": 0, "retention_bytes": 1_000_000, **PUBLISH_OFF}
         topic = running.broker.topics["t"]
         assert topic.log is not None
         assert (topic.log.retention_ms, topic.log.retention_bytes) == (None, 1_000_000)
@@ -47,7 +53,7 @@ async def test_policy_defaults_changes_and_persistence(
 
         again = await start_daemon(tmp_path, http=True)  # no daemon default now
         r = await http(again.http, "GET", "/topic/policy?topic=t")
-        assert r.json() == {"retention_ms": 0, "retention_bytes": 1_000_000, "ttl_ms": 0}
+        assert r.json() == {"retention_ms": 0, "retention_bytes": 1_000_000, **PUBLISH_OFF}
         await again.stop()
 
 
@@ -64,8 +70,8 @@ async def test_policy_errors(start_daemon: StartDaemon) -> None:
             ("POST", "/topic/policy?topic=t", b"[1]", 400,
              "INVALID_POLICY: the policy must be a JSON object"),
             ("POST", "/topic/policy?topic=t", b'{"retention": 1}', 400,
-             "INVALID_POLICY: unknown key 'retention' "
-             "(known: retention_ms, retention_bytes, ttl_ms)"),
+             "INVALID_POLICY: unknown key 'retention' (known: retention_ms, retention_bytes, "
+             "ttl_ms, max_depth, overflow, publish_rate, publish_burst, dedup_window_ms)"),
             ("POST", "/topic/policy?topic=t", b'{"retention_ms": 1, "retention_bytes": -1}', 400,
              "INVALID_POLICY: retention_bytes must be an integer from 0 to 9223372036854775807"),
             ("POST", "/topic/policy?topic=t", b"{" + b" " * 70_000 + b"}", 413,
@@ -76,4 +82,4 @@ async def test_policy_errors(start_daemon: StartDaemon) -> None:
             assert (r.status, r.json()) == (status, {"message": message}), target
         # A refused change changes nothing, not even its valid keys.
         r = await http(base, "GET", "/topic/policy?topic=t")
-        assert r.json() == {"retention_ms": 0, "retention_bytes": 0, "ttl_ms": 0}
+        assert r.json() == {"retention_ms": 0, "retention_bytes": 0, **PUBLISH_OFF}

@@ -127,3 +127,22 @@ def test_max_attempts_dead_letters_and_redrive(lmqd_server: LmqdProcess) -> None
     )  # fmt: skip
     assert sorted(tuple(r) for r in result["received"]) == [(b, 1) for b in bodies]
     assert client.channel_redrive("jobs", "work", "jobs.dead", 100) == 0
+
+
+@pytest.mark.lmqd_args("--publish-rate=4", "--publish-burst=1")
+def test_rate_limit_paces_publishes_and_refuses_an_oversized_mpub(
+    lmqd_server: LmqdProcess,
+) -> None:
+    """The daemon-wide ``--publish-rate``: 5 PUBs, one at a time, take at least the 1 s their
+    tokens need (burst 1, then 4 per second); an MPUB of 10 (2.25 s of tokens > the 1 s wait)
+    reaches gnsq as its ``NSQMPubFailed`` with lmqd's reason."""
+    result = run_client(
+        "gnsq", "rate_limited", timeout=30, address=lmqd_server.tcp_address, topic="paced",
+        count=5, mpub=10,
+    )  # fmt: skip
+    assert result["answers"] == ["OK"] * 5, result["stderr"]
+    assert result["elapsed_s"] >= 0.95, result  # 4 waits of 1/4 s (timer slack aside)
+    assert result["refusal"] == {
+        "class": "NSQMPubFailed",
+        "text": "MPUB failed topic paced is over its publish rate (4/s, burst 1)",
+    }

@@ -158,3 +158,43 @@ def test_max_attempts_dead_letters_and_redrive(lmqd_server: LmqdProcess) -> None
         channel="work", action="finish", expect=5, consume_timeout_s=30, quiet_s=0.5,
     )  # fmt: skip
     assert sorted(tuple(r) for r in result["received"]) == [(b, 1) for b in bodies]
+
+
+@pytest.mark.lmqd_args("--max-depth=5")
+def test_full_topic_refuses_with_the_exact_error_and_loses_nothing(
+    lmqd_server: LmqdProcess,
+) -> None:
+    """``--max-depth`` (the daemon-wide default, overflow ``reject``): pynsq's Writer gets
+    ``E_PUB_FAILED`` with its reason for the sixth PUB; the five accepted are all delivered."""
+    result = run_client(
+        "pynsq",
+        "publish_until_refused",
+        timeout=30,
+        address=lmqd_server.tcp_address,
+        topic="bounded",
+        channel="c",
+        count=10,
+        expect=5,
+        quiet_s=0.5,
+    )
+    assert result["answers"] == [
+        "OK", "OK", "OK", "OK", "OK", "E_PUB_FAILED PUB failed topic bounded is full (max_depth 5)",
+    ], result["stderr"]  # fmt: skip
+    assert result["received"] == [f"m-{i}" for i in range(5)]
+
+
+@pytest.mark.lmqd_args("--max-depth=3", "--overflow=drop_oldest")
+def test_drop_oldest_accepts_everything_and_keeps_the_newest(lmqd_server: LmqdProcess) -> None:
+    result = run_client(
+        "pynsq",
+        "publish_until_refused",
+        timeout=30,
+        address=lmqd_server.tcp_address,
+        topic="newest",
+        channel="c",
+        count=10,
+        expect=3,
+        quiet_s=0.5,
+    )
+    assert result["answers"] == ["OK"] * 10, result["stderr"]
+    assert result["received"] == ["m-7", "m-8", "m-9"]

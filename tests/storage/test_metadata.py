@@ -197,3 +197,19 @@ def test_data_dir_lock_excludes_a_second_daemon(tmp_path: Path) -> None:
     with DataDirLock(tmp_path) as again:
         assert again.locked
     assert not again.locked
+
+
+def test_topic_policy_round_trip_with_string_values(tmp_path: Path) -> None:
+    path = metadata_path(tmp_path)
+    policy = (("dedup_window_ms", 300_000), ("max_depth", 10), ("overflow", "drop_oldest"))
+    meta = Metadata((TopicMetadata("t", False, (), policy),))
+    save_metadata(path, meta)
+    assert json.loads(Path(path).read_bytes())["topics"][0]["policy"] == {
+        "dedup_window_ms": 300_000, "max_depth": 10, "overflow": "drop_oldest",
+    }  # fmt: skip
+    assert load_metadata(path) == meta
+    # Values of another type are skipped one by one (the engine validates the rest).
+    doc = {"topics": [{"name": "t", "channels": [],
+                       "policy": {"max_depth": -1, "overflow": "reject", "x": [1], "y": None}}]}
+    Path(path).write_text(json.dumps(doc))
+    assert load_metadata(path).topics[0].policy == (("overflow", "reject"),)

@@ -193,6 +193,29 @@ def consume(params: Params) -> Result:
     return {"received": received}
 
 
+def rate_limited(params: Params) -> Result:
+    """A Producer publishing one message at a time to a rate-limited topic, then one MPUB
+    bigger than the bucket: how long did the PUBs take, how is the refusal surfaced?"""
+    producer = gnsq.Producer(nsqd_tcp_addresses=[params["address"]])
+    producer.start()
+    start = time.monotonic()
+    answers = [
+        producer.publish(params["topic"], b"%d" % i).decode() for i in range(params["count"])
+    ]
+    elapsed = time.monotonic() - start
+    try:
+        producer.multipublish(params["topic"], [b"x"] * params["mpub"])
+        refusal: dict[str, str] = {}
+    except gnsq.errors.NSQException as exc:
+        text = exc.args[0] if exc.args else b""
+        refusal = {
+            "class": type(exc).__name__,
+            "text": text.decode() if isinstance(text, bytes) else str(text),
+        }
+    producer.close()
+    return {"answers": answers, "elapsed_s": elapsed, "refusal": refusal}
+
+
 if __name__ == "__main__":
     main(
         {
@@ -202,5 +225,6 @@ if __name__ == "__main__":
             "heartbeat": heartbeat,
             "http_stats": http_stats,
             "consume": consume,
+            "rate_limited": rate_limited,
         }
     )

@@ -279,6 +279,42 @@ async def consume(params: Params) -> Result:
     return {"received": received}
 
 
+async def publish_until_refused(params: Params) -> Result:
+    """PUB one message at a time (each waits for its answer) until one is refused; then one
+    Reader takes everything the topic holds. What did the Writer see, what was kept?"""
+    topic = params["topic"]
+    writer = await ready_writer(params)
+    answers: list[str] = []
+    for i in range(params["count"]):
+        future: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+
+        def done(conn: Any, data: Any, future: asyncio.Future[str] = future) -> None:
+            if future.done():
+                return
+            if isinstance(data, bytes):
+                future.set_result(data.decode())
+            elif isinstance(data, nsq.Error) and data.args and isinstance(data.args[0], bytes):
+                future.set_result(data.args[0].decode())  # the error frame's data, as sent
+            else:
+                future.set_result(f"error: {data!r}")
+
+        writer.pub(topic, f"m-{i}".encode(), callback=done)
+        answers.append(await future)
+        if answers[-1] != "OK":
+            break
+    received: list[str] = []
+
+    def handler(message: Any) -> bool:
+        received.append(message.body.decode())
+        return True
+
+    reader = new_reader(params, params["channel"], handler, 100)
+    await wait_for(lambda: len(received) >= params["expect"], 10, "the accepted messages")
+    await asyncio.sleep(params["quiet_s"])
+    close_reader(reader)
+    return {"answers": answers, "received": received}
+
+
 def run(coroutine: Callable[[Params], Any]) -> Callable[[Params], Result]:
     def scenario(params: Params) -> Result:
         result: Result = IOLoop.current().run_sync(
@@ -297,5 +333,6 @@ if __name__ == "__main__":
             "requeue": run(requeue),
             "ephemeral": run(ephemeral),
             "consume": run(consume),
+            "publish_until_refused": run(publish_until_refused),
         }
     )
