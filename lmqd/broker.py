@@ -18,6 +18,7 @@ import attrs
 import trio
 
 from lmqd.engine.backend import BackendError
+from lmqd.engine.salvage import Salvage
 from lmqd.engine.stores import Stores
 from lmqd.engine.syncer import DurableCallback, Syncer
 from lmqd.engine.topic import Topic
@@ -255,11 +256,14 @@ class Broker:
             log.info("TOPIC(%s): deleted (ephemeral, no channels left)", topic.name)
             self._topic_deleted(topic.name, channels)
 
-    def close_topics(self) -> None:
-        """Shutdown, blocking: close every topic (channels first; each flushes to disk)."""
+    def close_topics(self, salvage: Salvage | None = None) -> None:
+        """Shutdown, blocking: close every topic (channels first; each flushes to disk, as far
+        as the disk takes it: ``salvage`` counts what it did not)."""
+        if salvage is None:
+            salvage = Salvage()
         for topic in list(self.topics.values()):
             try:
-                topic.close()
+                topic.close(salvage)
             except Exception:
                 log.error("TOPIC(%s): close failed", topic.name, exc_info=True)
 

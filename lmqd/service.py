@@ -34,6 +34,7 @@ import trio
 from lmqd.broker import BoundAddresses, Broker
 from lmqd.engine.backend import BackendError
 from lmqd.engine.policy import PolicyError, parse_update
+from lmqd.engine.salvage import Salvage
 from lmqd.engine.stores import queues_to_open, restore_plan, stored_queue_names
 from lmqd.engine.topic import Topic
 from lmqd.options import Options
@@ -51,7 +52,7 @@ from lmqd.storage import (
     save_metadata,
 )
 
-__all__ = ["GC_THRESHOLDS", "BoundAddresses", "LmqDaemon", "run_daemon"]
+__all__ = ["EXIT_MESSAGES_LOST", "GC_THRESHOLDS", "BoundAddresses", "LmqDaemon", "run_daemon"]
 
 log = logging.getLogger("lmqd.daemon")
 
@@ -59,6 +60,11 @@ log = logging.getLogger("lmqd.daemon")
 # connections get to send what is in their output buffers before they are cancelled.
 SHUTDOWN_SYNC_WAIT = 5.0
 SHUTDOWN_FLUSH_WAIT = 1.0
+
+EXIT_MESSAGES_LOST = 3
+"""Exit status of a shutdown that could not write every message memory held to disk (a full or
+failing disk; ``lmqd.engine.salvage``): 1 and 2 already mean "could not start" and "usage"
+(docs/operations.md), and a supervisor must be able to tell a loss from a clean stop."""
 
 
 class LmqDaemon:
@@ -74,6 +80,9 @@ class LmqDaemon:
         self._shutdown = trio.Event()
         self._lock: DataDirLock | None = None
         self._timebase: AnchoredTimeBase | None = None
+        self.lost_at_shutdown: dict[str, int] = {}
+        """After ``run()``: queue name (``topic``, ``topic:channel``) -> messages its shutdown
+        could not write to disk (a full or failing disk) and so lost; empty if none."""
 
     @property
     def addresses(self) -> BoundAddresses | None:
@@ -152,7 +161,15 @@ class LmqDaemon:
                     save_metadata(metadata_path(self.options.data_path), broker.metadata())
                 except OSError:
                     log.error("METADATA: final write failed", exc_info=True)
-            broker.close_topics()
+            salvage = Salvage()
+            broker.close_topics(salvage)
+            self.lost_at_shutdown = salvage.lost
+            if salvage.lost:
+                log.error(
+                    "SHUTDOWN: %d messages could not be written to disk and are lost (%s)",
+                    salvage.lost_count,
+                    ", ".join(f"{name}: {n}" for name, n in sorted(salvage.lost.items())),
+                )
             stats = broker.syncer.statistics()
             log.info(
                 "SYNCER: %d rounds, %d queue syncs (%d failed), %d metadata writes",
@@ -292,7 +309,7 @@ def _restore_log_channels(topic: Topic) -> None:
             topic.get_channel(name)
 
 
-async def _main(options: Options) -> None:
+async def _main(options: Options) -> LmqDaemon:
     daemon = LmqDaemon(options)
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
@@ -306,6 +323,7 @@ async def _main(options: Options) -> None:
             nursery.start_soon(watch_signals)
             await daemon.run()
             nursery.cancel_scope.cancel()
+    return daemon
 
 
 def _sole_exception(error: BaseException) -> BaseException:
@@ -327,11 +345,12 @@ def run_daemon(options: Options) -> None:
     """Run lmqd until SIGINT/SIGTERM (the CLI's entry point; it tunes the process's GC).
 
     Raises ``OSError`` if it cannot start (a listen address in use, an unusable data path);
-    exits with status 1 if another lmqd holds the data directory.
+    exits with status 1 if another lmqd holds the data directory, and with
+    ``EXIT_MESSAGES_LOST`` if its shutdown could not write every message to disk.
     """
     gc.set_threshold(*GC_THRESHOLDS)
     try:
-        trio.run(_main, options)
+        daemon = trio.run(_main, options)
     except BaseException as exc:
         error = _sole_exception(exc)
         if isinstance(error, DataDirLocked):
@@ -340,3 +359,5 @@ def run_daemon(options: Options) -> None:
         if isinstance(error, OSError) and error is not exc:
             raise error from None
         raise
+    if daemon.lost_at_shutdown:
+        sys.exit(EXIT_MESSAGES_LOST)

@@ -327,8 +327,10 @@ class DiskQueue:
             return
         try:
             self.sync()
-        except OSError:
-            log.error("DISKQUEUE(%s): sync on close failed", self.name, exc_info=True)
+        except OSError as exc:
+            # A full or failing disk: no traceback (not a bug). The positions file stays as it
+            # was; recovery does not trust it over the segments.
+            log.error("DISKQUEUE(%s): sync on close failed: %s", self.name, exc)
         self._close_fds()
         self._cache.drop()
         self._closed = True

@@ -392,8 +392,11 @@ class TopicLog:
             return
         try:
             self.sync()
-        except OSError:
-            log.error("TOPICLOG(%s): sync on close failed", self.name, exc_info=True)
+        except OSError as exc:
+            # A full or failing disk (logged without a traceback: an operator's problem, not a
+            # bug). The segments keep what was written; the state file stays as it was and
+            # recovery does not trust it over the segments.
+            log.error("TOPICLOG(%s): sync on close failed: %s", self.name, exc)
         self._close_fds()
         self._cache.clear()
         self._closed = True

@@ -1,0 +1,186 @@
+"""A full disk: at shutdown (what fits is kept, the rest counted, exit status 3) and while running
+(health, ``E_PUB_FAILED``, automatic recovery).
+
+Rules for this module (STYLE.md):
+- The disk fills through ``tests.support.diskquota.DiskQuota`` over ``os.pwrite`` (no root
+  needed): in process with the ``disk`` fixture, around a real ``python -m lmqd`` subprocess
+  with ``quota_lmqd_command`` and its control file. Truncating or deleting files frees space,
+  as on a real file system.
+- Daemons listen on 127.0.0.1 port 0 with their data in ``tmp_path``; clients speak V2
+  (``tests.support.wire.Wire``) and HTTP (``tests.support.http``).
+- A message counts as acknowledged only when its ``OK`` was read.
+- Every test has a ``fail_after`` guard.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import trio
+
+from lmqd.protocol import Error, Response
+from lmqd.service import EXIT_MESSAGES_LOST
+from tests.support.daemon import RunningDaemon, StartDaemon
+from tests.support.diskquota import DiskQuota, quota_lmqd_command, write_control
+from tests.support.http import http
+from tests.support.process import DaemonProcess, lmqd_command, start_lmqd, stop_lmqd
+from tests.support.wire import Connect, Wire
+
+OK = Response(data=b"OK")
+TIMEOUT = 60.0
+
+_LOST = re.compile(r"SHUTDOWN: (\d+) messages could not be written to disk and are lost \((.*)\)")
+_QUEUE_LOST = re.compile(
+    r"(TOPIC|CHANNEL)\(([^)]+)\): (\d+) of (\d+) messages could not be written at shutdown and "
+    r"are lost \((\d+) kept\): .*No space left on device"
+)
+
+
+def address(text: str | None) -> tuple[str, int]:
+    assert text is not None
+    host, _, port = text.rpartition(":")
+    return host, int(port)
+
+
+async def drain(wire: Wire, expected: int) -> list[bytes]:
+    """Read and FIN ``expected`` messages, then make sure no more come within half a second."""
+    bodies = []
+    for _ in range(expected):
+        msg = await wire.message()
+        bodies.append(msg.body)
+        await wire.fin(msg.id)
+    with trio.move_on_after(0.5):
+        extra = await wire.frame()
+        raise AssertionError(f"more than {expected} messages: {extra}")
+    return bodies
+
+
+# -- shutdown ------------------------------------------------------------------------------------
+
+
+async def test_sigterm_on_a_full_disk_keeps_what_fits_counts_the_rest_and_exits_3(
+    tmp_path: Path, connect: Connect
+) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    control = tmp_path / "quota"
+    write_control(control, None)
+    args = lmqd_command(data)[3:]  # what follows ``python -m lmqd``
+    server = DaemonProcess(quota_lmqd_command(control, data, args))
+    sent = [b"m%05d:%s" % (i, b"x" * 60) for i in range(5000)]
+    try:
+        await trio.to_thread.run_sync(server.wait_started)
+        tcp = address(server.address("TCP"))
+        with trio.fail_after(TIMEOUT):
+            consumer = await connect(tcp)
+            await consumer.sub("t", "c")
+            producer = await connect(tcp)
+            for i in range(0, len(sent), 500):
+                assert await producer.mpub("t", sent[i : i + 500]) == OK
+            # 100 in flight at the signal: the channel writes them to its own store.
+            await consumer.rdy(100)
+            in_flight = [(await consumer.message()).body for _ in range(100)]
+            assert in_flight == sent[:100]
+            # Room for a few hundred of the 5,000 messages (~100 bytes each on disk).
+            write_control(control, 40_000)
+        code = await trio.to_thread.run_sync(server.stop)
+    finally:
+        server.terminate()
+    output = server.output()
+    assert code == EXIT_MESSAGES_LOST, output
+    assert "Traceback" not in output, output
+    (summary,) = _LOST.findall(output)
+    lost = int(summary[0])
+    per_queue = dict(item.split(": ") for item in summary[1].split(", "))
+    lines = {(m[1], int(m[2]), int(m[3]), int(m[4])) for m in _QUEUE_LOST.findall(output)}
+    # Each queue's ERROR line agrees with the summary; the topic kept a part of its tail.
+    assert {name: str(n) for name, n, _, _ in lines} == per_queue
+    assert sum(int(n) for n in per_queue.values()) == lost
+    (topic_line,) = [line for line in lines if line[0] == "t"]
+    assert topic_line[3] > 0 and topic_line[1] > 0  # some kept, some lost
+    assert 0 < lost < len(sent)
+
+    # Space is back: a plain lmqd on the same directory delivers every message that was kept.
+    restarted = await trio.to_thread.run_sync(start_lmqd, data)
+    try:
+        with trio.fail_after(TIMEOUT):
+            consumer = await connect(address(restarted.tcp_address))
+            await consumer.sub("t", "c", rdy=500)
+            got = await drain(consumer, len(sent) - lost)
+        assert len(set(got)) == len(got), "duplicates"
+        assert set(got) <= set(sent)
+        assert set(in_flight) <= set(got)  # the channel's own store came first and fit
+    finally:
+        await trio.to_thread.run_sync(stop_lmqd, restarted)
+
+
+# -- while running -------------------------------------------------------------------------------
+
+MODES = {
+    # Memory first: a tail of 10, so the 11th unread message needs the log.
+    "default": {"mem_queue_size": 10},
+    "durable": {"durable": True},
+}
+
+
+async def ping(running: RunningDaemon) -> tuple[int, bytes]:
+    r = await http(running.http, "GET", "/ping")
+    return r.status, r.body
+
+
+async def health(running: RunningDaemon) -> str:
+    stats = (await http(running.http, "GET", "/stats?format=json")).json()
+    assert isinstance(stats["health"], str)
+    return stats["health"]
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+async def test_a_full_disk_is_health_publishes_fail_and_service_resumes_when_space_returns(
+    start_daemon: StartDaemon, connect: Connect, disk: DiskQuota, mode: str
+) -> None:
+    with trio.fail_after(TIMEOUT):
+        running = await start_daemon(http=True, **MODES[mode])
+        producer = await connect(running.tcp)
+        acknowledged = [b"before-%d" % i for i in range(20)]
+        for body in acknowledged:
+            assert await producer.pub("t", body) == OK
+        assert await ping(running) == (200, b"OK")
+
+        disk.fill(0)
+        refused = []
+        for command, code in (("pub", "E_PUB_FAILED"), ("mpub", "E_MPUB_FAILED"),
+                              ("dpub", "E_DPUB_FAILED")):
+            wire = await connect(running.tcp)
+            if command == "pub":
+                answer = await wire.pub("t", b"refused-pub")
+            elif command == "mpub":
+                answer = await wire.mpub("t", [b"refused-mpub-1", b"refused-mpub-2"])
+            else:
+                answer = await wire.dpub("t", 10, b"refused-dpub")
+            assert isinstance(answer, Error) and answer.code == code, answer
+            assert "No space left on device" in answer.text
+            assert await wire.closed()  # fatal, as nsqd
+            refused.append(answer)
+        r = await http(running.http, "POST", "/pub?topic=t", b"refused-http")
+        assert r.status == 503, r  # nsqd's answer to a failed put: 503 EXITING
+        status, body = await ping(running)
+        assert status == 500 and body.startswith(b"NOK - "), body
+        assert b"No space left on device" in body
+        assert (await health(running)).startswith("NOK - ")
+        metrics = (await http(running.http, "GET", "/metrics")).body
+        assert b"\nlmqd_healthy 0.0\n" in metrics
+
+        # Space comes back: the next write succeeds and clears the error, nothing is lost.
+        disk.free()
+        again = await connect(running.tcp)
+        assert await again.pub("t", b"after") == OK
+        acknowledged.append(b"after")
+        assert await ping(running) == (200, b"OK")
+        assert await health(running) == "OK"
+        assert disk.refused > 0
+        consumer = await connect(running.tcp)
+        await consumer.sub("t", "c", rdy=100)
+        got = await drain(consumer, len(acknowledged))
+        assert sorted(got) == sorted(acknowledged)
