@@ -2,10 +2,11 @@
 (health, ``E_PUB_FAILED``, automatic recovery).
 
 Rules for this module (STYLE.md):
-- The disk fills through ``tests.support.diskquota.DiskQuota`` over ``os.pwrite`` (no root
-  needed): in process with the ``disk`` fixture, around a real ``python -m lmqd`` subprocess
-  with ``quota_lmqd_command`` and its control file. Truncating or deleting files frees space,
-  as on a real file system.
+- In process the disk fills through ``tests.support.diskquota.DiskQuota`` over ``os.pwrite``
+  (the ``disk`` fixture; truncating or deleting files frees space, as on a real file system).
+  A real ``python -m lmqd`` subprocess gets ``tests.support.smalldisk.open_small_disk``: a real
+  4 MiB tmpfs where one can be mounted (root), else the same quota around the subprocess;
+  selected at run time, the same assertions either way.
 - Daemons listen on 127.0.0.1 port 0 with their data in ``tmp_path``; clients speak V2
   (``tests.support.wire.Wire``) and HTTP (``tests.support.http``).
 - A message counts as acknowledged only when its ``OK`` was read.
@@ -23,9 +24,10 @@ import trio
 from lmqd.protocol import Error, Response
 from lmqd.service import EXIT_MESSAGES_LOST
 from tests.support.daemon import RunningDaemon, StartDaemon
-from tests.support.diskquota import DiskQuota, quota_lmqd_command, write_control
+from tests.support.diskquota import DiskQuota
 from tests.support.http import http
-from tests.support.process import DaemonProcess, lmqd_command, start_lmqd, stop_lmqd
+from tests.support.process import DaemonProcess
+from tests.support.smalldisk import open_small_disk
 from tests.support.wire import Connect, Wire
 
 OK = Response(data=b"OK")
@@ -63,57 +65,55 @@ async def drain(wire: Wire, expected: int) -> list[bytes]:
 async def test_sigterm_on_a_full_disk_keeps_what_fits_counts_the_rest_and_exits_3(
     tmp_path: Path, connect: Connect
 ) -> None:
-    data = tmp_path / "data"
-    data.mkdir()
-    control = tmp_path / "quota"
-    write_control(control, None)
-    args = lmqd_command(data)[3:]  # what follows ``python -m lmqd``
-    server = DaemonProcess(quota_lmqd_command(control, data, args))
     sent = [b"m%05d:%s" % (i, b"x" * 60) for i in range(5000)]
-    try:
-        await trio.to_thread.run_sync(server.wait_started)
-        tcp = address(server.address("TCP"))
-        with trio.fail_after(TIMEOUT):
-            consumer = await connect(tcp)
-            await consumer.sub("t", "c")
-            producer = await connect(tcp)
-            for i in range(0, len(sent), 500):
-                assert await producer.mpub("t", sent[i : i + 500]) == OK
-            # 100 in flight at the signal: the channel writes them to its own store.
-            await consumer.rdy(100)
-            in_flight = [(await consumer.message()).body for _ in range(100)]
-            assert in_flight == sent[:100]
-            # Room for a few hundred of the 5,000 messages (~100 bytes each on disk).
-            write_control(control, 40_000)
-        code = await trio.to_thread.run_sync(server.stop)
-    finally:
-        server.terminate()
-    output = server.output()
-    assert code == EXIT_MESSAGES_LOST, output
-    assert "Traceback" not in output, output
-    (summary,) = _LOST.findall(output)
-    lost = int(summary[0])
-    per_queue = dict(item.split(": ") for item in summary[1].split(", "))
-    lines = {(m[1], int(m[2]), int(m[3]), int(m[4])) for m in _QUEUE_LOST.findall(output)}
-    # Each queue's ERROR line agrees with the summary; the topic kept a part of its tail.
-    assert {name: str(n) for name, n, _, _ in lines} == per_queue
-    assert sum(int(n) for n in per_queue.values()) == lost
-    (topic_line,) = [line for line in lines if line[0] == "t"]
-    assert topic_line[3] > 0 and topic_line[1] > 0  # some kept, some lost
-    assert 0 < lost < len(sent)
+    with open_small_disk(tmp_path) as disk:
+        server = DaemonProcess(disk.command())
+        try:
+            await trio.to_thread.run_sync(server.wait_started)
+            tcp = address(server.address("TCP"))
+            with trio.fail_after(TIMEOUT):
+                consumer = await connect(tcp)
+                await consumer.sub("t", "c")
+                producer = await connect(tcp)
+                for i in range(0, len(sent), 500):
+                    assert await producer.mpub("t", sent[i : i + 500]) == OK
+                # 100 in flight at the signal: the channel writes them to its own store.
+                await consumer.rdy(100)
+                in_flight = [(await consumer.message()).body for _ in range(100)]
+                assert in_flight == sent[:100]
+                # Room for several hundred of the 5,000 messages (~100 bytes each on disk).
+                disk.fill(80_000)
+            code = await trio.to_thread.run_sync(server.stop)
+        finally:
+            server.terminate()
+        output = server.output()
+        assert code == EXIT_MESSAGES_LOST, f"{disk.kind}:\n{output}"
+        assert "Traceback" not in output, output
+        (summary,) = _LOST.findall(output)
+        lost = int(summary[0])
+        per_queue = dict(item.split(": ") for item in summary[1].split(", "))
+        lines = {(m[1], int(m[2]), int(m[3]), int(m[4])) for m in _QUEUE_LOST.findall(output)}
+        # Each queue's ERROR line agrees with the summary; the topic kept a part of its tail.
+        assert {name: str(n) for name, n, _, _ in lines} == per_queue
+        assert sum(int(n) for n in per_queue.values()) == lost
+        (topic_line,) = [line for line in lines if line[0] == "t"]
+        assert topic_line[3] > 0 and topic_line[1] > 0, topic_line  # some kept, some lost
+        assert 0 < lost < len(sent)
 
-    # Space is back: a plain lmqd on the same directory delivers every message that was kept.
-    restarted = await trio.to_thread.run_sync(start_lmqd, data)
-    try:
-        with trio.fail_after(TIMEOUT):
-            consumer = await connect(address(restarted.tcp_address))
-            await consumer.sub("t", "c", rdy=500)
-            got = await drain(consumer, len(sent) - lost)
-        assert len(set(got)) == len(got), "duplicates"
-        assert set(got) <= set(sent)
-        assert set(in_flight) <= set(got)  # the channel's own store came first and fit
-    finally:
-        await trio.to_thread.run_sync(stop_lmqd, restarted)
+        # Space is back: lmqd on the same directory delivers every message that was kept.
+        disk.free()
+        restarted = DaemonProcess(disk.command())
+        try:
+            await trio.to_thread.run_sync(restarted.wait_started)
+            with trio.fail_after(TIMEOUT):
+                consumer = await connect(address(restarted.address("TCP")))
+                await consumer.sub("t", "c", rdy=500)
+                got = await drain(consumer, len(sent) - lost)
+            assert len(set(got)) == len(got), "duplicates"
+            assert set(got) <= set(sent)
+            assert set(in_flight) <= set(got)  # the channel's own store came first and fit
+        finally:
+            await trio.to_thread.run_sync(restarted.check_stop)
 
 
 # -- while running -------------------------------------------------------------------------------
@@ -184,3 +184,36 @@ async def test_a_full_disk_is_health_publishes_fail_and_service_resumes_when_spa
         await consumer.sub("t", "c", rdy=100)
         got = await drain(consumer, len(acknowledged))
         assert sorted(got) == sorted(acknowledged)
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+async def test_shutdown_with_no_space_at_all_counts_per_queue_what_only_memory_held(
+    start_daemon: StartDaemon, connect: Connect, disk: DiskQuota, mode: str
+) -> None:
+    options = {"mem_queue_size": 10_000} if mode == "default" else MODES[mode]
+    with trio.fail_after(TIMEOUT):
+        running = await start_daemon(**options)
+        consumer = await connect(running.tcp)
+        await consumer.sub("t", "c")
+        producer = await connect(running.tcp)
+        sent = [b"m%03d" % i for i in range(80)]
+        assert await producer.mpub("t", sent) == OK
+        await consumer.rdy(30)
+        in_flight = [(await consumer.message()).body for _ in range(30)]
+        disk.fill(0)
+        await running.stop()
+        if mode == "default":
+            # In flight: only the channel had them; the rest: only the topic's memory tail.
+            assert running.daemon.lost_at_shutdown == {"t:c": 30, "t": 50}
+            kept: list[bytes] = []
+        else:
+            # Every message is in the log, the ones in flight unsettled: nothing is lost.
+            assert running.daemon.lost_at_shutdown == {}
+            kept = sent
+        assert in_flight == sent[:30]
+
+        disk.free()
+        restarted = await start_daemon(running.data_path, **options)
+        consumer = await connect(restarted.tcp)
+        await consumer.sub("t", "c", rdy=100)
+        assert sorted(await drain(consumer, len(kept))) == kept
