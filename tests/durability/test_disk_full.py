@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -118,7 +119,7 @@ async def test_sigterm_on_a_full_disk_keeps_what_fits_counts_the_rest_and_exits_
 
 # -- while running -------------------------------------------------------------------------------
 
-MODES = {
+MODES: dict[str, dict[str, Any]] = {
     # Memory first: a tail of 10, so the 11th unread message needs the log.
     "default": {"mem_queue_size": 10},
     "durable": {"durable": True},
@@ -190,7 +191,7 @@ async def test_a_full_disk_is_health_publishes_fail_and_service_resumes_when_spa
 async def test_shutdown_with_no_space_at_all_counts_per_queue_what_only_memory_held(
     start_daemon: StartDaemon, connect: Connect, disk: DiskQuota, mode: str
 ) -> None:
-    options = {"mem_queue_size": 10_000} if mode == "default" else MODES[mode]
+    options: dict[str, Any] = {"mem_queue_size": 10_000} if mode == "default" else MODES[mode]
     with trio.fail_after(TIMEOUT):
         running = await start_daemon(**options)
         consumer = await connect(running.tcp)
