@@ -14,7 +14,9 @@ listeners and connections are cancelled (each connection requeues its in-flight 
 metadata file is written, every topic is closed (channels first: in-flight and requeued messages
 go to their own store, deferred ones to the deferred store, with their attempts and deadlines,
 each synced; then the topic's memory tail goes to its log and the log is synced with every
-cursor where its channel is), and the data directory is released.
+cursor where its channel is), and the data directory is released. On a full or failing disk
+those writes keep what fits (``lmqd.engine.salvage``); the messages lost are logged per queue,
+kept in ``LmqDaemon.lost_at_shutdown``, and ``run_daemon`` exits with ``EXIT_MESSAGES_LOST``.
 """
 
 from __future__ import annotations
