@@ -10,6 +10,7 @@ the ones created before that (the restore) are started by the service itself.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
@@ -111,7 +112,7 @@ class Broker:
             sync_timeout=options.sync_timeout,
             metadata_file=metadata_path(options.data_path),
             metadata=self.metadata,
-            on_health=self.set_health,
+            on_health=self._sync_health,
         )
         self.stores = Stores(
             options, self.syncer, hold_data_dir=hold_data_dir, on_health=self.set_health
@@ -119,6 +120,8 @@ class Broker:
         self._guid = GuidFactory(options.node_id)
         self._nursery: trio.Nursery | None = None
         self._health_error: str | None = None
+        self._health_error_at = -math.inf
+        """When (``trio.current_time``) the last error was reported."""
         self._next_client_id = 0
         self._observers: list[BrokerObserver] = []
 
@@ -160,12 +163,28 @@ class Broker:
         return self._health_error is None
 
     def set_health(self, error: str | None) -> None:
+        """The outcome of the last write (nsqd's ``SetHealth``): an error, or None (OK).
+
+        While unhealthy the syncer rewrites the metadata file at each ``--sync-timeout`` tick
+        (``Syncer.probe_on_tick``): once the disk takes writes again, health turns OK by
+        itself, without waiting for a publish.
+        """
         if error != self._health_error:
             if error is None:
                 log.info("health: OK again")
             else:
                 log.error("health: %s", error)
         self._health_error = error
+        if error is not None:
+            self._health_error_at = trio.current_time()
+            self.syncer.probe_on_tick()
+
+    def _sync_health(self, error: str | None) -> None:
+        # A round's success says nothing of writes that failed after it started (it ran in a
+        # worker thread meanwhile): it must not clear their error.
+        if error is None and self._health_error_at >= self.syncer.round_started:
+            return
+        self.set_health(error)
 
     # -- metadata ----------------------------------------------------------------------------
 

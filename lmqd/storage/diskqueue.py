@@ -246,7 +246,9 @@ class DiskQueue:
         fds = self._writer.take_sync_fds()
         positions = self._positions()
         unlink = self._segments.release_consumed(positions.read_segment)
-        if not fds and not unlink and positions == self._last_positions:
+        # The last job's positions not persisted (a full disk): write them again if unchanged.
+        persisted = self._files.persisted_seq >= self._files.last_seq
+        if not fds and not unlink and positions == self._last_positions and persisted:
             self._dirty = 0
             return None
         self._last_positions = positions

@@ -367,7 +367,9 @@ class TopicLog:
         self._dirty = 0
         for cursor in self._cursors.values():
             cursor.dirty = 0
-        if not fds and not unlink and state == self._last_state:
+        # The last job's state not persisted (a full disk): write it again even if unchanged.
+        persisted = self._files.persisted_seq >= self._files.last_seq
+        if not fds and not unlink and state == self._last_state and persisted:
             return None
         self._last_state = state
         return SyncJob(

@@ -149,7 +149,7 @@ async def test_a_full_disk_is_health_publishes_fail_and_service_resumes_when_spa
             assert await producer.pub("t", body) == OK
         assert await ping(running) == (200, b"OK")
 
-        disk.fill(0)
+        disk.fill()
         refused = []
         for command, code in (("pub", "E_PUB_FAILED"), ("mpub", "E_MPUB_FAILED"),
                               ("dpub", "E_DPUB_FAILED")):
@@ -201,7 +201,7 @@ async def test_shutdown_with_no_space_at_all_counts_per_queue_what_only_memory_h
         assert await producer.mpub("t", sent) == OK
         await consumer.rdy(30)
         in_flight = [(await consumer.message()).body for _ in range(30)]
-        disk.fill(0)
+        disk.fill()
         await running.stop()
         if mode == "default":
             # In flight: only the channel had them; the rest: only the topic's memory tail.
@@ -218,3 +218,64 @@ async def test_shutdown_with_no_space_at_all_counts_per_queue_what_only_memory_h
         consumer = await connect(restarted.tcp)
         await consumer.sub("t", "c", rdy=100)
         assert sorted(await drain(consumer, len(kept))) == kept
+
+
+async def test_default_mode_accepts_into_memory_while_the_disk_is_full_and_consumers_keep_up(
+    start_daemon: StartDaemon, connect: Connect, disk: DiskQuota
+) -> None:
+    # nsqd: a put into the memory queue while it has room touches no disk, so it succeeds.
+    # (Health may turn NOK meanwhile: the sync round that persists the channel's position
+    # every --sync-timeout cannot write the log's state file.)
+    with trio.fail_after(TIMEOUT):
+        running = await start_daemon(http=True, mem_queue_size=10)
+        consumer = await connect(running.tcp)
+        await consumer.sub("t", "c", rdy=1)
+        producer = await connect(running.tcp)
+        # A second topic whose channel never reads (created first: creating needs the disk).
+        for target in ("/topic/create?topic=u", "/channel/create?topic=u&channel=idle"):
+            r = await http(running.http, "POST", target)
+            assert r.status == 200, r
+        disk.fill()
+        for i in range(50):
+            assert await producer.pub("t", b"m%d" % i) == OK
+            msg = await consumer.message()
+            assert msg.body == b"m%d" % i
+            await consumer.fin(msg.id)
+        # A backlog past the memory tail does need it: refused, and health says why.
+        answers = [await producer.pub("u", b"backlog-%d" % i) for i in range(11)]
+        assert answers[:10] == [OK] * 10
+        assert isinstance(answers[10], Error) and answers[10].code == "E_PUB_FAILED"
+        status, body = await ping(running)
+        assert status == 500 and b"No space left on device" in body
+
+
+async def test_health_turns_ok_by_itself_once_space_returns(
+    start_daemon: StartDaemon, connect: Connect, disk: DiskQuota
+) -> None:
+    # While unhealthy the syncer rewrites the metadata file once per --sync-timeout tick: no
+    # publish is needed for /ping to see the space come back.
+    with trio.fail_after(TIMEOUT):
+        running = await start_daemon(http=True, mem_queue_size=0, sync_timeout=0.2)
+        producer = await connect(running.tcp)
+        assert await producer.pub("t", b"stored") == OK
+        await trio.sleep(0.5)  # synced by the ticks: no write is pending when the disk fills
+        disk.fill()
+        answer = await producer.pub("t", b"refused")
+        assert isinstance(answer, Error) and answer.code == "E_PUB_FAILED"
+        # Still NOK a few ticks later: each probe fails while the disk is full.
+        await trio.sleep(0.5)
+        status, body = await ping(running)
+        assert status == 500 and b"No space left on device" in body, body
+        disk.free()
+        await eventually_ok(running)
+        consumer = await connect(running.tcp)
+        await consumer.sub("t", "c", rdy=10)
+        assert await drain(consumer, 1) == [b"stored"]
+
+
+async def eventually_ok(running: RunningDaemon) -> None:
+    """Poll ``/ping`` as a health check does until it answers ``OK``."""
+    while True:
+        if await ping(running) == (200, b"OK"):
+            return
+        await trio.sleep(0.05)

@@ -11,7 +11,7 @@ succeed. ``limit`` None: no limit.
 Two ways to drive it:
 
 * in process: the ``disk`` fixture (``tests/support/faults.py``) installs one over ``os.pwrite``
-  for the test; ``fill(free_bytes)`` and ``free()`` move the limit.
+  for the test; ``fill(free_bytes)``, ``fill()`` (full) and ``free()`` move the limit.
 * in a subprocess: ``python -m tests.support.diskquota CONTROL ROOT LMQD-ARGS...`` runs lmqd's
   command line with a ``DiskQuota`` on ``ROOT`` whose limit the test sets by writing
   ``CONTROL``: ``none`` (no limit) or a number of bytes still free from then on (the limit
@@ -59,17 +59,19 @@ class DiskQuota:
         self.real = real
         self.root = os.fspath(root)
         self.limit: int | None = None
-        """Bytes the files under ``root`` may hold together (None: no limit)."""
+        """Bytes the files under ``root`` may hold together (None: no limit; -1: full)."""
         self.refused = 0
         """Writes refused with ``ENOSPC``."""
         self._control = None if control is None else os.fspath(control)
         self._control_mtime = -1
         self._lock = threading.Lock()  # the syncer writes state files from worker threads
 
-    def fill(self, free_bytes: int = 0) -> None:
-        """From now on only ``free_bytes`` more may be written under ``root``."""
+    def fill(self, free_bytes: int | None = None) -> None:
+        """From now on only ``free_bytes`` more may be written under ``root`` (files that
+        shrink meanwhile make room, as on a real disk); None: completely full, no write that
+        grows a file succeeds whatever shrinks (deterministic for tests)."""
         with self._lock:
-            self.limit = used_bytes(self.root) + free_bytes
+            self.limit = -1 if free_bytes is None else used_bytes(self.root) + free_bytes
 
     def free(self) -> None:
         """No limit any more: space came back."""
@@ -99,7 +101,7 @@ class DiskQuota:
             growth = offset + len(data) - size
             if growth <= 0:
                 return self.real(fd, data, offset)
-            room = limit - used_bytes(self.root)
+            room = 0 if limit < 0 else limit - used_bytes(self.root)
             if room >= growth:
                 return self.real(fd, data, offset)
             fits = size + max(room, 0) - offset
