@@ -4,9 +4,9 @@
 Rules for this module (STYLE.md):
 - In process the disk fills through ``tests.support.diskquota.DiskQuota`` over ``os.pwrite``
   (the ``disk`` fixture; truncating or deleting files frees space, as on a real file system).
-  A real ``python -m lmqd`` subprocess gets ``tests.support.smalldisk.open_small_disk``: a real
-  4 MiB tmpfs where one can be mounted (root), else the same quota around the subprocess;
-  selected at run time, the same assertions either way.
+  A real ``python -m lmqd`` subprocess gets ``tests.support.smalldisk.open_small_disk``: the
+  same quota around the subprocess, and in a second case a real 4 MiB tmpfs where one can be
+  mounted (root), else the quota again: selected at run time, the same assertions either way.
 - Daemons listen on 127.0.0.1 port 0 with their data in ``tmp_path``; clients speak V2
   (``tests.support.wire.Wire``) and HTTP (``tests.support.http``).
 - A message counts as acknowledged only when its ``OK`` was read.
@@ -63,11 +63,12 @@ async def drain(wire: Wire, expected: int) -> list[bytes]:
 # -- shutdown ------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("tmpfs", [False, True], ids=["quota", "tmpfs-if-mountable"])
 async def test_sigterm_on_a_full_disk_keeps_what_fits_counts_the_rest_and_exits_3(
-    tmp_path: Path, connect: Connect
+    tmp_path: Path, connect: Connect, tmpfs: bool
 ) -> None:
     sent = [b"m%05d:%s" % (i, b"x" * 60) for i in range(5000)]
-    with open_small_disk(tmp_path) as disk:
+    with open_small_disk(tmp_path, tmpfs=tmpfs) as disk:
         server = DaemonProcess(disk.command())
         try:
             await trio.to_thread.run_sync(server.wait_started)

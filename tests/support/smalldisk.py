@@ -3,10 +3,11 @@
 ``open_small_disk(tmp_path)`` selects at run time, so a test asserts the same things either way
 (no skip): where ``mount -t tmpfs`` works (root, or a container with the capability) the data
 directory is on a real 4 MiB tmpfs, filled by a filler file next to it; elsewhere (CI without
-root) it is a directory under a ``DiskQuota`` (``tests.support.diskquota``) driven through its
-control file. Both offer the same three calls: ``command(flags)`` (lmqd's command line on the
-disk), ``fill(free_bytes)`` (from now on only about that much more fits; a tmpfs counts whole
-4 KiB pages) and ``free()`` (space is back). The tmpfs is unmounted when the context ends.
+root), or with ``tmpfs=False``, it is a directory under a ``DiskQuota``
+(``tests.support.diskquota``) driven through its control file. Both offer the same three
+calls: ``command(flags)`` (lmqd's command line on the disk), ``fill(free_bytes)`` (from now on
+only about that much more fits; a tmpfs counts whole 4 KiB pages) and ``free()`` (space is
+back). The tmpfs is unmounted when the context ends.
 
 No pytest here, as in ``process.py``.
 """
@@ -105,11 +106,12 @@ def _mount_tmpfs(path: Path) -> bool:
 
 
 @contextlib.contextmanager
-def open_small_disk(tmp_path: Path) -> Iterator[SmallDisk]:
-    """A small disk under ``tmp_path``: a real tmpfs if one can be mounted, else a quota."""
+def open_small_disk(tmp_path: Path, *, tmpfs: bool = True) -> Iterator[SmallDisk]:
+    """A small disk under ``tmp_path``: a real tmpfs if ``tmpfs`` and one can be mounted,
+    else a quota."""
     mount_point = tmp_path / "tmpfs"
     mount_point.mkdir()
-    if os.geteuid() != 0 or not _mount_tmpfs(mount_point):
+    if not tmpfs or os.geteuid() != 0 or not _mount_tmpfs(mount_point):
         yield QuotaDisk(tmp_path)
         return
     try:
