@@ -22,10 +22,11 @@ from typing import Any
 import pytest
 import trio
 
-from lmqd.protocol import Error, Response
+from lmqd.protocol import Error, Pub, Response
 from lmqd.service import EXIT_MESSAGES_LOST
-from tests.support.daemon import RunningDaemon, StartDaemon
+from tests.support.daemon import RunningDaemon, StartDaemon, eventually
 from tests.support.diskquota import DiskQuota
+from tests.support.faults import FsyncFault
 from tests.support.http import http
 from tests.support.process import DaemonProcess
 from tests.support.smalldisk import open_small_disk
@@ -280,3 +281,29 @@ async def eventually_ok(running: RunningDaemon) -> None:
         if await ping(running) == (200, b"OK"):
             return
         await trio.sleep(0.05)
+
+
+async def test_a_sync_round_that_started_before_a_failed_write_does_not_clear_it(
+    start_daemon: StartDaemon, connect: Connect, disk: DiskQuota, fsync: FsyncFault
+) -> None:
+    # The round runs in a worker thread; a publish refused meanwhile is newer news than the
+    # round's success. (--sync-timeout is long: no tick's probe interferes.)
+    with trio.fail_after(TIMEOUT):
+        running = await start_daemon(http=True, durable=True, sync_timeout=3600.0)
+        first = await connect(running.tcp)
+        assert await first.pub("a", b"first") == OK
+        other = await connect(running.tcp)
+        assert await other.pub("b", b"first") == OK
+        await eventually(lambda: not running.broker.syncer.busy)
+        fsync.hold = True
+        await first.send(Pub(topic="a", body=b"small"))
+        await trio.to_thread.run_sync(fsync.held.wait, TIMEOUT)
+        # Room for the round's state file, not for a 64 KiB message.
+        disk.fill(8 * 1024)
+        answer = await other.pub("b", b"x" * 65536)
+        assert isinstance(answer, Error) and answer.code == "E_PUB_FAILED"
+        fsync.hold = False
+        fsync.released.set()
+        assert await first.frame() == OK  # the round succeeded...
+        status, body = await ping(running)
+        assert status == 500 and b"No space left on device" in body  # ...and cleared nothing
