@@ -161,8 +161,10 @@ class LmqDaemon:
             if self._lock is not None:
                 try:
                     save_metadata(metadata_path(self.options.data_path), broker.metadata())
-                except OSError:
-                    log.error("METADATA: final write failed", exc_info=True)
+                except OSError as exc:
+                    # A full or failing disk (no traceback: not a bug). A restart finds the
+                    # topics from their logs and queues (docs/durability.md).
+                    log.error("METADATA: final write failed: %s", exc)
             salvage = Salvage()
             broker.close_topics(salvage)
             self.lost_at_shutdown = salvage.lost

@@ -191,7 +191,11 @@ async def test_a_full_disk_is_health_publishes_fail_and_service_resumes_when_spa
 
 @pytest.mark.parametrize("mode", sorted(MODES))
 async def test_shutdown_with_no_space_at_all_counts_per_queue_what_only_memory_held(
-    start_daemon: StartDaemon, connect: Connect, disk: DiskQuota, mode: str
+    start_daemon: StartDaemon,
+    connect: Connect,
+    disk: DiskQuota,
+    mode: str,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     options: dict[str, Any] = {"mem_queue_size": 10_000} if mode == "default" else MODES[mode]
     with trio.fail_after(TIMEOUT):
@@ -208,12 +212,19 @@ async def test_shutdown_with_no_space_at_all_counts_per_queue_what_only_memory_h
         if mode == "default":
             # In flight: only the channel had them; the rest: only the topic's memory tail.
             assert running.daemon.lost_at_shutdown == {"t:c": 30, "t": 50}
+            (summary,) = [r for r in caplog.records if r.getMessage().startswith("SHUTDOWN:")]
+            assert summary.levelname == "ERROR"
+            assert summary.getMessage() == (
+                "SHUTDOWN: 80 messages could not be written to disk and are lost (t: 50, t:c: 30)"
+            )
             kept: list[bytes] = []
         else:
             # Every message is in the log, the ones in flight unsettled: nothing is lost.
             assert running.daemon.lost_at_shutdown == {}
             kept = sent
         assert in_flight == sent[:30]
+        # A full disk is an operator's problem, not a bug: no traceback in the log.
+        assert not [r for r in caplog.records if r.exc_info], "traceback logged"
 
         disk.free()
         restarted = await start_daemon(running.data_path, **options)
