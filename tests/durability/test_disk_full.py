@@ -119,6 +119,39 @@ async def test_sigterm_on_a_full_disk_keeps_what_fits_counts_the_rest_and_exits_
             await trio.to_thread.run_sync(restarted.check_stop)
 
 
+@pytest.mark.parametrize("tmpfs", [False, True], ids=["quota", "tmpfs-if-mountable"])
+async def test_a_real_lmqd_on_a_full_disk_refuses_reports_and_recovers_by_itself(
+    tmp_path: Path, connect: Connect, tmpfs: bool
+) -> None:
+    big = b"b" * 65536  # more than any page or two a file that shrinks may give back
+    with open_small_disk(tmp_path, tmpfs=tmpfs) as disk:
+        server = DaemonProcess(disk.command(["--mem-queue-size=0", "--sync-timeout=1s"]))
+        try:
+            await trio.to_thread.run_sync(server.wait_started)
+            tcp, http_address = address(server.address("TCP")), address(server.address("HTTP"))
+            with trio.fail_after(TIMEOUT):
+                producer = await connect(tcp)
+                acknowledged = [b"before-%d" % i for i in range(10)]
+                for body in acknowledged:
+                    assert await producer.pub("t", body) == OK
+                disk.fill(0)
+                answer = await producer.pub("t", big)
+                assert isinstance(answer, Error) and answer.code == "E_PUB_FAILED", disk.kind
+                assert "No space left on device" in answer.text
+                r = await http(http_address, "GET", "/ping")
+                assert r.status == 500 and r.body.startswith(b"NOK - "), r
+                disk.free()
+                await eventually_ok(http_address)  # the probe at the next tick: no publish
+                again = await connect(tcp)
+                assert await again.pub("t", big) == OK
+                acknowledged.append(big)
+                consumer = await connect(tcp)
+                await consumer.sub("t", "c", rdy=100)
+                assert await drain(consumer, len(acknowledged)) == acknowledged
+        finally:
+            await trio.to_thread.run_sync(server.check_stop)
+
+
 # -- while running -------------------------------------------------------------------------------
 
 MODES: dict[str, dict[str, Any]] = {
@@ -128,8 +161,8 @@ MODES: dict[str, dict[str, Any]] = {
 }
 
 
-async def ping(running: RunningDaemon) -> tuple[int, bytes]:
-    r = await http(running.http, "GET", "/ping")
+async def ping(daemon: RunningDaemon | tuple[str, int]) -> tuple[int, bytes]:
+    r = await http(daemon.http if isinstance(daemon, RunningDaemon) else daemon, "GET", "/ping")
     return r.status, r.body
 
 
@@ -286,10 +319,10 @@ async def test_health_turns_ok_by_itself_once_space_returns(
         assert await drain(consumer, 1) == [b"stored"]
 
 
-async def eventually_ok(running: RunningDaemon) -> None:
+async def eventually_ok(daemon: RunningDaemon | tuple[str, int]) -> None:
     """Poll ``/ping`` as a health check does until it answers ``OK``."""
     while True:
-        if await ping(running) == (200, b"OK"):
+        if await ping(daemon) == (200, b"OK"):
             return
         await trio.sleep(0.05)
 
