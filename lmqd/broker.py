@@ -122,6 +122,9 @@ class Broker:
         self._health_error: str | None = None
         self._health_error_at = -math.inf
         """When (``trio.current_time``) the last error was reported."""
+        self.write_failures = 0
+        """Failed writes reported so far (each turned health NOK): ``/metrics`` counts them,
+        so a failure between two scrapes of ``lmqd_healthy`` is not missed."""
         self._next_client_id = 0
         self._observers: list[BrokerObserver] = []
 
@@ -176,6 +179,7 @@ class Broker:
                 log.error("health: %s", error)
         self._health_error = error
         if error is not None:
+            self.write_failures += 1
             self._health_error_at = trio.current_time()
             self.syncer.probe_on_tick()
 

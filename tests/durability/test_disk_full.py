@@ -205,8 +205,10 @@ async def test_a_full_disk_is_health_publishes_fail_and_service_resumes_when_spa
         assert status == 500 and body.startswith(b"NOK - "), body
         assert b"No space left on device" in body
         assert (await health(running)).startswith("NOK - ")
-        metrics = (await http(running.http, "GET", "/metrics")).body
-        assert b"\nlmqd_healthy 0.0\n" in metrics
+        metrics = (await http(running.http, "GET", "/metrics")).body.decode()
+        assert "\nlmqd_healthy 0.0\n" in metrics
+        (failures,) = re.findall(r"\nlmqd_write_failures_total (\S+)\n", metrics)
+        assert float(failures) >= 4  # PUB, MPUB, DPUB, /pub: each refused write counted
 
         # Space comes back: the next write succeeds and clears the error, nothing is lost.
         disk.free()
