@@ -12,7 +12,7 @@ name                                                  type      labels
 ===================================================== ========= ===========================
 lmqd_info (``version``, ``nsqd_version``)             gauge (1)
 lmqd_healthy (1 = OK, 0 = a backend write failed)     gauge
-lmqd_write_failures_total (each turned health NOK)    counter
+lmqd_write_failures_total (each makes health NOK)     counter
 lmqd_start_time_seconds                               gauge
 lmqd_topics                                           gauge
 lmqd_topic_depth / _backend_depth                     gauge     topic
