@@ -10,6 +10,7 @@ the ones created before that (the restore) are started by the service itself.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
@@ -21,6 +22,7 @@ from lmqd.engine.admission import PublishGate
 from lmqd.engine.backend import BackendError, Syncable
 from lmqd.engine.channel import Channel
 from lmqd.engine.channel_policy import REDRIVE_CHANNEL
+from lmqd.engine.salvage import Salvage
 from lmqd.engine.stores import Stores
 from lmqd.engine.syncer import DurableCallback, Syncer
 from lmqd.engine.topic import PublishOutcome, Topic
@@ -113,7 +115,7 @@ class Broker:
             sync_timeout=options.sync_timeout,
             metadata_file=metadata_path(options.data_path),
             metadata=self.metadata,
-            on_health=self.set_health,
+            on_health=self._sync_health,
         )
         self.stores = Stores(
             options, self.syncer, hold_data_dir=hold_data_dir, on_health=self.set_health
@@ -121,6 +123,11 @@ class Broker:
         self._guid = GuidFactory(options.node_id)
         self._nursery: trio.Nursery | None = None
         self._health_error: str | None = None
+        self._health_error_at = -math.inf
+        """When (``trio.current_time``) the last error was reported."""
+        self.write_failures = 0
+        """Failed writes reported so far (each turned health NOK): ``/metrics`` counts them,
+        so a failure between two scrapes of ``lmqd_healthy`` is not missed."""
         self._next_client_id = 0
         self._observers: list[BrokerObserver] = []
 
@@ -162,12 +169,29 @@ class Broker:
         return self._health_error is None
 
     def set_health(self, error: str | None) -> None:
+        """The outcome of the last write (nsqd's ``SetHealth``): an error, or None (OK).
+
+        While unhealthy the syncer rewrites the metadata file at each ``--sync-timeout`` tick
+        (``Syncer.probe_on_tick``): once the disk takes writes again, health turns OK by
+        itself, without waiting for a publish.
+        """
         if error != self._health_error:
             if error is None:
                 log.info("health: OK again")
             else:
                 log.error("health: %s", error)
         self._health_error = error
+        if error is not None:
+            self.write_failures += 1
+            self._health_error_at = trio.current_time()
+            self.syncer.probe_on_tick()
+
+    def _sync_health(self, error: str | None) -> None:
+        # A round's success says nothing of writes that failed after it started (it ran in a
+        # worker thread meanwhile): it must not clear their error.
+        if error is None and self._health_error_at >= self.syncer.round_started:
+            return
+        self.set_health(error)
 
     # -- metadata ----------------------------------------------------------------------------
 
@@ -259,11 +283,14 @@ class Broker:
             log.info("TOPIC(%s): deleted (ephemeral, no channels left)", topic.name)
             self._topic_deleted(topic.name, channels)
 
-    def close_topics(self) -> None:
-        """Shutdown, blocking: close every topic (channels first; each flushes to disk)."""
+    def close_topics(self, salvage: Salvage | None = None) -> None:
+        """Shutdown, blocking: close every topic (channels first; each flushes to disk, as far
+        as the disk takes it: ``salvage`` counts what it did not)."""
+        if salvage is None:
+            salvage = Salvage()
         for topic in list(self.topics.values()):
             try:
-                topic.close()
+                topic.close(salvage)
             except Exception:
                 log.error("TOPIC(%s): close failed", topic.name, exc_info=True)
 

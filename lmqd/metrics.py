@@ -12,6 +12,7 @@ name                                                  type      labels
 ===================================================== ========= ===========================
 lmqd_info (``version``, ``nsqd_version``)             gauge (1)
 lmqd_healthy (1 = OK, 0 = a backend write failed)     gauge
+lmqd_write_failures_total (each makes health NOK)     counter
 lmqd_start_time_seconds                               gauge
 lmqd_topics                                           gauge
 lmqd_topic_depth / _backend_depth                     gauge     topic
@@ -142,6 +143,10 @@ class LmqCollector(Collector):
         yield GaugeMetricFamily(
             "lmqd_healthy", "1 when healthy, 0 while the last backend write failed",
             value=1 if broker.is_healthy else 0,
+        )
+        yield CounterMetricFamily(
+            "lmqd_write_failures", "failed disk writes and syncs reported (each turns /ping NOK)",
+            value=broker.write_failures,
         )
         yield GaugeMetricFamily(
             "lmqd_start_time_seconds", "daemon start time, Unix seconds", value=broker.start_time

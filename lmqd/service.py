@@ -14,7 +14,9 @@ listeners and connections are cancelled (each connection requeues its in-flight 
 metadata file is written, every topic is closed (channels first: in-flight and requeued messages
 go to their own store, deferred ones to the deferred store, with their attempts and deadlines,
 each synced; then the topic's memory tail goes to its log and the log is synced with every
-cursor where its channel is), and the data directory is released.
+cursor where its channel is), and the data directory is released. On a full or failing disk
+those writes keep what fits (``lmqd.engine.salvage``); the messages lost are logged per queue,
+kept in ``LmqDaemon.lost_at_shutdown``, and ``run_daemon`` exits with ``EXIT_MESSAGES_LOST``.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from lmqd.engine import channel_policy
 from lmqd.engine.backend import BackendError
 from lmqd.engine.channel import Channel
 from lmqd.engine.policy import PolicyError, parse_update
+from lmqd.engine.salvage import Salvage
 from lmqd.engine.stores import queues_to_open, restore_plan, stored_queue_names
 from lmqd.engine.topic import Topic
 from lmqd.options import Options
@@ -53,7 +56,7 @@ from lmqd.storage import (
     save_metadata,
 )
 
-__all__ = ["GC_THRESHOLDS", "BoundAddresses", "LmqDaemon", "run_daemon"]
+__all__ = ["EXIT_MESSAGES_LOST", "GC_THRESHOLDS", "BoundAddresses", "LmqDaemon", "run_daemon"]
 
 log = logging.getLogger("lmqd.daemon")
 
@@ -61,6 +64,11 @@ log = logging.getLogger("lmqd.daemon")
 # connections get to send what is in their output buffers before they are cancelled.
 SHUTDOWN_SYNC_WAIT = 5.0
 SHUTDOWN_FLUSH_WAIT = 1.0
+
+EXIT_MESSAGES_LOST = 3
+"""Exit status of a shutdown that could not write every message memory held to disk (a full or
+failing disk; ``lmqd.engine.salvage``): 1 and 2 already mean "could not start" and "usage"
+(docs/operations.md), and a supervisor must be able to tell a loss from a clean stop."""
 
 
 class LmqDaemon:
@@ -76,6 +84,9 @@ class LmqDaemon:
         self._shutdown = trio.Event()
         self._lock: DataDirLock | None = None
         self._timebase: AnchoredTimeBase | None = None
+        self.lost_at_shutdown: dict[str, int] = {}
+        """After ``run()``: queue name (``topic``, ``topic:channel``) -> messages its shutdown
+        could not write to disk (a full or failing disk) and so lost; empty if none."""
 
     @property
     def addresses(self) -> BoundAddresses | None:
@@ -153,9 +164,19 @@ class LmqDaemon:
             if self._lock is not None:
                 try:
                     save_metadata(metadata_path(self.options.data_path), broker.metadata())
-                except OSError:
-                    log.error("METADATA: final write failed", exc_info=True)
-            broker.close_topics()
+                except OSError as exc:
+                    # A full or failing disk (no traceback: not a bug). A restart finds the
+                    # topics from their logs and queues (docs/durability.md).
+                    log.error("METADATA: final write failed: %s", exc)
+            salvage = Salvage()
+            broker.close_topics(salvage)
+            self.lost_at_shutdown = salvage.lost
+            if salvage.lost:
+                log.error(
+                    "SHUTDOWN: %d messages could not be written to disk and are lost (%s)",
+                    salvage.lost_count,
+                    ", ".join(f"{name}: {n}" for name, n in sorted(salvage.lost.items())),
+                )
             stats = broker.syncer.statistics()
             log.info(
                 "SYNCER: %d rounds, %d queue syncs (%d failed), %d metadata writes",
@@ -313,7 +334,7 @@ def _restore_log_channels(topic: Topic) -> None:
             topic.get_channel(name)
 
 
-async def _main(options: Options) -> None:
+async def _main(options: Options) -> LmqDaemon:
     daemon = LmqDaemon(options)
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
@@ -327,6 +348,7 @@ async def _main(options: Options) -> None:
             nursery.start_soon(watch_signals)
             await daemon.run()
             nursery.cancel_scope.cancel()
+    return daemon
 
 
 def _sole_exception(error: BaseException) -> BaseException:
@@ -348,11 +370,12 @@ def run_daemon(options: Options) -> None:
     """Run lmqd until SIGINT/SIGTERM (the CLI's entry point; it tunes the process's GC).
 
     Raises ``OSError`` if it cannot start (a listen address in use, an unusable data path);
-    exits with status 1 if another lmqd holds the data directory.
+    exits with status 1 if another lmqd holds the data directory, and with
+    ``EXIT_MESSAGES_LOST`` if its shutdown could not write every message to disk.
     """
     gc.set_threshold(*GC_THRESHOLDS)
     try:
-        trio.run(_main, options)
+        daemon = trio.run(_main, options)
     except BaseException as exc:
         error = _sole_exception(exc)
         if isinstance(error, DataDirLocked):
@@ -361,3 +384,5 @@ def run_daemon(options: Options) -> None:
         if isinstance(error, OSError) and error is not exc:
             raise error from None
         raise
+    if daemon.lost_at_shutdown:
+        sys.exit(EXIT_MESSAGES_LOST)

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.daemon import start_daemon_fixture  # noqa: F401 - the start_daemon fixture
-from tests.support.faults import fsync_fixture  # noqa: F401 - the fsync fixture
+from tests.support.faults import disk_fixture, fsync_fixture  # noqa: F401 - fixtures
 from tests.support.process import LmqdProcess, start_lmqd, stop_lmqd
 from tests.support.wire import connect_fixture  # noqa: F401 - the connect fixture
 

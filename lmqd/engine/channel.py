@@ -56,6 +56,7 @@ from lmqd.engine.delivery import split_batch
 from lmqd.engine.durable import DurableAcks
 from lmqd.engine.e2e import E2eLatencyStream, new_stream
 from lmqd.engine.inflight import ChannelError, InFlightQueue, NotInFlight, NotOwner
+from lmqd.engine.salvage import Salvage
 from lmqd.engine.spill import SpillQueue
 from lmqd.engine.subscription import Consumer, Subscription
 from lmqd.message import Message
@@ -1160,24 +1161,29 @@ class Channel:
         self._request_delivery()
         return position
 
-    def close(self) -> bool:
+    def close(self, salvage: Salvage | None = None) -> bool:
         """Shut down: stop the timer and write memory, in-flight and deferred messages (with
         their ``deliver_at`` and attempts) to the backend, then close it. Idempotent.
 
-        A durable channel writes them again and acknowledges the originals (no duplicate after a
-        restart). Returns False if something could not be written or synced (logged): a durable
-        topic then keeps its own copies of the messages unacknowledged.
+        ``salvage`` writes as many as a full disk takes, in order, and counts the rest
+        (``salvage.py``): lost in default mode; in ``--durable`` they are still unsettled or
+        unacknowledged where they came from. A durable channel writes them again and
+        acknowledges the originals (no duplicate after a restart). Returns False if something
+        could not be written or synced (logged): a durable topic then keeps its own copies of
+        the messages unacknowledged.
         """
         if self.exiting:
             return True
         self.exiting = True
         self._run_scope.cancel()
+        if salvage is None:
+            salvage = Salvage()
         # After the backend's contents, as nsqd's flush: order across a restart is not kept.
         ready = self._queue.memory()
         ready += self._in_flight.clear()
         deferred = self._deferred.clear()
         self._queue.clear_memory()
-        ok, copied = self._flush(ready, deferred)
+        ok, copied = self._flush(ready, deferred, salvage)
         # One group of jobs: every queue's data is fsynced before any positions file is written,
         # so an acknowledgement in one queue never becomes durable before the copy in the other.
         jobs = [job for q in self.disk_queues if (job := q.prepare_sync()) is not None]
@@ -1203,53 +1209,48 @@ class Channel:
         return ok
 
     def _flush(
-        self, ready: list[Message], deferred: list[Message]
+        self, ready: list[Message], deferred: list[Message], salvage: Salvage
     ) -> tuple[bool, list[Message]]:
         """``close``: ready and in-flight messages to the own store, deferred ones (with their
-        deadlines) to the deferred store. Returns (all written, the messages written: a durable
-        channel acknowledges those originals once the copies are synced)."""
-        ok = True
+        deadlines) to the deferred store, each as far as the disk takes them. Returns (all
+        written, the messages written: a durable channel acknowledges those originals once the
+        copies are synced)."""
         copied: list[Message] = []
-        dq: BackendQueue | None = None
+        subject = f"CHANNEL({self.topic_name}:{self.name})"
         if deferred:
+            dq: BackendQueue | None = None
             try:
                 dq = self._open_deferred_store()
             except BackendError as exc:
-                log.warning("CHANNEL(%s:%s): %s", self.topic_name, self.name, exc)
-            if dq is None:
-                ready += deferred  # nsqd's way: with the others (due at once after a restart)
-                deferred = []
-        if deferred:
-            assert dq is not None
-            try:
-                dq.put_many(deferred)
-            except BackendError as exc:
-                # Kept, if not on time: with the others in the main queue (nsqd's way).
-                log.warning(
-                    "CHANNEL(%s:%s): deferred store unavailable, deferred messages go to the "
-                    "main queue: %s",
-                    self.topic_name,
-                    self.name,
-                    exc,
+                log.warning("%s: %s", subject, exc)
+            if dq is not None:
+                put_deferred = dq.put_many
+                done, _ = salvage.write_prefix(
+                    subject, lambda chunk, _index: put_deferred(chunk), deferred
                 )
-                ready += deferred
-            else:
-                copied += deferred
-        if ready:
-            try:
-                self.backend.put_many(ready)
-            except BackendError:
-                ok = False
-                log.error(
-                    "CHANNEL(%s:%s): failed to flush %d messages to the backend at close",
-                    self.topic_name,
-                    self.name,
-                    len(ready),
-                    exc_info=True,
-                )
-            else:
-                copied += ready
-        return ok, copied
+                copied += deferred[:done]
+                deferred = deferred[done:]
+                if deferred:
+                    log.warning(
+                        "%s: %d deferred messages go to the main store (due at once after a "
+                        "restart)",
+                        subject,
+                        len(deferred),
+                    )
+            # Not stored on time: kept with the others (nsqd's way: due at once after a restart).
+            ready += deferred
+        if not ready:
+            return True, copied
+        put = self.backend.put_many
+        done = salvage.write(
+            subject,
+            f"{self.topic_name}:{self.name}",
+            lambda chunk, _index: put(chunk),
+            ready,
+            kept_elsewhere=self._acks is not None,
+        )
+        copied += ready[:done]
+        return done == len(ready), copied
 
     def delete(self) -> None:
         """Delete: stop the timer, drop every message and the backend's storage, and close the

@@ -21,7 +21,8 @@ Where messages go (``append``):
   ``limit`` messages; when it would grow past that, its oldest messages are appended to the log.
   A message every channel has read leaves the tail from the front (``trim``) without ever being
   written: the log has gaps there (offsets are never reused; storage handles gaps as it handles
-  damage). At shutdown the tail goes to the log (``close``).
+  damage). At shutdown the tail goes to the log (``close``), as much of it as a full disk
+  takes (``salvage.py``).
 * **Write-through** (``--durable``, ``--mem-queue-size=0``, or a retention policy, which needs
   every message on disk): every message is appended at once and the tail stays empty; channels
   that keep up read the log's tail cache, the same objects, without decoding.
@@ -47,6 +48,7 @@ from bisect import bisect_left, insort
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
+from lmqd.engine.salvage import Salvage
 from lmqd.engine.tail import MemoryTail
 from lmqd.message import Message
 from lmqd.storage import SyncJob, TopicLog
@@ -474,22 +476,26 @@ class TopicStream:
 
     # -- life cycle --------------------------------------------------------------------------
 
-    def close(self) -> None:
-        """Shutdown, blocking: the tail to the log, the cursors where their channels are, the
-        log synced and closed. A failed write is logged: those messages are lost (as nsqd)."""
+    def close(self, salvage: Salvage | None = None) -> None:
+        """Shutdown, blocking: the tail to the log (as much of it as the disk takes, in order:
+        ``Salvage``; the rest is counted lost under the topic), the cursors where their
+        channels are, the log synced and closed."""
         log_ = self.log
         if log_ is None or log_.closed:
             return
-        try:
-            self.flush_tail()
-        except Exception:
-            log.error(
-                "TOPIC(%s): failed to flush %d messages to the log at close",
-                self.name,
-                len(self.tail),
-                exc_info=True,
-            )
-            self.tail.reset(self.next_offset)
+        if salvage is None:
+            salvage = Salvage()
+        self.trim()
+        tail = self.tail
+        if len(tail):
+            start = tail.start
+
+            def write(chunk: Sequence[Message], index: int) -> None:
+                log_.append_many(chunk, start + index)
+
+            salvage.write(f"TOPIC({self.name})", self.name, write, tail.front(len(tail)))
+            # What was not written leaves a gap in the log's offsets, as a consumed tail does.
+            tail.reset(self.next_offset)
         log_.advance_to(self.next_offset)
         self.refresh_cursors()
         log_.close()

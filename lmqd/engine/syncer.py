@@ -48,6 +48,7 @@ responses, acknowledges a topic's messages), as everywhere else in lmqd.
 from __future__ import annotations
 
 import logging
+import math
 from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -153,6 +154,12 @@ class Syncer:
         self._due: set[_QueueState] = set()
         self._metadata_dirty = False
         self._metadata_failed = False
+        self._probe = False
+        """Write the metadata file at the next tick (``probe_on_tick``)."""
+        self._retry: set[_QueueState] = set()
+        """Queues whose last job failed: in the next tick's round, even if not dirty again."""
+        self.round_started = -math.inf
+        """When (``trio.current_time``) the last round started (its writes are from then)."""
         self._wake = trio.Event()
         self._round_done = trio.Event()
         self._running = False
@@ -204,6 +211,12 @@ class Syncer:
             if self._waiting >= self._gather_target:
                 self._gathered.set()
             self._wake.set()
+
+    def probe_on_tick(self) -> None:
+        """Write the metadata file at the next ``--sync-timeout`` tick: an unhealthy daemon's
+        check that the disk takes writes again (its success clears the health error). Once
+        per tick at most, however often it is asked."""
+        self._probe = True
 
     def metadata_changed(self) -> None:
         """Write the metadata file in the next round (started at once; bursts coalesce)."""
@@ -273,9 +286,11 @@ class Syncer:
         self._last_served = self._waiting
         self._waiting = 0
         if tick:
-            if self._metadata_failed:
-                self._metadata_failed = False
+            if self._metadata_failed or self._probe:
+                self._metadata_failed = self._probe = False
                 self._metadata_dirty = True
+            selected |= self._retry
+            self._retry = set()
             for state in self._states.values():
                 if state.queue.dirty_count > 0 or state.waiters or state.queue.closed:
                     selected.add(state)
@@ -312,7 +327,7 @@ class Syncer:
         if jobs or metadata is not None:
             # Not abandoned on cancel: a job owns descriptors and must finish (or never start).
             self._in_round = True
-            started = trio.current_time()
+            started = self.round_started = trio.current_time()
             try:
                 metadata_error, errors = await trio.to_thread.run_sync(
                     _run_round, self._metadata_file, metadata, jobs
@@ -338,6 +353,9 @@ class Syncer:
             if error is not None:
                 self._failed_syncs += 1
                 failure = error
+                # Its positions were not persisted: tried again at the next tick (a full disk
+                # with space back), not in a busy loop.
+                self._retry.add(state)
             state.resolve(gen, error)
         if self._on_health is not None and (jobs or metadata is not None):
             self._on_health(None if failure is None else f"sync failed: {failure}")

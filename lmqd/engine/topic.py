@@ -42,6 +42,7 @@ from lmqd.engine.channel import Channel, DeadLetterSink, TopicExiting
 from lmqd.engine.cursor import ChannelCursor
 from lmqd.engine.e2e import E2eLatencyStream
 from lmqd.engine.policy import PolicyValue, TopicPolicy
+from lmqd.engine.salvage import Salvage
 from lmqd.engine.stream import TOPIC_CURSOR, TopicStream
 from lmqd.message import GuidFactory, Message, copies
 from lmqd.names import is_ephemeral
@@ -533,19 +534,24 @@ class Topic:
         """Drop the messages not yet handed to the channels (channels keep theirs, as nsqd)."""
         self.stream.reset_unpumped()
 
-    def close(self) -> None:
+    def close(self, salvage: Salvage | None = None) -> None:
         """Shut down: close every channel (each writes its in-flight, requeued and deferred
         messages to its stores), then the stream (the memory tail to the log, every cursor
-        where its channel is, the log synced and closed); ends ``run``. Idempotent."""
+        where its channel is, the log synced and closed); ends ``run``. Idempotent.
+
+        ``salvage`` writes what a full disk takes and counts what it does not (``salvage.py``).
+        """
         if self.exiting:
             return
         self.exiting = True
         self._run_scope.cancel()
-        closed_ok = [channel.close() for channel in self.channels.values()]
+        if salvage is None:
+            salvage = Salvage()
+        closed_ok = [channel.close(salvage) for channel in self.channels.values()]
         if all(closed_ok):
             # Every channel synced its stores: the deferred copies the pump made are durable.
             self.stream.clear_pins()
-        self.stream.close()
+        self.stream.close(salvage)
         log.info("TOPIC(%s): closed", self.name)
 
     def delete(self) -> None:

@@ -246,7 +246,9 @@ class DiskQueue:
         fds = self._writer.take_sync_fds()
         positions = self._positions()
         unlink = self._segments.release_consumed(positions.read_segment)
-        if not fds and not unlink and positions == self._last_positions:
+        # The last job's positions not persisted (a full disk): write them again if unchanged.
+        persisted = self._files.persisted_seq >= self._files.last_seq
+        if not fds and not unlink and positions == self._last_positions and persisted:
             self._dirty = 0
             return None
         self._last_positions = positions
@@ -327,8 +329,10 @@ class DiskQueue:
             return
         try:
             self.sync()
-        except OSError:
-            log.error("DISKQUEUE(%s): sync on close failed", self.name, exc_info=True)
+        except OSError as exc:
+            # A full or failing disk: no traceback (not a bug). The positions file stays as it
+            # was; recovery does not trust it over the segments.
+            log.error("DISKQUEUE(%s): sync on close failed: %s", self.name, exc)
         self._close_fds()
         self._cache.drop()
         self._closed = True

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -112,14 +113,21 @@ def write_file_durably(path: str, data: bytes) -> None:
     """Create or replace ``path`` atomically: temp file, fsync, rename (the caller fsyncs the dir).
 
     A crash leaves either the old content or the new, never a mix or an empty file.
+    A failed write removes the temp file: on a full disk the part it did write would
+    otherwise hold space the queues' own writes need.
     """
     tmp = path + ".tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        pwrite_all(fd, data, 0)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        try:
+            pwrite_all(fd, data, 0)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
     os.replace(tmp, path)
 
 

@@ -367,7 +367,9 @@ class TopicLog:
         self._dirty = 0
         for cursor in self._cursors.values():
             cursor.dirty = 0
-        if not fds and not unlink and state == self._last_state:
+        # The last job's state not persisted (a full disk): write it again even if unchanged.
+        persisted = self._files.persisted_seq >= self._files.last_seq
+        if not fds and not unlink and state == self._last_state and persisted:
             return None
         self._last_state = state
         return SyncJob(
@@ -392,8 +394,11 @@ class TopicLog:
             return
         try:
             self.sync()
-        except OSError:
-            log.error("TOPICLOG(%s): sync on close failed", self.name, exc_info=True)
+        except OSError as exc:
+            # A full or failing disk (logged without a traceback: an operator's problem, not a
+            # bug). The segments keep what was written; the state file stays as it was and
+            # recovery does not trust it over the segments.
+            log.error("TOPICLOG(%s): sync on close failed: %s", self.name, exc)
         self._close_fds()
         self._cache.clear()
         self._closed = True

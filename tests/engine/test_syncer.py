@@ -71,6 +71,7 @@ class FakeQueue:
         self._files = QueueFiles(name, str(directory), str(directory / f"{name}.positions"))
         missing = directory / "missing"
         self._broken_files = QueueFiles(name, str(missing), str(missing / f"{name}.positions"))
+        self._last_files: QueueFiles | None = None
 
     @property
     def stored(self) -> FakeQueue:
@@ -87,9 +88,10 @@ class FakeQueue:
     def prepare_sync(self) -> SyncJob | None:
         if self.prepare_error is not None:
             raise self.prepare_error
-        if not self.dirty_count:
-            return None
-        files = self._broken_files if self.broken else self._files
+        last = self._last_files
+        if not self.dirty_count and (last is None or last.persisted_seq >= last.last_seq):
+            return None  # as the real queues: a job whose positions were not persisted again
+        files = self._last_files = self._broken_files if self.broken else self._files
         seq = files.next_seq()
         operations, self.dirty_count = self.dirty_count, 0
         self.prepared += 1
@@ -437,6 +439,52 @@ async def test_a_failed_sync_calls_back_with_the_error_and_reports_health(
         await syncer.wait_idle()
         assert all(w.calls == [(t0 + ROUND_S + ROUND_S, None)] for w in retried)
         assert health.reports == [f"sync failed: {error}", None]  # healthy again
+
+
+async def test_a_failed_sync_is_retried_at_the_next_tick_without_new_activity(
+    nursery: trio.Nursery, tmp_path: Path, autojump_clock: trio.testing.MockClock, worker: Worker
+) -> None:
+    # A full disk: the positions could not be written; once space is back the next tick
+    # writes them (and clears the health error) though nothing new happened to the queue.
+    with trio.fail_after(GUARD_S):
+        health = Health()
+        syncer = make_syncer(tmp_path, sync_timeout=2.0, health=health)
+        t0 = await started(nursery, syncer)
+        queue = FakeQueue("q", tmp_path)
+        syncer.register(queue)
+        queue.broken = True
+        queue.write()
+        await trio.sleep(2.5)
+        assert worker.calls == [t0 + 2.0]
+        assert len(health.reports) == 1 and health.reports[0] is not None
+        await trio.sleep(2.0)
+        assert worker.calls == [t0 + 2.0, t0 + 4.0]  # tried again at the tick, still failing
+        queue.broken = False
+        await trio.sleep(2.0)
+        assert worker.calls == [t0 + 2.0, t0 + 4.0, t0 + 6.0]
+        assert health.reports[-1] is None
+        assert (tmp_path / "q.positions").exists()
+        await trio.sleep(4.0)
+        assert len(worker.calls) == 3  # persisted: nothing more to do
+
+
+async def test_probe_on_tick_writes_the_metadata_file_once_at_the_next_tick(
+    nursery: trio.Nursery, tmp_path: Path, autojump_clock: trio.testing.MockClock, worker: Worker
+) -> None:
+    with trio.fail_after(GUARD_S):
+        health = Health()
+        snapshots = Snapshots()
+        syncer = make_syncer(tmp_path, sync_timeout=2.0, health=health, snapshots=snapshots)
+        t0 = await started(nursery, syncer)
+        for _ in range(3):  # an unhealthy daemon asks after every failed write
+            syncer.probe_on_tick()
+        await trio.sleep(1.0)
+        assert worker.calls == []  # not at once: at the tick, whatever the number of asks
+        await trio.sleep(1.5)
+        assert worker.calls == [t0 + 2.0] and snapshots.taken == 1
+        assert health.reports == [None]  # the write succeeded: healthy
+        await trio.sleep(4.0)
+        assert len(worker.calls) == 1  # not asked again: no more probes
 
 
 async def test_a_failed_prepare_fails_its_waiters_and_the_round_goes_on(

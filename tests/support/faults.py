@@ -1,4 +1,5 @@
-"""Disk faults for in-process daemons: ``os.fsync`` held or failing in worker threads.
+"""Disk faults for in-process daemons: ``os.fsync`` held or failing in worker threads, and a
+full disk (``disk``: ``tests.support.diskquota.DiskQuota`` over ``os.pwrite``).
 
 The daemon fsyncs only in worker threads (``trio.to_thread``: the syncer's rounds), so the
 ``fsync`` fixture wraps ``os.fsync`` for those threads alone: ``hold`` makes each call wait (on a
@@ -13,10 +14,13 @@ import errno
 import os
 import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
-__all__ = ["HOLD_LIMIT_S", "FsyncFault", "fsync_fixture"]
+from tests.support.diskquota import DiskQuota
+
+__all__ = ["HOLD_LIMIT_S", "FsyncFault", "disk_fixture", "fsync_fixture"]
 
 HOLD_LIMIT_S = 20.0
 """Longest a held fsync waits for ``released``: past every test's own guard, so a test that
@@ -58,3 +62,12 @@ def fsync_fixture(monkeypatch: pytest.MonkeyPatch) -> Iterator[FsyncFault]:
     monkeypatch.setattr(os, "fsync", fault)
     yield fault
     fault.released.set()
+
+
+@pytest.fixture(name="disk")
+def disk_fixture(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> DiskQuota:
+    """``os.pwrite`` replaced by a ``DiskQuota`` on ``tmp_path`` (where ``start_daemon`` keeps
+    its data) for this test, with no limit until the test calls ``fill``."""
+    quota = DiskQuota(os.pwrite, tmp_path)
+    monkeypatch.setattr(os, "pwrite", quota)
+    return quota
