@@ -17,9 +17,10 @@ from typing import Any
 import attrs
 from rich.table import Table
 
+from lmq_client.admin.columns import Column, human_count, make_table
 from lmq_client.http import HTTPClient
 
-__all__ = ["Row", "Snapshot", "render_table", "sample", "snapshot_json"]
+__all__ = ["Row", "Snapshot", "missing", "render_table", "sample", "snapshot_json"]
 
 _COUNTS = (
     "depth",
@@ -99,6 +100,20 @@ def _rates(rows: Mapping[Key, Row], before: Mapping[Key, Row], elapsed: float) -
             row.rate = max(grown, 0) / elapsed
 
 
+def missing(snap: Snapshot, topic: str | None, channel: str | None) -> str | None:
+    """What ``stats TOPIC [CHANNEL]`` asked for that no daemon has (a one-line message), or None.
+
+    nsqd's ``/stats?topic=`` of an unknown topic answers an empty list rather than an error, so
+    this is where "no such topic" is noticed.
+    """
+    nodes = ", ".join(snap.nodes)
+    if topic is not None and (topic, None) not in snap.rows:
+        return f"topic {topic} not found on {nodes}"
+    if topic is not None and channel is not None and (topic, channel) not in snap.rows:
+        return f"channel {topic}/{channel} not found on {nodes}"
+    return None
+
+
 def dict_sorted(snap: Snapshot) -> Snapshot:
     snap.rows = dict(sorted(snap.rows.items(), key=lambda kv: (kv[0][0], kv[0][1] or "")))
     return snap
@@ -148,54 +163,64 @@ def _e2e_text(e2e: Mapping[float, float]) -> str:
     return " ".join(f"p{q * 100:g}={_fmt_latency(v)}" for q, v in sorted(e2e.items()))
 
 
-_HEADERS = ("depth", "mem", "disk", "in-flight", "deferred", "requeued", "timed out",
-            "messages", "rate/s", "clients")  # fmt: skip
+# (header, priority): the first kept, the last dropped first on a narrow terminal.
+_COLUMNS = (("depth", 2), ("mem", 12), ("disk", 11), ("in-flight", 3), ("deferred", 7),
+            ("requeued", 8), ("timed out", 9), ("messages", 5), ("rate/s", 4), ("clients", 6),
+            ("e2e latency", 10))  # fmt: skip
 
 
 def _cells(row: Row) -> list[str]:
     c = row.counts
+    n = human_count
     return [
-        str(c["depth"]),
-        str(c["depth"] - c["backend_depth"]),
-        str(c["backend_depth"]),
-        str(c["in_flight_count"]),
-        str(c["deferred_count"]),
-        str(c["requeue_count"]),
-        str(c["timeout_count"]),
-        str(c["message_count"]),
-        "-" if row.rate is None else f"{row.rate:.1f}",
-        str(c["client_count"]),
+        n(c["depth"]),
+        n(c["depth"] - c["backend_depth"]),
+        n(c["backend_depth"]),
+        n(c["in_flight_count"]),
+        n(c["deferred_count"]),
+        n(c["requeue_count"]),
+        n(c["timeout_count"]),
+        n(c["message_count"]),
+        "-" if row.rate is None else f"{row.rate:,.1f}",
+        n(c["client_count"]),
         _e2e_text(row.e2e),
     ]
 
 
-def render_table(snap: Snapshot) -> Table:
-    """The snapshot as a rich table: one row per topic, its channels indented below it; with
-    several daemons a node column, and under each total row one row per daemon."""
+def render_table(snap: Snapshot, width: int = 200) -> Table:
+    """The snapshot as a rich table no wider than ``width``: one row per topic, its channels
+    indented below it; with several daemons a node column, and under each total row one row per
+    daemon. Columns that do not fit are dropped, least important first (``columns.fit``)."""
     several = len(snap.nodes) > 1
-    table = Table(title=f"lmq stats: {', '.join(snap.nodes)}", title_justify="left")
-    table.add_column("topic / channel", justify="left", no_wrap=True)
-    if several:
-        table.add_column("node", justify="left", no_wrap=True)
-    for header in _HEADERS:
-        table.add_column(header, justify="right", no_wrap=True)
-    table.add_column("e2e latency", justify="left", no_wrap=True)
-    width = len(_HEADERS) + (2 if several else 1)
-    if not snap.rows:
-        table.add_row("(no topics)", *[""] * width)
+    names: list[str] = []
+    nodes: list[str] = []
+    bold: list[bool] = []
+    cells: list[list[str]] = []
     for key, row in snap.rows.items():
         name = row.topic if row.channel is None else f"  {row.channel}"
         if row.paused:
             name += " (paused)"
-        name = name if row.channel is not None else f"[bold]{name}[/bold]"
-        if not several:
-            table.add_row(name, *_cells(row))
-            continue
-        nodes = [(node, rows[key]) for node, rows in snap.per_node.items() if key in rows]
-        table.add_row(name, f"all ({len(nodes)})", *_cells(row))
-        for node, node_row in nodes:
-            table.add_row("", node, *_cells(node_row))
-    return table
+        per_node = [(node, rows[key]) for node, rows in snap.per_node.items() if key in rows]
+        names.append(name)
+        bold.append(row.channel is None)
+        nodes.append(f"all ({len(per_node)})")
+        cells.append(_cells(row))
+        if several:
+            for node, node_row in per_node:
+                names.append("")
+                bold.append(False)
+                nodes.append(node)
+                cells.append(_cells(node_row))
+    if not snap.rows:
+        names, bold, nodes = ["(no topics)"], [False], [""]
+        cells = [[""] * len(_COLUMNS)]
+    columns = [Column("topic / channel", names, 0, "left")]
+    if several:
+        columns.append(Column("node", nodes, 1, "left"))
+    for i, (header, priority) in enumerate(_COLUMNS):
+        justify = "left" if header == "e2e latency" else "right"
+        columns.append(Column(header, [r[i] for r in cells], priority, justify))
+    return make_table(f"lmq stats: {', '.join(snap.nodes)}", columns, width, bold_rows=bold)
 
 
 def snapshot_json(snap: Snapshot) -> dict[str, Any]:
