@@ -19,13 +19,11 @@ import random
 import string
 import sys
 import time
-from collections.abc import Sequence
 from typing import Any
 
 import click
 import trio
 from rich.live import Live
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from lmq_client.admin.common import (
     DEFAULT_HTTP,
@@ -44,6 +42,7 @@ from lmq_client.admin.common import (
     parse_addresses,
     size_bytes_option,
 )
+from lmq_client.admin.pub_stream import pub
 from lmq_client.errors import ConnectionFailed, LmqClientError
 from lmq_client.http import HTTPClient
 from lmq_client.lookupd import lookupd_addresses, lookupd_url
@@ -368,85 +367,9 @@ def channel(
         emit_json(result)
 
 
-# -- pub ---------------------------------------------------------------------------------------
+# -- commands in their own modules ------------------------------------------------------------
 
-
-def _read_messages(messages: Sequence[str], file: str | None) -> list[bytes]:
-    if messages and file is not None:
-        raise click.UsageError("give messages as arguments or with --file, not both")
-    if messages:
-        bodies = [m.encode() for m in messages]
-    else:
-        if file is None or file == "-":
-            if file is None and sys.stdin.isatty():
-                raise click.UsageError("no messages: give them as arguments, --file or on stdin")
-            bodies = sys.stdin.buffer.read().split(b"\n")
-        else:
-            try:
-                with open(file, "rb") as f:
-                    bodies = f.read().split(b"\n")
-            except OSError as exc:
-                raise click.BadParameter(f"{file}: {exc.strerror}", param_hint="--file") from None
-        bodies = [b.removesuffix(b"\r") for b in bodies]
-    # NSQ rejects empty messages (nsqd's /mpub skips empty lines the same way).
-    return [b for b in bodies if b]
-
-
-@cli.command()
-@click.argument("topic", callback=name_option("topic"))
-@click.argument("messages", nargs=-1)
-@click.option("--file", "-f", "file", metavar="PATH",
-              help="Read messages from PATH, one per line ('-' = stdin).")
-@click.option("--batch-size", "-b", default=200, show_default=True,
-              type=click.IntRange(min=1), help="Messages per MPUB.")
-@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
-@json_option
-@click.pass_obj
-@handle_errors
-def pub(
-    settings: Settings,
-    topic: str,
-    messages: tuple[str, ...],
-    file: str | None,
-    batch_size: int,
-    quiet: bool,
-) -> None:
-    """Publish messages (arguments, --file or stdin, one per line) in MPUB batches."""
-    from lmq_client.sync import Producer
-
-    bodies = _read_messages(messages, file)
-    if not bodies:
-        raise click.UsageError("no messages to publish (empty input)")
-    started = time.monotonic()
-    batches = 0
-    console = make_console(err=True)
-    progress = Progress(
-        TextColumn("publishing to {task.fields[topic]}"), BarColumn(), MofNCompleteColumn(),
-        TimeElapsedColumn(), console=console, disable=quiet or not console.is_terminal,
-    )
-    addresses = settings.tcp_addresses()
-    if settings.lookupd and not settings.tcp_given:
-        random.shuffle(addresses)  # spread publishers over the nodes; the rest is fail-over
-    with Producer(
-        addresses, timeout=settings.timeout, transport=settings.transport
-    ) as producer, progress:
-        task = progress.add_task("pub", total=len(bodies), topic=topic)
-        for i in range(0, len(bodies), batch_size):
-            batch = bodies[i : i + batch_size]
-            if len(batch) == 1:
-                producer.publish(topic, batch[0])
-            else:
-                producer.mpub(topic, batch)
-            batches += 1
-            progress.advance(task, len(batch))
-        address = producer.address
-    seconds = time.monotonic() - started
-    if settings.as_json:
-        emit_json({"topic": topic, "messages": len(bodies), "batches": batches,
-                    "seconds": round(seconds, 6), "address": address})
-    else:
-        click.echo(f"published {len(bodies)} messages to {topic} on {address} "
-                   f"({batches} batches, {seconds:.2f}s)")
+cli.add_command(pub)
 
 
 # -- tail --------------------------------------------------------------------------------------

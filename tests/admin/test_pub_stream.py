@@ -1,0 +1,139 @@
+"""``lmqadmin pub`` streaming its input (to_nsq) and ``tail``'s hint, against a real lmqd.
+
+Rules for this module: one daemon for the module (``lmqd_module_server``: 127.0.0.1, port 0, data
+in a temp dir); each test its own topics. The streaming test runs the console script as a
+subprocess with a pipe for stdin, so "delivered before stdin closes" is observed from outside;
+the others use click's CliRunner. Every wait is bounded (a few seconds).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+
+import pytest
+from click.testing import CliRunner, Result
+
+from lmq_client.admin.cli import cli
+from lmq_client.admin.pub_stream import MessageSplitter, RateLimit
+from lmq_client.http import HTTPClient
+from tests.support.process import REPO_ROOT, LmqdProcess, lmqadmin_command
+
+DEADLINE_S = 10.0
+
+
+def run(server: LmqdProcess, *args: str, input: str | bytes | None = None) -> Result:
+    assert server.http_address is not None
+    env = {"LMQ_TCP_ADDRESS": server.tcp_address, "LMQ_HTTP_ADDRESS": server.http_address}
+    return CliRunner().invoke(cli, list(args), input=input, env=env, catch_exceptions=False)
+
+
+def stored(server: LmqdProcess, topic: str) -> list[bytes]:
+    """Every message the topic stores, read by offset (consumes nothing)."""
+    assert server.http_address is not None
+    messages, _ = HTTPClient(server.http_address).read(topic, 0, 1000)
+    return [m.body for m in messages]
+
+
+def wait_for(predicate: object, what: str) -> None:
+    deadline = time.monotonic() + DEADLINE_S
+    while not predicate():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {DEADLINE_S}s: {what}")
+        time.sleep(0.02)
+
+
+# -- the splitter and the rate limit -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("step", [1, 2, 3, 1000])
+def test_splitter_gives_the_same_messages_however_the_input_is_cut(step: int) -> None:
+    data = b"one\r\ntwo\n\nthree\nlast"
+    splitter = MessageSplitter(b"\n")
+    got = []
+    for i in range(0, len(data), step):
+        got += splitter.feed(data[i : i + step])
+    assert got == [b"one", b"two", b"three"]
+    assert splitter.end() == [b"last"]
+    assert splitter.end() == []
+    multi = MessageSplitter(b"<>")
+    assert multi.feed(b"a<>b<") + multi.feed(b">c\r<>") + multi.end() == [b"a", b"b", b"c\r"]
+
+
+def test_rate_limit_spaces_messages_from_the_start() -> None:
+    limit = RateLimit(10, start=100.0)
+    assert limit.allowed(5, 100.0) == 1  # message 0 at once
+    limit.took(1)
+    assert limit.allowed(5, 100.05) == 0
+    assert limit.next_at() == pytest.approx(100.1)
+    assert limit.allowed(5, 100.35) == 3  # messages 1, 2, 3 are due
+    limit.took(3)
+    assert limit.allowed(100, 101.0) == 7
+    assert RateLimit(0, 0).allowed(10**6, 0) == 10**6
+
+
+# -- pub against the daemon --------------------------------------------------------------------
+
+
+def test_the_first_line_is_delivered_before_stdin_closes(lmqd_module_server: LmqdProcess) -> None:
+    server = lmqd_module_server
+    assert server.http_address is not None
+    HTTPClient(server.http_address).topic_action("create", "stream")
+    proc = subprocess.Popen(
+        lmqadmin_command(server.tcp_address, "pub", "stream"),
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO_ROOT,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+    )
+    try:
+        assert proc.stdin is not None
+        proc.stdin.write(b"first\n")
+        proc.stdin.flush()
+        wait_for(lambda: stored(server, "stream") == [b"first"], "the first line stored")
+        assert proc.poll() is None  # still reading stdin
+        proc.stdin.write(b"second\nthird")  # the last one without a newline
+        proc.stdin.flush()
+        wait_for(lambda: stored(server, "stream") == [b"first", b"second"], "the second line")
+        proc.stdin.close()
+        proc.wait(DEADLINE_S)
+        assert proc.stdout is not None and proc.stderr is not None
+        out, err = proc.stdout.read(), proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
+    assert proc.returncode == 0, err
+    assert out.decode().startswith("published 3 messages to stream on ")
+    assert stored(server, "stream") == [b"first", b"second", b"third"]
+
+
+def test_rate_limits_messages_per_second(lmqd_module_server: LmqdProcess) -> None:
+    lines = "".join(f"r{i}\n" for i in range(10))
+    started = time.monotonic()
+    result = run(lmqd_module_server, "--json", "pub", "rated", "--rate", "20", input=lines)
+    elapsed = time.monotonic() - started
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["messages"] == 10
+    # message i goes at i/20 s: the last at 0.45 s
+    assert elapsed >= 0.45
+    assert stored(lmqd_module_server, "rated") == [b"r%d" % i for i in range(10)]
+
+
+def test_delimiter_and_batches(lmqd_module_server: LmqdProcess) -> None:
+    server = lmqd_module_server
+    result = run(server, "--json", "pub", "delim", "-d", "|", input=b"a|b||c\nd|")
+    assert result.exit_code == 0, result.output
+    assert stored(server, "delim") == [b"a", b"b", b"c\nd"]
+    result = run(server, "pub", "delim0", "--delimiter", "\\0", input=b"x\x00y")
+    assert result.exit_code == 0, result.output
+    assert stored(server, "delim0") == [b"x", b"y"]
+    # a fast input fills MPUBs up to --batch-size
+    result = run(server, "--json", "pub", "batched", "-b", "100",
+                 input="".join(f"{i}\n" for i in range(1000)))
+    report = json.loads(result.output)
+    assert report["messages"] == 1000 and 10 <= report["batches"] < 1000
+    assert run(server, "pub", "delim", "-d", "").exit_code == 2
