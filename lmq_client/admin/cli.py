@@ -43,9 +43,11 @@ from lmq_client.admin.common import (
     size_bytes_option,
 )
 from lmq_client.admin.pub_stream import pub
+from lmq_client.admin.tail_hint import TAIL_HINT_AFTER_S, earlier_messages_hint
 from lmq_client.errors import ConnectionFailed, LmqClientError
 from lmq_client.http import HTTPClient
 from lmq_client.lookupd import lookupd_addresses, lookupd_url
+from lmq_client.message import Message
 from lmq_client.transport import TransportOptions
 from lmqd import NSQD_COMPAT_VERSION, __version__
 
@@ -406,11 +408,13 @@ def tail(
         except KeyboardInterrupt:
             sys.exit(0)
         return
+    # The hint is about tail's own new channel; a channel the user names is theirs to know.
+    hint = channel is None
     if channel is None:
         suffix = "".join(random.choices(string.ascii_lowercase + string.digits, k=6))
         channel = f"tail{suffix}#ephemeral"
     try:
-        trio.run(_tail, settings, topic, channel, count, max_in_flight, print_topic)
+        trio.run(_tail, settings, topic, channel, count, max_in_flight, print_topic, hint)
     except KeyboardInterrupt:
         sys.exit(0)
 
@@ -461,6 +465,7 @@ async def _tail(
     count: int | None,
     max_in_flight: int,
     print_topic: bool,
+    hint: bool,
 ) -> None:
     from lmq_client.consumer import Consumer
 
@@ -475,10 +480,23 @@ async def _tail(
         close_timeout=2.0, transport=settings.transport,
     )
     seen = 0
+    first: Message | None = None
     async with consumer:
         if not consumer.connected_addresses and not settings.lookupd:
             raise ConnectionFailed(", ".join(settings.tcp), "no daemon accepted the subscription")
-        async for message in consumer:
+        if hint:
+            # Waiting for a message can be cancelled without losing one (nothing is taken yet).
+            with trio.move_on_after(TAIL_HINT_AFTER_S):
+                first = await consumer.__anext__()
+            if first is None:
+                await _hint(settings, topic, channel)
+        message = first
+        while True:
+            if message is None:
+                try:
+                    message = await consumer.__anext__()
+                except StopAsyncIteration:
+                    break
             if settings.as_json:
                 line = json.dumps({
                     "topic": topic, "id": message.id.decode("ascii", "replace"),
@@ -493,6 +511,23 @@ async def _tail(
             seen += 1
             if count is not None and seen >= count:
                 break
+            message = None
+
+
+async def _hint(settings: Settings, topic: str, channel: str) -> None:
+    """Nothing arrived at first: say on stderr if other channels took the earlier messages."""
+
+    def ask() -> list[dict[str, Any]]:
+        return [c.stats(topic) for c in settings.http_clients(topic)]
+
+    try:
+        stats = await trio.to_thread.run_sync(ask)
+    except LmqClientError as exc:  # the hint is a courtesy: no HTTP API, no hint
+        log.info("tail: no hint, /stats failed: %s", exc)
+        return
+    text = earlier_messages_hint(stats, topic, channel)
+    if text is not None:
+        click.echo(text, err=True)
 
 
 # -- bench -------------------------------------------------------------------------------------

@@ -137,3 +137,79 @@ def test_delimiter_and_batches(lmqd_module_server: LmqdProcess) -> None:
     report = json.loads(result.output)
     assert report["messages"] == 1000 and 10 <= report["batches"] < 1000
     assert run(server, "pub", "delim", "-d", "").exit_code == 2
+
+
+# -- tail's hint -------------------------------------------------------------------------------
+
+
+def tail_until_one(server: LmqdProcess, topic: str, then_publish: bytes) -> tuple[str, str]:
+    """Run ``tail TOPIC -n 1`` as a subprocess; publish once its hint time has passed; return
+    (stdout, stderr)."""
+    from lmq_client.admin.tail_hint import TAIL_HINT_AFTER_S
+
+    assert server.http_address is not None
+    proc = subprocess.Popen(
+        [*lmqadmin_command(server.tcp_address, "--http-address", server.http_address),
+         "tail", topic, "-n", "1"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO_ROOT,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+    )
+    try:
+        http = HTTPClient(server.http_address)
+        wait_for(lambda: len(http.stats(topic)["topics"][0]["channels"]) >= 1 and any(
+            c["channel_name"].startswith("tail")
+            for c in http.stats(topic)["topics"][0]["channels"]), "tail subscribed")
+        time.sleep(TAIL_HINT_AFTER_S + 0.5)
+        http.pub(topic, then_publish)
+        out, err = proc.communicate(timeout=DEADLINE_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err
+    return out.decode(), err.decode()
+
+
+def test_tail_says_when_existing_channels_took_the_earlier_messages(
+    lmqd_module_server: LmqdProcess,
+) -> None:
+    server = lmqd_module_server
+    assert server.http_address is not None
+    http = HTTPClient(server.http_address)
+    http.topic_action("create", "hinted")
+    http.channel_action("create", "hinted", "billing")
+    for i in range(3):
+        http.pub("hinted", b"old%d" % i)
+    out, err = tail_until_one(server, "hinted", b"new")
+    assert out == "new\n"
+    assert err == (
+        "tail: nothing new on hinted yet; its 1 existing channel(s) (billing) took the 3 "
+        "message(s) published before this tail subscribed. 'lmqadmin tail hinted --from "
+        "earliest' reads the messages the topic still stores.\n"
+    )
+
+
+def test_tail_gives_no_hint_when_it_would_not_be_true(lmqd_module_server: LmqdProcess) -> None:
+    server = lmqd_module_server
+    assert server.http_address is not None
+    http = HTTPClient(server.http_address)
+    # a topic with a channel but nothing published before: nothing was missed
+    http.topic_action("create", "unhinted")
+    http.channel_action("create", "unhinted", "billing")
+    out, err = tail_until_one(server, "unhinted", b"only")
+    assert (out, err) == ("only\n", "")
+
+
+def test_hint_sums_nodes_and_needs_other_channels_and_missed_messages() -> None:
+    from lmq_client.admin.tail_hint import earlier_messages_hint
+
+    def node(published: int, channels: dict[str, int]) -> dict[str, object]:
+        return {"topics": [{"topic_name": "t", "message_count": published, "channels": [
+            {"channel_name": name, "message_count": n} for name, n in channels.items()]}]}
+
+    two = [node(5, {"a": 5, "me": 2}), node(4, {"b": 4, "me": 4})]
+    hint = earlier_messages_hint(two, "t", "me")
+    assert hint is not None and "2 existing channel(s) (a, b) took the 3 message(s)" in hint
+    assert earlier_messages_hint([node(5, {"me": 2})], "t", "me") is None  # no other channel
+    assert earlier_messages_hint([node(5, {"a": 5, "me": 5})], "t", "me") is None  # none missed
+    assert earlier_messages_hint([{"topics": []}], "t", "me") is None
