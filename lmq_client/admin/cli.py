@@ -25,6 +25,7 @@ import click
 import trio
 from rich.live import Live
 
+from lmq_client.admin.archive import archive
 from lmq_client.admin.common import (
     DEFAULT_HTTP,
     DEFAULT_TCP,
@@ -372,6 +373,7 @@ def channel(
 # -- commands in their own modules ------------------------------------------------------------
 
 cli.add_command(pub)
+cli.add_command(archive)
 
 
 # -- tail --------------------------------------------------------------------------------------
