@@ -43,6 +43,7 @@ from lmq_client.admin.common import (
     parse_addresses,
     size_bytes_option,
 )
+from lmq_client.admin.forward import forward
 from lmq_client.admin.pub_stream import pub
 from lmq_client.admin.tail_hint import TAIL_HINT_AFTER_S, earlier_messages_hint
 from lmq_client.errors import ConnectionFailed, LmqClientError
@@ -374,6 +375,7 @@ def channel(
 
 cli.add_command(pub)
 cli.add_command(archive)
+cli.add_command(forward)
 
 
 # -- tail --------------------------------------------------------------------------------------
