@@ -1,14 +1,20 @@
-"""``lmqadmin``: stats, topic/channel admin, pub, tail and bench against lmqd or nsqd.
+"""``lmqadmin``: the group, stats, topic/channel admin, tail and bench against lmqd or nsqd.
+
+Commands with a module of their own are registered here: ``pub`` (``pub_stream.py``),
+``archive`` (``archive.py``, ``files.py``) and ``forward`` (``forward.py``), the last two on
+``relay.py``'s batching loop; ``common.py`` holds what every command shares (``Settings``, the
+error handling, the console), ``stats.py``/``clients.py``/``columns.py`` the stats views.
 
 With ``--lookupd-http-address`` the daemons are the nodes the lookupds list (``GET /nodes``)
 rather than a fixed list: ``stats`` covers every node (one table, a node column), admin
 actions go to the nodes that have the topic (a delete also removes it from the lookupds, as
-nsqadmin does), ``pub`` spreads over the nodes with fail-over, ``tail`` and ``bench``'s readers
-find the topic's producers through the lookupds as any consumer does.
+nsqadmin does), ``pub`` spreads over the nodes with fail-over, ``tail``, ``archive``,
+``forward`` and ``bench``'s readers find the topic's producers through the lookupds as any
+consumer does.
 
 Exit codes (docs/cli.md): 0 success; 1 the daemon refused (an HTTP or NSQ error, e.g.
-TOPIC_NOT_FOUND); 2 bad usage, including invalid topic/channel names; 3 a daemon could not be
-reached; 130 interrupted.
+TOPIC_NOT_FOUND, or ``stats`` of a topic no daemon has) or archive could not write; 2 bad usage,
+including invalid topic/channel names; 3 a daemon could not be reached; 130 interrupted.
 """
 
 from __future__ import annotations
