@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import math
 import signal
+import threading
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -89,7 +90,9 @@ async def relay(
                 return
 
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(watch_signals)
+        # Signals can only be caught in the main thread (lmqadmin's; not an embedding program's).
+        if threading.current_thread() is threading.main_thread():
+            nursery.start_soon(watch_signals)
         with loop:
             first_at = math.inf
             next_tick = trio.current_time() + tick_every_s
