@@ -122,7 +122,8 @@ def cli(
     deflate_level: int,
     auth_secret: str | None,
 ) -> None:
-    """Administer and exercise lmqd (or any nsqd): stats, topics, channels, pub, tail, bench."""
+    """Administer and exercise lmqd (or any nsqd): stats, topics, channels, pub, tail, archive,
+    forward, bench."""
     if verbose:
         logging.basicConfig(
             level=logging.DEBUG if verbose > 1 else logging.INFO,

@@ -23,7 +23,7 @@ from lmq_client.admin.cli import cli
 from lmq_client.http import HTTPClient, HTTPError
 from tests.support.process import REPO_ROOT, LmqdProcess, lmqadmin_command, start_lmqd, stop_lmqd
 
-DEADLINE_S = 10.0
+DEADLINE_S = 20.0
 
 
 @pytest.fixture
