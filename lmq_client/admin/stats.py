@@ -1,7 +1,9 @@
 """``lmqadmin stats``: /stats of one or more daemons, per topic and channel, as a table.
 
 Rates need two samples: a row's rate is the growth of its ``message_count`` between two polls
-divided by the time between them (nsq_stat's ingress/egress columns work the same way). Across
+divided by the time between them (nsq_stat's ingress column), its out rate the growth of what
+has left it: for a channel ``message_count - depth - in_flight - deferred`` (finished, or
+emptied), for a topic ``message_count - depth`` (handed to its channels) -- nsq_stat's egress. Across
 daemons counts are summed; an e2e latency percentile is the highest any daemon reports (the
 conservative choice: nsqadmin averages them, which hides one slow node). With several daemons
 the table gets a node column: each topic and channel has its total row, then one row per
@@ -46,6 +48,17 @@ class Row:
     """quantile -> nanoseconds."""
     rate: float | None = None
     """Messages per second into the topic/channel since the previous sample."""
+    out_rate: float | None = None
+    """Messages per second out of it (finished; a topic's: handed to its channels)."""
+
+    @property
+    def gone(self) -> int:
+        """Messages that have left: all put in, less those still held."""
+        c = self.counts
+        held = c["depth"]
+        if self.channel is not None:
+            held += c["in_flight_count"] + c["deferred_count"]
+        return c["message_count"] - held
 
 
 Key = tuple[str, str | None]
@@ -98,6 +111,7 @@ def _rates(rows: Mapping[Key, Row], before: Mapping[Key, Row], elapsed: float) -
         if earlier is not None and elapsed > 0:
             grown = row.counts["message_count"] - earlier.counts["message_count"]
             row.rate = max(grown, 0) / elapsed
+            row.out_rate = max(row.gone - earlier.gone, 0) / elapsed
 
 
 def missing(snap: Snapshot, topic: str | None, channel: str | None) -> str | None:
@@ -164,9 +178,9 @@ def _e2e_text(e2e: Mapping[float, float]) -> str:
 
 
 # (header, priority): the first kept, the last dropped first on a narrow terminal.
-_COLUMNS = (("depth", 2), ("mem", 12), ("disk", 11), ("in-flight", 3), ("deferred", 7),
-            ("requeued", 8), ("timed out", 9), ("messages", 5), ("rate/s", 4), ("clients", 6),
-            ("e2e latency", 10))  # fmt: skip
+_COLUMNS = (("depth", 2), ("mem", 13), ("disk", 12), ("in-flight", 3), ("deferred", 8),
+            ("requeued", 9), ("timed out", 10), ("messages", 6), ("rate/s", 4), ("out/s", 5),
+            ("clients", 7), ("e2e latency", 11))  # fmt: skip
 
 
 def _cells(row: Row) -> list[str]:
@@ -182,6 +196,7 @@ def _cells(row: Row) -> list[str]:
         n(c["timeout_count"]),
         n(c["message_count"]),
         "-" if row.rate is None else f"{row.rate:,.1f}",
+        "-" if row.out_rate is None else f"{row.out_rate:,.1f}",
         n(c["client_count"]),
         _e2e_text(row.e2e),
     ]
@@ -251,5 +266,6 @@ def _row_json(row: Row) -> dict[str, Any]:
         **row.counts,
         "paused": row.paused,
         "rate": row.rate,
+        "out_rate": row.out_rate,
         "e2e_processing_latency_ns": {f"{q:g}": v for q, v in sorted(row.e2e.items())},
     }

@@ -13,6 +13,7 @@ import json
 import threading
 import time
 
+import pytest
 import trio
 from click.testing import CliRunner, Result
 
@@ -160,3 +161,30 @@ def test_stats_clients_lists_each_consumer_and_publisher(lmqd_module_server: Lmq
     assert consumer["node"] == server.http_address
     # the Producer above published over TCP and disconnected: no producer is left listed
     assert all(p["node"] == server.http_address for p in data["producers"])
+
+
+def test_in_and_out_rates_between_samples(lmqd_module_server: LmqdProcess) -> None:
+    """rate/s counts what came in, out/s what left (a channel's finished messages; a topic's
+    handed to its channels), nsq_stat's ingress and egress."""
+    from lmq_client.admin.stats import sample
+    from lmq_client.sync import Consumer as SyncConsumer
+
+    server = lmqd_module_server
+    assert server.http_address is not None
+    http = HTTPClient(server.http_address)
+    http.topic_action("create", "inout")
+    http.channel_action("create", "inout", "work")
+    first = sample([http], "inout")
+    publish(server, "inout", 20)
+    with SyncConsumer("inout", "work", server.tcp_address, max_in_flight=1) as consumer:
+        for _ in range(10):
+            message = consumer.get(timeout=5)
+            assert message is not None
+            message.finish()
+        consumer.get(timeout=0.2)  # the 10th FIN has been processed once the next arrives
+        second = sample([http], "inout", previous=first)
+    elapsed = second.taken_at - first.taken_at
+    topic_row, channel_row = second.rows[("inout", None)], second.rows[("inout", "work")]
+    assert topic_row.rate == channel_row.rate == pytest.approx(20 / elapsed)
+    assert topic_row.out_rate == pytest.approx(20 / elapsed)  # all handed to the channel
+    assert channel_row.out_rate == pytest.approx(10 / elapsed)  # ten finished
