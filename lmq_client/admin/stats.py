@@ -3,8 +3,8 @@
 Rates need two samples: a row's rate is the growth of its ``message_count`` between two polls
 divided by the time between them (nsq_stat's ingress column), its out rate the growth of what
 has left it: for a channel ``message_count - depth - in_flight - deferred`` (finished, or
-emptied), for a topic ``message_count - depth`` (handed to its channels) -- nsq_stat's egress. Across
-daemons counts are summed; an e2e latency percentile is the highest any daemon reports (the
+emptied), for a topic ``message_count - depth`` (handed to its channels) -- nsq_stat's egress.
+Across daemons counts are summed; an e2e latency percentile is the highest any daemon reports (the
 conservative choice: nsqadmin averages them, which hides one slow node). With several daemons
 the table gets a node column: each topic and channel has its total row, then one row per
 daemon that has it.
