@@ -225,9 +225,10 @@ def stats(
             console.print(render(snap))
 
     snap = take(None)
-    if not show_clients:
+    if topic is not None:
         # nsqd answers an unknown topic with an empty list: say so, and exit non-zero.
-        problem = stats_view.missing(snap, topic, channel)
+        rows = snap if not show_clients else stats_view.sample(http_clients, topic, channel)
+        problem = stats_view.missing(rows, topic, channel)
         if problem is not None and channel is not None:
             # nsqd leaves a topic out when the channel asked for is not in it: which is missing?
             problem = stats_view.missing(stats_view.sample(http_clients, topic), topic, None)

@@ -85,6 +85,8 @@ def test_stats_of_an_unknown_topic_or_channel_exits_1_in_one_line(
     )
     result = run(server, "stats", "no-such-topic", "nope")
     assert result.exit_code == 1 and "topic no-such-topic not found" in result.output
+    result = run(server, "stats", "--clients", "no-such-topic")
+    assert result.exit_code == 1 and "topic no-such-topic not found" in result.output
 
 
 def test_watch_shows_messages_per_second_between_samples(lmqd_module_server: LmqdProcess) -> None:
