@@ -38,6 +38,7 @@ from lmq_client.admin.files import (
     FileSettings,
 )
 from lmq_client.admin.relay import check_connected, open_consumer, relay, run_trio
+from lmq_client.errors import ConnectionFailed
 from lmq_client.message import Message
 
 __all__ = ["archive"]
@@ -176,6 +177,8 @@ def archive(
     try:
         handled = run_trio(_archive, settings, topic, channel, files, max_in_flight,
                            sync_interval, count, quiet or settings.as_json, report)
+    except ConnectionFailed:
+        raise  # a ConnectionError, so an OSError too: the daemon's, exit 3 (handle_errors)
     except OSError as exc:
         fail(f"archive: {exc.strerror or exc} ({exc.filename or directory})", EXIT_REFUSED)
     seconds = time.monotonic() - started

@@ -19,12 +19,14 @@ from typing import Any
 
 import click
 import trio
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from lmq_client.admin.common import (
     Settings,
     emit_json,
     handle_errors,
     json_option,
+    make_console,
     name_option,
     parse_addresses,
 )
@@ -63,6 +65,7 @@ async def _forward(
     flush_interval: float,
     count: int | None,
     counts: _Counts,
+    quiet: bool,
 ) -> str | None:
     consumer = open_consumer(
         settings, topic, channel, batch_size,
@@ -70,6 +73,15 @@ async def _forward(
     )
     producer = Producer(destinations, connect_timeout=settings.timeout,
                         transport=settings.transport)
+    console = make_console(err=True)
+    progress = Progress(
+        SpinnerColumn(),
+        TextColumn("forwarded {task.completed:,.0f} messages of {task.fields[src]} to "
+                   "{task.fields[dst]} ({task.fields[requeued]:,} requeued)"),
+        TimeElapsedColumn(), console=console, disable=quiet or not console.is_terminal,
+    )
+    task = progress.add_task("forward", total=None, src=f"{topic}/{channel}", dst=to_topic,
+                             requeued=0)
 
     async def handle(batch: list[Message]) -> None:
         bodies = [m.body for m in batch]
@@ -86,17 +98,23 @@ async def _forward(
             for message in batch:
                 message.requeue(consumer.requeue_delay_for(message))
             counts.requeued += len(batch)
+            progress.update(task, requeued=counts.requeued)
             return
         for message in batch:  # the destination stored them: the source may let go
             message.finish()
         counts.forwarded += len(batch)
         counts.batches += 1
+        progress.advance(task, len(batch))
 
     # The destination first: an unreachable one is reported before anything is consumed.
     async with producer, consumer:
         check_connected(settings, consumer)
-        await relay(consumer, batch_size=batch_size, interval_s=flush_interval, handle=handle,
-                    limit=count)
+        progress.start()
+        try:
+            await relay(consumer, batch_size=batch_size, interval_s=flush_interval,
+                        handle=handle, limit=count)
+        finally:
+            progress.stop()
         return producer.address
 
 
@@ -114,6 +132,7 @@ async def _forward(
               type=click.FloatRange(min=0.001, max=10), metavar="SECONDS",
               help="Longest a message waits for more to share its MPUB.")
 @click.option("-n", "count", type=click.IntRange(min=1), help="Exit after N messages.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress display.")
 @json_option
 @click.pass_obj
 @handle_errors
@@ -126,6 +145,7 @@ def forward(
     batch_size: int,
     flush_interval: float,
     count: int | None,
+    quiet: bool,
 ) -> None:
     """Republish a topic's messages to another daemon in MPUB batches (like nsq_to_nsq); each
     message is finished at the source only after the destination's OK."""
@@ -134,7 +154,7 @@ def forward(
     counts = _Counts()
     started = time.monotonic()
     address = run_trio(_forward, settings, topic, channel, destinations, to_topic, batch_size,
-                       flush_interval, count, counts)
+                       flush_interval, count, counts, quiet or settings.as_json)
     seconds = time.monotonic() - started
     result: dict[str, Any] = {
         "topic": topic, "channel": channel, "to": address, "to_topic": to_topic,

@@ -153,6 +153,22 @@ def test_nothing_is_finished_when_the_write_fails(
         time.sleep(0.05)
 
 
+def test_an_unreachable_daemon_is_exit_3(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"127.0.0.1:{s.getsockname()[1]}"
+    result = CliRunner().invoke(
+        cli, ["--tcp-address", dead, "archive", "t", "--dir", str(tmp_path), "-n", "1"],
+        catch_exceptions=False,
+    )
+    assert result.exit_code == 3
+    assert result.output.splitlines()[-1].startswith(
+        f"lmqadmin: error: cannot reach the daemon at {dead}"
+    )
+
+
 def test_sigterm_closes_gzip_files_cleanly_after_time_rotation(
     lmqd_module_server: LmqdProcess, tmp_path: Path
 ) -> None:
