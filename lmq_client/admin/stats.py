@@ -33,6 +33,10 @@ _COUNTS = (
     "requeue_count",
     "timeout_count",
     "client_count",
+    # lmqd's channel-policy counters (a topic's are its channels' sums; 0 from nsqd)
+    "dead_letter_count",
+    "expired_count",
+    "max_attempts_dropped_count",
 )
 
 
@@ -178,9 +182,10 @@ def _e2e_text(e2e: Mapping[float, float]) -> str:
 
 
 # (header, priority): the first kept, the last dropped first on a narrow terminal.
-_COLUMNS = (("depth", 2), ("mem", 13), ("disk", 12), ("in-flight", 3), ("deferred", 8),
-            ("requeued", 9), ("timed out", 10), ("messages", 6), ("rate/s", 4), ("out/s", 5),
-            ("clients", 7), ("e2e latency", 11))  # fmt: skip
+_COLUMNS = (("depth", 2), ("mem", 16), ("disk", 15), ("in-flight", 3), ("deferred", 9),
+            ("requeued", 10), ("timed out", 11), ("messages", 6), ("rate/s", 4), ("out/s", 5),
+            ("clients", 7), ("dead-lettered", 8), ("expired", 12), ("dropped", 13),
+            ("e2e latency", 14))  # fmt: skip
 
 
 def _cells(row: Row) -> list[str]:
@@ -198,6 +203,9 @@ def _cells(row: Row) -> list[str]:
         "-" if row.rate is None else f"{row.rate:,.1f}",
         "-" if row.out_rate is None else f"{row.out_rate:,.1f}",
         n(c["client_count"]),
+        n(c["dead_letter_count"]),
+        n(c["expired_count"]),
+        n(c["max_attempts_dropped_count"]),
         _e2e_text(row.e2e),
     ]
 
