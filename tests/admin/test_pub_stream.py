@@ -213,3 +213,34 @@ def test_hint_sums_nodes_and_needs_other_channels_and_missed_messages() -> None:
     assert earlier_messages_hint([node(5, {"me": 2})], "t", "me") is None  # no other channel
     assert earlier_messages_hint([node(5, {"a": 5, "me": 5})], "t", "me") is None  # none missed
     assert earlier_messages_hint([{"topics": []}], "t", "me") is None
+
+
+def test_flush_interval_lets_lines_read_apart_share_an_mpub(
+    lmqd_module_server: LmqdProcess,
+) -> None:
+    server = lmqd_module_server
+    proc = subprocess.Popen(
+        [*lmqadmin_command(server.tcp_address), "--json", "pub", "gathered",
+         "--flush-interval", "2"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO_ROOT,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+    )
+    try:
+        assert proc.stdin is not None
+        for line in (b"x\n", b"y\n", b"z\n"):  # three reads, well within the 2 s
+            proc.stdin.write(line)
+            proc.stdin.flush()
+            time.sleep(0.1)
+        proc.stdin.close()
+        proc.wait(DEADLINE_S)
+        assert proc.stdout is not None
+        report = json.loads(proc.stdout.read())
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
+    assert (report["messages"], report["batches"]) == (3, 1)
+    assert stored(server, "gathered") == [b"x", b"y", b"z"]
