@@ -245,6 +245,8 @@ SETTINGS: tuple[Setting, ...] = (
             "size in bytes of statsd UDP packets"),
     Setting("statsd-exclude-ephemeral", Kind.BOOL, "statsd_exclude_ephemeral",
             "leave ephemeral topics and channels out of statsd"),
+    Setting("metrics-clients", Kind.BOOL, "metrics_clients",
+            "per-client series (lmqd_client_*, lmqd_producer_*) in /metrics"),
     # -- end-to-end latency
     Setting("e2e-processing-latency-percentile", Kind.FLOAT_LIST,
             "e2e_processing_latency_percentiles",

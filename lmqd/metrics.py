@@ -51,6 +51,9 @@ The four topic policy counters (``lmqd.engine.admission``: dropped by ``overflow
 refused by ``overflow=reject``, refused by the publish rate, left out by the dedup window) have a
 series only for topics with a publish policy or a count above 0 (``TopicStats.publish_policy``).
 
+The ``lmqd_client_*`` and ``lmqd_producer_*`` families are left out (not even empty families)
+with ``--metrics-clients=false``: one series per connection is what a daemon with many
+short-lived clients can least afford to have scraped.
 ``client`` labels are ``client_id`` (IDENTIFY's, not unique) and ``remote_address`` (unique per
 live connection). The e2e latency is nsqd's rolling-window percentile (``lmqd.engine.e2e``) in
 seconds; ``_samples`` is the number of FINs in that window (it falls as the window rolls, so it
@@ -123,13 +126,15 @@ class LmqCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         broker = self._broker
-        topics = broker.statistics(include_clients=True)
-        producers = broker.producers()
+        # Read at every scrape, so a run-time change of the option applies at the next one.
+        clients = broker.options.metrics_clients
+        topics = broker.statistics(include_clients=clients)
         yield from self._daemon_metrics(broker, topics)
         yield from self._topic_metrics(topics)
         yield from self._channel_metrics(topics)
         yield from _policy_metrics(topics)
-        yield from self._client_metrics(topics, producers)
+        if clients:
+            yield from self._client_metrics(topics, broker.producers())
         yield from _sync_metrics(broker.syncer.statistics())
         yield _disk_bytes(broker)
 

@@ -158,6 +158,9 @@ class Options:
     statsd_mem_stats: bool = True
     statsd_udp_packet_size: int = 508
     statsd_exclude_ephemeral: bool = False
+    metrics_clients: bool = True
+    """Per-client series in ``/metrics`` (one per connection: a busy daemon's many short-lived
+    clients can swamp a Prometheus server with series, so operators may turn them off)."""
 
     # -- cluster and auth (auth: --auth-http-address and the HTTP client timeouts it uses)
     nsqlookupd_tcp_addresses: tuple[str, ...] = ()

@@ -214,6 +214,33 @@ def test_unknown_config_key_is_an_error_naming_it(daemon: FakeDaemon, tmp_path: 
     assert daemon.calls == []
 
 
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('mem_queue_size = "lots"\n', "invalid value 'lots' for mem_queue_size in {path}: "
+         "not an integer"),
+        ("tcp_address = 5\n", "invalid value 5 for tcp_address in {path}: want a string"),
+        ("msg_timeout = 1.5\n", "invalid value 1.5 for msg_timeout in {path}: want a duration "
+         'string such as "1m30s", or integer milliseconds'),
+        ("metrics_clients = \"maybe\"\n", "invalid value 'maybe' for metrics_clients in {path}: "
+         "not a boolean (true, false, 1, 0, t, f)"),
+        ("max_deflate_level = 12\n", "--max-deflate-level must be [1,9]"),
+        ('tcp_address = "127.0.0.1:99999"\n', "--tcp-address: "),
+        ("x = [\n", "failed to load config file {path} - "),
+    ],
+)
+def test_a_bad_config_value_is_one_line_and_exit_1(
+    daemon: FakeDaemon, tmp_path: Path, text: str, message: str
+) -> None:
+    path = tmp_path / "lmqd.toml"
+    path.write_text(text)
+    result = invoke("--config", str(path))
+    assert result.exit_code == 1
+    assert result.stderr.startswith("Error: " + message.format(path=path)), result.stderr
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.output
+    assert daemon.calls == []
+
+
 def test_unreadable_config_file(daemon: FakeDaemon, tmp_path: Path) -> None:
     result = invoke("--config", str(tmp_path / "nope.toml"))
     assert result.exit_code == 1

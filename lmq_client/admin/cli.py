@@ -1,209 +1,66 @@
-"""``lmqadmin``: stats, topic/channel admin, pub, tail and bench against lmqd or nsqd.
+"""``lmqadmin``: the group, stats, topic/channel admin, tail and bench against lmqd or nsqd.
+
+Commands with a module of their own are registered here: ``pub`` (``pub_stream.py``),
+``archive`` (``archive.py``, ``files.py``) and ``forward`` (``forward.py``), the last two on
+``relay.py``'s batching loop; ``common.py`` holds what every command shares (``Settings``, the
+error handling, the console), ``stats.py``/``clients.py``/``columns.py`` the stats views.
 
 With ``--lookupd-http-address`` the daemons are the nodes the lookupds list (``GET /nodes``)
 rather than a fixed list: ``stats`` covers every node (one table, a node column), admin
 actions go to the nodes that have the topic (a delete also removes it from the lookupds, as
-nsqadmin does), ``pub`` spreads over the nodes with fail-over, ``tail`` and ``bench``'s readers
-find the topic's producers through the lookupds as any consumer does.
+nsqadmin does), ``pub`` spreads over the nodes with fail-over, ``tail``, ``archive``,
+``forward`` and ``bench``'s readers find the topic's producers through the lookupds as any
+consumer does.
 
 Exit codes (docs/cli.md): 0 success; 1 the daemon refused (an HTTP or NSQ error, e.g.
-TOPIC_NOT_FOUND); 2 bad usage, including invalid topic/channel names; 3 a daemon could not be
-reached; 130 interrupted.
+TOPIC_NOT_FOUND, or ``stats`` of a topic no daemon has) or archive could not write; 2 bad usage,
+including invalid topic/channel names; 3 a daemon could not be reached; 130 interrupted.
 """
 
 from __future__ import annotations
 
-import base64
-import functools
 import json
 import logging
 import random
 import string
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any, NoReturn, TypeVar
+from typing import Any
 
 import click
 import trio
-from rich.console import Console
 from rich.live import Live
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from lmq_client._util import check_name
-from lmq_client.errors import (
-    ConnectionFailed,
-    InvalidNameError,
-    LmqClientError,
-    NSQError,
-    all_addresses_failed,
+from lmq_client.admin.archive import archive
+from lmq_client.admin.common import (
+    DEFAULT_HTTP,
+    DEFAULT_TCP,
+    EXIT_REFUSED,
+    Settings,
+    duration_ms_option,
+    emit_json,
+    fail,
+    handle_errors,
+    json_body,
+    json_option,
+    log,
+    make_console,
+    name_option,
+    parse_addresses,
+    size_bytes_option,
 )
-from lmq_client.http import HTTPClient, HTTPError
-from lmq_client.lookupd import (
-    LookupdNode,
-    lookup_nodes,
-    lookupd_addresses,
-    lookupd_url,
-    merge_nodes,
-)
-from lmq_client.transport import PLAIN, TransportOptions
+from lmq_client.admin.forward import forward
+from lmq_client.admin.pub_stream import pub
+from lmq_client.admin.tail_hint import TAIL_HINT_AFTER_S, earlier_messages_hint
+from lmq_client.errors import ConnectionFailed, LmqClientError
+from lmq_client.http import HTTPClient
+from lmq_client.lookupd import lookupd_addresses, lookupd_url
+from lmq_client.message import Message
+from lmq_client.transport import TransportOptions
 from lmqd import NSQD_COMPAT_VERSION, __version__
-from lmqd.net import split_address
 from lmqd.options import OVERFLOW_MODES
 
 __all__ = ["cli", "main"]
-
-log = logging.getLogger("lmq_client.admin")
-
-EXIT_REFUSED = 1
-EXIT_USAGE = 2
-EXIT_UNREACHABLE = 3
-EXIT_INTERRUPTED = 130
-
-DEFAULT_TCP = "127.0.0.1:4150"
-DEFAULT_HTTP = "127.0.0.1:4151"
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-class Settings:
-    """What the group options resolved to, passed to every command."""
-
-    def __init__(
-        self,
-        tcp: list[str],
-        http: list[str],
-        as_json: bool,
-        timeout: float,
-        transport: TransportOptions = PLAIN,
-        lookupd: list[str] | None = None,
-        *,
-        tcp_given: bool = True,
-        http_given: bool = True,
-    ) -> None:
-        self.tcp = tcp
-        self.http = http
-        self.as_json = as_json
-        self.timeout = timeout
-        self.transport = transport
-        self.lookupd = lookupd or []
-        self.tcp_given = tcp_given
-        """Whether --tcp-address was given (with lookupds, the default is not used)."""
-        self.http_given = http_given
-        self._nodes: list[LookupdNode] | None = None
-
-    def nodes(self) -> list[LookupdNode]:
-        """The nodes the lookupds list now (asked once per command); [] without lookupds.
-
-        A lookupd that cannot be reached is skipped; ``ConnectionFailed`` if none answers.
-        """
-        if not self.lookupd:
-            return []
-        if self._nodes is None:
-            answers: list[list[LookupdNode]] = []
-            failures: list[ConnectionFailed] = []
-            for address in self.lookupd:
-                try:
-                    answers.append(lookup_nodes(address, timeout=self.timeout))
-                except ConnectionFailed as exc:
-                    log.info("lookupd %s: %s", address, exc)
-                    failures.append(exc)
-            if not answers:
-                raise all_addresses_failed(failures)
-            self._nodes = merge_nodes(answers)
-        return self._nodes
-
-    def http_addresses(self, topic: str | None = None) -> list[str]:
-        """Daemons' HTTP addresses: the given ones, and (with lookupds) the nodes listed, only
-        those that have ``topic`` when one is given."""
-        given = self.http if self.http_given or not self.lookupd else []
-        found = [n.http_address for n in self.nodes() if topic is None or topic in n.topics]
-        return list(dict.fromkeys([*given, *found]))
-
-    def tcp_addresses(self) -> list[str]:
-        """Daemons' TCP addresses: the given ones, and (with lookupds) every node listed."""
-        given = self.tcp if self.tcp_given or not self.lookupd else []
-        return list(dict.fromkeys([*given, *(n.tcp_address for n in self.nodes())]))
-
-    def http_clients(self, topic: str | None = None) -> list[HTTPClient]:
-        return [HTTPClient(a, timeout=self.timeout) for a in self.http_addresses(topic)]
-
-
-def _addresses(values: Iterable[str], option: str) -> list[str]:
-    # Each value may itself be a comma- or space-separated list (handy in the environment).
-    result = [a for v in values for a in v.replace(",", " ").split()]
-    for address in result:
-        try:
-            split_address(address)
-        except ValueError as exc:
-            raise click.BadParameter(str(exc), param_hint=option) from None
-    return result
-
-
-def _fail(message: str, code: int) -> NoReturn:
-    click.echo(f"lmqadmin: error: {message}", err=True)
-    sys.exit(code)
-
-
-def handle_errors(func: F) -> F:
-    """Turn the clients' exceptions into a one-line message and the documented exit code."""
-
-    @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return func(*args, **kwargs)
-        except ConnectionFailed as exc:
-            _fail(f"cannot reach the daemon at {exc.address}: {exc.reason}", EXIT_UNREACHABLE)
-        except InvalidNameError as exc:
-            _fail(str(exc), EXIT_USAGE)
-        except HTTPError as exc:
-            _fail(f"{exc.address} answered HTTP {exc.status} {exc.message}", EXIT_REFUSED)
-        except NSQError as exc:
-            _fail(str(exc), EXIT_REFUSED)
-        except LmqClientError as exc:
-            _fail(str(exc), EXIT_REFUSED)
-        except KeyboardInterrupt:
-            sys.exit(EXIT_INTERRUPTED)
-
-    return wrapper  # type: ignore[return-value]
-
-
-def json_option(func: F) -> F:
-    """``--json`` on a command as well as on the group (``lmqadmin stats --json`` works)."""
-
-    def callback(ctx: click.Context, param: click.Parameter, value: bool) -> None:
-        if value:
-            ctx.ensure_object(Settings).as_json = True
-
-    return click.option(
-        "--json", "as_json", is_flag=True, expose_value=False, callback=callback,
-        help="Machine-readable JSON output.",
-    )(func)
-
-
-def _name(kind: str) -> Callable[[click.Context, click.Parameter, str | None], str | None]:
-    def callback(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
-        if value is not None:
-            try:
-                check_name(kind, value)
-            except InvalidNameError as exc:
-                raise click.BadParameter(str(exc)) from None
-        return value
-
-    return callback
-
-
-def _console(err: bool = False) -> Console:
-    console = Console(stderr=err, highlight=False, soft_wrap=False)
-    if not console.is_terminal:
-        # Captured output (pipes, tests): wide enough that no column is squeezed or cut.
-        console = Console(stderr=err, highlight=False, width=200)
-    return console
-
-
-def _emit_json(data: Any) -> None:
-    click.echo(json.dumps(data, sort_keys=False))
-
 
 # -- the group ---------------------------------------------------------------------------------
 
@@ -266,7 +123,8 @@ def cli(
     deflate_level: int,
     auth_secret: str | None,
 ) -> None:
-    """Administer and exercise lmqd (or any nsqd): stats, topics, channels, pub, tail, bench."""
+    """Administer and exercise lmqd (or any nsqd): stats, topics, channels, pub, tail, archive,
+    forward, bench."""
     if verbose:
         logging.basicConfig(
             level=logging.DEBUG if verbose > 1 else logging.INFO,
@@ -292,8 +150,8 @@ def cli(
         lookupd_addresses(lookupds)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--lookupd-http-address") from None
-    tcp_list = _addresses(tcp, "--tcp-address")
-    http_list = _addresses(http, "--http-address")
+    tcp_list = parse_addresses(tcp, "--tcp-address")
+    http_list = parse_addresses(http, "--http-address")
     settings = Settings(
         tcp_list or [DEFAULT_TCP],
         http_list or [DEFAULT_HTTP],
@@ -318,12 +176,14 @@ def main() -> None:
 
 
 @cli.command()
-@click.argument("topic", required=False, callback=_name("topic"))
-@click.argument("channel", required=False, callback=_name("channel"))
+@click.argument("topic", required=False, callback=name_option("topic"))
+@click.argument("channel", required=False, callback=name_option("channel"))
 @click.option("--watch", "-w", is_flag=True, help="Refresh every --interval, like nsq_stat.")
 @click.option("--interval", "-i", default=1.0, show_default=True, type=click.FloatRange(min=0),
               help="Seconds between samples (rates need two; 0 = one sample, no rates).")
 @click.option("--count", "-c", type=click.IntRange(min=1), help="With --watch: stop after N.")
+@click.option("--clients", "show_clients", is_flag=True,
+              help="One row per connection (consumers and publishers) instead of per channel.")
 @json_option
 @click.pass_obj
 @handle_errors
@@ -334,44 +194,68 @@ def stats(
     watch: bool,
     interval: float,
     count: int | None,
+    show_clients: bool,
 ) -> None:
-    """Topics and channels: depth, in-flight, deferred, rates, e2e latency (every node)."""
-    from lmq_client.admin.stats import render_table, sample, snapshot_json
+    """Topics and channels: depth, in-flight, deferred, rates, e2e latency (every node); with
+    --clients, every consumer and publisher."""
+    from lmq_client.admin import clients as clients_view
+    from lmq_client.admin import stats as stats_view
 
-    clients = settings.http_clients(topic)
-    if not clients:
+    http_clients = settings.http_clients(topic)
+    if not http_clients:
         raise LmqClientError(
             f"the lookupds list no node{f' with topic {topic}' if topic else ''}"
         )
+    console = make_console()
+
+    def take(previous: Any) -> Any:
+        if show_clients:
+            return clients_view.sample_clients(http_clients, topic, channel, previous)
+        return stats_view.sample(http_clients, topic, channel, previous)
+
+    def render(snap: Any) -> Any:
+        if show_clients:
+            return clients_view.render_clients(snap, console.width)
+        return stats_view.render_table(snap, console.width)
+
+    def emit(snap: Any) -> None:
+        if settings.as_json:
+            emit_json(clients_view.clients_json(snap) if show_clients
+                       else stats_view.snapshot_json(snap))
+        else:
+            console.print(render(snap))
+
+    snap = take(None)
+    if topic is not None:
+        # nsqd answers an unknown topic with an empty list: say so, and exit non-zero.
+        rows = snap if not show_clients else stats_view.sample(http_clients, topic, channel)
+        problem = stats_view.missing(rows, topic, channel)
+        if problem is not None and channel is not None:
+            # nsqd leaves a topic out when the channel asked for is not in it: which is missing?
+            problem = stats_view.missing(stats_view.sample(http_clients, topic), topic, None)
+            problem = problem or f"channel {topic}/{channel} not found on {', '.join(snap.nodes)}"
+        if problem is not None:
+            fail(problem, EXIT_REFUSED)
     if not watch:
-        snap = sample(clients, topic, channel)
         if interval > 0:
             time.sleep(interval)
-            snap = sample(clients, topic, channel, snap)
-        if settings.as_json:
-            _emit_json(snapshot_json(snap))
-        else:
-            _console().print(render_table(snap))
+            snap = take(snap)
+        emit(snap)
         return
-    console = _console()
-    previous = sample(clients, topic, channel)
     shown = 0
     live: Live | None = None
     if console.is_terminal and not settings.as_json:
-        live = Live(render_table(previous), console=console, auto_refresh=False)
+        live = Live(render(snap), console=console, auto_refresh=False)
         live.start()
     try:
         while count is None or shown < count:
             time.sleep(interval)
-            snap = sample(clients, topic, channel, previous)
-            previous = snap
+            snap = take(snap)
             shown += 1
-            if settings.as_json:
-                _emit_json(snapshot_json(snap))
-            elif live is not None:
-                live.update(render_table(snap), refresh=True)
+            if live is not None:
+                live.update(render(snap), refresh=True)
             else:
-                console.print(render_table(snap))
+                emit(snap)
     finally:
         if live is not None:
             live.stop()
@@ -384,48 +268,14 @@ _PAST = {"create": "created", "delete": "deleted", "empty": "emptied", "pause": 
          "unpause": "unpaused"}
 
 
-_DURATION_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
-_SIZE = {"": 1, "b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4,
-         "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4}
-
-
-def _retention_ms(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
-    """``7d``, ``12h``, ``90m``, ``30s``, ``500ms`` or ``0`` (none) in milliseconds."""
-    if value is None:
-        return None
-    number, unit = _split_unit(value.strip().lower())
-    if number is None or (unit not in _DURATION_MS and not (unit == "" and number == 0)):
-        raise click.BadParameter(f"{value!r}: a duration such as 7d, 12h, 30m, 45s, 0")
-    return round(number * _DURATION_MS.get(unit, 1))
-
-
-def _retention_bytes(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
-    """``10GB``, ``512MiB``, ``1000000`` or ``0`` (none) in bytes."""
-    if value is None:
-        return None
-    number, unit = _split_unit(value.strip().lower())
-    if number is None or unit not in _SIZE:
-        raise click.BadParameter(f"{value!r}: a size such as 10GB, 512MiB, 1000000, 0")
-    return round(number * _SIZE[unit])
-
-
-def _split_unit(text: str) -> tuple[float | None, str]:
-    digits = len(text) - len(text.lstrip("0123456789."))
-    try:
-        number = float(text[:digits])
-    except ValueError:
-        return None, ""
-    return number, text[digits:]
-
-
 @cli.command()
 @click.argument("action", type=click.Choice((*ACTIONS, "policy")))
-@click.argument("topic", callback=_name("topic"))
-@click.option("--retention", metavar="DURATION", callback=_retention_ms,
+@click.argument("topic", callback=name_option("topic"))
+@click.option("--retention", metavar="DURATION", callback=duration_ms_option,
               help="policy: keep the log this long after every channel passed it (7d, 12h, 0).")
-@click.option("--retention-bytes", metavar="SIZE", callback=_retention_bytes,
+@click.option("--retention-bytes", metavar="SIZE", callback=size_bytes_option,
               help="policy: keep up to this much of the log every channel passed (10GB, 0).")
-@click.option("--ttl", metavar="DURATION", callback=_retention_ms,
+@click.option("--ttl", metavar="DURATION", callback=duration_ms_option,
               help="policy: dead-letter or drop messages not delivered this long after their "
                    "publish (1h, 30m, 0).")
 @click.option("--max-depth", type=click.IntRange(min=0),
@@ -436,7 +286,7 @@ def _split_unit(text: str) -> tuple[float | None, str]:
               help="policy: messages per second the topic accepts (0: no limit).")
 @click.option("--burst", type=click.IntRange(min=0),
               help="policy: messages accepted at once above the rate (0: the rate).")
-@click.option("--dedup-window", metavar="DURATION", callback=_retention_ms,
+@click.option("--dedup-window", metavar="DURATION", callback=duration_ms_option,
               help="policy: drop a body equal to one published this recently (5m, 30s, 0).")
 @json_option
 @click.pass_obj
@@ -484,7 +334,7 @@ def topic(
                 shown = ", ".join(f"{k}={v}" for k, v in policy.items())
                 click.echo(f"topic {topic} on {address}: {shown}")
         if settings.as_json:
-            _emit_json({"topic": topic, "policies": policies})
+            emit_json({"topic": topic, "policies": policies})
         return
     for address in addresses:
         HTTPClient(address, timeout=settings.timeout).topic_action(action, topic)
@@ -493,7 +343,7 @@ def topic(
     if action == "delete":
         _on_lookupds(settings, "/topic/delete", {"topic": topic})
     if settings.as_json:
-        _emit_json({"action": action, "topic": topic, "nodes": addresses})
+        emit_json({"action": action, "topic": topic, "nodes": addresses})
 
 
 def _require_nodes(addresses: list[str], topic: str) -> None:
@@ -528,8 +378,8 @@ lmqadmin calls again until a call moves fewer."""
 
 @cli.command()
 @click.argument("action", type=click.Choice((*ACTIONS, "seek", "policy", "redrive")))
-@click.argument("topic", callback=_name("topic"))
-@click.argument("channel", callback=_name("channel"))
+@click.argument("topic", callback=name_option("topic"))
+@click.argument("channel", callback=name_option("channel"))
 @click.option("--from", "start", metavar="POS",
               help=f"create: where the channel starts reading: {POSITION_HELP} "
                    "redrive: the dead-letter topic to move messages back from.")
@@ -541,10 +391,10 @@ lmqadmin calls again until a call moves fewer."""
               help="policy: deliveries before a message is dead-lettered or dropped (0: no limit).")
 @click.option("--dead-letter-topic", metavar="TOPIC",
               help='policy: where such messages go ("" : drop them).')
-@click.option("--backoff", metavar="DURATION", callback=_retention_ms,
+@click.option("--backoff", metavar="DURATION", callback=duration_ms_option,
               help="policy: server-side delay before retrying a timeout or REQ 0, doubling per "
                    "attempt (1s, 500ms, 0).")
-@click.option("--backoff-max", metavar="DURATION", callback=_retention_ms,
+@click.option("--backoff-max", metavar="DURATION", callback=duration_ms_option,
               help="policy: the cap of that delay (1m; 0: one hour).")
 @click.option("--backoff-jitter", type=float, metavar="FRACTION", callback=_jitter,
               help="policy: fraction of the delay taken off at random, 0 to 1.")
@@ -615,7 +465,7 @@ def channel(
         }
         if to is not None:
             result["offsets"] = offsets
-        _emit_json(result)
+        emit_json(result)
 
 
 def _channel_policy(
@@ -629,7 +479,7 @@ def _channel_policy(
             shown = ", ".join(f"{k}={v}" for k, v in policy.items())
             click.echo(f"channel {topic}/{channel} on {address}: {shown}")
     if settings.as_json:
-        _emit_json({"topic": topic, "channel": channel, "policies": policies})
+        emit_json({"topic": topic, "channel": channel, "policies": policies})
 
 
 def _channel_redrive(
@@ -657,97 +507,23 @@ def _channel_redrive(
                 f"redrove {total} messages from {source} into {topic}/{channel} on {address}"
             )
     if settings.as_json:
-        _emit_json({"topic": topic, "channel": channel, "from": source, "moved": moved})
+        emit_json({"topic": topic, "channel": channel, "from": source, "moved": moved})
 
 
-# -- pub ---------------------------------------------------------------------------------------
+# -- commands in their own modules ------------------------------------------------------------
 
-
-def _read_messages(messages: Sequence[str], file: str | None) -> list[bytes]:
-    if messages and file is not None:
-        raise click.UsageError("give messages as arguments or with --file, not both")
-    if messages:
-        bodies = [m.encode() for m in messages]
-    else:
-        if file is None or file == "-":
-            if file is None and sys.stdin.isatty():
-                raise click.UsageError("no messages: give them as arguments, --file or on stdin")
-            bodies = sys.stdin.buffer.read().split(b"\n")
-        else:
-            try:
-                with open(file, "rb") as f:
-                    bodies = f.read().split(b"\n")
-            except OSError as exc:
-                raise click.BadParameter(f"{file}: {exc.strerror}", param_hint="--file") from None
-        bodies = [b.removesuffix(b"\r") for b in bodies]
-    # NSQ rejects empty messages (nsqd's /mpub skips empty lines the same way).
-    return [b for b in bodies if b]
-
-
-@cli.command()
-@click.argument("topic", callback=_name("topic"))
-@click.argument("messages", nargs=-1)
-@click.option("--file", "-f", "file", metavar="PATH",
-              help="Read messages from PATH, one per line ('-' = stdin).")
-@click.option("--batch-size", "-b", default=200, show_default=True,
-              type=click.IntRange(min=1), help="Messages per MPUB.")
-@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
-@json_option
-@click.pass_obj
-@handle_errors
-def pub(
-    settings: Settings,
-    topic: str,
-    messages: tuple[str, ...],
-    file: str | None,
-    batch_size: int,
-    quiet: bool,
-) -> None:
-    """Publish messages (arguments, --file or stdin, one per line) in MPUB batches."""
-    from lmq_client.sync import Producer
-
-    bodies = _read_messages(messages, file)
-    if not bodies:
-        raise click.UsageError("no messages to publish (empty input)")
-    started = time.monotonic()
-    batches = 0
-    console = _console(err=True)
-    progress = Progress(
-        TextColumn("publishing to {task.fields[topic]}"), BarColumn(), MofNCompleteColumn(),
-        TimeElapsedColumn(), console=console, disable=quiet or not console.is_terminal,
-    )
-    addresses = settings.tcp_addresses()
-    if settings.lookupd and not settings.tcp_given:
-        random.shuffle(addresses)  # spread publishers over the nodes; the rest is fail-over
-    with Producer(
-        addresses, timeout=settings.timeout, transport=settings.transport
-    ) as producer, progress:
-        task = progress.add_task("pub", total=len(bodies), topic=topic)
-        for i in range(0, len(bodies), batch_size):
-            batch = bodies[i : i + batch_size]
-            if len(batch) == 1:
-                producer.publish(topic, batch[0])
-            else:
-                producer.mpub(topic, batch)
-            batches += 1
-            progress.advance(task, len(batch))
-        address = producer.address
-    seconds = time.monotonic() - started
-    if settings.as_json:
-        _emit_json({"topic": topic, "messages": len(bodies), "batches": batches,
-                    "seconds": round(seconds, 6), "address": address})
-    else:
-        click.echo(f"published {len(bodies)} messages to {topic} on {address} "
-                   f"({batches} batches, {seconds:.2f}s)")
+cli.add_command(pub)
+cli.add_command(archive)
+cli.add_command(forward)
 
 
 # -- tail --------------------------------------------------------------------------------------
 
 
 @cli.command()
-@click.argument("topic", callback=_name("topic"))
+@click.argument("topic", callback=name_option("topic"))
 @click.option("-n", "count", type=click.IntRange(min=1), help="Exit after N messages.")
-@click.option("--channel", callback=_name("channel"),
+@click.option("--channel", callback=name_option("channel"),
               help="Channel to consume from [default: tail<random>#ephemeral].")
 @click.option("--max-in-flight", default=200, show_default=True, type=click.IntRange(min=1))
 @click.option("--print-topic", is_flag=True, help="Prefix each message with 'TOPIC: '.")
@@ -775,11 +551,13 @@ def tail(
         except KeyboardInterrupt:
             sys.exit(0)
         return
+    # The hint is about tail's own new channel; a channel the user names is theirs to know.
+    hint = channel is None
     if channel is None:
         suffix = "".join(random.choices(string.ascii_lowercase + string.digits, k=6))
         channel = f"tail{suffix}#ephemeral"
     try:
-        trio.run(_tail, settings, topic, channel, count, max_in_flight, print_topic)
+        trio.run(_tail, settings, topic, channel, count, max_in_flight, print_topic, hint)
     except KeyboardInterrupt:
         sys.exit(0)
 
@@ -810,7 +588,7 @@ def _tail_from(
                     out.write(json.dumps({
                         "topic": topic, "node": client.address, "offset": m.offset,
                         "id": m.id.decode("ascii", "replace"), "timestamp": m.timestamp,
-                        "attempts": m.attempts, **_json_body(m.body),
+                        "attempts": m.attempts, **json_body(m.body),
                     }).encode() + b"\n")
                 else:
                     out.write(prefix + m.body + b"\n")
@@ -823,13 +601,6 @@ def _tail_from(
             time.sleep(TAIL_POLL_S)
 
 
-def _json_body(body: bytes) -> dict[str, str]:
-    try:
-        return {"body": body.decode("utf-8")}
-    except UnicodeDecodeError:
-        return {"body_base64": base64.b64encode(body).decode()}
-
-
 async def _tail(
     settings: Settings,
     topic: str,
@@ -837,6 +608,7 @@ async def _tail(
     count: int | None,
     max_in_flight: int,
     print_topic: bool,
+    hint: bool,
 ) -> None:
     from lmq_client.consumer import Consumer
 
@@ -851,15 +623,28 @@ async def _tail(
         close_timeout=2.0, transport=settings.transport,
     )
     seen = 0
+    first: Message | None = None
     async with consumer:
         if not consumer.connected_addresses and not settings.lookupd:
             raise ConnectionFailed(", ".join(settings.tcp), "no daemon accepted the subscription")
-        async for message in consumer:
+        if hint:
+            # Waiting for a message can be cancelled without losing one (nothing is taken yet).
+            with trio.move_on_after(TAIL_HINT_AFTER_S):
+                first = await consumer.__anext__()
+            if first is None:
+                await _hint(settings, topic, channel)
+        message = first
+        while True:
+            if message is None:
+                try:
+                    message = await consumer.__anext__()
+                except StopAsyncIteration:
+                    break
             if settings.as_json:
                 line = json.dumps({
                     "topic": topic, "id": message.id.decode("ascii", "replace"),
                     "timestamp": message.timestamp, "attempts": message.attempts,
-                    **_json_body(message.body),
+                    **json_body(message.body),
                 }).encode()
                 out.write(line + b"\n")
             else:
@@ -869,15 +654,32 @@ async def _tail(
             seen += 1
             if count is not None and seen >= count:
                 break
+            message = None
+
+
+async def _hint(settings: Settings, topic: str, channel: str) -> None:
+    """Nothing arrived at first: say on stderr if other channels took the earlier messages."""
+
+    def ask() -> list[dict[str, Any]]:
+        return [c.stats(topic) for c in settings.http_clients(topic)]
+
+    try:
+        stats = await trio.to_thread.run_sync(ask)
+    except LmqClientError as exc:  # the hint is a courtesy: no HTTP API, no hint
+        log.info("tail: no hint, /stats failed: %s", exc)
+        return
+    text = earlier_messages_hint(stats, topic, channel)
+    if text is not None:
+        click.echo(text, err=True)
 
 
 # -- bench -------------------------------------------------------------------------------------
 
 
 @cli.command()
-@click.option("--topic", default=None, callback=_name("topic"),
+@click.option("--topic", default=None, callback=name_option("topic"),
               help="Topic to use [default: a fresh bench-<random>, deleted afterwards].")
-@click.option("--channel", default="bench", show_default=True, callback=_name("channel"))
+@click.option("--channel", default="bench", show_default=True, callback=name_option("channel"))
 @click.option("--channels", default=1, show_default=True, type=click.IntRange(min=1),
               help="Channels to consume (CHANNEL0..N-1 when more than one): each message is "
                    "consumed once per channel.")
@@ -942,7 +744,7 @@ def bench(
         duration=duration, count=count, pipeline=pipeline, timeout=settings.timeout,
         transport=settings.transport, lookupd=settings.lookupd, incompressible=incompressible,
     )
-    console = _console(err=True)
+    console = make_console(err=True)
     report = run_bench(config, console=None if quiet or not console.is_terminal else console)
     if fresh and not keep_topic:
         for client in settings.http_clients():
@@ -952,7 +754,7 @@ def bench(
                 log.info("bench: could not delete %s: %s", topic, exc)
         _on_lookupds(settings, "/topic/delete", {"topic": topic})
     if settings.as_json:
-        _emit_json(report)
+        emit_json(report)
     else:
         click.echo(format_report(report))
     if report.get("errors"):

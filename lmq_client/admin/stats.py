@@ -5,8 +5,10 @@ A topic with a publish policy (lmqd) adds its counters (``overflow_dropped_count
 in the table (shown only when some topic has them) and the same keys in ``--json``.
 
 Rates need two samples: a row's rate is the growth of its ``message_count`` between two polls
-divided by the time between them (nsq_stat's ingress/egress columns work the same way). Across
-daemons counts are summed; an e2e latency percentile is the highest any daemon reports (the
+divided by the time between them (nsq_stat's ingress column), its out rate the growth of what
+has left it: for a channel ``message_count - depth - in_flight - deferred`` (finished, or
+emptied), for a topic ``message_count - depth`` (handed to its channels) -- nsq_stat's egress.
+Across daemons counts are summed; an e2e latency percentile is the highest any daemon reports (the
 conservative choice: nsqadmin averages them, which hides one slow node). With several daemons
 the table gets a node column: each topic and channel has its total row, then one row per
 daemon that has it.
@@ -21,9 +23,10 @@ from typing import Any
 import attrs
 from rich.table import Table
 
+from lmq_client.admin.columns import Column, human_count, make_table
 from lmq_client.http import HTTPClient
 
-__all__ = ["Row", "Snapshot", "render_table", "sample", "snapshot_json"]
+__all__ = ["Row", "Snapshot", "missing", "render_table", "sample", "snapshot_json"]
 
 _COUNTS = (
     "depth",
@@ -65,6 +68,17 @@ class Row:
     """Messages per second into the topic/channel since the previous sample."""
     policy: dict[str, int] | None = None
     """A topic's publish policy counters, summed over the daemons that report them."""
+    out_rate: float | None = None
+    """Messages per second out of it (finished; a topic's: handed to its channels)."""
+
+    @property
+    def gone(self) -> int:
+        """Messages that have left: all put in, less those still held."""
+        c = self.counts
+        held = c["depth"]
+        if self.channel is not None:
+            held += c["in_flight_count"] + c["deferred_count"]
+        return c["message_count"] - held
 
 
 Key = tuple[str, str | None]
@@ -117,6 +131,21 @@ def _rates(rows: Mapping[Key, Row], before: Mapping[Key, Row], elapsed: float) -
         if earlier is not None and elapsed > 0:
             grown = row.counts["message_count"] - earlier.counts["message_count"]
             row.rate = max(grown, 0) / elapsed
+            row.out_rate = max(row.gone - earlier.gone, 0) / elapsed
+
+
+def missing(snap: Snapshot, topic: str | None, channel: str | None) -> str | None:
+    """What ``stats TOPIC [CHANNEL]`` asked for that no daemon has (a one-line message), or None.
+
+    nsqd's ``/stats?topic=`` of an unknown topic answers an empty list rather than an error, so
+    this is where "no such topic" is noticed.
+    """
+    nodes = ", ".join(snap.nodes)
+    if topic is not None and (topic, None) not in snap.rows:
+        return f"topic {topic} not found on {nodes}"
+    if topic is not None and channel is not None and (topic, channel) not in snap.rows:
+        return f"channel {topic}/{channel} not found on {nodes}"
+    return None
 
 
 def dict_sorted(snap: Snapshot) -> Snapshot:
@@ -175,26 +204,31 @@ def _e2e_text(e2e: Mapping[float, float]) -> str:
     return " ".join(f"p{q * 100:g}={_fmt_latency(v)}" for q, v in sorted(e2e.items()))
 
 
-_HEADERS = ("depth", "mem", "disk", "in-flight", "deferred", "requeued", "timed out",
-            "messages", "rate/s", "clients", "dead-lettered", "expired", "dropped")  # fmt: skip
+# (header, priority): the first kept, the last dropped first on a narrow terminal.
+_COLUMNS = (("depth", 2), ("mem", 16), ("disk", 15), ("in-flight", 3), ("deferred", 9),
+            ("requeued", 10), ("timed out", 11), ("messages", 6), ("rate/s", 4), ("out/s", 5),
+            ("clients", 7), ("dead-lettered", 8), ("expired", 12), ("dropped", 13),
+            ("e2e latency", 14))  # fmt: skip
 
 
 def _cells(row: Row) -> list[str]:
     c = row.counts
+    n = human_count
     return [
-        str(c["depth"]),
-        str(c["depth"] - c["backend_depth"]),
-        str(c["backend_depth"]),
-        str(c["in_flight_count"]),
-        str(c["deferred_count"]),
-        str(c["requeue_count"]),
-        str(c["timeout_count"]),
-        str(c["message_count"]),
-        "-" if row.rate is None else f"{row.rate:.1f}",
-        str(c["client_count"]),
-        str(c["dead_letter_count"]),
-        str(c["expired_count"]),
-        str(c["max_attempts_dropped_count"]),
+        n(c["depth"]),
+        n(c["depth"] - c["backend_depth"]),
+        n(c["backend_depth"]),
+        n(c["in_flight_count"]),
+        n(c["deferred_count"]),
+        n(c["requeue_count"]),
+        n(c["timeout_count"]),
+        n(c["message_count"]),
+        "-" if row.rate is None else f"{row.rate:,.1f}",
+        "-" if row.out_rate is None else f"{row.out_rate:,.1f}",
+        n(c["client_count"]),
+        n(c["dead_letter_count"]),
+        n(c["expired_count"]),
+        n(c["max_attempts_dropped_count"]),
         _e2e_text(row.e2e),
     ]
 
@@ -210,44 +244,57 @@ def _policy_text(row: Row) -> str:
     return ", ".join(shown) or "0"
 
 
-def render_table(snap: Snapshot) -> Table:
-    """The snapshot as a rich table: one row per topic, its channels indented below it; with
-    several daemons a node column, and under each total row one row per daemon."""
+POLICY_PRIORITY = 1
+"""The policy column, when some topic has publish policies, is kept before the others: it is
+what the operator who set a policy came to see."""
+
+
+def render_table(snap: Snapshot, width: int = 200) -> Table:
+    """The snapshot as a rich table no wider than ``width``: one row per topic, its channels
+    indented below it; with several daemons a node column, and under each total row one row per
+    daemon; a policy column when some topic has publish policies. Columns that do not fit are
+    dropped, least important first (``columns.fit``)."""
     several = len(snap.nodes) > 1
-    table = Table(title=f"lmq stats: {', '.join(snap.nodes)}", title_justify="left")
-    table.add_column("topic / channel", justify="left", no_wrap=True)
+    names: list[str] = []
+    nodes: list[str] = []
+    bold: list[bool] = []
+    cells: list[list[str]] = []
+    policy_texts: list[str] = []
+    for key, row in snap.rows.items():
+        name = row.topic if row.channel is None else f"  {row.channel}"
+        if row.paused:
+            name += " (paused)"
+        per_node = [(node, rows[key]) for node, rows in snap.per_node.items() if key in rows]
+        names.append(name)
+        bold.append(row.channel is None)
+        nodes.append(f"all ({len(per_node)})")
+        cells.append(_cells(row))
+        policy_texts.append(_policy_text(row))
+        if several:
+            for node, node_row in per_node:
+                names.append("")
+                bold.append(False)
+                nodes.append(node)
+                cells.append(_cells(node_row))
+                policy_texts.append(_policy_text(node_row))
+    if not snap.rows:
+        names, bold, nodes = ["(no topics)"], [False], [""]
+        cells = [[""] * len(_COLUMNS)]
+        policy_texts = [""]
+    columns = [Column("topic / channel", names, 0, "left")]
     if several:
-        table.add_column("node", justify="left", no_wrap=True)
-    for header in _HEADERS:
-        table.add_column(header, justify="right", no_wrap=True)
-    table.add_column("e2e latency", justify="left", no_wrap=True)
+        columns.append(Column("node", nodes, 1, "left"))
+    for i, (header, priority) in enumerate(_COLUMNS):
+        justify = "left" if header == "e2e latency" else "right"
+        columns.append(Column(header, [r[i] for r in cells], priority, justify))
     policies = any(
         row.policy is not None
         for rows in (snap.rows, *snap.per_node.values())
         for row in rows.values()
     )
     if policies:
-        table.add_column("policy", justify="left", no_wrap=True)
-    width = len(_HEADERS) + (2 if several else 1) + (1 if policies else 0)
-
-    def cells(row: Row) -> list[str]:
-        return [*_cells(row), _policy_text(row)] if policies else _cells(row)
-
-    if not snap.rows:
-        table.add_row("(no topics)", *[""] * width)
-    for key, row in snap.rows.items():
-        name = row.topic if row.channel is None else f"  {row.channel}"
-        if row.paused:
-            name += " (paused)"
-        name = name if row.channel is not None else f"[bold]{name}[/bold]"
-        if not several:
-            table.add_row(name, *cells(row))
-            continue
-        nodes = [(node, rows[key]) for node, rows in snap.per_node.items() if key in rows]
-        table.add_row(name, f"all ({len(nodes)})", *cells(row))
-        for node, node_row in nodes:
-            table.add_row("", node, *cells(node_row))
-    return table
+        columns.append(Column("policy", policy_texts, POLICY_PRIORITY, "left"))
+    return make_table(f"lmq stats: {', '.join(snap.nodes)}", columns, width, bold_rows=bold)
 
 
 def snapshot_json(snap: Snapshot) -> dict[str, Any]:
@@ -279,5 +326,6 @@ def _row_json(row: Row) -> dict[str, Any]:
         **(row.policy or {}),
         "paused": row.paused,
         "rate": row.rate,
+        "out_rate": row.out_rate,
         "e2e_processing_latency_ns": {f"{q:g}": v for q, v in sorted(row.e2e.items())},
     }

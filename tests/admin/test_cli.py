@@ -9,6 +9,7 @@ they print and their exit codes. Nothing here waits longer than a few seconds.
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -356,7 +357,8 @@ def test_bench_reports_plausible_figures(lmqd_module_server: LmqdProcess) -> Non
     for side in (pub, sub):
         assert side["msgs_per_s"] > 100
         assert side["mb_per_s"] == pytest.approx(side["msgs_per_s"] * 64 / 1e6, rel=0.01)
-        assert 0 <= side["client_cpu_pct_per_process"] <= 150
+        # One process, its threads on every core (plus sampling slack): never more than that.
+        assert 0 <= side["client_cpu_pct_per_process"] <= 100 * (os.cpu_count() or 1) + 10
     assert 0 < lat["p50"] <= lat["p99"] <= lat["p99.9"] <= lat["max"] < 30_000
     # the bench topic was deleted afterwards
     assert server.http_address is not None

@@ -354,3 +354,25 @@ def value_label(metrics: dict[tuple[str, frozenset[tuple[str, str]]], float], na
                 label: str) -> str:
     (labels,) = [dict(k[1]) for k in metrics if k[0] == name]
     return labels[label]
+
+
+async def test_metrics_clients_flag_switches_the_per_client_series(
+    start_daemon: StartDaemon,
+) -> None:
+    """On by default (the test above); ``metrics_clients=False`` leaves every client- and
+    producer-labelled family out while the topic and channel series stay."""
+    with trio.fail_after(TIMEOUT):
+        running = await start_daemon(http=True, metrics_clients=False)
+        traffic = await make_traffic(running)
+        text = (await http(running.http, "GET", "/metrics")).body.decode()
+        names = {name for name, _ in samples(text)}
+        assert "lmqd_channel_clients" in names
+        assert not [n for n in names if n.startswith(("lmqd_client_", "lmqd_producer_"))]
+        assert "lmqd_client_" not in text and "lmqd_producer_" not in text
+        # /stats still lists every client
+        stats = (await http(running.http, "GET", "/stats?format=json")).json()
+        orders = next(t for t in stats["topics"] if t["topic_name"] == "orders")
+        ship = next(c for c in orders["channels"] if c["channel_name"] == "ship")
+        assert [c["client_id"] for c in ship["clients"]] == ["cons"]
+        await traffic.consumer.aclose()
+        await traffic.producer.aclose()
