@@ -794,7 +794,10 @@ class Channel:
         if not held:
             return  # held by requeues whose copies are being synced: they settle soon
         copies = [
-            Message(m.id, m.body, m.timestamp, m.attempts, max(m.deadline, now)) for m in held
+            Message(
+                m.id, m.body, m.timestamp, m.attempts, max(m.deadline, now), ext=m.ext
+            )
+            for m in held
         ]
         try:
             dq = self._open_deferred_store()

@@ -289,11 +289,13 @@ def _redelivered(entries: list[LogEntry], below: int) -> list[LogEntry]:
     out: list[LogEntry] = []
     for offset, m in entries:
         if offset < below:
-            m = Message(m.id, m.body, m.timestamp, m.attempts + 1, m.deliver_at)
+            m = Message(m.id, m.body, m.timestamp, m.attempts + 1, m.deliver_at, ext=m.ext)
         out.append((offset, m))
     return out
 
 
 def _copy_entry(entry: LogEntry) -> Message:
     offset, m = entry
-    return Message(m.id, m.body, m.timestamp, m.attempts, m.deliver_at, 0, 0.0, 0.0, offset)
+    return Message(
+        m.id, m.body, m.timestamp, m.attempts, m.deliver_at, 0, 0.0, 0.0, offset, m.ext
+    )

@@ -8,18 +8,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lmqd.protocol.extension import (
+from lmqd.message_ext import (
     MAX_DEDUP_ID,
     MAX_HEADER_BYTES,
     MAX_HEADERS,
     ExtError,
     MessageExt,
-    XpubMessage,
     decode_ext,
     encode_ext,
-    encode_xpub,
-    parse_xpub_body,
 )
+from lmqd.protocol.extension import XpubMessage, encode_xpub, parse_xpub_body
 
 MAX_MSG = 1024 * 1024
 
@@ -49,6 +47,7 @@ def test_an_empty_extension_is_one_byte() -> None:
         (b"", "empty extension block"),
         (b"\x10", "unknown extension flags 0x10"),
         (b"\x01\x0a", "priority 10 out of range"),
+        (b"\x01\x00", "priority 0 out of range"),
         (b"\x01", "truncated"),
         (b"\x02\x00\x00\x00\x00", "ttl_ms 0"),
         (b"\x02\x00\x00", "truncated"),
