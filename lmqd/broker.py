@@ -22,6 +22,7 @@ from lmqd.engine.stores import Stores
 from lmqd.engine.syncer import DurableCallback, Syncer
 from lmqd.engine.topic import Topic
 from lmqd.message import GuidFactory, Message
+from lmqd.message_ext import MessageExt
 from lmqd.options import Options
 from lmqd.stats import ClientStats, TopicStats
 from lmqd.storage import ChannelMetadata, Metadata, TimeBase, TopicMetadata, metadata_path
@@ -266,9 +267,14 @@ class Broker:
     # -- the one publish path (TCP PUB/MPUB/DPUB and HTTP /pub, /mpub) -----------------------
 
     def publish(
-        self, topic_name: str, bodies: Sequence[bytes], defer: float = 0.0
+        self,
+        topic_name: str,
+        bodies: Sequence[bytes],
+        defer: float = 0.0,
+        exts: Sequence[MessageExt | None] | None = None,
     ) -> list[Message]:
-        """Put ``bodies`` on the topic (created if needed), deferred by ``defer`` seconds.
+        """Put ``bodies`` on the topic (created if needed), deferred by ``defer`` seconds, each
+        with its lmq extension from ``exts`` (one per body) if given.
 
         Raises ``BackendError`` (nothing stored; health turns NOK) or ``TopicExiting``. With
         ``--durable`` the messages are written but not yet fsynced: answer the publisher after
@@ -276,7 +282,7 @@ class Broker:
         """
         topic = self.get_topic(topic_name)
         try:
-            messages = topic.publish(bodies, trio.current_time(), defer)
+            messages = topic.publish(bodies, trio.current_time(), defer, exts)
         except BackendError as exc:
             self.set_health(str(exc))
             raise

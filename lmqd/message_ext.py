@@ -33,6 +33,7 @@ __all__ = [
     "MAX_HEADER_BYTES",
     "MAX_PRIORITY",
     "MAX_TTL_MS",
+    "NO_EXT",
     "ExtError",
     "MessageExt",
     "decode_ext",
@@ -79,6 +80,11 @@ class MessageExt:
     def visible(self) -> bool:
         """Whether a consumer sees anything of it (priority or headers)."""
         return bool(self.priority or self.headers)
+
+
+NO_EXT = MessageExt()
+"""An extension with nothing set (the one-byte block ``b"\\x00"``): a message stores ``None``
+instead."""
 
 
 def _check_text(raw: bytes, what: str, *, key: bool) -> str:

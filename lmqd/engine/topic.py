@@ -42,6 +42,7 @@ from lmqd.engine.e2e import E2eLatencyStream
 from lmqd.engine.policy import TopicPolicy
 from lmqd.engine.stream import TOPIC_CURSOR, TopicStream
 from lmqd.message import GuidFactory, Message, copies
+from lmqd.message_ext import MessageExt
 from lmqd.names import is_ephemeral
 from lmqd.options import Options
 from lmqd.stats import NO_E2E_LATENCY, E2eLatency, TopicStats
@@ -153,9 +154,15 @@ class Topic:
 
     # -- publishing --------------------------------------------------------------------------
 
-    def publish(self, bodies: Sequence[bytes], now: float, defer: float = 0.0) -> list[Message]:
+    def publish(
+        self,
+        bodies: Sequence[bytes],
+        now: float,
+        defer: float = 0.0,
+        exts: Sequence[MessageExt | None] | None = None,
+    ) -> list[Message]:
         """Make messages of ``bodies`` (new ids, one wall-clock timestamp) and store them at
-        the next offsets.
+        the next offsets; ``exts``: each one's lmq extension (``Message.ext``), if any.
 
         ``defer`` > 0 (seconds, DPUB) sets ``deliver_at = now + defer``. Raises
         ``TopicExiting``, or ``BackendError`` having stored none of them.
@@ -169,6 +176,9 @@ class Topic:
         # offsets are not set on the objects (~20% more per message): the stream knows them,
         # and the copies channels read from the log carry theirs.
         messages = list(map(Message, ids, bodies, repeat(ts), repeat(0), repeat(deliver_at)))
+        if exts is not None:
+            for m, ext in zip(messages, exts, strict=True):
+                m.ext = ext
         self._put(messages, sum(map(len, bodies)), deliver_at > 0)
         return messages
 

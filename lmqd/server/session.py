@@ -35,6 +35,7 @@ from lmqd.engine.backend import BackendError
 from lmqd.engine.channel import Channel, NotInFlight, NotOwner, TooManyConsumers, TopicExiting
 from lmqd.engine.subscription import Subscription
 from lmqd.message import Message
+from lmqd.message_ext import NO_EXT, MessageExt
 from lmqd.net import split_address
 from lmqd.protocol import (
     CLOSE_WAIT_FRAME,
@@ -55,11 +56,14 @@ from lmqd.protocol import (
     ServerConnection,
     Sub,
     Touch,
+    Xpub,
     encode_response,
     errors,
+    ext_message_frame_parts,
     identify_response,
     message_frame_parts,
 )
+from lmqd.protocol.extension import EXT_VERSION
 from lmqd.server.output import Hold, OutputBuffer
 from lmqd.stats import ClientStats, PubCount
 from lmqd.transport.auth import (
@@ -133,6 +137,8 @@ class Session:
         self.stalled = False
         self.msg_timeout = options.msg_timeout
         self.sample_rate = 0
+        self.ext_frames = False
+        """The client negotiated lmq's extension: its messages may come in frame type 3."""
         # Identity (IDENTIFY replaces the defaults, which are the remote host as in nsqd).
         host = split_address(remote_address)[0]
         self.client_id = host
@@ -168,7 +174,8 @@ class Session:
     def write_messages(self, messages: Sequence[Message]) -> None:
         output = self.output
         parts: list[bytes] = []
-        output.write_parts(parts, message_frame_parts(messages, parts))
+        frames = ext_message_frame_parts if self.ext_frames else message_frame_parts
+        output.write_parts(parts, frames(messages, parts))
         if output.pending_bytes > OUTPUT_HIGH_WATER:
             self.stalled = True
 
@@ -364,6 +371,14 @@ class Session:
                         return
                     self._publish("DPUB", topic, [body], defer_ms / 1000)
                     self._write_oks("DPUB", topic, 1)
+                case Xpub(topic=topic, messages=messages, defer_ms=defer_ms):
+                    if self.auth_enabled and not self._auth_checked("XPUB", topic, None, now):
+                        self._wait(events, event, self._refresh("XPUB", topic), after=False)
+                        return
+                    bodies = [m.body for m in messages]
+                    exts = [m.ext if m.ext != NO_EXT else None for m in messages]
+                    self._publish("XPUB", topic, bodies, defer_ms / 1000, exts)
+                    self._write_oks("XPUB", topic, 1)
                 case Sub(topic=topic, channel=channel):
                     if self.auth_enabled and not self._auth_checked("SUB", topic, channel, now):
                         wait = self._refresh("SUB", topic, channel)
@@ -387,9 +402,16 @@ class Session:
                     raise AssertionError(f"unhandled event {event!r}")
         flush()
 
-    def _publish(self, kind: str, topic: str, bodies: Sequence[bytes], defer: float) -> None:
+    def _publish(
+        self,
+        kind: str,
+        topic: str,
+        bodies: Sequence[bytes],
+        defer: float,
+        exts: Sequence[MessageExt | None] | None = None,
+    ) -> None:
         try:
-            self.broker.publish(topic, bodies, defer)
+            self.broker.publish(topic, bodies, defer, exts)
         except (BackendError, TopicExiting) as exc:
             raise errors.publish_failed(kind, str(exc) or "exiting") from exc
         # Messages, as nsqd counts them (an MPUB adds its length), however the run was coalesced.
@@ -418,6 +440,7 @@ class Session:
         self.user_agent = settings.user_agent
         self.msg_timeout = settings.msg_timeout_ms / 1000
         self.sample_rate = settings.sample_rate
+        self.ext_frames = settings.lmq_ext == EXT_VERSION
         interval = settings.heartbeat_interval_ms
         self._on_heartbeat_interval(interval / 1000 if interval > 0 else 0.0, now)
         if settings.feature_negotiation:
