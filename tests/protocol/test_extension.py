@@ -17,9 +17,13 @@ from lmqd.message_ext import (
     decode_ext,
     encode_ext,
 )
+from lmqd.protocol import Xpub, encode_identify
 from lmqd.protocol.extension import XpubMessage, encode_xpub, parse_xpub_body
 
+from .feeding import MODES, feed, server, size
+
 MAX_MSG = 1024 * 1024
+EXT_ALL = MessageExt(priority=7, ttl_ms=60_000, dedup_id=b"q/1/0/5", headers=(("k", "v"),))
 
 
 def test_a_block_with_every_field_has_the_documented_bytes() -> None:
@@ -175,3 +179,41 @@ def test_random_bytes_are_an_xpub_body_or_a_clear_refusal(data: bytes) -> None:
     except ExtError:
         return
     assert messages and all(m.body for m in messages)
+
+
+# -- XPUB through the server's parser, whole, byte by byte and with a command after it ---------
+
+NEGOTIATED = encode_identify({"feature_negotiation": True, "lmq_ext": 1})
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("defer_ms", [None, 0, 2500])
+def test_the_server_parses_xpub_in_every_mode(mode: str, defer_ms: int | None) -> None:
+    messages = [XpubMessage(b"first", EXT_ALL), XpubMessage(b"second", MessageExt())]
+    events, error = feed(server(NEGOTIATED), encode_xpub("t", messages, defer_ms), mode)
+    assert error is None
+    assert events == [Xpub(topic="t", messages=messages, defer_ms=defer_ms or 0)]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize(
+    ("setup", "data", "code", "text"),
+    [
+        (b"", encode_xpub("t", [XpubMessage(b"x", MessageExt())]), "E_INVALID",
+         "XPUB needs the lmq extension (IDENTIFY with feature_negotiation, lmq_ext 1)"),
+        (NEGOTIATED, b"XPUB\n", "E_INVALID", "XPUB insufficient number of parameters"),
+        (NEGOTIATED, b"XPUB t!\n", "E_BAD_TOPIC", 'XPUB topic name "t!" is not valid'),
+        (NEGOTIATED, b"XPUB t x\n", "E_INVALID", "DPUB could not parse timeout x"),
+        (NEGOTIATED, b"XPUB t\n" + size(0), "E_BAD_BODY", "XPUB invalid body size 0"),
+        (NEGOTIATED, b"XPUB t\n" + size(6) + size(1) + b"\x00\x01", "E_BAD_MESSAGE",
+         "XPUB invalid message count 1"),
+        (NEGOTIATED, b"XPUB t\n" + size(13) + size(1) + b"\x00\x01\x00" + size(5) + b"ab",
+         "E_BAD_MESSAGE", "XPUB message 0: truncated body"),
+    ],
+)
+def test_the_server_refuses_bad_xpubs_in_every_mode(
+    mode: str, setup: bytes, data: bytes, code: str, text: str
+) -> None:
+    events, error = feed(server(setup), data, mode)
+    assert events == []
+    assert error is not None and (error.code, error.text) == (code, text)
