@@ -307,14 +307,18 @@ class Broker:
         return True
 
     async def publish_durable(
-        self, topic_name: str, bodies: Sequence[bytes], defer: float = 0.0
+        self,
+        topic_name: str,
+        bodies: Sequence[bytes],
+        defer: float = 0.0,
+        exts: Sequence[MessageExt | None] | None = None,
     ) -> list[Message]:
         """``publish``, then (``--durable``) wait until the messages are fsynced.
 
         For publishers that can wait (HTTP ``/pub``, ``/mpub``). Raises ``BackendError`` if the
         write or the sync failed.
         """
-        messages = self.publish(topic_name, bodies, defer)
+        messages = self.publish(topic_name, bodies, defer, exts)
         await self.wait_durable(topic_name)
         return messages
 

@@ -42,10 +42,12 @@ from lmqd.httpapi.asgi import (
     json_response,
 )
 from lmqd.httpapi.config_api import get_option, put_option
+from lmqd.httpapi.extension import batch_exts, request_ext
 from lmqd.httpapi.policy import PolicyApi
 from lmqd.httpapi.replay import ReplayApi
 from lmqd.httpapi.stats_text import format_stats
 from lmqd.memory import MEMORY_KEYS, memory_stats
+from lmqd.message_ext import MessageExt
 from lmqd.metrics import make_registry
 from lmqd.names import valid_name
 from lmqd.net import split_address
@@ -176,11 +178,17 @@ class HttpApi(AsgiApp):
         except BackendError:  # its disk queue could not be opened
             raise HttpError(500, "INTERNAL_ERROR") from None
 
-    async def _publish(self, topic: str, bodies: list[bytes], defer_s: float = 0.0) -> None:
+    async def _publish(
+        self,
+        topic: str,
+        bodies: list[bytes],
+        defer_s: float = 0.0,
+        exts: list[MessageExt | None] | None = None,
+    ) -> None:
         # The one publish path shared with TCP; with --durable it returns once fsynced, so the
         # OK below means what a TCP OK means.
         try:
-            await self.broker.publish_durable(topic, bodies, defer_s)
+            await self.broker.publish_durable(topic, bodies, defer_s, exts)
         except (BackendError, TopicExiting):
             # nsqd answers every PutMessage(s) failure (exiting or a failed backend write) so.
             raise HttpError(503, "EXITING") from None
@@ -237,7 +245,8 @@ class HttpApi(AsgiApp):
             defer_ms = int(raw_defer)
             if defer_ms < 0 or defer_ms * 1_000_000 > _ns(options.max_req_timeout):
                 raise HttpError(400, "INVALID_DEFER")
-        await self._publish(name, [body], defer_ms / 1000)
+        ext = request_ext(request, query)  # lmq: priority, ttl_ms, dedup_id, Lmq-Header-*
+        await self._publish(name, [body], defer_ms / 1000, None if ext is None else [ext])
         return OK
 
     async def mpub(self, request: Request) -> Response:
@@ -247,6 +256,7 @@ class HttpApi(AsgiApp):
             raise HttpError(413, "BODY_TOO_BIG")
         query, name = self._new_topic_name(request)
         self._get_topic(name)
+        ext = request_ext(request, query)
         binary = False
         raw_binary = query.get("binary")
         if raw_binary is not None:
@@ -263,7 +273,7 @@ class HttpApi(AsgiApp):
         else:
             bodies = _parse_text_mpub(body, options.max_msg_size, max_body + 1)
         if bodies:
-            await self._publish(name, bodies)
+            await self._publish(name, bodies, exts=batch_exts(ext, len(bodies)))
         return OK
 
     @staticmethod
