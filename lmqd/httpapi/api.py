@@ -43,6 +43,7 @@ from lmqd.httpapi.asgi import (
 )
 from lmqd.httpapi.config_api import get_option, put_option
 from lmqd.httpapi.extension import batch_exts, request_ext
+from lmqd.httpapi.peek import PeekApi
 from lmqd.httpapi.policy import PolicyApi
 from lmqd.httpapi.replay import ReplayApi
 from lmqd.httpapi.stats_text import format_stats
@@ -119,6 +120,8 @@ class HttpApi(AsgiApp):
         self.policy = PolicyApi(broker)  # lmq's topic policies (policy.py)
         add("GET", "/topic/policy", self.policy.topic_policy)
         add("POST", "/topic/policy", self.policy.topic_policy)
+        self.peek = PeekApi(broker)  # lmq: look into a queue without consuming (peek.py)
+        add("GET", "/peek", self.peek.peek)
         add("GET", "/config/:opt", self.config)
         add("PUT", "/config/:opt", self.config)
         add("POST", "/debug/freememory", self.free_memory)
