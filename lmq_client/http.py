@@ -223,6 +223,15 @@ class HTTPClient:
         body, headers = self.request_with_headers("GET", "/topic/read", params)
         return decode_read(body), int(headers.get("x-lmq-next-offset", offset))
 
+    def peek(
+        self, topic: str, channel: str | None = None, state: str = "queued", count: int = 10
+    ) -> dict[str, Any]:
+        """GET ``/peek`` (lmqd): what the topic or channel holds, changing nothing."""
+        params = {"topic": topic, "state": state, "n": str(count)}
+        if channel is not None:
+            params["channel"] = channel
+        return self._json(self.request("GET", "/peek", params))
+
     def pub(self, topic: str, body: bytes, *, defer_ms: int | None = None) -> None:
         """POST ``/pub``."""
         params = {"topic": topic}

@@ -27,6 +27,7 @@ from lmqd.engine.stores import Stores
 from lmqd.engine.syncer import DurableCallback, Syncer
 from lmqd.engine.topic import PublishOutcome, Topic
 from lmqd.message import GuidFactory, Message
+from lmqd.message_ext import MessageExt
 from lmqd.options import Options
 from lmqd.stats import ClientStats, TopicStats
 from lmqd.storage import ChannelMetadata, Metadata, TimeBase, TopicMetadata, metadata_path
@@ -297,9 +298,14 @@ class Broker:
     # -- the one publish path (TCP PUB/MPUB/DPUB and HTTP /pub, /mpub) -----------------------
 
     def publish(
-        self, topic_name: str, bodies: Sequence[bytes], defer: float = 0.0
+        self,
+        topic_name: str,
+        bodies: Sequence[bytes],
+        defer: float = 0.0,
+        exts: Sequence[MessageExt | None] | None = None,
     ) -> list[Message]:
-        """Put ``bodies`` on the topic (created if needed), deferred by ``defer`` seconds.
+        """Put ``bodies`` on the topic (created if needed), deferred by ``defer`` seconds, each
+        with its lmq extension from ``exts`` (one per body) if given.
 
         Raises ``BackendError`` (nothing stored; health turns NOK), ``TopicExiting``, or
         ``PublishRefused`` (a publish policy refused it; nothing stored). With ``--durable``
@@ -308,7 +314,7 @@ class Broker:
         """
         topic = self.get_topic(topic_name)
         try:
-            messages = topic.publish(bodies, trio.current_time(), defer)
+            messages = topic.publish(bodies, trio.current_time(), defer, exts)
         except BackendError as exc:
             self.set_health(str(exc))
             raise
@@ -317,14 +323,19 @@ class Broker:
         return messages
 
     def publish_run(
-        self, topic_name: str, bodies: Sequence[bytes], sizes: Sequence[int], defer: float = 0.0
+        self,
+        topic_name: str,
+        bodies: Sequence[bytes],
+        sizes: Sequence[int],
+        defer: float = 0.0,
+        exts: Sequence[MessageExt | None] | None = None,
     ) -> PublishOutcome:
         """``publish`` for a run of commands (``sizes``: messages each) through the topic's
         publish policies: a prefix of the commands is accepted, the next one may be refused
         (``PublishOutcome``). Raises as ``publish`` does for failures of the whole run."""
         topic = self.get_topic(topic_name)
         try:
-            outcome = topic.publish_run(bodies, sizes, trio.current_time(), defer)
+            outcome = topic.publish_run(bodies, sizes, trio.current_time(), defer, exts)
         except BackendError as exc:
             self.set_health(str(exc))
             raise
@@ -365,14 +376,18 @@ class Broker:
         return True
 
     async def publish_durable(
-        self, topic_name: str, bodies: Sequence[bytes], defer: float = 0.0
+        self,
+        topic_name: str,
+        bodies: Sequence[bytes],
+        defer: float = 0.0,
+        exts: Sequence[MessageExt | None] | None = None,
     ) -> list[Message]:
         """``publish``, then (``--durable``) wait until the messages are fsynced.
 
         For publishers that can wait (HTTP ``/pub``, ``/mpub``). Raises ``BackendError`` if the
         write or the sync failed.
         """
-        messages = self.publish(topic_name, bodies, defer)
+        messages = self.publish(topic_name, bodies, defer, exts)
         await self.wait_durable(topic_name)
         return messages
 

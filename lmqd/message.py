@@ -15,6 +15,8 @@ from itertools import chain
 
 import attrs
 
+from lmqd.message_ext import MessageExt
+
 # nsqd/guid.go: 64-bit ids from a millisecond-ish clock (UnixNano >> 20), a node id and a sequence.
 _TWEPOCH = 1288834974288
 _NODE_ID_BITS = 10
@@ -54,12 +56,17 @@ class Message:
     channel reads from its topic's log; -1 for none (the published objects themselves: the
     stream knows their offsets). A durable channel keeps it while the message holds its
     cursor's low-water mark, and sets it to -1 once a copy in a store stands for it."""
+    ext: MessageExt | None = None
+    """lmq's per-message fields (priority, TTL, dedup id, headers), for the messages published
+    with them (``lmqd.message_ext``); None for every other message: NSQ's messages cost nothing
+    more than this slot."""
 
     def copy(self) -> Message:
-        """A fresh per-channel copy: same id, timestamp, body object, deferral and offset."""
+        """A fresh per-channel copy: same id, timestamp, body object, deferral, offset and
+        extension."""
         return Message(
             self.id, self.body, self.timestamp, self.attempts, self.deliver_at, 0, 0.0, 0.0,
-            self.offset,
+            self.offset, self.ext,
         )  # fmt: skip
 
     def __repr__(self) -> str:
@@ -74,7 +81,7 @@ def copies(messages: Iterable[Message]) -> list[Message]:
     copies of a batch: the hot path of topics with several channels)."""
     new = Message
     return [
-        new(m.id, m.body, m.timestamp, m.attempts, m.deliver_at, 0, 0.0, 0.0, m.offset)
+        new(m.id, m.body, m.timestamp, m.attempts, m.deliver_at, 0, 0.0, 0.0, m.offset, m.ext)
         for m in messages
     ]
 

@@ -2,7 +2,8 @@
 
 The layers (docs/architecture.md, "The house"), lowest first::
 
-    root      lmqd (the package root: versions), units
+    root      lmqd (the package root: versions), units, message_ext (a message's extension
+              fields and their byte form)
     leaves    net, names, message, options, stats, gohttp, memory
     settings  config, logging_setup                   flags, TOML, nsqd's log format
     codecs    protocol, storage, lookup               sans-IO / trio-free codecs and storage
@@ -35,7 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "lmqd"
 
 LAYERS: dict[str, int] = {
-    **dict.fromkeys(("", "units"), 0),
+    **dict.fromkeys(("", "units", "message_ext"), 0),
     **dict.fromkeys(("net", "names", "message", "options", "stats", "gohttp", "memory"), 1),
     **dict.fromkeys(("config", "logging_setup"), 2),
     **dict.fromkeys(("protocol", "storage", "lookup"), 3),

@@ -517,6 +517,42 @@ cli.add_command(archive)
 cli.add_command(forward)
 
 
+# -- peek --------------------------------------------------------------------------------------
+
+
+@cli.command()
+@click.argument("topic", callback=name_option("topic"))
+@click.argument("channel", required=False, callback=name_option("channel"))
+@click.option("--state", type=click.Choice(("queued", "deferred", "in_flight")),
+              default="queued", show_default=True, help="Which of the channel's messages.")
+@click.option("-n", "count", default=10, show_default=True, type=click.IntRange(1, 1000),
+              help="At most this many messages per daemon.")
+@json_option
+@click.pass_obj
+@handle_errors
+def peek(
+    settings: Settings, topic: str, channel: str | None, state: str, count: int
+) -> None:
+    """Show a topic's or channel's messages without consuming them (lmqd): the topic's
+    backlog, or the channel's queued, deferred or in-flight messages."""
+    from lmq_client.admin.peek import render_peek
+
+    if channel is None and state != "queued":
+        raise click.UsageError(f"--state {state} needs a CHANNEL")
+    addresses = settings.http_addresses(topic)
+    _require_nodes(addresses, topic)
+    answers = {
+        address: HTTPClient(address, timeout=settings.timeout).peek(topic, channel, state, count)
+        for address in addresses
+    }
+    if settings.as_json:
+        emit_json(answers)
+        return
+    console = make_console()
+    for address, doc in answers.items():
+        render_peek(console, address, doc)
+
+
 # -- tail --------------------------------------------------------------------------------------
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Sequence
+from itertools import islice
 from typing import Protocol
 
 from lmqd.message import Message
@@ -53,6 +54,11 @@ class BackendQueue(Protocol):
 
     def read_many(self, max_count: int) -> list[Message]:
         """Remove and return up to ``max_count`` of the oldest messages."""
+        ...
+
+    def peek(self, max_count: int) -> list[Message]:
+        """Up to ``max_count`` of the messages ``read_many`` would return next, changing
+        nothing (``/peek``); raises ``OSError`` for a stored queue that cannot be read."""
         ...
 
     def empty(self) -> None:
@@ -127,6 +133,9 @@ class MemoryBackend:
         popleft = queue.popleft
         return [popleft() for _ in range(count)]
 
+    def peek(self, max_count: int) -> list[Message]:
+        return list(islice(self._queue, max_count))
+
     def empty(self) -> None:
         self._queue.clear()
 
@@ -155,6 +164,9 @@ class DummyBackend:
         self.dropped_count += len(messages)
 
     def read_many(self, max_count: int) -> list[Message]:
+        return []
+
+    def peek(self, max_count: int) -> list[Message]:
         return []
 
     def empty(self) -> None:
@@ -202,6 +214,9 @@ class LazyBackend:
 
     def read_many(self, max_count: int) -> list[Message]:
         return self.queue.read_many(max_count) if self.queue is not None else []
+
+    def peek(self, max_count: int) -> list[Message]:
+        return self.queue.peek(max_count) if self.queue is not None else []
 
     def empty(self) -> None:
         if self.queue is not None:

@@ -516,6 +516,14 @@ class Channel:
             self._wake_at(self._deferred.next_deadline())
         return out
 
+    def peek_queued(self, count: int) -> list[tuple[int, Message]]:
+        """Up to ``count`` ready messages in the order ``_take`` would take them (the own
+        store's, then the cursor's), as (offset or -1, message), changing nothing."""
+        out = [(-1, m) for m in self._queue.peek(count)]
+        if len(out) < count and self.cursor is not None:
+            out += self.cursor.peek(count - len(out))
+        return out
+
     def _unique(self, taken: list[Message], count: int) -> tuple[list[Message], set[bytes]]:
         """``taken`` from memory without duplicates (of each other or of what is in flight),
         topped up from memory up to ``count``."""
@@ -1066,7 +1074,10 @@ class Channel:
         if not held:
             return  # held by requeues whose copies are being synced: they settle soon
         copies = [
-            Message(m.id, m.body, m.timestamp, m.attempts, max(m.deadline, now)) for m in held
+            Message(
+                m.id, m.body, m.timestamp, m.attempts, max(m.deadline, now), ext=m.ext
+            )
+            for m in held
         ]
         try:
             dq = self._open_deferred_store()

@@ -221,6 +221,29 @@ class ChannelCursor:
             stream.trim()
         return msgs
 
+    def peek(self, count: int) -> list[tuple[int, Message]]:
+        """Up to ``count`` of the messages ``read`` would return next, as (offset, message)
+        with the stored objects (read-only), changing nothing: ``/peek``."""
+        stream = self.stream
+        out: list[tuple[int, Message]] = []
+        position = self.position
+        skips = self._skips
+        end = stream.pumped
+        while len(out) < count and position < end:
+            got = stream.peek(position, end, count - len(out) + 16)
+            if not got:
+                break
+            for offset, m in got:
+                if any(start <= offset < stop for start, stop in skips):
+                    continue
+                if m.deliver_at and offset >= self.replay_until:
+                    continue  # the pump pushed it to the channel's deferred queue
+                out.append((offset, m))
+                if len(out) == count:
+                    break
+            position = got[-1][0] + 1
+        return out
+
     # -- moving ------------------------------------------------------------------------------
 
     def settle_many(self, offsets: Iterable[int]) -> int:
@@ -317,11 +340,13 @@ def _redelivered(entries: list[LogEntry], below: int) -> list[LogEntry]:
     out: list[LogEntry] = []
     for offset, m in entries:
         if offset < below:
-            m = Message(m.id, m.body, m.timestamp, m.attempts + 1, m.deliver_at)
+            m = Message(m.id, m.body, m.timestamp, m.attempts + 1, m.deliver_at, ext=m.ext)
         out.append((offset, m))
     return out
 
 
 def _copy_entry(entry: LogEntry) -> Message:
     offset, m = entry
-    return Message(m.id, m.body, m.timestamp, m.attempts, m.deliver_at, 0, 0.0, 0.0, offset)
+    return Message(
+        m.id, m.body, m.timestamp, m.attempts, m.deliver_at, 0, 0.0, 0.0, offset, m.ext
+    )

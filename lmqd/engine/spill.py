@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Sequence
+from itertools import islice
 
 from lmqd.engine.backend import BackendError, BackendQueue
 from lmqd.message import Message
@@ -53,6 +54,13 @@ class SpillQueue:
     def memory(self) -> list[Message]:
         """The messages held in memory, oldest first (shutdown flushes them)."""
         return list(self._memory)
+
+    def peek(self, count: int) -> list[Message]:
+        """Up to ``count`` of the messages ``take`` would return next, changing nothing."""
+        out = list(islice(self._memory, count))
+        if len(out) < count and self.backend.depth > 0:
+            out += self.backend.peek(count - len(out))
+        return out
 
     def _split(self, messages: Sequence[Message]) -> tuple[Sequence[Message], Sequence[Message]]:
         # (for memory, for the backend) under the FIFO rule.

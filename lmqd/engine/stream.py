@@ -329,6 +329,19 @@ class TopicStream:
             out += tail.slice(max(start, tail.start), end - max(start, tail.start))
         return out
 
+    def peek(self, start: int, end: int, count: int) -> list[tuple[int, Message]]:
+        """Up to ``count`` (offset, message) pairs in ``[start, end)``, as stored (shared,
+        read-only), changing nothing: ``/peek``."""
+        out: list[tuple[int, Message]] = []
+        tail = self.tail
+        if start < tail.start and self.log is not None:
+            out = self.log.read_range(start, count, end_offset=min(end, tail.start))
+        start = max(start, tail.start)
+        if len(out) < count and start < end:
+            msgs = tail.slice(start, min(count - len(out), end - start))
+            out += zip(range(start, start + len(msgs)), msgs, strict=True)
+        return out
+
     def messages_at(self, offsets: Sequence[int]) -> list[Message]:
         """Copies of the messages at ``offsets``, each carrying its offset (those not stored,
         lost to damage, left out). For the few deferred messages of a pump batch."""

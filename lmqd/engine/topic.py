@@ -45,6 +45,7 @@ from lmqd.engine.policy import PolicyValue, TopicPolicy
 from lmqd.engine.salvage import Salvage
 from lmqd.engine.stream import TOPIC_CURSOR, TopicStream
 from lmqd.message import GuidFactory, Message, copies
+from lmqd.message_ext import MessageExt
 from lmqd.names import is_ephemeral
 from lmqd.options import Options
 from lmqd.stats import NO_E2E_LATENCY, E2eLatency, TopicStats
@@ -179,9 +180,15 @@ class Topic:
 
     # -- publishing --------------------------------------------------------------------------
 
-    def publish(self, bodies: Sequence[bytes], now: float, defer: float = 0.0) -> list[Message]:
+    def publish(
+        self,
+        bodies: Sequence[bytes],
+        now: float,
+        defer: float = 0.0,
+        exts: Sequence[MessageExt | None] | None = None,
+    ) -> list[Message]:
         """Make messages of ``bodies`` (new ids, one wall-clock timestamp) and store them at
-        the next offsets.
+        the next offsets; ``exts``: each one's lmq extension (``Message.ext``), if any.
 
         ``defer`` > 0 (seconds, DPUB) sets ``deliver_at = now + defer``. Raises
         ``TopicExiting``, or ``BackendError`` having stored none of them; with publish
@@ -189,13 +196,19 @@ class Topic:
         are left out of the result.
         """
         if self.gate is not None:
-            outcome = self.publish_run(bodies, [len(bodies)], now, defer)
+            outcome = self.publish_run(bodies, [len(bodies)], now, defer, exts)
             if outcome.refusal is not None:
                 raise outcome.refusal
             return outcome.messages
-        return self._publish(bodies, now, defer)
+        return self._publish(bodies, now, defer, exts)
 
-    def _publish(self, bodies: Sequence[bytes], now: float, defer: float) -> list[Message]:
+    def _publish(
+        self,
+        bodies: Sequence[bytes],
+        now: float,
+        defer: float,
+        exts: Sequence[MessageExt | None] | None = None,
+    ) -> list[Message]:
         if self.exiting:
             raise TopicExiting(f"topic {self.name} is exiting")
         ids = self._guid.new_ids(len(bodies))
@@ -205,19 +218,28 @@ class Topic:
         # offsets are not set on the objects (~20% more per message): the stream knows them,
         # and the copies channels read from the log carry theirs.
         messages = list(map(Message, ids, bodies, repeat(ts), repeat(0), repeat(deliver_at)))
+        if exts is not None:
+            for m, ext in zip(messages, exts, strict=True):
+                m.ext = ext
         self._put(messages, sum(map(len, bodies)), deliver_at > 0)
         return messages
 
     def publish_run(
-        self, bodies: Sequence[bytes], sizes: Sequence[int], now: float, defer: float = 0.0
+        self,
+        bodies: Sequence[bytes],
+        sizes: Sequence[int],
+        now: float,
+        defer: float = 0.0,
+        exts: Sequence[MessageExt | None] | None = None,
     ) -> PublishOutcome:
         """Publish a run of commands (``sizes``: how many of ``bodies`` each has, in order)
         through the publish policies: dedup, then ``max_depth`` (see ``admission.py``). The
-        rate was the caller's (``gate.reserve``). Raises ``TopicExiting`` or ``BackendError``
-        having stored nothing and remembered nothing."""
+        rate was the caller's (``gate.reserve``). ``exts``: each body's lmq extension, if any.
+        Raises ``TopicExiting`` or ``BackendError`` having stored nothing and remembered
+        nothing."""
         gate = self.gate
         if gate is None:
-            return PublishOutcome(self._publish(bodies, now, defer), len(sizes))
+            return PublishOutcome(self._publish(bodies, now, defer, exts), len(sizes))
         if self.exiting:
             raise TopicExiting(f"topic {self.name} is exiting")
         window = gate.dedup
@@ -227,6 +249,7 @@ class Topic:
         reject = gate.max_depth > 0 and not gate.drop_oldest
         room = gate.max_depth - self.backlog() if reject else 0
         kept: list[bytes] = []
+        kept_exts: list[MessageExt | None] = []
         digests: list[bytes] = []
         accepted = 0
         refusal: PublishRefused | None = None
@@ -234,7 +257,6 @@ class Topic:
         start = 0
         for size in sizes:
             command = bodies[start : start + size]
-            start += size
             if window is not None:
                 new, new_digests = window.unseen(command, pending)
             else:
@@ -243,11 +265,18 @@ class Topic:
                 refusal = gate.refuse_full(size)
                 log.debug("TOPIC(%s): refused %d messages: %s", self.name, size, refusal)
                 break
+            if exts is not None:
+                kept_exts += _kept_exts(command, exts[start : start + size], new)
+            start += size
             kept += new
             digests += new_digests
             offered += size
             accepted += 1
-        messages = self._publish(kept, now, defer) if kept else []
+        messages = (
+            self._publish(kept, now, defer, kept_exts if exts is not None else None)
+            if kept
+            else []
+        )
         if window is not None:
             window.remember(digests, now)
             gate.counters.deduplicated += offered - len(kept)
@@ -610,3 +639,17 @@ class Topic:
                 else None
             ),
         )
+
+
+def _kept_exts(
+    command: Sequence[bytes], exts: Sequence[MessageExt | None], kept: Sequence[bytes]
+) -> list[MessageExt | None]:
+    """The extensions of the bodies of ``command`` that dedup kept (``kept`` is a subsequence
+    of ``command``, the same objects)."""
+    out: list[MessageExt | None] = []
+    k = 0
+    for body, ext in zip(command, exts, strict=True):
+        if k < len(kept) and kept[k] is body:
+            out.append(ext)
+            k += 1
+    return out

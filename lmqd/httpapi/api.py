@@ -51,10 +51,13 @@ from lmqd.httpapi.asgi import (
 )
 from lmqd.httpapi.channel_policy import ChannelPolicyApi
 from lmqd.httpapi.config_api import get_option, put_option
+from lmqd.httpapi.extension import batch_exts, request_ext
+from lmqd.httpapi.peek import PeekApi
 from lmqd.httpapi.policy import PolicyApi
 from lmqd.httpapi.replay import ReplayApi
 from lmqd.httpapi.stats_text import format_stats
 from lmqd.memory import MEMORY_KEYS, memory_stats
+from lmqd.message_ext import MessageExt
 from lmqd.metrics import make_registry
 from lmqd.names import valid_name
 from lmqd.net import split_address
@@ -131,6 +134,8 @@ class HttpApi(AsgiApp):
         add("GET", "/channel/policy", self.channel_policy.channel_policy)
         add("POST", "/channel/policy", self.channel_policy.channel_policy)
         add("POST", "/channel/redrive", self.channel_policy.channel_redrive)
+        self.peek = PeekApi(broker)  # lmq: look into a queue without consuming (peek.py)
+        add("GET", "/peek", self.peek.peek)
         add("GET", "/config/:opt", self.config)
         add("PUT", "/config/:opt", self.config)
         add("POST", "/debug/freememory", self.free_memory)
@@ -190,7 +195,13 @@ class HttpApi(AsgiApp):
         except BackendError:  # its disk queue could not be opened
             raise HttpError(500, "INTERNAL_ERROR") from None
 
-    async def _publish(self, topic: str, bodies: list[bytes], defer_s: float = 0.0) -> Response:
+    async def _publish(
+        self,
+        topic: str,
+        bodies: list[bytes],
+        defer_s: float = 0.0,
+        exts: list[MessageExt | None] | None = None,
+    ) -> Response:
         # The one publish path shared with TCP; with --durable it returns once fsynced, so the
         # OK below means what a TCP OK means.
         gate = self.broker.publish_gate(topic)
@@ -203,7 +214,7 @@ class HttpApi(AsgiApp):
             if wait > 0:
                 await trio.sleep(wait)  # this request only: its tokens are reserved
         try:
-            await self.broker.publish_durable(topic, bodies, defer_s)
+            await self.broker.publish_durable(topic, bodies, defer_s, exts)
         except TopicFull:
             raise HttpError(503, "TOPIC_FULL") from None
         except (BackendError, TopicExiting):
@@ -263,7 +274,10 @@ class HttpApi(AsgiApp):
             defer_ms = int(raw_defer)
             if defer_ms < 0 or defer_ms * 1_000_000 > _ns(options.max_req_timeout):
                 raise HttpError(400, "INVALID_DEFER")
-        return await self._publish(name, [body], defer_ms / 1000)
+        ext = request_ext(request, query)  # lmq: priority, ttl_ms, dedup_id, Lmq-Header-*
+        return await self._publish(
+            name, [body], defer_ms / 1000, None if ext is None else [ext]
+        )
 
     async def mpub(self, request: Request) -> Response:
         options = self.broker.options
@@ -272,6 +286,7 @@ class HttpApi(AsgiApp):
             raise HttpError(413, "BODY_TOO_BIG")
         query, name = self._new_topic_name(request)
         self._get_topic(name)
+        ext = request_ext(request, query)
         binary = False
         raw_binary = query.get("binary")
         if raw_binary is not None:
@@ -288,7 +303,7 @@ class HttpApi(AsgiApp):
         else:
             bodies = _parse_text_mpub(body, options.max_msg_size, max_body + 1)
         if bodies:
-            return await self._publish(name, bodies)
+            return await self._publish(name, bodies, exts=batch_exts(ext, len(bodies)))
         return OK
 
     @staticmethod

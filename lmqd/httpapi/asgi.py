@@ -117,11 +117,14 @@ class Query:
 # -- requests ----------------------------------------------------------------------------------
 
 
+LMQ_HEADER_PREFIX = b"lmq-header-"
+
+
 class Request:
     """One HTTP request as the handlers see it."""
 
-    __slots__ = ("_query", "_receive", "accept", "content_length", "method", "path",
-                 "path_params", "raw_query", "remote")
+    __slots__ = ("_query", "_receive", "accept", "content_length", "lmq_headers", "method",
+                 "path", "path_params", "raw_query", "remote")
 
     def __init__(self, scope: Scope, receive: Receive) -> None:
         self.method: str = scope["method"]
@@ -131,12 +134,17 @@ class Request:
         self.remote = f"{client[0]}:{client[1]}" if client else "-"
         self.content_length: int | None = None
         self.accept = ""
+        self.lmq_headers: list[tuple[bytes, bytes]] = []
+        """``Lmq-Header-<name>: <value>`` request headers (lmq's message headers for /pub and
+        /mpub), as (name after the prefix, value), names lowercase as h11 gives them."""
         for name, value in scope.get("headers", ()):
             if name == b"content-length":
                 # h11 has already rejected a malformed or conflicting Content-Length.
                 self.content_length = int(value)
             elif name == b"accept":
                 self.accept = value.decode("latin-1")
+            elif name.startswith(LMQ_HEADER_PREFIX):
+                self.lmq_headers.append((name[len(LMQ_HEADER_PREFIX) :], value))
         self.path_params: dict[str, str] = {}
         self._receive = receive
         self._query: Query | None = None

@@ -25,6 +25,7 @@ from lmqd.protocol.events import (
     Req,
     Sub,
     Touch,
+    Xpub,
     encode_identify,
     one_per_command,
 )
@@ -42,6 +43,7 @@ from lmqd.protocol.frames import (
     encode_message,
     encode_messages,
     encode_response,
+    ext_message_frame_parts,
     message_frame_parts,
 )
 from lmqd.protocol.identify import (
@@ -90,6 +92,7 @@ __all__ = [
     "ServerConnection",
     "Sub",
     "Touch",
+    "Xpub",
     "decode_identify_body",
     "default_settings",
     "encode_error",
@@ -98,6 +101,7 @@ __all__ = [
     "encode_messages",
     "encode_response",
     "errors",
+    "ext_message_frame_parts",
     "identify_response",
     "is_ephemeral",
     "message_frame_parts",

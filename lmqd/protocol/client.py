@@ -11,9 +11,11 @@ import struct
 from collections.abc import Mapping
 from typing import Any, TypeAlias
 
+from lmqd.message_ext import ExtError, decode_ext
 from lmqd.protocol.connection import MAGIC_V2
 from lmqd.protocol.errors import ProtocolError
 from lmqd.protocol.events import Command, encode_identify
+from lmqd.protocol.extension import FRAME_TYPE_EXT_MESSAGE
 from lmqd.protocol.frames import (
     FRAME_TYPE_ERROR,
     FRAME_TYPE_MESSAGE,
@@ -35,6 +37,7 @@ corrupt size field. Raise it for a server with a larger ``--max-msg-size``."""
 
 _unpack_size = struct.Struct(">i").unpack_from
 _unpack_message = struct.Struct(">iiqH16s").unpack_from
+_U16 = struct.Struct(">H")
 
 
 class ClientConnection:
@@ -149,6 +152,8 @@ class ClientConnection:
                     events.append(
                         make_message_frame(msg_id, timestamp, attempts, buf[pos + 34 : frame_end])
                     )
+                elif frame_type == FRAME_TYPE_EXT_MESSAGE:
+                    events.append(_ext_message(buf, pos, size, frame_end))
                 elif frame_type == FRAME_TYPE_RESPONSE:
                     events.append(Response(data=buf[pos + 8 : frame_end]))
                 elif frame_type == FRAME_TYPE_ERROR:
@@ -169,3 +174,21 @@ class ClientConnection:
                 self._pos = 0
             else:
                 self._pos = pos
+
+
+def _ext_message(buf: bytes, pos: int, size: int, frame_end: int) -> MessageFrame:
+    """An extended message frame (type 3: lmq's extension) at ``pos``."""
+    head = 4 + MESSAGE_HEADER_SIZE
+    if size < head + 2:
+        raise ProtocolError("E_BAD_PROTOCOL", f"message frame too short ({size})")
+    _, _, timestamp, attempts, msg_id = _unpack_message(buf, pos)
+    at = pos + 4 + head
+    n = _U16.unpack_from(buf, at)[0]
+    body_at = at + 2 + n
+    if body_at > frame_end:
+        raise ProtocolError("E_BAD_PROTOCOL", "extension block past the frame's end")
+    try:
+        ext = decode_ext(buf[at + 2 : body_at])
+    except ExtError as exc:
+        raise ProtocolError("E_BAD_PROTOCOL", f"bad extension block: {exc}") from None
+    return make_message_frame(msg_id, timestamp, attempts, buf[body_at:frame_end], ext)

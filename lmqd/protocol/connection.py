@@ -38,6 +38,7 @@ import struct
 from collections.abc import Callable
 
 from lmqd.message import MSG_ID_LENGTH
+from lmqd.message_ext import ExtError
 from lmqd.names import decode_name
 from lmqd.protocol import errors
 from lmqd.protocol.errors import ProtocolError
@@ -53,10 +54,12 @@ from lmqd.protocol.events import (
     Req,
     Sub,
     Touch,
+    Xpub,
     make_fins,
     make_mpub,
     make_pub,
 )
+from lmqd.protocol.extension import EXT_VERSION, parse_xpub_body
 from lmqd.protocol.identify import IdentifySettings, decode_identify_body, negotiate
 from lmqd.protocol.limits import Limits
 from lmqd.protocol.state import IGNORED_STATES, LEGAL_STATES, TRANSITIONS, ClientState
@@ -481,6 +484,42 @@ class ServerConnection:
         events.append(make_mpub(topic, bodies))
         return end
 
+    def _xpub(self, params: list[bytes], buf: bytes, p: int, events: list[Event]) -> int:
+        # lmq's extension (lmqd.protocol.extension): MPUB's body rules, each message with its
+        # extension block, optionally deferred as DPUB.
+        if self.identify is None or self.identify.lmq_ext != EXT_VERSION:
+            raise errors.extension_not_negotiated()
+        if len(params) < 2:
+            raise errors.insufficient_params("XPUB")
+        topic = decode_name(params[1])
+        if topic is None:
+            raise errors.bad_topic("XPUB", params[1])
+        defer_ms = 0
+        if len(params) > 2:
+            parsed = parse_uint(params[2])
+            if parsed is None:
+                raise errors.dpub_could_not_parse(params[2])
+            if parsed > self.limits.max_req_timeout_ms:
+                raise errors.dpub_out_of_range(parsed, self.limits.max_req_timeout_ms)
+            defer_ms = parsed
+        if len(buf) - p < 4:
+            return -(p + 4)
+        limits = self.limits
+        body_size: int = _unpack_size(buf, p)[0]
+        if body_size <= 0:
+            raise errors.invalid_body_size("XPUB", body_size)
+        if body_size > limits.max_body_size:
+            raise errors.body_too_big("XPUB", body_size, limits.max_body_size)
+        end = p + 4 + body_size
+        if end > len(buf):
+            return -end
+        try:
+            messages = parse_xpub_body(buf[p + 4 : end], max_msg_size=limits.max_msg_size)
+        except ExtError as exc:
+            raise errors.bad_extension(str(exc)) from None
+        events.append(Xpub(topic=topic, messages=messages, defer_ms=defer_ms))
+        return end
+
     def _identify(self, params: list[bytes], buf: bytes, p: int, events: list[Event]) -> int:
         if self.identify is not None:
             # nsqd accepts a second IDENTIFY but its message pump ignores it; lmqd refuses.
@@ -582,6 +621,7 @@ _HANDLERS: dict[str, _Handler] = {
     "PUB": ServerConnection._pub,
     "MPUB": ServerConnection._mpub,
     "DPUB": ServerConnection._dpub,
+    "XPUB": ServerConnection._xpub,
 }
 
 

@@ -368,3 +368,18 @@ def auth_first(cmd: str) -> ProtocolError:
 def auth_error(err: str) -> ProtocolError:
     """The AUTH response could not be built or sent."""
     return ProtocolError("E_AUTH_ERROR", f"AUTH error {err}")
+
+
+# -- lmq's message extension (XPUB) -------------------------------------------------------------
+
+
+def extension_not_negotiated() -> ProtocolError:
+    """XPUB from a client whose IDENTIFY did not negotiate lmq's extension."""
+    return ProtocolError(
+        "E_INVALID", "XPUB needs the lmq extension (IDENTIFY with feature_negotiation, lmq_ext 1)"
+    )
+
+
+def bad_extension(reason: str) -> ProtocolError:
+    """A malformed XPUB body or extension block: ``E_BAD_MESSAGE XPUB <reason>``."""
+    return ProtocolError("E_BAD_MESSAGE", f"XPUB {reason}")

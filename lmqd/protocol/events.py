@@ -14,6 +14,7 @@ from typing import Any, TypeAlias
 
 import attrs
 
+from lmqd.protocol.extension import XpubMessage, encode_xpub
 from lmqd.protocol.identify import IdentifySettings
 
 _SIZE = struct.Struct(">i")
@@ -114,6 +115,20 @@ class Dpub:
 
 
 @attrs.frozen(kw_only=True, slots=True)
+class Xpub:
+    """XPUB (lmq's extension): publish messages with their extension fields, deferred by
+    ``defer_ms`` (0: not deferred); all or none, one ``OK``."""
+
+    topic: str
+    messages: list[XpubMessage] = attrs.field(hash=False)
+    defer_ms: int = 0
+
+    def encode(self) -> bytes:
+        """The command on the wire."""
+        return encode_xpub(self.topic, self.messages, self.defer_ms or None)
+
+
+@attrs.frozen(kw_only=True, slots=True)
 class Rdy:
     """RDY: how many messages this consumer may have in flight at once."""
 
@@ -196,7 +211,7 @@ class Nop:
 
 
 Command: TypeAlias = (
-    Identify | Auth | Sub | Pub | Mpub | Dpub | Rdy | Fin | Fins | Req | Touch | Cls | Nop
+    Identify | Auth | Sub | Pub | Mpub | Dpub | Xpub | Rdy | Fin | Fins | Req | Touch | Cls | Nop
 )
 """Any command event (``ServerConnection`` gives FINs as ``Fins``, clients may send either)."""
 

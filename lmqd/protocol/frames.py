@@ -1,7 +1,9 @@
 """Server-to-client frames: encoding (the daemon) and the decoded frame events (clients).
 
 A frame is ``[int32 size][int32 type][data]``, big-endian, where ``size = len(data) + 4``. A
-message frame's data is ``[int64 timestamp ns][uint16 attempts][16-byte id][body]``.
+message frame's data is ``[int64 timestamp ns][uint16 attempts][16-byte id][body]``; lmq's
+extended message frame (type 3, only to a consumer that negotiated it) has ``[uint16 n][n bytes
+extension block]`` between the id and the body.
 """
 
 from __future__ import annotations
@@ -12,7 +14,9 @@ from collections.abc import Iterable
 import attrs
 
 from lmqd.message import Message
+from lmqd.message_ext import MessageExt, encode_ext
 from lmqd.protocol.errors import NON_FATAL_CODES
+from lmqd.protocol.extension import FRAME_TYPE_EXT_MESSAGE
 
 FRAME_TYPE_RESPONSE = 0
 FRAME_TYPE_ERROR = 1
@@ -29,6 +33,7 @@ _MESSAGE_PREFIX = struct.Struct(">iiqH")
 # The same with the 16-byte ID: a message frame up to its body.
 _MESSAGE_HEAD = struct.Struct(">iiqH16s")
 _MESSAGE_OVERHEAD = 4 + MESSAGE_HEADER_SIZE  # frame type + message header
+_U16 = struct.Struct(">H")
 
 
 def encode_response(data: bytes) -> bytes:
@@ -68,6 +73,41 @@ def message_frame_parts(msgs: Iterable[Message], parts: list[bytes]) -> int:
         body = msg.body
         frame_size = len(body) + _MESSAGE_OVERHEAD
         append(pack(frame_size, FRAME_TYPE_MESSAGE, msg.timestamp, msg.attempts & 0xFFFF, msg.id))
+        append(body)
+        size += 4 + frame_size
+    return size
+
+
+def ext_message_frame_parts(msgs: Iterable[Message], parts: list[bytes]) -> int:
+    """``message_frame_parts`` for a consumer that negotiated lmq's extension: a message with
+    a priority or headers in frame type 3 (``lmqd.protocol.extension``: the message header, a
+    2-byte block length, the block with its priority and headers, the body), any other in
+    nsqd's frame type 2."""
+    append = parts.append
+    pack = _MESSAGE_HEAD.pack
+    size = 0
+    for msg in msgs:
+        body = msg.body
+        ext = msg.ext
+        if ext is None or not ext.visible:
+            frame_size = len(body) + _MESSAGE_OVERHEAD
+            append(
+                pack(frame_size, FRAME_TYPE_MESSAGE, msg.timestamp, msg.attempts & 0xFFFF, msg.id)
+            )
+        else:
+            block = encode_ext(MessageExt(priority=ext.priority, headers=ext.headers))
+            frame_size = len(body) + _MESSAGE_OVERHEAD + 2 + len(block)
+            append(
+                pack(
+                    frame_size,
+                    FRAME_TYPE_EXT_MESSAGE,
+                    msg.timestamp,
+                    msg.attempts & 0xFFFF,
+                    msg.id,
+                )
+                + _U16.pack(len(block))
+                + block
+            )
         append(body)
         size += 4 + frame_size
     return size
@@ -124,6 +164,8 @@ class MessageFrame:
     attempts: int
     """Deliveries so far, this one included."""
     body: bytes
+    ext: MessageExt | None = None
+    """lmq's extension (frame type 3: priority and headers); None in nsqd's frames."""
 
 
 # attrs' frozen __init__ sets each field through object.__setattr__ (see events.py): a consumer
@@ -133,13 +175,18 @@ _set_frame_id = MessageFrame.__dict__["id"].__set__
 _set_frame_timestamp = MessageFrame.__dict__["timestamp"].__set__
 _set_frame_attempts = MessageFrame.__dict__["attempts"].__set__
 _set_frame_body = MessageFrame.__dict__["body"].__set__
+_set_frame_ext = MessageFrame.__dict__["ext"].__set__
 
 
-def make_message_frame(msg_id: bytes, timestamp: int, attempts: int, body: bytes) -> MessageFrame:
-    """``MessageFrame(id=msg_id, timestamp=timestamp, attempts=attempts, body=body)``, faster."""
+def make_message_frame(
+    msg_id: bytes, timestamp: int, attempts: int, body: bytes, ext: MessageExt | None = None
+) -> MessageFrame:
+    """``MessageFrame(id=msg_id, timestamp=timestamp, attempts=attempts, body=body,
+    ext=ext)``, faster."""
     frame: MessageFrame = _new(MessageFrame)
     _set_frame_id(frame, msg_id)
     _set_frame_timestamp(frame, timestamp)
     _set_frame_attempts(frame, attempts)
     _set_frame_body(frame, body)
+    _set_frame_ext(frame, ext)
     return frame

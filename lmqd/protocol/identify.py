@@ -20,6 +20,8 @@ import attrs
 
 import lmqd
 from lmqd.protocol import errors
+from lmqd.protocol.extension import EXT_VERSION
+from lmqd.protocol.extension import IDENTIFY_KEY as EXT_IDENTIFY_KEY
 from lmqd.protocol.limits import (
     DEFAULT_DEFLATE_LEVEL,
     MAX_SAMPLE_RATE,
@@ -70,6 +72,9 @@ class IdentifySettings:
     deflate: bool = False
     deflate_level: int = DEFAULT_DEFLATE_LEVEL
     snappy: bool = False
+    lmq_ext: int | None = None
+    """lmq's message extension (``lmqd.protocol.extension``): None when the client did not ask
+    (its IDENTIFY answer is nsqd's exactly), else the version accepted (0: not accepted)."""
 
 
 def default_settings(limits: Limits) -> IdentifySettings:
@@ -229,6 +234,11 @@ def negotiate(data: Mapping[str, Any], limits: Limits) -> IdentifySettings:
     deflate_level = min(deflate_level, limits.max_deflate_level)
     if deflate and snappy:
         raise errors.identify_compression_conflict()
+    # lmq's extension: a key nsqd ignores, answered only where the answer is JSON.
+    lmq_ext: int | None = None
+    if negotiation and EXT_IDENTIFY_KEY in data:
+        asked = data[EXT_IDENTIFY_KEY]
+        lmq_ext = EXT_VERSION if type(asked) is int and asked == EXT_VERSION else 0
 
     return IdentifySettings(
         client_id=f.get("client_id", ""),
@@ -244,26 +254,28 @@ def negotiate(data: Mapping[str, Any], limits: Limits) -> IdentifySettings:
         deflate=deflate,
         deflate_level=deflate_level,
         snappy=snappy,
+        lmq_ext=lmq_ext,
     )
 
 
 def identify_response(settings: IdentifySettings, limits: Limits) -> bytes:
-    """nsqd's JSON answer to IDENTIFY with ``feature_negotiation`` (v1.3.0's key order)."""
-    return json.dumps(
-        {
-            "max_rdy_count": limits.max_rdy_count,
-            "version": lmqd.NSQD_COMPAT_VERSION,
-            "max_msg_timeout": limits.max_msg_timeout_ms,
-            "msg_timeout": settings.msg_timeout_ms,
-            "tls_v1": settings.tls_v1,
-            "deflate": settings.deflate,
-            "deflate_level": settings.deflate_level,
-            "max_deflate_level": limits.max_deflate_level,
-            "snappy": settings.snappy,
-            "sample_rate": settings.sample_rate,
-            "auth_required": limits.auth_required,
-            "output_buffer_size": settings.output_buffer_size,
-            "output_buffer_timeout": settings.output_buffer_timeout_ms,
-        },
-        separators=(",", ":"),
-    ).encode()
+    """nsqd's JSON answer to IDENTIFY with ``feature_negotiation`` (v1.3.0's key order), and
+    lmq's extension version last for a client that asked for it."""
+    answer: dict[str, Any] = {
+        "max_rdy_count": limits.max_rdy_count,
+        "version": lmqd.NSQD_COMPAT_VERSION,
+        "max_msg_timeout": limits.max_msg_timeout_ms,
+        "msg_timeout": settings.msg_timeout_ms,
+        "tls_v1": settings.tls_v1,
+        "deflate": settings.deflate,
+        "deflate_level": settings.deflate_level,
+        "max_deflate_level": limits.max_deflate_level,
+        "snappy": settings.snappy,
+        "sample_rate": settings.sample_rate,
+        "auth_required": limits.auth_required,
+        "output_buffer_size": settings.output_buffer_size,
+        "output_buffer_timeout": settings.output_buffer_timeout_ms,
+    }
+    if settings.lmq_ext is not None:
+        answer[EXT_IDENTIFY_KEY] = settings.lmq_ext
+    return json.dumps(answer, separators=(",", ":")).encode()

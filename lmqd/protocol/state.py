@@ -15,7 +15,8 @@ nsqd (``nsqd/client_v2.go``) numbers five states, and those numbers appear as ``
 * FIN, REQ and TOUCH need SUBSCRIBED or CLOSING: after CLS the client still settles the messages
   it holds.
 * CLS needs SUBSCRIBED.
-* PUB, MPUB, DPUB and NOP are allowed in every state: a consumer connection may also publish.
+* PUB, MPUB, DPUB, lmq's XPUB and NOP are allowed in every state: a consumer connection may
+  also publish.
 
 Any command in a state that does not accept it is a fatal ``E_INVALID cannot <CMD> in current
 state``. The parser applies SUB's and CLS's transitions when it parses them; that is safe because
@@ -51,6 +52,7 @@ LEGAL_STATES: dict[str, frozenset[ClientState]] = {
     "PUB": _ANY,
     "MPUB": _ANY,
     "DPUB": _ANY,
+    "XPUB": _ANY,
     "NOP": _ANY,
 }
 """Command name -> the states in which it is accepted."""

@@ -46,6 +46,7 @@ from lmqd.engine.backend import BackendError
 from lmqd.engine.channel import Channel, NotInFlight, NotOwner, TooManyConsumers, TopicExiting
 from lmqd.engine.subscription import Subscription
 from lmqd.message import Message
+from lmqd.message_ext import NO_EXT, MessageExt
 from lmqd.net import split_address
 from lmqd.protocol import (
     CLOSE_WAIT_FRAME,
@@ -66,11 +67,14 @@ from lmqd.protocol import (
     ServerConnection,
     Sub,
     Touch,
+    Xpub,
     encode_response,
     errors,
+    ext_message_frame_parts,
     identify_response,
     message_frame_parts,
 )
+from lmqd.protocol.extension import EXT_VERSION
 from lmqd.server.output import Hold, OutputBuffer
 from lmqd.stats import ClientStats, PubCount
 from lmqd.transport.auth import (
@@ -151,6 +155,8 @@ class Session:
         self.stalled = False
         self.msg_timeout = options.msg_timeout
         self.sample_rate = 0
+        self.ext_frames = False
+        """The client negotiated lmq's extension: its messages may come in frame type 3."""
         # Identity (IDENTIFY replaces the defaults, which are the remote host as in nsqd).
         host = split_address(remote_address)[0]
         self.client_id = host
@@ -189,7 +195,8 @@ class Session:
     def write_messages(self, messages: Sequence[Message]) -> None:
         output = self.output
         parts: list[bytes] = []
-        output.write_parts(parts, message_frame_parts(messages, parts))
+        frames = ext_message_frame_parts if self.ext_frames else message_frame_parts
+        output.write_parts(parts, frames(messages, parts))
         if output.pending_bytes > OUTPUT_HIGH_WATER:
             self.stalled = True
 
@@ -403,6 +410,19 @@ class Session:
                         continue
                     self._publish("DPUB", topic, [body], defer_ms / 1000)
                     self._write_oks("DPUB", topic, 1)
+                case Xpub(topic=topic, messages=messages, defer_ms=defer_ms):
+                    if self.auth_enabled and not self._auth_checked("XPUB", topic, None, now):
+                        self._wait(events, event, self._refresh("XPUB", topic), after=False)
+                        return
+                    gate = self.broker.publish_gate(topic)
+                    if gate is not None:
+                        if not self._publish_gated(gate, topic, [event], events, now):
+                            return
+                        continue
+                    bodies = [m.body for m in messages]
+                    exts = [m.ext if m.ext != NO_EXT else None for m in messages]
+                    self._publish("XPUB", topic, bodies, defer_ms / 1000, exts)
+                    self._write_oks("XPUB", topic, 1)
                 case Sub(topic=topic, channel=channel):
                     if self.auth_enabled and not self._auth_checked("SUB", topic, channel, now):
                         wait = self._refresh("SUB", topic, channel)
@@ -426,10 +446,17 @@ class Session:
                     raise AssertionError(f"unhandled event {event!r}")
         flush()
 
-    def _publish(self, kind: str, topic: str, bodies: Sequence[bytes], defer: float) -> None:
+    def _publish(
+        self,
+        kind: str,
+        topic: str,
+        bodies: Sequence[bytes],
+        defer: float,
+        exts: Sequence[MessageExt | None] | None = None,
+    ) -> None:
         self._prepaid = 0  # reserved for a gate the topic no longer has
         try:
-            self.broker.publish(topic, bodies, defer)
+            self.broker.publish(topic, bodies, defer, exts)
         except PublishRefused as exc:  # the policy came on since the run started
             raise errors.publish_failed(kind, str(exc)) from exc
         except (BackendError, TopicExiting) as exc:
@@ -441,7 +468,7 @@ class Session:
         self,
         gate: PublishGate,
         topic: str,
-        commands: list[Pub | Mpub | Dpub],
+        commands: Sequence[Pub | Mpub | Dpub | Xpub],
         events: Sequence[Event],
         now: float,
     ) -> bool:
@@ -449,7 +476,7 @@ class Session:
         docstring); False once the session waits for tokens. A refused command raises its
         ``E_<CMD>_FAILED`` after the ``OK`` of the commands accepted before it."""
         while commands:
-            sizes = [len(c.bodies) if isinstance(c, Mpub) else 1 for c in commands]
+            sizes = [_size(c) for c in commands]
             if self._prepaid:
                 paid, wait = min(self._prepaid, len(commands)), 0.0
                 self._prepaid = 0
@@ -465,15 +492,20 @@ class Session:
             batch = commands[:paid]
             commands = commands[paid:]
             bodies: list[bytes] = []
+            exts: list[MessageExt | None] | None = None
             for command in batch:
                 if isinstance(command, Mpub):
                     bodies += command.bodies
+                elif isinstance(command, Xpub):
+                    # An XPUB is always alone in its run (the event loop gates it by itself).
+                    bodies += [m.body for m in command.messages]
+                    exts = [m.ext if m.ext != NO_EXT else None for m in command.messages]
                 else:
                     bodies.append(command.body)
             first = batch[0]
-            defer = first.defer_ms / 1000 if isinstance(first, Dpub) else 0.0
+            defer = first.defer_ms / 1000 if isinstance(first, Dpub | Xpub) else 0.0
             try:
-                outcome = self.broker.publish_run(topic, bodies, sizes[:paid], defer)
+                outcome = self.broker.publish_run(topic, bodies, sizes[:paid], defer, exts)
             except (BackendError, TopicExiting) as exc:
                 raise errors.publish_failed(_kind(first), str(exc) or "exiting") from exc
             accepted = outcome.accepted
@@ -507,6 +539,7 @@ class Session:
         self.user_agent = settings.user_agent
         self.msg_timeout = settings.msg_timeout_ms / 1000
         self.sample_rate = settings.sample_rate
+        self.ext_frames = settings.lmq_ext == EXT_VERSION
         interval = settings.heartbeat_interval_ms
         self._on_heartbeat_interval(interval / 1000 if interval > 0 else 0.0, now)
         if settings.feature_negotiation:
@@ -579,6 +612,22 @@ class Session:
             self.fail(errors.touch_failed(msg_id, str(exc)))
 
 
-def _kind(command: Pub | Mpub | Dpub) -> str:
+def _kind(command: Pub | Mpub | Dpub | Xpub) -> str:
     """The command's name, as its ``E_<CMD>_FAILED`` says it."""
-    return "PUB" if isinstance(command, Pub) else "MPUB" if isinstance(command, Mpub) else "DPUB"
+    match command:
+        case Pub():
+            return "PUB"
+        case Mpub():
+            return "MPUB"
+        case Dpub():
+            return "DPUB"
+    return "XPUB"
+
+
+def _size(command: Pub | Mpub | Dpub | Xpub) -> int:
+    """Messages the command publishes."""
+    if isinstance(command, Mpub):
+        return len(command.bodies)
+    if isinstance(command, Xpub):
+        return len(command.messages)
+    return 1

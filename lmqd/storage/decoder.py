@@ -7,8 +7,8 @@ Two forms of output, from the same layout rules:
   converted back to trio time. ``decode_batch`` is the read hot path: for a batch without option
   blocks, one ``iter_unpack`` for all the entries (a C loop), then per message one slice and one
   object. Anything else (option blocks, an implausible count, a single-message record) goes
-  through the general form below and is converted; optional fields are not kept there yet
-  (``Message`` has none).
+  through the general form below and is converted, the headers field becoming the message's
+  extension (``Message.ext``, ``lmqd.message_ext``).
 * **records** (``decode_batch_records``, ``decode_message_record`` and the verifying
   ``decode_record``, ``decode_any``, ``decode_records``): ``record.Record`` tuples with every
   field, optional ones included; for tools, tests and the slow path above.
@@ -28,6 +28,7 @@ from collections.abc import Callable
 from operator import itemgetter
 
 from lmqd.message import Message
+from lmqd.message_ext import ExtError, MessageExt, decode_ext
 from lmqd.storage.record import (
     BATCH_ENTRY,
     BATCH_ENTRY_SIZE,
@@ -138,16 +139,26 @@ def decode_message(
 def _messages(
     records: list[Record], token: int, from_wall_ns: Callable[[int], float], ack_mode: bool
 ) -> list[Message]:
-    """Records of the general form as the reader's messages (optional fields are dropped)."""
+    """Records of the general form as the reader's messages, with their extension (an
+    extension block that does not decode, which only a writer bug could store under a matching
+    CRC, is dropped and the message kept)."""
     msgs: list[Message] = []
     for k, r in enumerate(records):
         deliver_at = from_wall_ns(r.deliver_after_ns) if r.deliver_after_ns else 0.0
+        ext: MessageExt | None = None
+        if r.headers is not None:
+            try:
+                ext = decode_ext(r.headers)
+            except ExtError:
+                ext = None
         if ack_mode:
-            msgs.append(
-                StoredMessage(r.id, r.body, r.timestamp, r.attempts, deliver_at, token=token + k)
+            m: Message = StoredMessage(
+                r.id, r.body, r.timestamp, r.attempts, deliver_at, token=token + k
             )
         else:
-            msgs.append(Message(r.id, r.body, r.timestamp, r.attempts, deliver_at))
+            m = Message(r.id, r.body, r.timestamp, r.attempts, deliver_at)
+        m.ext = ext
+        msgs.append(m)
     return msgs
 
 

@@ -43,6 +43,7 @@ from lmqd.message import Message
 from lmqd.storage.acks import AckTracker
 from lmqd.storage.errors import BackendError
 from lmqd.storage.files import fsync_dir, positions_filename, unlink_quietly
+from lmqd.storage.peek import peek_queue
 from lmqd.storage.positions import Positions, encode_positions
 from lmqd.storage.reader import DEFAULT_READ_AHEAD, SegmentReader
 from lmqd.storage.record import SEGMENT_HEADER_SIZE
@@ -105,6 +106,7 @@ class DiskQueue:
             ack_mode=ack_mode,
             read_ahead=read_ahead,
         )
+        self._timebase = timebase
         self._dirty = 0
         self._last_positions: Positions | None = None
         self._closed = False
@@ -211,6 +213,18 @@ class DiskQueue:
         out = self._reader.read_many(max_count)
         self._dirty += len(out)
         return out
+
+    def peek(self, max_count: int) -> list[Message]:
+        """Up to ``max_count`` of the messages ``read_many`` would return next, read from the
+        files without consuming or changing anything (``peek.py``); raises ``OSError``."""
+        if self._closed or max_count <= 0:
+            return []
+        return peek_queue(
+            list(self._segments.live),
+            self._reader.position(),
+            max_count,
+            self._timebase.from_wall_ns,
+        )
 
     def ack(self, token: int) -> bool:
         """Acknowledgement mode: mark a read message done; False if the token is unknown."""

@@ -12,9 +12,15 @@
    every body once (no per-batch buffers joined again); each batch's CRC32C is then computed
    over its bytes in place and written into its last four bytes.
 
-The writer (``writer.py``) then hands each segment's buffer to the OS with one ``pwrite``. No
-optional fields are written yet (``Message`` has none): batch flags are 0. Single-message ('M')
-records are no longer written at all; ``decoder.py`` still reads both.
+The writer (``writer.py``) then hands each segment's buffer to the OS with one ``pwrite``.
+Single-message ('M') records are no longer written at all; ``decoder.py`` still reads both.
+
+**Option blocks.** A call none of whose messages has an lmq extension (``Message.ext``: NSQ's
+messages) writes batch flags 0 and no option blocks: the check is one C loop over the call
+(``encode_options``). Otherwise every batch of the call has flag ``BATCH_FLAG_OPTIONS`` and one
+option block per message after the bodies, ``[flags][fields]``: ``b"\x00"`` for a message
+without extension, ``FLAG_HEADERS`` with the extension block (``lmqd.message_ext``) as the
+field for one with it. Planning counts each message's block with its body.
 
 A topic log (``log.py``) writes *offset* batches ('O', format version 3): the same steps with
 the call's first offset given, each batch's header then carrying the offset of its first message
@@ -33,16 +39,19 @@ import struct
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from itertools import accumulate, pairwise
-from operator import add
+from operator import add, attrgetter
 
 from crc32c import crc32c
 
 from lmqd.message import MSG_ID_LENGTH, Message
+from lmqd.message_ext import encode_ext
 from lmqd.storage.record import (
     BATCH_ENTRY,
     BATCH_ENTRY_SIZE,
+    BATCH_FLAG_OPTIONS,
     BATCH_HEADER,
     BATCH_OVERHEAD,
+    FLAG_HEADERS,
     MAX_ATTEMPTS,
     MAX_BATCH_BYTES,
     OFFSET_BATCH_HEADER,
@@ -58,6 +67,10 @@ Batch = tuple[int, int, int]
 
 _NO_CRC = bytes(4)
 """Room for a batch's CRC, filled in once the batch's bytes are joined."""
+_NO_OPTIONS = b"\x00"
+"""The option block of a message without extension, in a batch where another has one."""
+_EXT_OPTION = bytes((FLAG_HEADERS,))
+_ext = attrgetter("ext")
 
 
 def encode_entries(
@@ -113,8 +126,27 @@ def encode_entries(
     return entries, bodies
 
 
+def encode_options(messages: Sequence[Message]) -> list[bytes] | None:
+    """Each message's option block, or None when no message has an extension (the common
+    case, found without a Python-level loop)."""
+    if not any(map(_ext, messages)):
+        return None
+    out: list[bytes] = []
+    for m in messages:
+        if m.ext is None:
+            out.append(_NO_OPTIONS)
+        else:
+            block = encode_ext(m.ext)
+            out.append(_EXT_OPTION + U32.pack(len(block)) + block)
+    return out
+
+
 def plan_batches(
-    bodies: list[bytes], start_pos: int, max_bytes: int, overhead: int = BATCH_OVERHEAD
+    bodies: list[bytes],
+    start_pos: int,
+    max_bytes: int,
+    overhead: int = BATCH_OVERHEAD,
+    options: list[bytes] | None = None,
 ) -> list[list[Batch]]:
     """Split messages into batch records: per segment (the write segment first, possibly
     empty, then new ones), its batches as (first, end, payload bytes): the message range and
@@ -124,11 +156,15 @@ def plan_batches(
     limit (``max_bytes_per_file``); ``overhead``: a record's bytes beyond its payload
     (``BATCH_OVERHEAD``, or ``OFFSET_BATCH_OVERHEAD`` for a topic log). A batch ends where the
     segment is full or at ``MAX_BATCH_BYTES``; a segment always takes at least one message, and
-    a batch holds at least one, however large.
+    a batch holds at least one, however large. ``options``: each message's option block
+    (``encode_options``), counted with its body.
     """
-    n = len(bodies)
+    sizes = list(map(len, bodies))
+    if options is not None:
+        sizes = list(map(add, sizes, map(len, options)))
+    n = len(sizes)
     cap = MAX_BATCH_BYTES - overhead
-    total = n * BATCH_ENTRY_SIZE + sum(map(len, bodies))
+    total = n * BATCH_ENTRY_SIZE + sum(sizes)
     parts = -(-total // cap)
     if start_pos + parts * overhead + total <= max_bytes:
         if parts == 1:
@@ -136,7 +172,7 @@ def plan_batches(
         # The common large call: equal counts per batch fit the cap unless sizes are skewed.
         bounds = [n * k // parts for k in range(parts + 1)]
         even = [
-            (first, end, BATCH_ENTRY_SIZE * (end - first) + sum(map(len, bodies[first:end])))
+            (first, end, BATCH_ENTRY_SIZE * (end - first) + sum(sizes[first:end]))
             for first, end in pairwise(bounds)
         ]
         if all(size <= cap for _, _, size in even):
@@ -146,7 +182,7 @@ def plan_batches(
     cum = list(
         map(
             add,
-            accumulate(map(len, bodies), initial=0),
+            accumulate(sizes, initial=0),
             range(0, BATCH_ENTRY_SIZE * (n + 1), BATCH_ENTRY_SIZE),
         )
     )
@@ -176,33 +212,41 @@ def frame_batches(
     bodies: list[bytes],
     batches: list[Batch],
     first_offset: int | None = None,
+    options: list[bytes] | None = None,
 ) -> bytearray:
     """The batch records of one segment's share of a call, in one buffer.
 
     One join copies every body once (no per-batch buffers joined again); the CRC of each
     batch is then computed over its bytes in place and written into its last four bytes.
     With ``first_offset`` (the topic offset of the call's first message) the records are
-    offset batches ('O'), each carrying the offset of its own first message.
+    offset batches ('O'), each carrying the offset of its own first message. With
+    ``options`` (``encode_options``; the plan counted them), each batch carries its messages'
+    option blocks.
     """
     n = len(bodies)
     overhead = BATCH_OVERHEAD if first_offset is None else OFFSET_BATCH_OVERHEAD
+    flags = 0 if options is None else BATCH_FLAG_OPTIONS
     parts: list[bytes] = []
     for first, end, payload in batches:
         length = overhead - 4 + payload
         if first_offset is None:
-            parts.append(BATCH_HEADER.pack(length, TYPE_BATCH, 0, end - first))
+            parts.append(BATCH_HEADER.pack(length, TYPE_BATCH, flags, end - first))
         else:
             parts.append(
                 OFFSET_BATCH_HEADER.pack(
-                    length, TYPE_OFFSET_BATCH, 0, end - first, first_offset + first
+                    length, TYPE_OFFSET_BATCH, flags, end - first, first_offset + first
                 )
             )
         if first == 0 and end == n:
             parts += entries
             parts += bodies
+            if options is not None:
+                parts += options
         else:
             parts += entries[first:end]
             parts += bodies[first:end]
+            if options is not None:
+                parts += options[first:end]
         parts.append(_NO_CRC)
     data = bytearray().join(parts)
     pos = 0

@@ -105,7 +105,8 @@ scanned for every type of the versions its reader reads (``types_for``)."""
 FLAG_EXPIRY = 0x01
 """Optional field: int64 wall-clock ns after which the message is dropped (reserved for TTL)."""
 FLAG_HEADERS = 0x02
-"""Optional field: opaque header bytes (reserved for message headers)."""
+"""Optional field: the message's lmq extension block (``lmqd.message_ext``: priority, TTL,
+dedup id, headers)."""
 
 RECORD_PREFIX_SIZE = 40
 """Length field plus the fixed fields, up to the optional fields."""

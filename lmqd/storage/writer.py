@@ -33,7 +33,13 @@ import os
 from collections.abc import Sequence
 
 from lmqd.message import Message
-from lmqd.storage.encoder import Batch, encode_entries, frame_batches, plan_batches
+from lmqd.storage.encoder import (
+    Batch,
+    encode_entries,
+    encode_options,
+    frame_batches,
+    plan_batches,
+)
 from lmqd.storage.errors import BackendError
 from lmqd.storage.files import pwrite_all
 from lmqd.storage.record import BATCH_OVERHEAD, OFFSET_BATCH_OVERHEAD, SEGMENT_HEADER_SIZE
@@ -98,9 +104,12 @@ class SegmentWriter:
         if self._truncate_to >= 0:
             self._truncate_tail()
         entries, bodies = encode_entries(messages, self._timebase.to_wall_ns)
+        options = encode_options(messages)
         overhead = BATCH_OVERHEAD if first_offset is None else OFFSET_BATCH_OVERHEAD
-        chunks = plan_batches(bodies, self._segments.live[-1].end, self._max_bytes, overhead)
-        return self._write_chunks(entries, bodies, chunks, first_offset)
+        chunks = plan_batches(
+            bodies, self._segments.live[-1].end, self._max_bytes, overhead, options
+        )
+        return self._write_chunks(entries, bodies, chunks, first_offset, options)
 
     def take_sync_fds(self) -> list[int]:
         """The descriptors a sync job must fsync, now owned by the caller (``prepare_sync``).
@@ -133,6 +142,7 @@ class SegmentWriter:
         bodies: list[bytes],
         chunks: list[list[Batch]],
         first_offset: int | None,
+        options: list[bytes] | None = None,
     ) -> list[Placed]:
         """Write the planned batches; returns (segment, offset, batches) per segment written."""
         segments = self._segments
@@ -156,7 +166,7 @@ class SegmentWriter:
                     pos = SEGMENT_HEADER_SIZE
                 else:
                     wrote_current = True
-                data = frame_batches(entries, bodies, batches, first_offset)
+                data = frame_batches(entries, bodies, batches, first_offset, options)
                 pwrite_all(fd, data, pos)
                 pos += len(data)
                 written.append((len(data), batches[-1][1] - batches[0][0]))

@@ -153,7 +153,18 @@ BAD_FRAMES = [
     ("size below 4", size(3) + b"abc", "invalid frame size 3"),
     ("negative size", size(-1), "invalid frame size -1"),
     ("too big", size(1025) + size(0), "frame too big 1025 > 1024"),
-    ("unknown type", size(4) + size(3), "unknown frame type 3"),
+    ("unknown type", size(4) + size(4), "unknown frame type 4"),
+    ("short extended message", size(4 + 27) + size(3) + b"x" * 27, "message frame too short (31)"),
+    (
+        "extension past the frame",
+        size(4 + 28) + size(3) + b"x" * 26 + b"\x00\x05",
+        "extension block past the frame's end",
+    ),
+    (
+        "bad extension block",
+        size(4 + 29) + size(3) + b"x" * 26 + b"\x00\x01\x10",
+        "bad extension block: unknown extension flags 0x10",
+    ),
     ("short message", size(4 + 25) + size(2) + b"x" * 25, "message frame too short (29)"),
 ]
 

@@ -181,7 +181,7 @@ def test_state_numbers_are_nsqds() -> None:
 def test_state_table_covers_every_command() -> None:
     assert set(LEGAL_STATES) == {
         "IDENTIFY", "AUTH", "SUB", "RDY", "FIN", "REQ", "TOUCH", "CLS", "PUB", "MPUB", "DPUB",
-        "NOP",
+        "NOP", "XPUB",
     }  # fmt: skip
     assert LEGAL_STATES["FIN"] == {ClientState.SUBSCRIBED, ClientState.CLOSING}
     assert LEGAL_STATES["NOP"] == set(ClientState)

@@ -1,0 +1,208 @@
+"""A message's lmq extension: per-message fields NSQ has no room for, and their byte form.
+
+``MessageExt`` is what a message carries beyond NSQ's fields: a ``priority`` (0..9, higher
+delivered first), a ``ttl_ms``, a ``dedup_id`` and string ``headers``. The same **extension
+block** is its form on the wire (``lmqd.protocol.extension``: XPUB, frame type 3) and on disk
+(a record's headers field, ``lmqd.storage.record``). Big-endian, self-delimiting, every field
+optional and announced by a bit of the first byte::
+
+    0   1  flags: 0x01 priority, 0x02 ttl, 0x04 dedup id, 0x08 headers (other bits: refused)
+    .   1  priority, 1..9                               if 0x01
+    .   4  ttl_ms, uint32, 1..MAX_TTL_MS                if 0x02
+    .   1  dedup id length n, 1..MAX_DEDUP_ID           if 0x04
+    .   n  dedup id bytes
+    .   2  header count c, 1..MAX_HEADERS               if 0x08
+           c times: [1 key length k, 1..255][k bytes key, UTF-8, no control characters]
+                    [2 value length v][v bytes value, UTF-8]
+
+A block is at most ``MAX_EXT_SIZE`` bytes; the headers' keys and values together at most
+``MAX_HEADER_BYTES``. Header keys are unique within a message (a map on every side). Everything
+is checked here, so the daemon only ever holds well-formed blocks.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import attrs
+
+__all__ = [
+    "MAX_DEDUP_ID",
+    "MAX_EXT_SIZE",
+    "MAX_HEADERS",
+    "MAX_HEADER_BYTES",
+    "MAX_PRIORITY",
+    "MAX_TTL_MS",
+    "NO_EXT",
+    "ExtError",
+    "MessageExt",
+    "decode_ext",
+    "encode_ext",
+    "validate",
+]
+
+PRIORITY = 0x01
+TTL = 0x02
+DEDUP_ID = 0x04
+HEADERS = 0x08
+_KNOWN = PRIORITY | TTL | DEDUP_ID | HEADERS
+
+MAX_PRIORITY = 9
+MAX_TTL_MS = 2**32 - 1
+"""A uint32 of milliseconds: 49 days, longer than any queue keeps a message waiting."""
+MAX_DEDUP_ID = 255
+"""A dedup id is a key (a UUID, a hash, "query/batch/partition/row"): 255 bytes is plenty."""
+MAX_HEADERS = 64
+MAX_HEADER_BYTES = 16 * 1024
+"""Keys and values of one message together: metadata, not a second body (Kafka users keep
+headers to a few hundred bytes; the bound keeps every message's overhead small and known)."""
+MAX_EXT_SIZE = 1 + 1 + 4 + 1 + MAX_DEDUP_ID + 2 + MAX_HEADERS * 3 + MAX_HEADER_BYTES
+"""The largest well-formed block."""
+
+_U16 = struct.Struct(">H")
+_U32 = struct.Struct(">I")
+
+
+class ExtError(ValueError):
+    """A malformed extension block or XPUB body; ``str()`` says what, for the error frame."""
+
+
+@attrs.frozen(slots=True)
+class MessageExt:
+    """What one message carries beyond NSQ's fields. The defaults mean "not set"."""
+
+    priority: int = 0
+    ttl_ms: int = 0
+    dedup_id: bytes = b""
+    headers: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def visible(self) -> bool:
+        """Whether a consumer sees anything of it (priority or headers)."""
+        return bool(self.priority or self.headers)
+
+
+NO_EXT = MessageExt()
+"""An extension with nothing set (the one-byte block ``b"\\x00"``): a message stores ``None``
+instead."""
+
+
+def _check_text(raw: bytes, what: str, *, key: bool) -> str:
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ExtError(f"{what} is not UTF-8") from None
+    if key and any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in text):
+        raise ExtError(f"{what} has a control character")
+    return text
+
+
+def validate(ext: MessageExt) -> MessageExt:
+    """``ext`` if every field is within the extension's bounds; raises ``ExtError``."""
+    if not 0 <= ext.priority <= MAX_PRIORITY:
+        raise ExtError(f"priority {ext.priority} out of range 0..{MAX_PRIORITY}")
+    if not 0 <= ext.ttl_ms <= MAX_TTL_MS:
+        raise ExtError(f"ttl_ms {ext.ttl_ms} out of range 0..{MAX_TTL_MS}")
+    if len(ext.dedup_id) > MAX_DEDUP_ID:
+        raise ExtError(f"dedup id longer than {MAX_DEDUP_ID} bytes")
+    if len(ext.headers) > MAX_HEADERS:
+        raise ExtError(f"more than {MAX_HEADERS} headers")
+    total = 0
+    seen: set[str] = set()
+    for key, value in ext.headers:
+        raw_key = key.encode("utf-8")
+        if not 1 <= len(raw_key) <= 255:
+            raise ExtError("a header key must be 1..255 bytes")
+        _check_text(raw_key, f"header key {key!r}", key=True)
+        if key in seen:
+            raise ExtError(f"header key {key!r} repeated")
+        seen.add(key)
+        total += len(raw_key) + len(value.encode("utf-8"))
+    if total > MAX_HEADER_BYTES:
+        raise ExtError(f"headers larger than {MAX_HEADER_BYTES} bytes")
+    return ext
+
+
+def encode_ext(ext: MessageExt) -> bytes:
+    """The block for ``ext`` (validated; raises ``ExtError``)."""
+    validate(ext)
+    flags = 0
+    parts = [b""]
+    if ext.priority:
+        flags |= PRIORITY
+        parts.append(bytes((ext.priority,)))
+    if ext.ttl_ms:
+        flags |= TTL
+        parts.append(_U32.pack(ext.ttl_ms))
+    if ext.dedup_id:
+        flags |= DEDUP_ID
+        parts.append(bytes((len(ext.dedup_id),)) + ext.dedup_id)
+    if ext.headers:
+        flags |= HEADERS
+        parts.append(_U16.pack(len(ext.headers)))
+        for key, value in ext.headers:
+            k = key.encode("utf-8")
+            v = value.encode("utf-8")
+            parts += (bytes((len(k),)), k, _U16.pack(len(v)), v)
+    parts[0] = bytes((flags,))
+    return b"".join(parts)
+
+
+def decode_ext(data: bytes) -> MessageExt:
+    """The block ``data`` holds, exactly (trailing bytes are an error); raises ``ExtError``."""
+    if not data:
+        raise ExtError("empty extension block")
+    if len(data) > MAX_EXT_SIZE:
+        raise ExtError(f"extension block larger than {MAX_EXT_SIZE} bytes")
+    flags = data[0]
+    if flags & ~_KNOWN:
+        raise ExtError(f"unknown extension flags 0x{flags & ~_KNOWN:02x}")
+    p = 1
+    end = len(data)
+    priority = ttl_ms = 0
+    dedup_id = b""
+    headers: list[tuple[str, str]] = []
+    try:
+        if flags & PRIORITY:
+            priority = data[p]
+            p += 1
+            if not 1 <= priority <= MAX_PRIORITY:
+                raise ExtError(f"priority {priority} out of range 1..{MAX_PRIORITY}")
+        if flags & TTL:
+            ttl_ms = _U32.unpack_from(data, p)[0]
+            p += 4
+            if ttl_ms == 0:
+                raise ExtError("ttl_ms 0 (leave the field out for none)")
+        if flags & DEDUP_ID:
+            n = data[p]
+            p += 1
+            if n == 0:
+                raise ExtError("empty dedup id (leave the field out for none)")
+            if p + n > end:
+                raise ExtError("truncated dedup id")
+            dedup_id = data[p : p + n]
+            p += n
+        if flags & HEADERS:
+            count = _U16.unpack_from(data, p)[0]
+            p += 2
+            if not 1 <= count <= MAX_HEADERS:
+                raise ExtError(f"header count {count} out of range 1..{MAX_HEADERS}")
+            for _ in range(count):
+                k = data[p]
+                p += 1
+                if k == 0 or p + k > end:
+                    raise ExtError("bad header key length")
+                key = _check_text(data[p : p + k], "a header key", key=True)
+                p += k
+                v = _U16.unpack_from(data, p)[0]
+                p += 2
+                if p + v > end:
+                    raise ExtError("truncated header value")
+                value = _check_text(data[p : p + v], f"header {key!r}", key=False)
+                p += v
+                headers.append((key, value))
+    except (IndexError, struct.error):
+        raise ExtError("truncated extension block") from None
+    if p != end:
+        raise ExtError(f"{end - p} bytes after the extension block")
+    return validate(MessageExt(priority, ttl_ms, dedup_id, tuple(headers)))

@@ -1,0 +1,105 @@
+"""The lmq message extension on the wire, sans I/O.
+
+A client opts in with ``"lmq_ext": 1`` in IDENTIFY (nsqd ignores unknown keys; lmqd's answer then
+carries ``"lmq_ext": 1``). A client that does not ask never sees a byte of what follows. Each
+message's fields travel as its **extension block** (``lmqd.message_ext``: priority, ttl_ms, dedup
+id, headers).
+
+**XPUB** (``parse_xpub_body``): publish one or more messages with their blocks, optionally
+deferred: ``XPUB <topic> [<defer_ms>]\\n[4 size][4 count][count x ([2 ext length][ext][4 body
+size][body])]``. ``size`` counts the bytes after itself. One ``OK`` answers the whole command, as
+for MPUB; all or nothing.
+
+**Message frames** to a consumer that negotiated the extension: a message with a priority or
+headers comes in frame type 3 (``FRAME_TYPE_EXT_MESSAGE``), ``[8 timestamp][2 attempts][16 id]
+[2 ext length][ext][body]``, the block holding the priority and headers (a TTL and a dedup id are
+the daemon's business and are not sent); any other message comes in nsqd's frame type 2.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import attrs
+
+from lmqd.message_ext import ExtError, MessageExt, decode_ext, encode_ext
+
+__all__ = [
+    "EXT_VERSION",
+    "FRAME_TYPE_EXT_MESSAGE",
+    "IDENTIFY_KEY",
+    "XpubMessage",
+    "encode_xpub",
+    "parse_xpub_body",
+]
+
+IDENTIFY_KEY = "lmq_ext"
+EXT_VERSION = 1
+"""The extension's version: what a client puts under ``IDENTIFY_KEY`` and the answer repeats."""
+
+FRAME_TYPE_EXT_MESSAGE = 3
+
+_U16 = struct.Struct(">H")
+_U32 = struct.Struct(">I")
+_I32 = struct.Struct(">i")
+
+
+@attrs.frozen(slots=True)
+class XpubMessage:
+    """One message of an XPUB: its body and its extension."""
+
+    body: bytes
+    ext: MessageExt
+
+
+def encode_xpub(topic: str, messages: list[XpubMessage], defer_ms: int | None = None) -> bytes:
+    """The XPUB command for ``messages`` (a client's side)."""
+    parts = [b"", b""]
+    for m in messages:
+        block = encode_ext(m.ext)
+        parts += (_U16.pack(len(block)), block, _U32.pack(len(m.body)), m.body)
+    parts[1] = _U32.pack(len(messages))
+    size = sum(map(len, parts))
+    line = b"XPUB %s\n" % topic.encode() if defer_ms is None else (
+        b"XPUB %s %d\n" % (topic.encode(), defer_ms)
+    )
+    parts[0] = line + _U32.pack(size)
+    return b"".join(parts)
+
+
+def parse_xpub_body(body: bytes, *, max_msg_size: int) -> list[XpubMessage]:
+    """The messages of an XPUB body (what follows its 4-byte size); raises ``ExtError`` for
+    anything malformed: a count that is not what follows, a message size of 0 or over
+    ``max_msg_size``, a bad block, trailing bytes."""
+    end = len(body)
+    if end < 4:
+        raise ExtError("no message count")
+    count = _I32.unpack_from(body, 0)[0]
+    # Each message takes at least 2 + 1 + 4 + 1 bytes.
+    if count <= 0 or count > (end - 4) // 8:
+        raise ExtError(f"invalid message count {count}")
+    out: list[XpubMessage] = []
+    p = 4
+    for i in range(count):
+        if p + 2 > end:
+            raise ExtError(f"message {i}: truncated")
+        n = _U16.unpack_from(body, p)[0]
+        p += 2
+        if p + n + 4 > end:
+            raise ExtError(f"message {i}: truncated")
+        try:
+            ext = decode_ext(body[p : p + n])
+        except ExtError as exc:
+            raise ExtError(f"message {i}: {exc}") from None
+        p += n
+        size = _I32.unpack_from(body, p)[0]
+        p += 4
+        if size <= 0 or size > max_msg_size:
+            raise ExtError(f"message {i}: invalid body size {size}")
+        if p + size > end:
+            raise ExtError(f"message {i}: truncated body")
+        out.append(XpubMessage(body[p : p + size], ext))
+        p += size
+    if p != end:
+        raise ExtError(f"{end - p} bytes after the last message")
+    return out

@@ -1,0 +1,36 @@
+"""``lmqadmin peek`` against a real lmqd subprocess: the table, ``--json``, and its errors."""
+
+from __future__ import annotations
+
+import json
+
+from lmq_client.http import HTTPClient
+from tests.support.process import LmqdProcess
+
+from .test_cli import run
+
+
+def test_peek_shows_a_topics_backlog_as_a_table_and_as_json(
+    lmqd_module_server: LmqdProcess,
+) -> None:
+    server = lmqd_module_server
+    assert server.http_address is not None
+    client = HTTPClient(server.http_address)
+    for body in (b"first", b"\xff\x00"):
+        client.pub("peeked", body)
+    result = run(server, "peek", "peeked")
+    assert result.exit_code == 0, result.output
+    assert f"peeked queued on {server.http_address} (2 shown)" in result.output
+    assert "first" in result.output and "base64:/wA=" in result.output
+    result = run(server, "--json", "peek", "peeked", "-n", "1")
+    doc = json.loads(result.output)[server.http_address]
+    assert (doc["count"], doc["messages"][0]["body"]) == (1, "first")
+    assert client.stats("peeked")["topics"][0]["depth"] == 2  # nothing consumed
+
+
+def test_peek_errors(lmqd_module_server: LmqdProcess) -> None:
+    server = lmqd_module_server
+    assert run(server, "peek", "peeked2", "--state", "in_flight").exit_code == 2  # no channel
+    assert run(server, "peek", "bad!").exit_code == 2
+    result = run(server, "peek", "never-created")
+    assert result.exit_code != 0 and result.output.count("\n") == 1

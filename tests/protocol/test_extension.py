@@ -1,0 +1,219 @@
+"""The lmq message extension's codec: blocks and XPUB bodies, exact bytes, every refusal, fuzzed."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lmqd.message_ext import (
+    MAX_DEDUP_ID,
+    MAX_HEADER_BYTES,
+    MAX_HEADERS,
+    ExtError,
+    MessageExt,
+    decode_ext,
+    encode_ext,
+)
+from lmqd.protocol import Xpub, encode_identify
+from lmqd.protocol.extension import XpubMessage, encode_xpub, parse_xpub_body
+
+from .feeding import MODES, feed, server, size
+
+MAX_MSG = 1024 * 1024
+EXT_ALL = MessageExt(priority=7, ttl_ms=60_000, dedup_id=b"q/1/0/5", headers=(("k", "v"),))
+
+
+def test_a_block_with_every_field_has_the_documented_bytes() -> None:
+    ext = MessageExt(priority=7, ttl_ms=60_000, dedup_id=b"q/1/0/5", headers=(("k", "v"),))
+    assert encode_ext(ext) == (
+        b"\x0f"  # all four fields
+        + b"\x07"
+        + struct.pack(">I", 60_000)
+        + b"\x07q/1/0/5"
+        + b"\x00\x01" + b"\x01k" + b"\x00\x01v"
+    )
+    assert decode_ext(encode_ext(ext)) == ext
+
+
+def test_an_empty_extension_is_one_byte() -> None:
+    assert encode_ext(MessageExt()) == b"\x00"
+    assert decode_ext(b"\x00") == MessageExt()
+    assert not MessageExt(ttl_ms=5, dedup_id=b"x").visible
+    assert MessageExt(priority=1).visible and MessageExt(headers=(("a", ""),)).visible
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (b"", "empty extension block"),
+        (b"\x10", "unknown extension flags 0x10"),
+        (b"\x01\x0a", "priority 10 out of range"),
+        (b"\x01\x00", "priority 0 out of range"),
+        (b"\x01", "truncated"),
+        (b"\x02\x00\x00\x00\x00", "ttl_ms 0"),
+        (b"\x02\x00\x00", "truncated"),
+        (b"\x04\x00", "empty dedup id"),
+        (b"\x04\x05abc", "truncated dedup id"),
+        (b"\x08\x00\x00", "header count 0"),
+        (b"\x08\x00\x41", "header count 65"),
+        (b"\x08\x00\x01\x00", "bad header key length"),
+        (b"\x08\x00\x01\x02a", "bad header key length"),
+        (b"\x08\x00\x01\x01a\x00\x05ab", "truncated header value"),
+        (b"\x08\x00\x01\x01\xff\x00\x00", "a header key is not UTF-8"),
+        (b"\x08\x00\x01\x01\n\x00\x00", "control character"),
+        (b"\x08\x00\x01\x01a\x00\x01\xff", "is not UTF-8"),
+        (b"\x08\x00\x02\x01a\x00\x00\x01a\x00\x00", "repeated"),
+        (b"\x00x", "1 bytes after the extension block"),
+    ],
+)
+def test_malformed_blocks_are_refused_with_what_is_wrong(data: bytes, message: str) -> None:
+    with pytest.raises(ExtError, match=message):
+        decode_ext(data)
+
+
+def test_bounds_on_what_a_block_may_carry() -> None:
+    with pytest.raises(ExtError, match="dedup id longer"):
+        encode_ext(MessageExt(dedup_id=b"x" * (MAX_DEDUP_ID + 1)))
+    with pytest.raises(ExtError, match="more than 64 headers"):
+        encode_ext(MessageExt(headers=tuple((f"k{i}", "") for i in range(MAX_HEADERS + 1))))
+    with pytest.raises(ExtError, match="headers larger"):
+        encode_ext(MessageExt(headers=(("k", "v" * MAX_HEADER_BYTES),)))
+    with pytest.raises(ExtError, match="priority"):
+        encode_ext(MessageExt(priority=-1))
+    most = MessageExt(headers=(("k", "v" * (MAX_HEADER_BYTES - 1)),))
+    assert decode_ext(encode_ext(most)) == most
+
+
+def test_an_xpub_round_trips_with_and_without_defer() -> None:
+    messages = [
+        XpubMessage(b"one", MessageExt(priority=2, headers=(("trace", "abc"),))),
+        XpubMessage(b"two", MessageExt()),
+    ]
+    plain = encode_xpub("orders", messages)
+    line, _, rest = plain.partition(b"\n")
+    assert line == b"XPUB orders"
+    size = struct.unpack(">I", rest[:4])[0]
+    assert size == len(rest) - 4
+    assert parse_xpub_body(rest[4:], max_msg_size=MAX_MSG) == messages
+    deferred = encode_xpub("orders", messages, defer_ms=1500)
+    assert deferred.startswith(b"XPUB orders 1500\n")
+
+
+def _body(*parts: bytes) -> bytes:
+    return b"".join(parts)
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b"", "no message count"),
+        (_body(b"\x00\x00\x00\x00"), "invalid message count 0"),
+        (_body(b"\xff\xff\xff\xff"), "invalid message count -1"),
+        (_body(b"\x00\x00\x00\x02", b"\x00\x01\x00\x00\x00\x00\x01x"), "invalid message count 2"),
+        (_body(b"\x00\x00\x00\x01", b"\x00\x01\x00\x00\x00\x00\x00x"), "invalid body size 0"),
+        (_body(b"\x00\x00\x00\x01", b"\x00\x01\x00\x00\x00\x00\x05x"), "truncated body"),
+        (_body(b"\x00\x00\x00\x01", b"\x00\x02\x00\x00\x00\x00\x00\x01x"), "message 0: 1 bytes"),
+        (_body(b"\x00\x00\x00\x01", b"\x00\x01\x00\x00\x00\x00\x01xy"), "1 bytes after"),
+        (_body(b"\x00\x00\x00\x01", b"\x00\x01\x20\x00\x00\x00\x01x"), "unknown extension"),
+    ],
+)
+def test_malformed_xpub_bodies_are_refused(body: bytes, message: str) -> None:
+    with pytest.raises(ExtError, match=message):
+        parse_xpub_body(body, max_msg_size=MAX_MSG)
+
+
+def test_a_body_over_the_message_size_is_refused() -> None:
+    body = _body(b"\x00\x00\x00\x01", b"\x00\x01\x00", struct.pack(">i", 11), b"x" * 11)
+    with pytest.raises(ExtError, match="invalid body size 11"):
+        parse_xpub_body(body, max_msg_size=10)
+
+
+_texts = st.text(st.characters(min_codepoint=0x20, blacklist_categories=("Cs",)), max_size=20)
+exts = st.builds(
+    MessageExt,
+    priority=st.integers(0, 9),
+    ttl_ms=st.integers(0, 2**32 - 1),
+    dedup_id=st.binary(max_size=MAX_DEDUP_ID),
+    headers=st.dictionaries(
+        _texts.filter(lambda k: 0 < len(k.encode()) <= 255 and "\x7f" not in k), _texts,
+        max_size=8,
+    ).map(lambda d: tuple(d.items())),
+)
+
+
+@given(exts)
+def test_every_valid_block_round_trips(ext: MessageExt) -> None:
+    assert decode_ext(encode_ext(ext)) == ext
+
+
+@given(st.lists(st.tuples(st.binary(min_size=1, max_size=50), exts), min_size=1, max_size=5))
+def test_every_valid_xpub_round_trips(items: list[tuple[bytes, MessageExt]]) -> None:
+    messages = [XpubMessage(body, ext) for body, ext in items]
+    wire = encode_xpub("t", messages)
+    body = wire.partition(b"\n")[2][4:]
+    assert parse_xpub_body(body, max_msg_size=MAX_MSG) == messages
+    # Every cut of a valid body is refused cleanly, never mistaken for a shorter valid one.
+    for cut in range(len(body)):
+        with pytest.raises(ExtError):
+            parse_xpub_body(body[:cut], max_msg_size=MAX_MSG)
+
+
+@settings(max_examples=300)
+@given(st.binary(max_size=200))
+def test_random_bytes_are_a_block_or_a_clear_refusal(data: bytes) -> None:
+    try:
+        ext = decode_ext(data)
+    except ExtError:
+        return
+    assert encode_ext(ext) == data
+
+
+@settings(max_examples=300)
+@given(st.binary(max_size=200))
+def test_random_bytes_are_an_xpub_body_or_a_clear_refusal(data: bytes) -> None:
+    try:
+        messages = parse_xpub_body(data, max_msg_size=MAX_MSG)
+    except ExtError:
+        return
+    assert messages and all(m.body for m in messages)
+
+
+# -- XPUB through the server's parser, whole, byte by byte and with a command after it ---------
+
+NEGOTIATED = encode_identify({"feature_negotiation": True, "lmq_ext": 1})
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("defer_ms", [None, 0, 2500])
+def test_the_server_parses_xpub_in_every_mode(mode: str, defer_ms: int | None) -> None:
+    messages = [XpubMessage(b"first", EXT_ALL), XpubMessage(b"second", MessageExt())]
+    events, error = feed(server(NEGOTIATED), encode_xpub("t", messages, defer_ms), mode)
+    assert error is None
+    assert events == [Xpub(topic="t", messages=messages, defer_ms=defer_ms or 0)]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize(
+    ("setup", "data", "code", "text"),
+    [
+        (b"", encode_xpub("t", [XpubMessage(b"x", MessageExt())]), "E_INVALID",
+         "XPUB needs the lmq extension (IDENTIFY with feature_negotiation, lmq_ext 1)"),
+        (NEGOTIATED, b"XPUB\n", "E_INVALID", "XPUB insufficient number of parameters"),
+        (NEGOTIATED, b"XPUB t!\n", "E_BAD_TOPIC", 'XPUB topic name "t!" is not valid'),
+        (NEGOTIATED, b"XPUB t x\n", "E_INVALID", "DPUB could not parse timeout x"),
+        (NEGOTIATED, b"XPUB t\n" + size(0), "E_BAD_BODY", "XPUB invalid body size 0"),
+        (NEGOTIATED, b"XPUB t\n" + size(6) + size(1) + b"\x00\x01", "E_BAD_MESSAGE",
+         "XPUB invalid message count 1"),
+        (NEGOTIATED, b"XPUB t\n" + size(13) + size(1) + b"\x00\x01\x00" + size(5) + b"ab",
+         "E_BAD_MESSAGE", "XPUB message 0: truncated body"),
+    ],
+)
+def test_the_server_refuses_bad_xpubs_in_every_mode(
+    mode: str, setup: bytes, data: bytes, code: str, text: str
+) -> None:
+    events, error = feed(server(setup), data, mode)
+    assert events == []
+    assert error is not None and (error.code, error.text) == (code, text)

@@ -1,0 +1,91 @@
+"""Messages with an lmq extension (``Message.ext``) on disk: written in option blocks, read back
+whole, through a disk queue, a topic log, restarts and a crash copy; plain messages unchanged.
+
+Rules for this module: real files in ``tmp_path``; the tests' own record encoder
+(``record_encoders.py``, written from the format's tables) is the oracle for the bytes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from lmqd.message import Message
+from lmqd.message_ext import MessageExt, encode_ext
+from lmqd.storage import TopicLog
+from lmqd.storage.decoder import decode_any
+from lmqd.storage.encoder import encode_entries, encode_options, frame_batches, plan_batches
+from lmqd.storage.record import BATCH_OVERHEAD, SEGMENT_HEADER_SIZE, Record
+
+from .record_encoders import encode_batch
+from .storage_helpers import FakeTimeBase, crash_copy, drain, make_messages, open_queue
+
+TB = FakeTimeBase()
+EXT = MessageExt(priority=5, ttl_ms=30_000, dedup_id=b"row-7", headers=(("trace", "t-1"),))
+
+
+def _with_ext(messages: list[Message], every: int = 2) -> list[Message]:
+    for i, m in enumerate(messages):
+        if i % every == 0:
+            m.ext = MessageExt(priority=i % 9 + 1, headers=(("n", str(i)),))
+    return messages
+
+
+def _full(m: Message) -> tuple[object, ...]:
+    return (m.id, m.body, m.timestamp, m.attempts, m.deliver_at, m.ext)
+
+
+def test_a_batch_with_extensions_has_the_format_tables_bytes() -> None:
+    messages = make_messages(3)
+    messages[1].ext = EXT
+    entries, bodies = encode_entries(messages, TB.to_wall_ns)
+    options = encode_options(messages)
+    assert options is not None
+    [[batch]] = plan_batches(bodies, SEGMENT_HEADER_SIZE, 1 << 20, BATCH_OVERHEAD, options)
+    data = bytes(frame_batches(entries, bodies, [batch], None, options))
+    oracle = encode_batch(
+        [
+            Record(m.id, m.timestamp, m.attempts, 0, m.body, None,
+                   encode_ext(m.ext) if m.ext is not None else None)
+            for m in messages
+        ]
+    )
+    assert data == oracle
+    records, _ = decode_any(data)
+    assert [r.headers for r in records] == [None, encode_ext(EXT), None]
+
+
+def test_plain_messages_write_no_option_blocks() -> None:
+    messages = make_messages(4)
+    assert encode_options(messages) is None
+    entries, bodies = encode_entries(messages, TB.to_wall_ns)
+    [[batch]] = plan_batches(bodies, SEGMENT_HEADER_SIZE, 1 << 20)
+    assert frame_batches(entries, bodies, [batch])[5] == 0  # batch flags
+
+
+def test_a_disk_queue_keeps_extensions_across_a_restart_and_a_crash(tmp_path: Path) -> None:
+    messages = _with_ext(make_messages(50, body_size=40), every=3)
+    q = open_queue(tmp_path / "live", max_bytes_per_file=1000)
+    q.put_many(messages[:20])
+    for m in messages[20:]:
+        q.put_many([m])
+    q.sync()
+    crashed = open_queue(crash_copy(tmp_path / "live", tmp_path / "crash"))
+    q.close()
+    restarted = open_queue(tmp_path / "live")
+    for queue in (crashed, restarted):
+        assert [_full(m) for m in drain(queue)] == [_full(m) for m in messages]
+        queue.close()
+
+
+def test_a_topic_log_keeps_extensions_for_its_cursors(tmp_path: Path) -> None:
+    messages = _with_ext(make_messages(30, body_size=20))
+    log = TopicLog("t", tmp_path, timebase=TB, max_bytes_per_file=600)
+    log.create_cursor("c", "earliest")
+    log.append_many(messages)
+    log.close()
+    log = TopicLog("t", tmp_path, timebase=TB, max_bytes_per_file=600)
+    cursor = log.cursor("c")
+    assert cursor is not None
+    got = cursor.read_many(100)
+    assert [_full(m) for _, m in got] == [_full(m) for m in messages]
+    log.close()
