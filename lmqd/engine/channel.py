@@ -51,7 +51,7 @@ import trio
 from lmqd.engine.backend import BackendError, BackendQueue, StoredQueue
 from lmqd.engine.cursor import ChannelCursor
 from lmqd.engine.deferred import DeferredQueue
-from lmqd.engine.delivery import split_batch
+from lmqd.engine.delivery import body_of, fit_bytes, split_batch
 from lmqd.engine.durable import DurableAcks
 from lmqd.engine.e2e import E2eLatencyStream, new_stream
 from lmqd.engine.inflight import ChannelError, InFlightQueue, NotInFlight, NotOwner
@@ -172,6 +172,9 @@ class Channel:
         self._run_scope = trio.CancelScope()
         self._sleep_scope: trio.CancelScope | None = None
         self._want_delivery = False
+        self._body_estimate = 1
+        """The mean body size of the last delivery round: ``deliver`` takes no more messages
+        than the consumers' byte rooms hold at that size."""
         if deferred_store is not None:
             self._dq = deferred_store(False)  # an existing store: restore what it holds
             if self._dq is not None and self._dq.depth:
@@ -670,21 +673,49 @@ class Channel:
         rng = self._rng
         in_flight = self._in_flight
         batches: dict[int, list[Message]] = {}
+        byte_rooms: dict[int, int] = {}
         earliest = math.inf
         while True:
-            ready = [(s, free) for s in self.clients.values() if (free := s.free) > 0]
+            ready: list[tuple[Subscription, int]] = []
+            for s in self.clients.values():
+                free = s.free
+                if free > 0:
+                    byte_room = byte_rooms.get(s.id)
+                    if byte_room is None:
+                        byte_room = byte_rooms[s.id] = s.consumer.byte_room()
+                    if byte_room > 0:
+                        ready.append((s, free))
             if not ready:
                 break
             room = sum(r for _, r in ready)
-            msgs = self._take(room, now)
+            budget = sum(byte_rooms[s.id] for s, _ in ready)
+            # Take no more than the rooms hold at the last round's message size (all the count
+            # room for small messages): big messages are not read only to be put back.
+            asked = min(room, max(len(ready), budget // self._body_estimate))
+            msgs = self._take(asked, now)
             if not msgs:
                 break
             n = len(msgs)
+            nbytes = sum(map(len, map(body_of, msgs)))
+            self._body_estimate = max(nbytes // n, 1)
+            tight = nbytes > min(byte_rooms[s.id] for s, _ in ready)
+            if not tight:
+                for s, _ in ready:  # none gets more than the whole round
+                    byte_rooms[s.id] -= nbytes
+            leftovers: list[Message] = []
             dropped = False
             start = 0
             for sub, take in split_batch(ready, n, room, rng):
                 chunk = msgs if take == n else msgs[start : start + take]
                 start += take
+                if tight:
+                    # This consumer's share may be more than its byte room: it keeps a prefix
+                    # that fits (one message at least); the rest goes back to the queue.
+                    fit, size = fit_bytes(chunk, byte_rooms[sub.id])
+                    byte_rooms[sub.id] -= size
+                    if fit < len(chunk):
+                        leftovers += chunk[fit:]
+                        chunk = chunk[:fit]
                 consumer = sub.consumer
                 rate = consumer.sample_rate
                 if rate > 0:
@@ -712,6 +743,13 @@ class Channel:
                     batches[cid] = chunk
                 else:
                     batch.extend(chunk)
+            if leftovers:
+                # Messages not sent are not in flight: they wait at the head of the own store,
+                # for the consumers still with room (those cut short have none left).
+                self._queue.requeue_front(leftovers)
+                continue
+            if n == asked < room:
+                continue  # the size estimate kept the take short: the rooms may hold more
             # Another round only if sampling left room unused and messages may remain.
             if not dropped or n < room:
                 break

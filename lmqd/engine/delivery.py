@@ -7,14 +7,29 @@ level ``b`` with ``sum(min(free, b)) <= n``, give each consumer ``min(free, b)``
 over (fewer than the consumers above the level) one each to consumers picked at random among
 those with room above ``b``. A single message thus goes to a uniformly random ready consumer, and
 a batch is spread evenly. O(k log k) for k ready consumers, independent of the batch size.
+
+Rounds are bounded in bytes too: each consumer has a *byte room* (what its output buffer may
+still take, ``Consumer.byte_room``) and gets messages only while the bodies given so far are
+below it, so it holds at most its room plus one message. ``fit_bytes`` cuts a consumer's share
+to its room; it runs only when a round is *tight* (its bodies add up to more than the smallest
+room), so small messages pay one C-level sum per round and nothing per message.
 """
 
 from __future__ import annotations
 
 import random
+from bisect import bisect_left
+from collections.abc import Sequence
+from itertools import accumulate
+from operator import attrgetter
 from typing import TypeVar
 
+from lmqd.message import Message
+
 T = TypeVar("T")
+
+body_of = attrgetter("body")
+"""``Message.body`` as a C-level getter: ``sum(map(len, map(body_of, msgs)))`` sizes a round."""
 
 
 def split_batch(
@@ -46,3 +61,11 @@ def split_batch(
             consumer, take = shares[i]
             shares[i] = (consumer, take + 1)
     return [(consumer, take) for consumer, take in shares if take]
+
+
+def fit_bytes(messages: Sequence[Message], room: int) -> tuple[int, int]:
+    """How many of ``messages`` (a prefix, at least one) a consumer with ``room`` bytes takes:
+    each while the bodies before it add up to less than ``room``; and their bytes. O(n)."""
+    sizes = list(accumulate(map(len, map(body_of, messages))))
+    k = min(len(sizes), 1 + bisect_left(sizes, room))
+    return k, sizes[k - 1]

@@ -9,6 +9,13 @@ deliver once per buffer on their own. Responses and message frames collect in th
 ``send_all``. So a buffer of a thousand FINs costs one receive, one delivery round and one send,
 never an await per message.
 
+Memory bounds. A consumer's output is bounded in bytes (``lmqd.server.session``: its byte room
+caps each delivery round, and past ``OUTPUT_HIGH_WATER`` it takes no messages until its writer
+drains), a publisher's input by the protocol limits, and all connections' buffers together by
+the daemon-wide ``BufferBudget`` (``--max-buffered-bytes``, ``lmqd.server.budget``): past it the
+reader reads no new command until the total is back under the bound, except to complete a
+command it has begun (one connection at a time); the writer never pauses, so buffers drain.
+
 The writer also emits heartbeats on nsqd's ticker (every ``heartbeat_interval`` from connect, the
 ticker replaced at IDENTIFY) and bounds each send by the heartbeat interval, as nsqd's write
 deadline does: a client that stops reading is dropped. The reader drops a client that sends nothing
@@ -32,12 +39,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+from collections.abc import Awaitable, Callable
 
 import trio
 
 from lmqd.broker import Broker
 from lmqd.net import split_address
 from lmqd.protocol import HEARTBEAT_FRAME, Limits, ServerConnection
+from lmqd.server.budget import BufferBudget
 from lmqd.server.output import OutputBuffer
 from lmqd.server.security import ServerSecurity
 from lmqd.server.session import OUTPUT_HIGH_WATER, AuthQuery, Session, Upgrade, Wait
@@ -46,6 +55,8 @@ from lmqd.stats import ClientStats
 from lmqd.transport.auth_http import AuthQueryError
 
 log = logging.getLogger("lmqd.server")
+
+ReceiveSome = Callable[[int], Awaitable[bytes | bytearray]]
 
 # One receive takes up to this much: large enough that a burst of MPUBs or FINs is parsed and
 # applied as one batch, small enough that one connection can't hog the loop for long.
@@ -69,6 +80,7 @@ class TcpConnection:
         stream: trio.abc.Stream,
         remote_address: str,
         security: ServerSecurity | None = None,
+        budget: BufferBudget | None = None,
     ) -> None:
         self.broker = broker
         self.stream = stream
@@ -76,7 +88,11 @@ class TcpConnection:
         # The service passes the daemon's one ServerSecurity; building it here serves embedders
         # and tests that drive a single connection.
         self.security = security or ServerSecurity.from_options(broker.options)
-        self.output = OutputBuffer(self._wake)
+        # The service passes the daemon's one budget (all connections count against it).
+        self.budget = budget or BufferBudget(broker.options.max_buffered_bytes)
+        self.output = OutputBuffer(self._wake, self.budget)
+        self._input_bytes = 0
+        """This connection's parser buffer as last counted in ``budget``."""
         self.session = Session(
             broker,
             ServerConnection(Limits.from_options(broker.options)),
@@ -147,11 +163,16 @@ class TcpConnection:
         finally:
             broker.clients.pop(self.id, None)
             self.session.leave()
+            self.output.discard()
+            self.budget.release(self._input_bytes)
+            self._input_bytes = 0
             log.info("CLIENT(%s): closed", self.remote_address)
 
     async def _reader(self) -> None:
         session = self.session
         output = self.output
+        budget = self.budget
+        conn = session.conn
         receive = self.stream.receive_some
         while not session.closing:
             if session.waiting is not None:
@@ -160,6 +181,16 @@ class TcpConnection:
                 receive = self.stream.receive_some  # the stream may have been upgraded
                 if not session.resume(trio.current_time()):
                     return
+                continue
+            if budget.used > budget.limit:
+                # Past the daemon-wide bound: read no new command until it drops, but complete
+                # one begun (one connection at a time), or nothing would ever release it.
+                if conn.missing_bytes:
+                    async with budget.finishing:
+                        if not await self._finish_command(receive):
+                            return
+                else:
+                    await budget.wait_below()
                 continue
             timeout = 2 * self._heartbeat_interval if self._heartbeat_interval > 0 else math.inf
             with trio.move_on_after(timeout) as scope:
@@ -174,10 +205,49 @@ class TcpConnection:
                     timeout,
                 )
                 return
-            if not session.receive(data, trio.current_time()) or not data:
+            if not self._apply(data):
                 return
             if output.pending_bytes > READ_PAUSE_WATER:
                 await self._drained.wait()
+
+    def _apply(self, data: bytes | bytearray) -> bool:
+        """Hand received bytes to the session and recount the parser's buffer; False once the
+        connection must end."""
+        ok = self.session.receive(data, trio.current_time()) and bool(data)
+        buffered = self.session.conn.buffered_bytes
+        delta = buffered - self._input_bytes
+        if delta:
+            self._input_bytes = buffered
+            if delta > 0:
+                self.budget.used += delta
+            else:
+                self.budget.release(-delta)
+        return ok
+
+    async def _finish_command(self, receive: ReceiveSome) -> bool:
+        """Over the bound: read only what the command being received still needs, until it is
+        complete (or the total is back under the bound). False once the connection must end."""
+        conn = self.session.conn
+        budget = self.budget
+        while (missing := conn.missing_bytes) and budget.over and not self.session.closing:
+            if self.session.waiting is not None:
+                return True  # the main loop serves it
+            timeout = 2 * self._heartbeat_interval if self._heartbeat_interval > 0 else math.inf
+            with trio.move_on_after(timeout) as scope:
+                try:
+                    data = await receive(min(missing, RECEIVE_SIZE))
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    return False
+            if scope.cancelled_caught:
+                log.warning(
+                    "CLIENT(%s): no data for %.1fs (2 heartbeats) in a command, closing",
+                    self.remote_address,
+                    timeout,
+                )
+                return False
+            if not self._apply(data):
+                return False
+        return True
 
     async def _serve(self, wait: Wait) -> bool:
         """Do what the session waits for; False if the connection must end."""
@@ -281,6 +351,7 @@ class TcpConnection:
                 if scope.cancelled_caught:
                     log.warning("CLIENT(%s): write timed out, closing", self.remote_address)
                     return
+                output.sent()
                 self._drained.set()
                 self._drained = trio.Event()
                 session.output_drained()

@@ -16,9 +16,13 @@ check itself is a plain call on the cached answer (``lmqd.transport.auth.check_a
 done once per run of publishes to one topic, so there is no await per message.
 
 A subscribed session is the channel's ``Consumer``: its RDY window, message timeout and sample
-rate, and ``write_messages``, which turns a delivery round's messages into frames. While more
-than ``OUTPUT_HIGH_WATER`` bytes wait to be sent it reports an RDY window of 0 (stalled), so a
-consumer that stops reading costs at most about that much memory.
+rate, its byte room, and ``write_messages``, which turns a delivery round's messages into
+frames. Its output is bounded in bytes, not only by RDY: a delivery round gives it messages only
+while their bodies fit the room left below ``OUTPUT_HIGH_WATER`` (``byte_room``; the last one
+may pass it), and once that much waits to be sent it is *stalled* (an RDY window of 0) until its
+writer drains it. Messages it has no room for stay in the channel, not in flight. So a consumer
+that stops reading holds at most ``OUTPUT_HIGH_WATER`` plus one message of output, whatever its
+RDY and the message size.
 """
 
 from __future__ import annotations
@@ -74,8 +78,12 @@ from lmqd.transport.tls import TLSState
 log = logging.getLogger("lmqd.server")
 
 # A subscriber with this much unsent output gets no more messages until its writer catches up
-# (it reports an RDY window of 0): a consumer that stops reading costs at most about this much
-# memory, instead of collecting every redelivery of its own timed-out messages.
+# (it reports an RDY window of 0), and no delivery round gives it more than the room left below
+# it plus one message: a consumer that stops reading costs at most this much plus one message
+# (5 MiB at the default --max-msg-size), whatever its RDY, instead of a whole RDY window of big
+# messages (2500 x 1 MiB) or every redelivery of its own timed-out messages. 4 MiB is more
+# than a loopback or LAN socket's send buffer takes at once, so a consumer that keeps up never
+# waits on this bound, and small enough that a thousand stuck ones fit in a few GiB.
 OUTPUT_HIGH_WATER = 4 * 1024 * 1024
 
 
@@ -165,11 +173,19 @@ class Session:
     def ready_count(self, count: int) -> None:
         self._ready_count = count
 
+    def byte_room(self) -> int:
+        """Bytes of messages a delivery round may give this consumer now (<= 0: stalled until
+        its writer drains, which asks the channel for a round)."""
+        room = OUTPUT_HIGH_WATER - self.output.pending_bytes
+        if room <= 0:
+            self.stalled = True
+        return room
+
     def write_messages(self, messages: Sequence[Message]) -> None:
         output = self.output
         parts: list[bytes] = []
         output.write_parts(parts, message_frame_parts(messages, parts))
-        if output.pending_bytes > OUTPUT_HIGH_WATER:
+        if output.pending_bytes >= OUTPUT_HIGH_WATER:
             self.stalled = True
 
     def close(self) -> None:
@@ -180,7 +196,7 @@ class Session:
 
     def output_drained(self) -> None:
         """The writer sent what was ready: a stalled consumer may take messages again."""
-        if self.stalled and self.output.pending_bytes <= OUTPUT_HIGH_WATER:
+        if self.stalled and self.output.pending_bytes < OUTPUT_HIGH_WATER:
             self.stalled = False
             if self.channel is not None:
                 self.channel.consumer_ready()
