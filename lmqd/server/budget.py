@@ -11,9 +11,12 @@ at most one command body, ``--max-body-size``). Each ``OutputBuffer`` adds its b
 lengths it already has (one addition per write, per batch of frames); each reader reports its
 parser's buffer after every receive.
 
-What happens past the bound: readers stop reading new commands (backpressure on every client:
-its TCP window fills and it blocks on send); writers go on, so output drains and the total goes
-down; readers resume once it is back under the bound.
+What happens past the bound: readers start no new receive (backpressure on every client: its
+TCP window fills and it blocks on send); writers go on, so output drains and the total goes
+down; readers resume once it is back under the bound. A receive already waiting when the total
+crosses the bound still brings its one chunk (at most ``RECEIVE_SIZE``), which is applied as
+usual: applying releases input, and a cancelled receive would cost a cancel scope per
+connection on the hot path to save one chunk.
 
 Why it cannot deadlock. A byte counted is either output, which the writers send whatever the
 readers do (and a send that cannot proceed is bounded by the heartbeat interval, after which the
