@@ -172,9 +172,10 @@ class Channel:
         self._run_scope = trio.CancelScope()
         self._sleep_scope: trio.CancelScope | None = None
         self._want_delivery = False
-        self._body_estimate = 1
-        """The mean body size of the last delivery round: ``deliver`` takes no more messages
-        than the consumers' byte rooms hold at that size."""
+        self._body_estimate = max(options.max_msg_size, 1)
+        """The mean body size of the last delivery round (before the first: the largest
+        allowed): ``deliver`` takes no more messages than the consumers' byte rooms hold at
+        that size, so big messages are not read from the log only to be put back."""
         if deferred_store is not None:
             self._dq = deferred_store(False)  # an existing store: restore what it holds
             if self._dq is not None and self._dq.depth:
@@ -744,9 +745,9 @@ class Channel:
                 else:
                     batch.extend(chunk)
             if leftovers:
-                # Messages not sent are not in flight: they wait at the head of the own store,
-                # for the consumers still with room (those cut short have none left).
-                self._queue.requeue_front(leftovers)
+                # Messages not sent are not in flight: they go back to the own store, for the
+                # consumers still with room (those cut short have none left) or a later round.
+                self._put_back(leftovers)
                 continue
             if n == asked < room:
                 continue  # the size estimate kept the take short: the rooms may hold more
@@ -760,6 +761,16 @@ class Channel:
         clients = self.clients
         for cid, batch in batches.items():
             clients[cid].consumer.write_messages(batch)
+
+    def _put_back(self, messages: list[Message]) -> None:
+        """Messages a round took but no consumer had byte room for. They are queued like
+        requeues (memory up to ``--mem-queue-size``, the rest to the own store's disk queue: a
+        size estimate that was far off costs disk, not memory); an ephemeral channel, whose
+        overflow would be dropped, keeps them at the head of its memory queue."""
+        if self.ephemeral:
+            self._queue.requeue_front(messages)
+        else:
+            self._enqueue(messages)
 
     # -- timers ------------------------------------------------------------------------------
 

@@ -44,10 +44,9 @@ def serve(
     lockstep: bool = False,
 ) -> tuple[trio.abc.Stream, TcpConnection]:
     """One connection served over memory streams; the client's end and the handler."""
-    if lockstep:
-        client_end, server_end = trio.testing.lockstep_stream_pair()
-    else:
-        client_end, server_end = trio.testing.memory_stream_pair()
+    pair = trio.testing.lockstep_stream_pair if lockstep else trio.testing.memory_stream_pair
+    ends: tuple[trio.abc.Stream, trio.abc.Stream] = pair()
+    client_end, server_end = ends
     handler = TcpConnection(broker, server_end, "test:1", budget=budget)
 
     async def run() -> None:
