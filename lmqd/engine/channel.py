@@ -709,6 +709,7 @@ class Channel:
             for sub, take in split_batch(ready, n, room, rng):
                 chunk = msgs if take == n else msgs[start : start + take]
                 start += take
+                size: int | None = nbytes if take == n else None
                 if tight:
                     # This consumer's share may be more than its byte room: it keeps a prefix
                     # that fits (one message at least); the rest goes back to the queue.
@@ -725,6 +726,7 @@ class Channel:
                     kept = [m for m in chunk if randrange(100) <= rate]
                     if len(kept) < len(chunk):
                         dropped = True
+                        size = None
                         if self._acks is not None:  # sampled out = done, for this channel
                             keep = set(map(id, kept))
                             self._acks.ack([m for m in chunk if id(m) not in keep])
@@ -733,7 +735,7 @@ class Channel:
                         continue
                 deadline = now + consumer.msg_timeout
                 cid = sub.id
-                in_flight.start_many(chunk, cid, now, deadline)
+                in_flight.start_many(chunk, cid, now, deadline, size)
                 k = len(chunk)
                 sub.in_flight_count += k
                 sub.message_count += k

@@ -105,8 +105,9 @@ class InFlightQueue:
         """Body bytes the heap references, live and stale (for tests and metrics). O(1)."""
         return self._ref_bytes
 
-    def _push(self, messages: Sequence[Message], deadline: float) -> None:
-        nbytes = sum(map(len, map(_body_of, messages)))
+    def _push(self, messages: Sequence[Message], deadline: float, nbytes: int | None) -> None:
+        if nbytes is None:
+            nbytes = sum(map(len, map(_body_of, messages)))
         heapq.heappush(self._heap, (deadline, next(self._seq), list(messages), nbytes))
         self._refs += len(messages)
         self._ref_bytes += nbytes
@@ -126,13 +127,19 @@ class InFlightQueue:
         store = self._messages
         for m in messages:
             store[m.id] = m
-        self._push(messages, deadline)
+        self._push(messages, deadline, None)
 
     def start_many(
-        self, messages: Sequence[Message], client_id: int, now: float, deadline: float
+        self,
+        messages: Sequence[Message],
+        client_id: int,
+        now: float,
+        deadline: float,
+        nbytes: int | None = None,
     ) -> None:
         """Deliver ``messages`` to ``client_id`` at ``now``: count the attempt, stamp the
-        owner, delivery time and ``deadline`` on each, and start them in flight.
+        owner, delivery time and ``deadline`` on each, and start them in flight. ``nbytes``:
+        their bodies' size when the caller has it (counted here otherwise).
 
         ``push_many`` with the per-message stamping folded into its one loop (the hot path of
         every delivery). O(k + log n).
@@ -146,7 +153,7 @@ class InFlightQueue:
             m.delivered_at = now
             m.deadline = deadline
             store[m.id] = m
-        self._push(messages, deadline)
+        self._push(messages, deadline, nbytes)
 
     def get(self, msg_id: bytes) -> Message | None:
         """The in-flight message with ``msg_id``, or None. O(1)."""

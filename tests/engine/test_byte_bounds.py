@@ -51,6 +51,7 @@ def test_a_stuck_consumer_with_a_big_rdy_holds_only_its_byte_room() -> None:
     # the room. Messages not sent are not in flight: they stay in the channel, in order.
     assert [ids(w) for w in client.writes] == [ids(messages[:4])]
     assert client.in_flight_count == 4 and ch.in_flight_count == 4
+    assert ch.in_flight.ref_bytes == 4 * BIG  # what the in-flight heap counts for compaction
     assert ch.depth == 296
     ch.deliver(0.0)  # no room: nothing more, however big its RDY window
     assert len(client.writes) == 1
@@ -68,6 +69,7 @@ def test_small_messages_fill_the_rdy_window_in_one_write() -> None:
     ch.put_many(big_messages(500, size=100), 0.0)
     ch.deliver(0.0)
     assert [len(w) for w in client.writes] == [300]  # 30 kB: far below the room
+    assert ch.in_flight.ref_bytes == 300 * 100
 
 
 def test_what_one_consumer_has_no_room_for_goes_to_the_others_in_the_same_round() -> None:
