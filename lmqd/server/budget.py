@@ -27,7 +27,9 @@ command is not paused like the others: it may read to complete it, one connectio
 command is applied at once and its buffer released. The one-at-a-time rule keeps the overshoot
 past the bound to one command body plus one receive, however many clients started a big MPUB.
 A client holding ``finishing`` without sending is dropped by the reader's no-data timeout (two
-heartbeat intervals), like any silent client.
+heartbeat intervals), like any silent client; the readers queued behind it stop waiting as soon
+as the total is back under the bound (``cancel_when_below``), so a slow one only holds up the
+others while the daemon is over its bound.
 """
 
 from __future__ import annotations
@@ -40,23 +42,40 @@ from lmqd.server.output import BufferTotal
 class BufferBudget(BufferTotal):
     """Bytes held in all connections' buffers against ``limit`` (see the module docstring)."""
 
-    __slots__ = ("_below", "finishing", "paused_count")
+    __slots__ = ("_below", "_below_scopes", "finishing", "paused_count")
 
     def __init__(self, limit: int) -> None:
         super().__init__(limit)
         self.paused_count = 0
         """How many times a reader has paused for the bound (for tests and logs)."""
         self.finishing = trio.Lock()
-        """Held by the one reader completing a partial command while over the bound."""
+        """Held by the one reader completing a partial command while over the bound (FIFO)."""
         self._below = trio.Event()
         self._below.set()
+        self._below_scopes: set[trio.CancelScope] = set()
 
     def release(self, nbytes: int) -> None:
         """``nbytes`` left a buffer (sent, parsed, dropped); wakes paused readers once the
         total is back under the bound."""
         self.used -= nbytes
-        if self.used <= self.limit and not self._below.is_set():
-            self._below.set()
+        if self.used <= self.limit:
+            if not self._below.is_set():
+                self._below.set()
+            if self._below_scopes:
+                for scope in self._below_scopes:
+                    scope.cancel()
+                self._below_scopes.clear()
+
+    def cancel_when_below(self, scope: trio.CancelScope) -> None:
+        """Cancel ``scope`` once the total is back under the bound (at once if it is)."""
+        if self.used <= self.limit:
+            scope.cancel()
+        else:
+            self._below_scopes.add(scope)
+
+    def forget(self, scope: trio.CancelScope) -> None:
+        """``scope`` is done: no need to cancel it any more."""
+        self._below_scopes.discard(scope)
 
     async def wait_below(self) -> None:
         """Return once the total is at most the bound (at once if it is)."""

@@ -186,9 +186,8 @@ class TcpConnection:
                 # Past the daemon-wide bound: read no new command until it drops, but complete
                 # one begun (one connection at a time), or nothing would ever release it.
                 if conn.missing_bytes:
-                    async with budget.finishing:
-                        if not await self._finish_command(receive):
-                            return
+                    if not await self._finish_turn(receive):
+                        return
                 else:
                     await budget.wait_below()
                 continue
@@ -223,6 +222,21 @@ class TcpConnection:
             else:
                 self.budget.release(-delta)
         return ok
+
+    async def _finish_turn(self, receive: ReceiveSome) -> bool:
+        """Over the bound with a command begun: wait for this connection's turn (or for the
+        total to drop under the bound), then complete it. False once the connection must end."""
+        budget = self.budget
+        with trio.CancelScope() as waiting:
+            budget.cancel_when_below(waiting)
+            await budget.finishing.acquire()
+        budget.forget(waiting)
+        if waiting.cancelled_caught:
+            return True  # under the bound again: the main loop reads as usual
+        try:
+            return await self._finish_command(receive)
+        finally:
+            budget.finishing.release()
 
     async def _finish_command(self, receive: ReceiveSome) -> bool:
         """Over the bound: read only what the command being received still needs, until it is

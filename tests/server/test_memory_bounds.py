@@ -176,3 +176,44 @@ async def test_a_client_that_publishes_and_consumes_past_the_bound_does_not_dead
         await client.aclose()
         await trio.testing.wait_all_tasks_blocked()
         assert budget.used == 0
+
+
+async def test_a_slow_client_completing_its_command_holds_up_no_one_once_under_the_bound(
+    daemon: Broker, nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    budget = BufferBudget(1 * MiB)
+    with trio.fail_after(60):
+        stuck, _ = await stuck_consumer(daemon, nursery, "slow", 10, budget)
+        publishers = []
+        for _ in range(2):
+            stream, _ = serve(daemon, nursery, budget)
+            wire = Wire(stream, answer_heartbeats=False)
+            await wire.send(MAGIC_V2 + identify(**QUIET))
+            assert await wire.response() == b"OK"
+            publishers.append(wire)
+        slow, other = publishers
+        daemon.publish("slow", [b"s" * (512 * KiB)] * 4)
+        await trio.testing.wait_all_tasks_blocked()
+        assert budget.over
+        # Both begin a PUB while over the bound; the slow one gets the turn to complete its
+        # command first, then sends nothing more; the other waits behind it.
+        command = pub("slow", b"p" * 1000)
+        await slow.send(command[:100])
+        await trio.testing.wait_all_tasks_blocked()
+        await other.send(command[:100])
+        await trio.testing.wait_all_tasks_blocked()
+        await other.send(command[100:])
+        with trio.move_on_after(5):
+            await other.frame()
+            pytest.fail("a second command was completed while another had the turn")
+        # The stuck consumer reads its messages: under the bound, the other stops waiting for
+        # the slow one's turn and is read as usual.
+        consumer = Wire(stuck, answer_heartbeats=False)
+        for _ in range(2):
+            assert await consumer.response() == b"OK"  # IDENTIFY, SUB
+        for _ in range(4):
+            await consumer.message()
+        assert await other.response() == b"OK"
+        await slow.send(command[100:])
+        assert await slow.response() == b"OK"
+        assert daemon.topics["slow"].message_count == 6
