@@ -51,7 +51,7 @@ import trio
 from lmqd.engine.backend import BackendError, BackendQueue, StoredQueue
 from lmqd.engine.cursor import ChannelCursor
 from lmqd.engine.deferred import DeferredQueue
-from lmqd.engine.delivery import body_of, fit_bytes, split_batch
+from lmqd.engine.delivery import body_bytes, fit_bytes, split_batch
 from lmqd.engine.durable import DurableAcks
 from lmqd.engine.e2e import E2eLatencyStream, new_stream
 from lmqd.engine.inflight import ChannelError, InFlightQueue, NotInFlight, NotOwner
@@ -697,7 +697,7 @@ class Channel:
             if not msgs:
                 break
             n = len(msgs)
-            nbytes = sum(map(len, map(body_of, msgs)))
+            nbytes = body_bytes(msgs)
             self._body_estimate = max(nbytes // n, 1)
             tight = nbytes > min(byte_rooms[s.id] for s, _ in ready)
             if not tight:

@@ -15,10 +15,10 @@ heap is rebuilt from the dict: memory stays within a constant factor of what is 
 flight, at an amortised O(1) cost per message. The check runs when entries are pushed, so FIN
 itself is just a dict lookup and delete.
 
-The same rule holds in bytes: each entry carries its bodies' size (one C-level sum per batch),
-and the heap is also rebuilt when the bytes it references pass three times the live bytes at the
-last rebuild plus ``COMPACT_FLOOR_BYTES``. Counting alone let 1024 finished messages live on,
-which for 1 MiB bodies is a gigabyte.
+The same rule holds in bytes: each entry carries its bodies' size (one sum per batch, or the
+delivery round's, passed in), and the heap is also rebuilt when the bytes it references pass
+three times the live bytes at the last rebuild plus ``COMPACT_FLOOR_BYTES``. Counting alone let
+1024 finished messages live on, which for 1 MiB bodies is a gigabyte.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ import heapq
 import itertools
 import math
 from collections.abc import Iterable, Iterator, Sequence
-from operator import attrgetter
 
 from lmqd.message import Message
 from lmqd.protocol.errors import CLIENT_DOES_NOT_OWN_MESSAGE, ID_NOT_IN_FLIGHT
@@ -42,8 +41,6 @@ COMPACT_FLOOR_BYTES = 16 * 1024 * 1024
 """The floor in bytes: finished bodies kept alive by stale references stay under three times the
 bytes live at the last rebuild plus this. 16 MiB: a rebuild (O(live messages)) at most every
 sixteen deliveries of 1 MiB messages, never for small ones (the count floor comes first)."""
-
-_body_of = attrgetter("body")
 
 
 class ChannelError(Exception):
@@ -107,7 +104,7 @@ class InFlightQueue:
 
     def _push(self, messages: Sequence[Message], deadline: float, nbytes: int | None) -> None:
         if nbytes is None:
-            nbytes = sum(map(len, map(_body_of, messages)))
+            nbytes = sum([len(m.body) for m in messages])
         heapq.heappush(self._heap, (deadline, next(self._seq), list(messages), nbytes))
         self._refs += len(messages)
         self._ref_bytes += nbytes
@@ -260,7 +257,7 @@ class InFlightQueue:
                 group.append(m)
         seq = self._seq
         self._heap = [
-            (d, next(seq), batch, sum(map(len, map(_body_of, batch))))
+            (d, next(seq), batch, sum([len(m.body) for m in batch]))
             for d, batch in groups.items()
         ]
         heapq.heapify(self._heap)
