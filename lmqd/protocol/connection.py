@@ -187,6 +187,12 @@ class ServerConnection:
         return len(self._buf) + self._chunks_len
 
     @property
+    def receiving_body(self) -> bool:
+        """Whether a command's body (or its 4-byte size) is partly received: completing it
+        takes exactly ``missing_bytes`` more, and only its client can send them."""
+        return bool(self._need) and (len(self._buf) - self._pos + self._chunks_len) > 0
+
+    @property
     def missing_bytes(self) -> int:
         """How many more bytes may be read to complete the command being received, and no
         more: what it still needs when its size is known, else what its line may still take

@@ -11,25 +11,33 @@ at most one command body, ``--max-body-size``). Each ``OutputBuffer`` adds its b
 lengths it already has (one addition per write, per batch of frames); each reader reports its
 parser's buffer after every receive.
 
-What happens past the bound: readers start no new receive (backpressure on every client: its
-TCP window fills and it blocks on send); writers go on, so output drains and the total goes
-down; readers resume once it is back under the bound. A receive already waiting when the total
-crosses the bound still brings its one chunk (at most ``RECEIVE_SIZE``), which is applied as
-usual: applying releases input, and a cancelled receive would cost a cancel scope per
-connection on the hot path to save one chunk.
+What happens past the bound: backpressure on publishers. A connection whose next command is a
+PUB, MPUB or DPUB holds it, with whatever follows it (``Session.waiting`` is ``Backpressure``),
+and reads nothing more from its client until the total is back under the bound: its client's
+TCP window fills and it blocks on send. Every other command is still read and applied, so a
+consumer's FINs, REQs and RDYs keep flowing, on its own connection or one that also publishes;
+writers never pause, so output drains and the total goes down. What a held connection keeps is
+the rest of one receive (``RECEIVE_SIZE``), not counted here: counting it could hold the total
+over the bound with nothing left to drain it.
 
-Why it cannot deadlock. A byte counted is either output, which the writers send whatever the
-readers do (and a send that cannot proceed is bounded by the heartbeat interval, after which the
-connection closes and its bytes are released), or a partial command in some connection's parser,
-which only that client's next bytes can complete. So a reader whose parser holds a partial
-command is not paused like the others: it may read to complete it, one connection at a time
-(``finishing``, a FIFO lock), and only as many bytes as that command still needs. A completed
-command is applied at once and its buffer released. The one-at-a-time rule keeps the overshoot
-past the bound to one command body plus one receive, however many clients started a big MPUB.
-A client holding ``finishing`` without sending is dropped by the reader's no-data timeout (two
-heartbeat intervals), like any silent client; the readers queued behind it stop waiting as soon
-as the total is back under the bound (``cancel_when_below``), so a slow one only holds up the
-others while the daemon is over its bound.
+Why it cannot deadlock. A byte counted is output, which the writers send whatever the readers
+do (a send that makes no progress for the heartbeat interval closes its connection and releases
+the bytes), or a command partly received, which only that client's next bytes can complete. So
+a connection with a command body begun is not held: it may read to complete it, one connection
+at a time (``finishing``, a FIFO lock), and only the bytes that command still needs; the command
+is then applied, publish or not, and its buffer released.
+
+How far past the bound: the receives already under way when it was crossed, then per connection
+what one receive brings while over it (``OVER_BOUND_RECEIVE_SIZE``, 16 KiB: hundreds of FINs),
+plus the one command body being completed in turn, however many clients began a big MPUB. A
+client holding ``finishing`` without sending is
+dropped by the reader's no-data timeout (two heartbeat intervals), like any silent client; the
+readers queued behind it stop waiting as soon as the total is back under the bound
+(``cancel_when_below``).
+
+What the bound cannot drain: output stuck at consumers that stopped reading and disabled
+heartbeats (no write deadline then, as in nsqd). Each holds at most its own bound (4 MiB plus a
+message); publishers wait while they fill the budget, consumers do not.
 """
 
 from __future__ import annotations
@@ -37,6 +45,11 @@ from __future__ import annotations
 import trio
 
 from lmqd.server.output import BufferTotal
+
+OVER_BOUND_RECEIVE_SIZE = 16 * 1024
+"""What one receive may take while the total is past the bound: a command line's limit
+(``MAX_LINE_LENGTH``), hundreds of FINs, so consumers keep up while each connection can add
+little before a publish is held or a body waits for its turn."""
 
 
 class BufferBudget(BufferTotal):

@@ -12,9 +12,10 @@ never an await per message.
 Memory bounds. A consumer's output is bounded in bytes (``lmqd.server.session``: its byte room
 caps each delivery round, and past ``OUTPUT_HIGH_WATER`` it takes no messages until its writer
 drains), a publisher's input by the protocol limits, and all connections' buffers together by
-the daemon-wide ``BufferBudget`` (``--max-buffered-bytes``, ``lmqd.server.budget``): past it the
-reader reads no new command until the total is back under the bound, except to complete a
-command it has begun (one connection at a time); the writer never pauses, so buffers drain.
+the daemon-wide ``BufferBudget`` (``--max-buffered-bytes``, ``lmqd.server.budget``): past it a
+publish is held (``Backpressure``) and nothing more is read from its client until the total is
+back under the bound, while every other command is read and applied as usual; a body already
+begun is completed, one connection at a time. The writer never pauses, so buffers drain.
 
 The writer also emits heartbeats on nsqd's ticker (every ``heartbeat_interval`` from connect, the
 ticker replaced at IDENTIFY) and bounds each send by the heartbeat interval, as nsqd's write
@@ -46,10 +47,17 @@ import trio
 from lmqd.broker import Broker
 from lmqd.net import split_address
 from lmqd.protocol import HEARTBEAT_FRAME, Limits, ServerConnection
-from lmqd.server.budget import BufferBudget
+from lmqd.server.budget import OVER_BOUND_RECEIVE_SIZE, BufferBudget
 from lmqd.server.output import OutputBuffer
 from lmqd.server.security import ServerSecurity
-from lmqd.server.session import OUTPUT_HIGH_WATER, AuthQuery, Session, Upgrade, Wait
+from lmqd.server.session import (
+    OUTPUT_HIGH_WATER,
+    AuthQuery,
+    Backpressure,
+    Session,
+    Upgrade,
+    Wait,
+)
 from lmqd.server.upgrade import UpgradeFailed, upgrade_stream
 from lmqd.stats import ClientStats
 from lmqd.transport.auth_http import AuthQueryError
@@ -182,19 +190,17 @@ class TcpConnection:
                 if not session.resume(trio.current_time()):
                     return
                 continue
-            if budget.used > budget.limit:
-                # Past the daemon-wide bound: read no new command until it drops, but complete
-                # one begun (one connection at a time), or nothing would ever release it.
-                if conn.missing_bytes:
-                    if not await self._finish_turn(receive):
-                        return
-                else:
-                    await budget.wait_below()
+            if budget.used > budget.limit and conn.receiving_body:
+                # Past the daemon-wide bound with a body begun: only its client's next bytes
+                # can release it, so it is completed (one connection at a time) and applied.
+                if not await self._finish_turn(receive):
+                    return
                 continue
             timeout = 2 * self._heartbeat_interval if self._heartbeat_interval > 0 else math.inf
+            size = RECEIVE_SIZE if budget.used <= budget.limit else OVER_BOUND_RECEIVE_SIZE
             with trio.move_on_after(timeout) as scope:
                 try:
-                    data = await receive(RECEIVE_SIZE)
+                    data = await receive(size)
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     return
             if scope.cancelled_caught:
@@ -204,6 +210,8 @@ class TcpConnection:
                     timeout,
                 )
                 return
+            # Past the daemon-wide bound a publish waits (``Backpressure``); the rest applies.
+            session.hold_publishes = budget.used > budget.limit
             if not self._apply(data):
                 return
             if output.pending_bytes > READ_PAUSE_WATER:
@@ -259,12 +267,18 @@ class TcpConnection:
                     timeout,
                 )
                 return False
+            self.session.hold_publishes = False  # the command it completes applies
             if not self._apply(data):
                 return False
         return True
 
     async def _serve(self, wait: Wait) -> bool:
         """Do what the session waits for; False if the connection must end."""
+        if isinstance(wait, Backpressure):
+            # Nothing more is read from this client until the total is under the bound again.
+            await self.budget.wait_below()
+            self.session.hold_publishes = False
+            return True
         if isinstance(wait, AuthQuery):
             await self._query_auth(wait)
             return True

@@ -40,13 +40,13 @@ class BufferTotal:
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
-        """``--max-buffered-bytes``: past it, connections stop reading new commands."""
+        """``--max-buffered-bytes``: past it, publishes wait (``lmqd.server.budget``)."""
         self.used = 0
         """Bytes counted now. Buffers add to it directly (one addition per write)."""
 
     @property
     def over(self) -> bool:
-        """Whether the total is past the bound (readers must pause)."""
+        """Whether the total is past the bound."""
         return self.used > self.limit
 
     def release(self, nbytes: int) -> None:

@@ -13,7 +13,10 @@ then stops applying, keeps the commands not yet applied, and sets ``waiting`` to
 or an ``AuthQuery``; the connection performs it, reports back (``upgraded``, ``auth_answered``)
 and calls ``resume``, which applies the kept commands and goes on parsing. The authorization
 check itself is a plain call on the cached answer (``lmqd.transport.auth.check_authorized``),
-done once per run of publishes to one topic, so there is no await per message.
+done once per run of publishes to one topic, so there is no await per message. The third wait
+is ``Backpressure``: while the daemon is past ``--max-buffered-bytes`` (``hold_publishes``) a
+PUB, MPUB or DPUB stops applying, and the connection reads nothing more from this client until
+the total is back under the bound; every other command (FIN, REQ, RDY, ...) is still applied.
 
 A subscribed session is the channel's ``Consumer``: its RDY window, message timeout and sample
 rate, its byte room, and ``write_messages``, which turns a delivery round's messages into
@@ -111,7 +114,15 @@ class AuthQuery:
     channel: str | None = None
 
 
-Wait = Upgrade | AuthQuery
+@attrs.frozen
+class Backpressure:
+    """Past the daemon-wide buffer bound (``lmqd.server.budget``) a publish was reached: it and
+    everything after it wait until the total is back under the bound."""
+
+
+BACKPRESSURE = Backpressure()
+
+Wait = Upgrade | AuthQuery | Backpressure
 
 
 class Session:
@@ -154,6 +165,9 @@ class Session:
         # Upgrades and AUTH (see the module docstring).
         self.waiting: Wait | None = None
         """What the connection must do before this session applies more commands."""
+        self.hold_publishes = False
+        """Set by the connection while the daemon is past its buffer bound: a PUB, MPUB or DPUB
+        stops applying (``Backpressure``); every other command is still applied."""
         self._pending: list[Event] = []
         self.auth_enabled = conn.limits.auth_required
         self.auth_state: AuthState | None = None
@@ -352,6 +366,9 @@ class Session:
             if isinstance(event, Pub | Mpub):
                 if fins or event.topic != pub_topic:
                     flush()
+                    if self.hold_publishes:
+                        self._wait(events, event, BACKPRESSURE, after=False)
+                        return
                     kind = "PUB" if isinstance(event, Pub) else "MPUB"
                     if self.auth_enabled and not self._auth_checked(kind, event.topic, None, now):
                         self._wait(events, event, self._refresh(kind, event.topic), after=False)
@@ -375,6 +392,9 @@ class Session:
                 case Nop():
                     pass
                 case Dpub(topic=topic, defer_ms=defer_ms, body=body):
+                    if self.hold_publishes:
+                        self._wait(events, event, BACKPRESSURE, after=False)
+                        return
                     if self.auth_enabled and not self._auth_checked("DPUB", topic, None, now):
                         self._wait(events, event, self._refresh("DPUB", topic), after=False)
                         return

@@ -100,7 +100,7 @@ async def test_a_consumer_that_never_reads_holds_only_its_byte_room(
         assert (channel.in_flight_count, channel.depth, channel.timeout_count) == (0, 0, 0)
 
 
-async def test_past_the_daemon_wide_bound_no_new_command_is_read_until_it_drains(
+async def test_past_the_daemon_wide_bound_no_new_publish_is_applied_until_it_drains(
     daemon: Broker, nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
 ) -> None:
     budget = BufferBudget(1 * MiB)
@@ -122,16 +122,16 @@ async def test_past_the_daemon_wide_bound_no_new_command_is_read_until_it_drains
         await trio.testing.wait_all_tasks_blocked()
         assert budget.used == used + len(begun) // 2
         # The begun PUB is completed and answered (only the bytes it needs are read); the next
-        # one, sent with them, is not read meanwhile.
+        # one, sent with them, waits meanwhile.
         await publisher.send(begun[len(begun) // 2 :] + pub("flood", b"2"))
         assert await publisher.response() == b"OK"
         with trio.move_on_after(10):
             frame = await publisher.frame()
-            pytest.fail(f"a new command was read past the bound: {frame}")
+            pytest.fail(f"a new publish was applied past the bound: {frame}")
         topic = daemon.topics["flood"]
         assert topic.message_count == 5
         # The stuck consumer reads its messages: the output drains, the total drops under the
-        # bound and the second PUB is read and answered.
+        # bound and the second PUB is applied and answered.
         consumer = Wire(stuck, answer_heartbeats=False)
         for _ in range(2):
             assert await consumer.response() == b"OK"  # IDENTIFY, SUB
@@ -217,3 +217,35 @@ async def test_a_slow_client_completing_its_command_holds_up_no_one_once_under_t
         await slow.send(command[100:])
         assert await slow.response() == b"OK"
         assert daemon.topics["slow"].message_count == 6
+
+
+async def test_past_the_bound_a_client_that_also_publishes_still_has_its_fins_read(
+    daemon: Broker, nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    budget = BufferBudget(1 * MiB)
+    with trio.fail_after(60):
+        stream, _ = serve(daemon, nursery, budget)
+        client = Wire(stream, answer_heartbeats=False)
+        await client.send(MAGIC_V2 + identify(**QUIET))
+        assert await client.response() == b"OK"
+        await client.sub("mine", "c", rdy=1)
+        daemon.publish("mine", [b"first"])
+        message = await client.message()
+        stuck, _ = await stuck_consumer(daemon, nursery, "other", 10, budget)
+        daemon.publish("other", [b"s" * (512 * KiB)] * 4)
+        await trio.testing.wait_all_tasks_blocked()
+        assert budget.over
+        # Past the bound: its FIN is applied, its PUB (after it) waits.
+        await client.send(b"FIN " + message.id + b"\n" + pub("mine", b"second"))
+        await trio.testing.wait_all_tasks_blocked()
+        channel = daemon.topics["mine"].channels["c"]
+        assert (channel.in_flight_count, channel.depth) == (0, 0)
+        assert daemon.topics["mine"].message_count == 1
+        # Under the bound again (the stuck consumer reads), the PUB is applied and delivered.
+        consumer = Wire(stuck, answer_heartbeats=False)
+        for _ in range(2):
+            assert await consumer.response() == b"OK"  # IDENTIFY, SUB
+        for _ in range(4):
+            await consumer.message()
+        assert await client.response() == b"OK"
+        assert (await client.message()).body == b"second"
