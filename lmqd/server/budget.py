@@ -17,8 +17,9 @@ and reads nothing more from its client until the total is back under the bound: 
 TCP window fills and it blocks on send. Every other command is still read and applied, so a
 consumer's FINs, REQs and RDYs keep flowing, on its own connection or one that also publishes;
 writers never pause, so output drains and the total goes down. What a held connection keeps is
-the rest of one receive (``RECEIVE_SIZE``), not counted here: counting it could hold the total
-over the bound with nothing left to drain it.
+the rest of one receive (at most ``RECEIVE_SIZE``: the commands after the publish, the start of
+the next one), not counted here while it waits: counting it could hold the total over the bound
+with nothing left to drain it.
 
 Why it cannot deadlock. A byte counted is output, which the writers send whatever the readers
 do (a send that makes no progress for the heartbeat interval closes its connection and releases

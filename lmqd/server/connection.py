@@ -232,8 +232,8 @@ class TcpConnection:
         return ok
 
     async def _finish_turn(self, receive: ReceiveSome) -> bool:
-        """Over the bound with a command begun: wait for this connection's turn (or for the
-        total to drop under the bound), then complete it. False once the connection must end."""
+        """Over the bound with a body begun: wait for this connection's turn (or for the total
+        to drop under the bound), then complete it. False once the connection must end."""
         budget = self.budget
         with trio.CancelScope() as waiting:
             budget.cancel_when_below(waiting)
@@ -276,6 +276,10 @@ class TcpConnection:
         """Do what the session waits for; False if the connection must end."""
         if isinstance(wait, Backpressure):
             # Nothing more is read from this client until the total is under the bound again.
+            # What its parser holds (the start of a command after the held ones) stops counting
+            # meanwhile: it cannot drain until then (the next receive counts it again).
+            self.budget.release(self._input_bytes)
+            self._input_bytes = 0
             await self.budget.wait_below()
             self.session.hold_publishes = False
             return True

@@ -235,12 +235,16 @@ async def test_past_the_bound_a_client_that_also_publishes_still_has_its_fins_re
         daemon.publish("other", [b"s" * (512 * KiB)] * 4)
         await trio.testing.wait_all_tasks_blocked()
         assert budget.over
-        # Past the bound: its FIN is applied, its PUB (after it) waits.
-        await client.send(b"FIN " + message.id + b"\n" + pub("mine", b"second"))
+        # Past the bound: its FIN is applied, its PUB (after it) waits, and so does the start
+        # of a third one, which no longer counts against the bound while it waits.
+        used = budget.used
+        third = pub("mine", b"third")
+        await client.send(b"FIN " + message.id + b"\n" + pub("mine", b"second") + third[:8])
         await trio.testing.wait_all_tasks_blocked()
         channel = daemon.topics["mine"].channels["c"]
         assert (channel.in_flight_count, channel.depth) == (0, 0)
         assert daemon.topics["mine"].message_count == 1
+        assert budget.used == used
         # Under the bound again (the stuck consumer reads), the PUB is applied and delivered.
         consumer = Wire(stuck, answer_heartbeats=False)
         for _ in range(2):
@@ -249,3 +253,10 @@ async def test_past_the_bound_a_client_that_also_publishes_still_has_its_fins_re
             await consumer.message()
         assert await client.response() == b"OK"
         assert (await client.message()).body == b"second"
+        await client.send(third[8:])
+        assert await client.response() == b"OK"
+        assert daemon.topics["mine"].message_count == 3
+        await client.aclose()
+        await consumer.aclose()
+        await trio.testing.wait_all_tasks_blocked()
+        assert budget.used == 0
