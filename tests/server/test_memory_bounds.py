@@ -8,6 +8,7 @@ Rules for this module (STYLE.md):
 - Big messages are published through the broker with one shared body object, so a test holds
   no more memory than the bounds it checks.
 - Every wait is bounded (``fail_after``; ``move_on_after`` where *nothing* must arrive).
+- One test goes through the TCP listener (127.0.0.1, port 0) on the real clock.
 """
 
 from __future__ import annotations
@@ -260,3 +261,22 @@ async def test_past_the_bound_a_client_that_also_publishes_still_has_its_fins_re
         await consumer.aclose()
         await trio.testing.wait_all_tasks_blocked()
         assert budget.used == 0
+
+
+async def test_every_tcp_connection_counts_against_the_one_budget_of_the_flag(
+    start_daemon: StartDaemon,
+) -> None:
+    # Real loopback sockets here (the listener is what is tested), so the real clock.
+    with trio.fail_after(30):
+        running = await start_daemon(max_buffered_bytes=3 * MiB)
+        broker = running.broker
+        first = await Wire.connect(running.addresses.tcp, client_id="one")
+        second = await Wire.connect(running.addresses.tcp, client_id="two")
+        connections = list(broker.clients.values())
+        assert len(connections) == 2
+        budgets = {id(getattr(c, "budget", None)) for c in connections}
+        assert len(budgets) == 1  # one budget shared by the listener's connections
+        budget = getattr(connections[0], "budget", None)
+        assert isinstance(budget, BufferBudget) and budget.limit == 3 * MiB
+        await first.aclose()
+        await second.aclose()
