@@ -28,7 +28,6 @@ from lmqd.message import Message
 T = TypeVar("T")
 
 
-
 def body_bytes(messages: Sequence[Message]) -> int:
     """The bodies' total size: one ``len`` and one addition per message, in a comprehension
     (measured ~20 ns a message, cheaper than ``map`` over an ``attrgetter``)."""

@@ -84,9 +84,9 @@ log = logging.getLogger("lmqd.server")
 # (it reports an RDY window of 0), and no delivery round gives it more than the room left below
 # it plus one message: a consumer that stops reading costs at most this much plus one message
 # (5 MiB at the default --max-msg-size), whatever its RDY, instead of a whole RDY window of big
-# messages (2500 x 1 MiB) or every redelivery of its own timed-out messages. 4 MiB is more
-# than a loopback or LAN socket's send buffer takes at once, so a consumer that keeps up never
-# waits on this bound, and small enough that a thousand stuck ones fit in a few GiB.
+# messages (2500 x 1 MiB) or every redelivery of its own timed-out messages. 4 MiB (the value
+# since the first build): a full RDY window of 2500 x 1 KiB messages fits in one round, so small
+# messages never meet the byte bound, and a thousand stuck consumers still fit in ~5 GiB.
 OUTPUT_HIGH_WATER = 4 * 1024 * 1024
 
 
