@@ -19,10 +19,14 @@ a thousand FINs costs one delivery round, not a thousand, and no caller has to r
 deliver. ``deliver(now)`` may also be called directly (the topic's pump does, once per batch).
 
 ``deliver`` hands messages to the consumers with room in their RDY window (``in_flight_count <
-ready_count``; RDY is a window, never decremented). A round takes as many messages as the total
-free room (own store first, then the cursor), then splits them over the ready consumers
-(``lmqd.engine.delivery.split_batch``: random order, evenly). Every consumer gets at most one
-``write_messages`` call per round, so its writer wakes once.
+ready_count``; RDY is a window, never decremented) and in their output (``Consumer.byte_room``).
+A round takes as many messages as the total free room (own store first, then the cursor), but no
+more than the byte rooms hold at the last round's mean body size, then splits them over the
+ready consumers (``lmqd.engine.delivery.split_batch``: random order, evenly); when the round's
+bodies add up to more than the smallest byte room, each share is cut to its consumer's room
+(``fit_bytes``, one message at least) and the rest goes back to the own store, not in flight,
+for the consumers still with room. Every consumer gets at most one ``write_messages`` call per
+round, so its writer wakes once.
 
 Delivered messages sit in the ``InFlightQueue`` until FIN, REQ, TOUCH or their deadline;
 deferred ones (REQ with a delay, DPUB) in the ``DeferredQueue``. The channel's task sleeps in a
