@@ -232,6 +232,8 @@ SETTINGS: tuple[Setting, ...] = (
             "default output buffer flush interval"),
     Setting("max-channel-consumers", Kind.INT, "max_channel_consumers",
             "maximum consumers per channel (0: unlimited)"),
+    Setting("max-buffered-bytes", Kind.INT, "max_buffered_bytes",
+            "[lmq] bytes all TCP connections' buffers may hold before publishes wait"),
     # -- statsd
     Setting("statsd-address", Kind.STRING, "statsd_address",
             "UDP <addr>:<port> of a statsd daemon"),

@@ -135,6 +135,13 @@ class Options:
     min_output_buffer_timeout: float = attrs.field(default=0.025, validator=_non_negative)
     output_buffer_timeout: float = attrs.field(default=0.25, validator=_non_negative)
     max_channel_consumers: int = attrs.field(default=0, validator=_non_negative)
+    max_buffered_bytes: int = attrs.field(default=256 * MiB, validator=_positive)
+    """lmq extension: bytes all TCP connections may hold in their buffers together (output not
+    yet sent, partial commands received); past it publishes wait (backpressure) until they
+    drain, other commands still apply (``lmqd.server.budget``). 256 MiB: some fifty
+    connections each at its own bound (a consumer's ~5 MiB of output, a publisher's 5 MiB
+    MPUB), far more than a healthy daemon holds (a consumer that keeps up holds one send's
+    worth)."""
     client_timeout: float = 60.0
     """nsqd's ClientTimeout (no flag there): the default heartbeat interval is half of it."""
 

@@ -19,10 +19,14 @@ a thousand FINs costs one delivery round, not a thousand, and no caller has to r
 deliver. ``deliver(now)`` may also be called directly (the topic's pump does, once per batch).
 
 ``deliver`` hands messages to the consumers with room in their RDY window (``in_flight_count <
-ready_count``; RDY is a window, never decremented). A round takes as many messages as the total
-free room (own store first, then the cursor), then splits them over the ready consumers
-(``lmqd.engine.delivery.split_batch``: random order, evenly). Every consumer gets at most one
-``write_messages`` call per round, so its writer wakes once.
+ready_count``; RDY is a window, never decremented) and in their output (``Consumer.byte_room``).
+A round takes as many messages as the total free room (own store first, then the cursor), but no
+more than the byte rooms hold at the last round's mean body size, then splits them over the
+ready consumers (``lmqd.engine.delivery.split_batch``: random order, evenly); when the round's
+bodies add up to more than the smallest byte room, each share is cut to its consumer's room
+(``fit_bytes``, one message at least) and the rest goes back to the own store, not in flight,
+for the consumers still with room. Every consumer gets at most one ``write_messages`` call per
+round, so its writer wakes once.
 
 Delivered messages sit in the ``InFlightQueue`` until FIN, REQ, TOUCH or their deadline;
 deferred ones (REQ with a delay, DPUB) in the ``DeferredQueue``. The channel's task sleeps in a
@@ -52,7 +56,7 @@ from lmqd.engine.backend import BackendError, BackendQueue, StoredQueue, Syncabl
 from lmqd.engine.channel_policy import ChannelPolicy, PolicyError, PolicyValue
 from lmqd.engine.cursor import ChannelCursor
 from lmqd.engine.deferred import DeferredQueue
-from lmqd.engine.delivery import split_batch
+from lmqd.engine.delivery import body_bytes, fit_bytes, split_batch
 from lmqd.engine.durable import DurableAcks
 from lmqd.engine.e2e import E2eLatencyStream, new_stream
 from lmqd.engine.inflight import ChannelError, InFlightQueue, NotInFlight, NotOwner
@@ -227,6 +231,10 @@ class Channel:
         self._run_scope = trio.CancelScope()
         self._sleep_scope: trio.CancelScope | None = None
         self._want_delivery = False
+        self._body_estimate = max(options.max_msg_size, 1)
+        """The mean body size of the last delivery round (before the first: the largest
+        allowed): ``deliver`` takes no more messages than the consumers' byte rooms hold at
+        that size, so big messages are not read from the log only to be put back."""
         if deferred_store is not None:
             self._dq = deferred_store(False)  # an existing store: restore what it holds
             if self._dq is not None and self._dq.depth:
@@ -744,18 +752,31 @@ class Channel:
         rng = self._rng
         in_flight = self._in_flight
         batches: dict[int, list[Message]] = {}
+        byte_rooms: dict[int, int] = {}
         earliest = math.inf
         screened = 0
         giving_up = False
         while True:
-            ready = [(s, free) for s in self.clients.values() if (free := s.free) > 0]
+            ready: list[tuple[Subscription, int]] = []
+            for s in self.clients.values():
+                free = s.free
+                if free > 0:
+                    byte_room = byte_rooms.get(s.id)
+                    if byte_room is None:
+                        byte_room = byte_rooms[s.id] = s.consumer.byte_room()
+                    if byte_room > 0:
+                        ready.append((s, free))
             if not ready:
                 break
             room = sum(r for _, r in ready)
+            budget = sum(byte_rooms[s.id] for s, _ in ready)
+            # Take no more than the rooms hold at the last round's message size (all the count
+            # room for small messages): big messages are not read only to be put back.
+            asked = min(room, max(len(ready), budget // self._body_estimate))
             # Once a take had messages to give up, take at least SCREEN_CHUNK: an expired
             # backlog is given up in batches however small the consumers' room (what is left
-            # over goes back in front); until then, exactly the room (no cost without one).
-            want = max(room, SCREEN_CHUNK) if giving_up else room
+            # over goes back in front); until then, exactly what is asked (no cost without one).
+            want = max(asked, SCREEN_CHUNK) if giving_up else asked
             msgs = taken = self._take(want, now)
             if not msgs:
                 break
@@ -764,10 +785,10 @@ class Channel:
                 screened += len(taken)
                 msgs = self._screen(taken, now)
                 giving_up = giving_up or len(msgs) < len(taken)
-                if len(msgs) > room:
-                    self._queue.requeue_front(msgs[room:])
-                    msgs = msgs[:room]
-                dropped = len(msgs) < room
+                if len(msgs) > asked:
+                    self._queue.requeue_front(msgs[asked:])
+                    msgs = msgs[:asked]
+                dropped = len(msgs) < asked
                 if not msgs:
                     if len(taken) < want:
                         break  # nothing else is ready
@@ -776,10 +797,26 @@ class Channel:
                         break
                     continue
             n = len(msgs)
+            nbytes = body_bytes(msgs)
+            self._body_estimate = max(nbytes // n, 1)
+            tight = nbytes > min(byte_rooms[s.id] for s, _ in ready)
+            if not tight:
+                for s, _ in ready:  # none gets more than the whole round
+                    byte_rooms[s.id] -= nbytes
+            leftovers: list[Message] = []
             start = 0
             for sub, take in split_batch(ready, n, room, rng):
                 chunk = msgs if take == n else msgs[start : start + take]
                 start += take
+                size: int | None = nbytes if take == n else None
+                if tight:
+                    # This consumer's share may be more than its byte room: it keeps a prefix
+                    # that fits (one message at least); the rest goes back to the queue.
+                    fit, size = fit_bytes(chunk, byte_rooms[sub.id])
+                    byte_rooms[sub.id] -= size
+                    if fit < len(chunk):
+                        leftovers += chunk[fit:]
+                        chunk = chunk[:fit]
                 consumer = sub.consumer
                 rate = consumer.sample_rate
                 if rate > 0:
@@ -788,6 +825,7 @@ class Channel:
                     kept = [m for m in chunk if randrange(100) <= rate]
                     if len(kept) < len(chunk):
                         dropped = True
+                        size = None
                         if self._acks is not None:  # sampled out = done, for this channel
                             keep = set(map(id, kept))
                             self._acks.ack([m for m in chunk if id(m) not in keep])
@@ -796,7 +834,7 @@ class Channel:
                         continue
                 deadline = now + consumer.msg_timeout
                 cid = sub.id
-                in_flight.start_many(chunk, cid, now, deadline)
+                in_flight.start_many(chunk, cid, now, deadline, size)
                 k = len(chunk)
                 sub.in_flight_count += k
                 sub.message_count += k
@@ -807,6 +845,13 @@ class Channel:
                     batches[cid] = chunk
                 else:
                     batch.extend(chunk)
+            if leftovers:
+                # Messages not sent are not in flight: they go back to the own store, for the
+                # consumers still with room (those cut short have none left) or a later round.
+                self._put_back(leftovers)
+                continue
+            if n == asked < room and len(taken) == want:
+                continue  # the size estimate kept the take short: the rooms may hold more
             # Another round only if sampling (or the policy) left room unused and messages may
             # remain.
             if not dropped or len(taken) < want:
@@ -821,6 +866,16 @@ class Channel:
         clients = self.clients
         for cid, batch in batches.items():
             clients[cid].consumer.write_messages(batch)
+
+    def _put_back(self, messages: list[Message]) -> None:
+        """Messages a round took but no consumer had byte room for. They are queued like
+        requeues (memory up to ``--mem-queue-size``, the rest to the own store's disk queue: a
+        size estimate that was far off costs disk, not memory); an ephemeral channel, whose
+        overflow would be dropped, keeps them at the head of its memory queue."""
+        if self.ephemeral:
+            self._queue.requeue_front(messages)
+        else:
+            self._enqueue(messages)
 
     # -- policies (channel_policy.py; the topic's ttl_ms) ---------------------------------------
 
@@ -994,7 +1049,7 @@ class Channel:
         """Messages redriven from a dead-letter topic, as fresh copies with attempts 0 (they
         get ``max_attempts`` tries again), onto the ready queue; returns the store whose sync
         makes them durable (None: not stored). Raises ``BackendError`` having taken none."""
-        copies = [Message(m.id, m.body, m.timestamp) for m in messages]
+        copies = [Message(m.id, m.body, m.timestamp, ext=m.ext) for m in messages]
         self.put_many(copies, now)
         self._request_delivery()
         return self.backend.stored if self._acks is not None else None

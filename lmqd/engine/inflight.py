@@ -14,6 +14,11 @@ deadline, so when the references held by the heap exceed about three times the l
 heap is rebuilt from the dict: memory stays within a constant factor of what is really in
 flight, at an amortised O(1) cost per message. The check runs when entries are pushed, so FIN
 itself is just a dict lookup and delete.
+
+The same rule holds in bytes: each entry carries its bodies' size (one sum per batch, or the
+delivery round's, passed in), and the heap is also rebuilt when the bytes it references pass
+three times the live bytes at the last rebuild plus ``COMPACT_FLOOR_BYTES``. Counting alone let
+1024 finished messages live on, which for 1 MiB bodies is a gigabyte.
 """
 
 from __future__ import annotations
@@ -32,6 +37,10 @@ COMPACT_FLOOR = 1024
 messages (stale references then exceed twice the live ones). The floor keeps a small queue (a
 consumer that FINs everything at once) from rebuilding on every delivery, at the price of at most
 that many finished messages kept alive a little longer."""
+COMPACT_FLOOR_BYTES = 16 * 1024 * 1024
+"""The floor in bytes: finished bodies kept alive by stale references stay under three times the
+bytes live at the last rebuild plus this. 16 MiB: a rebuild (O(live messages)) at most every
+sixteen deliveries of 1 MiB messages, never for small ones (the count floor comes first)."""
 
 
 class ChannelError(Exception):
@@ -55,12 +64,15 @@ class NotOwner(ChannelError):
 class InFlightQueue:
     """Messages delivered to a client and neither finished, requeued nor timed out."""
 
-    __slots__ = ("_heap", "_messages", "_refs", "_seq")
+    __slots__ = ("_compact_bytes", "_heap", "_messages", "_ref_bytes", "_refs", "_seq")
 
     def __init__(self) -> None:
         self._messages: dict[bytes, Message] = {}
-        self._heap: list[tuple[float, int, list[Message]]] = []
+        # (deadline, seq, messages, their body bytes): seq is unique, so the rest never compares
+        self._heap: list[tuple[float, int, list[Message], int]] = []
         self._refs = 0  # message references held by heap entries, live and stale
+        self._ref_bytes = 0  # their bodies' bytes
+        self._compact_bytes = COMPACT_FLOOR_BYTES  # rebuild past this many referenced bytes
         self._seq = itertools.count()
 
     def __len__(self) -> int:
@@ -85,6 +97,23 @@ class InFlightQueue:
         """Message references held by the heap, live and stale (for tests and metrics). O(1)."""
         return self._refs
 
+    @property
+    def ref_bytes(self) -> int:
+        """Body bytes the heap references, live and stale (for tests and metrics). O(1)."""
+        return self._ref_bytes
+
+    def _push(self, messages: Sequence[Message], deadline: float, nbytes: int | None) -> None:
+        if nbytes is None:
+            nbytes = sum([len(m.body) for m in messages])
+        heapq.heappush(self._heap, (deadline, next(self._seq), list(messages), nbytes))
+        self._refs += len(messages)
+        self._ref_bytes += nbytes
+        if (
+            self._refs > COMPACT_RATIO * len(self._messages) + COMPACT_FLOOR
+            or self._ref_bytes > self._compact_bytes
+        ):
+            self._compact()
+
     def push_many(self, messages: Sequence[Message], deadline: float) -> None:
         """Start ``messages`` in flight, every one with ``deadline`` (already set on each).
 
@@ -95,16 +124,19 @@ class InFlightQueue:
         store = self._messages
         for m in messages:
             store[m.id] = m
-        heapq.heappush(self._heap, (deadline, next(self._seq), list(messages)))
-        self._refs += len(messages)
-        if self._refs > COMPACT_RATIO * len(store) + COMPACT_FLOOR:
-            self._compact()
+        self._push(messages, deadline, None)
 
     def start_many(
-        self, messages: Sequence[Message], client_id: int, now: float, deadline: float
+        self,
+        messages: Sequence[Message],
+        client_id: int,
+        now: float,
+        deadline: float,
+        nbytes: int | None = None,
     ) -> None:
         """Deliver ``messages`` to ``client_id`` at ``now``: count the attempt, stamp the
-        owner, delivery time and ``deadline`` on each, and start them in flight.
+        owner, delivery time and ``deadline`` on each, and start them in flight. ``nbytes``:
+        their bodies' size when the caller has it (counted here otherwise).
 
         ``push_many`` with the per-message stamping folded into its one loop (the hot path of
         every delivery). O(k + log n).
@@ -118,10 +150,7 @@ class InFlightQueue:
             m.delivered_at = now
             m.deadline = deadline
             store[m.id] = m
-        heapq.heappush(self._heap, (deadline, next(self._seq), list(messages)))
-        self._refs += len(messages)
-        if self._refs > COMPACT_RATIO * len(store) + COMPACT_FLOOR:
-            self._compact()
+        self._push(messages, deadline, nbytes)
 
     def get(self, msg_id: bytes) -> Message | None:
         """The in-flight message with ``msg_id``, or None. O(1)."""
@@ -178,12 +207,13 @@ class InFlightQueue:
         heap = self._heap
         messages = self._messages
         while heap:
-            deadline, _, batch = heap[0]
+            deadline, _, batch, nbytes = heap[0]
             for m in batch:
                 if messages.get(m.id) is m and m.deadline == deadline:
                     return deadline
             heapq.heappop(heap)
             self._refs -= len(batch)
+            self._ref_bytes -= nbytes
         return math.inf
 
     def pop_due(self, now: float) -> list[Message]:
@@ -195,8 +225,9 @@ class InFlightQueue:
         messages = self._messages
         due: list[Message] = []
         while heap and heap[0][0] <= now:
-            deadline, _, batch = heapq.heappop(heap)
+            deadline, _, batch, nbytes = heapq.heappop(heap)
             self._refs -= len(batch)
+            self._ref_bytes -= nbytes
             for m in batch:
                 mid = m.id
                 if messages.get(mid) is m and m.deadline == deadline:
@@ -210,6 +241,8 @@ class InFlightQueue:
         self._messages.clear()
         self._heap.clear()
         self._refs = 0
+        self._ref_bytes = 0
+        self._compact_bytes = COMPACT_FLOOR_BYTES
         return out
 
     def _compact(self) -> None:
@@ -223,6 +256,11 @@ class InFlightQueue:
             else:
                 group.append(m)
         seq = self._seq
-        self._heap = [(d, next(seq), batch) for d, batch in groups.items()]
+        self._heap = [
+            (d, next(seq), batch, sum([len(m.body) for m in batch]))
+            for d, batch in groups.items()
+        ]
         heapq.heapify(self._heap)
         self._refs = len(self._messages)
+        self._ref_bytes = sum(entry[3] for entry in self._heap)
+        self._compact_bytes = COMPACT_RATIO * self._ref_bytes + COMPACT_FLOOR_BYTES

@@ -37,6 +37,13 @@ class Consumer(Protocol):
         """IDENTIFY's sample_rate: 0 = off, else 1..99 (nsqd drops the unsampled messages)."""
         ...
 
+    def byte_room(self) -> int:
+        """Bytes of message bodies this consumer may still take (its output buffer's room);
+        <= 0: none now. A delivery round gives it messages while the bodies given so far are
+        below this, so it may exceed it by one message. Asked once per round; a consumer that
+        answers <= 0 must call ``Channel.consumer_ready`` once it has room again."""
+        ...
+
     def write_messages(self, messages: Sequence[Message]) -> None:
         """Queue message frames for sending (never awaits; wakes the writer once per call)."""
         ...

@@ -183,6 +183,30 @@ class ServerConnection:
             self.closed = True
         return events
 
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes received and held for a command not complete yet (the daemon-wide buffer
+        bound counts them)."""
+        return len(self._buf) + self._chunks_len
+
+    @property
+    def receiving_body(self) -> bool:
+        """Whether a command's body (or its 4-byte size) is partly received: completing it
+        takes exactly ``missing_bytes`` more, and only its client can send them."""
+        return bool(self._need) and (len(self._buf) - self._pos + self._chunks_len) > 0
+
+    @property
+    def missing_bytes(self) -> int:
+        """How many more bytes may be read to complete the command being received, and no
+        more: what it still needs when its size is known, else what its line may still take
+        (at least 1). 0 when nothing is pending."""
+        available = len(self._buf) - self._pos + self._chunks_len
+        if not available:
+            return 0
+        if self._need:
+            return max(self._need - available, 1)
+        return max(self.limits.max_line_length - available, 1)
+
     def take_unparsed(self) -> bytes:
         """Every byte received and not parsed (after an upgrading IDENTIFY: the first bytes of
         the new layer); they are forgotten here."""

@@ -9,6 +9,14 @@ deliver once per buffer on their own. Responses and message frames collect in th
 ``send_all``. So a buffer of a thousand FINs costs one receive, one delivery round and one send,
 never an await per message.
 
+Memory bounds. A consumer's output is bounded in bytes (``lmqd.server.session``: its byte room
+caps each delivery round, and past ``OUTPUT_HIGH_WATER`` it takes no messages until its writer
+drains), a publisher's input by the protocol limits, and all connections' buffers together by
+the daemon-wide ``BufferBudget`` (``--max-buffered-bytes``, ``lmqd.server.budget``): past it a
+publish is held (``Backpressure``) and nothing more is read from its client until the total is
+back under the bound, while every other command is read and applied as usual; a body already
+begun is completed, one connection at a time. The writer never pauses, so buffers drain.
+
 The writer also emits heartbeats on nsqd's ticker (every ``heartbeat_interval`` from connect, the
 ticker replaced at IDENTIFY) and bounds each send by the heartbeat interval, as nsqd's write
 deadline does: a client that stops reading is dropped. The reader drops a client that sends nothing
@@ -33,20 +41,32 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+from collections.abc import Awaitable, Callable
 
 import trio
 
 from lmqd.broker import Broker
 from lmqd.net import split_address
 from lmqd.protocol import HEARTBEAT_FRAME, Limits, ServerConnection
+from lmqd.server.budget import OVER_BOUND_RECEIVE_SIZE, BufferBudget
 from lmqd.server.output import OutputBuffer
 from lmqd.server.security import ServerSecurity
-from lmqd.server.session import OUTPUT_HIGH_WATER, AuthQuery, Session, Throttle, Upgrade, Wait
+from lmqd.server.session import (
+    OUTPUT_HIGH_WATER,
+    AuthQuery,
+    Backpressure,
+    Session,
+    Throttle,
+    Upgrade,
+    Wait,
+)
 from lmqd.server.upgrade import UpgradeFailed, upgrade_stream
 from lmqd.stats import ClientStats
 from lmqd.transport.auth_http import AuthQueryError
 
 log = logging.getLogger("lmqd.server")
+
+ReceiveSome = Callable[[int], Awaitable[bytes | bytearray]]
 
 # One receive takes up to this much: large enough that a burst of MPUBs or FINs is parsed and
 # applied as one batch, small enough that one connection can't hog the loop for long.
@@ -70,6 +90,7 @@ class TcpConnection:
         stream: trio.abc.Stream,
         remote_address: str,
         security: ServerSecurity | None = None,
+        budget: BufferBudget | None = None,
     ) -> None:
         self.broker = broker
         self.stream = stream
@@ -77,7 +98,11 @@ class TcpConnection:
         # The service passes the daemon's one ServerSecurity; building it here serves embedders
         # and tests that drive a single connection.
         self.security = security or ServerSecurity.from_options(broker.options)
-        self.output = OutputBuffer(self._wake)
+        # The service passes the daemon's one budget (all connections count against it).
+        self.budget = budget or BufferBudget(broker.options.max_buffered_bytes)
+        self.output = OutputBuffer(self._wake, self.budget)
+        self._input_bytes = 0
+        """This connection's parser buffer as last counted in ``budget``."""
         self.session = Session(
             broker,
             ServerConnection(Limits.from_options(broker.options)),
@@ -148,11 +173,16 @@ class TcpConnection:
         finally:
             broker.clients.pop(self.id, None)
             self.session.leave()
+            self.output.discard()
+            self.budget.release(self._input_bytes)
+            self._input_bytes = 0
             log.info("CLIENT(%s): closed", self.remote_address)
 
     async def _reader(self) -> None:
         session = self.session
         output = self.output
+        budget = self.budget
+        conn = session.conn
         receive = self.stream.receive_some
         while not session.closing:
             if session.waiting is not None:
@@ -162,10 +192,17 @@ class TcpConnection:
                 if not session.resume(trio.current_time()):
                     return
                 continue
+            if budget.used > budget.limit and conn.receiving_body:
+                # Past the daemon-wide bound with a body begun: only its client's next bytes
+                # can release it, so it is completed (one connection at a time) and applied.
+                if not await self._finish_turn(receive):
+                    return
+                continue
             timeout = 2 * self._heartbeat_interval if self._heartbeat_interval > 0 else math.inf
+            size = RECEIVE_SIZE if budget.used <= budget.limit else OVER_BOUND_RECEIVE_SIZE
             with trio.move_on_after(timeout) as scope:
                 try:
-                    data = await receive(RECEIVE_SIZE)
+                    data = await receive(size)
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     return
             if scope.cancelled_caught:
@@ -175,13 +212,79 @@ class TcpConnection:
                     timeout,
                 )
                 return
-            if not session.receive(data, trio.current_time()) or not data:
+            # Past the daemon-wide bound a publish waits (``Backpressure``); the rest applies.
+            session.hold_publishes = budget.used > budget.limit
+            if not self._apply(data):
                 return
             if output.pending_bytes > READ_PAUSE_WATER:
                 await self._drained.wait()
 
+    def _apply(self, data: bytes | bytearray) -> bool:
+        """Hand received bytes to the session and recount the parser's buffer; False once the
+        connection must end."""
+        ok = self.session.receive(data, trio.current_time()) and bool(data)
+        buffered = self.session.conn.buffered_bytes
+        delta = buffered - self._input_bytes
+        if delta:
+            self._input_bytes = buffered
+            if delta > 0:
+                self.budget.used += delta
+            else:
+                self.budget.release(-delta)
+        return ok
+
+    async def _finish_turn(self, receive: ReceiveSome) -> bool:
+        """Over the bound with a body begun: wait for this connection's turn (or for the total
+        to drop under the bound), then complete it. False once the connection must end."""
+        budget = self.budget
+        with trio.CancelScope() as waiting:
+            budget.cancel_when_below(waiting)
+            await budget.finishing.acquire()
+        budget.forget(waiting)
+        if waiting.cancelled_caught:
+            return True  # under the bound again: the main loop reads as usual
+        try:
+            return await self._finish_command(receive)
+        finally:
+            budget.finishing.release()
+
+    async def _finish_command(self, receive: ReceiveSome) -> bool:
+        """Over the bound: read only what the command being received still needs, until it is
+        complete (or the total is back under the bound). False once the connection must end."""
+        conn = self.session.conn
+        budget = self.budget
+        while (missing := conn.missing_bytes) and budget.over and not self.session.closing:
+            if self.session.waiting is not None:
+                return True  # the main loop serves it
+            timeout = 2 * self._heartbeat_interval if self._heartbeat_interval > 0 else math.inf
+            with trio.move_on_after(timeout) as scope:
+                try:
+                    data = await receive(min(missing, RECEIVE_SIZE))
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    return False
+            if scope.cancelled_caught:
+                log.warning(
+                    "CLIENT(%s): no data for %.1fs (2 heartbeats) in a command, closing",
+                    self.remote_address,
+                    timeout,
+                )
+                return False
+            self.session.hold_publishes = False  # the command it completes applies
+            if not self._apply(data):
+                return False
+        return True
+
     async def _serve(self, wait: Wait) -> bool:
         """Do what the session waits for; False if the connection must end."""
+        if isinstance(wait, Backpressure):
+            # Nothing more is read from this client until the total is under the bound again.
+            # What its parser holds (the start of a command after the held ones) stops counting
+            # meanwhile: it cannot drain until then (the next receive counts it again).
+            self.budget.release(self._input_bytes)
+            self._input_bytes = 0
+            await self.budget.wait_below()
+            self.session.hold_publishes = False
+            return True
         if isinstance(wait, AuthQuery):
             await self._query_auth(wait)
             return True
@@ -287,6 +390,7 @@ class TcpConnection:
                 if scope.cancelled_caught:
                     log.warning("CLIENT(%s): write timed out, closing", self.remote_address)
                     return
+                output.sent()
                 self._drained.set()
                 self._drained = trio.Event()
                 session.output_drained()

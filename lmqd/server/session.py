@@ -23,12 +23,19 @@ returns (one ``Throttle`` per run, at most ``PUBLISH_WAIT_MAX``; the reserved co
 the first command refused gets its ``E_<CMD>_FAILED`` after the ``OK`` of those before it. A run
 to a topic without a gate costs one dict lookup more than nsqd's path. The authorization
 check itself is a plain call on the cached answer (``lmqd.transport.auth.check_authorized``),
-done once per run of publishes to one topic, so there is no await per message.
+done once per run of publishes to one topic, so there is no await per message. The fourth wait
+is ``Backpressure``: while the daemon is past ``--max-buffered-bytes`` (``hold_publishes``) a
+PUB, MPUB or DPUB stops applying, and the connection reads nothing more from this client until
+the total is back under the bound; every other command (FIN, REQ, RDY, ...) is still applied.
 
 A subscribed session is the channel's ``Consumer``: its RDY window, message timeout and sample
-rate, and ``write_messages``, which turns a delivery round's messages into frames. While more
-than ``OUTPUT_HIGH_WATER`` bytes wait to be sent it reports an RDY window of 0 (stalled), so a
-consumer that stops reading costs at most about that much memory.
+rate, its byte room, and ``write_messages``, which turns a delivery round's messages into
+frames. Its output is bounded in bytes, not only by RDY: a delivery round gives it messages only
+while their bodies fit the room left below ``OUTPUT_HIGH_WATER`` (``byte_room``; the last one
+may pass it), and once that much waits to be sent it is *stalled* (an RDY window of 0) until its
+writer drains it. Messages it has no room for stay in the channel, not in flight. So a consumer
+that stops reading holds at most ``OUTPUT_HIGH_WATER`` plus one message of output, whatever its
+RDY and the message size.
 """
 
 from __future__ import annotations
@@ -89,8 +96,12 @@ from lmqd.transport.tls import TLSState
 log = logging.getLogger("lmqd.server")
 
 # A subscriber with this much unsent output gets no more messages until its writer catches up
-# (it reports an RDY window of 0): a consumer that stops reading costs at most about this much
-# memory, instead of collecting every redelivery of its own timed-out messages.
+# (it reports an RDY window of 0), and no delivery round gives it more than the room left below
+# it plus one message: a consumer that stops reading costs at most this much plus one message
+# (5 MiB at the default --max-msg-size), whatever its RDY, instead of a whole RDY window of big
+# messages (2500 x 1 MiB) or every redelivery of its own timed-out messages. 4 MiB (the value
+# since the first build): a full RDY window of 2500 x 1 KiB messages fits in one round, so small
+# messages never meet the byte bound, and a thousand stuck consumers still fit in ~5 GiB.
 OUTPUT_HIGH_WATER = 4 * 1024 * 1024
 
 
@@ -125,7 +136,15 @@ class Throttle:
     until: float
 
 
-Wait = Upgrade | AuthQuery | Throttle
+@attrs.frozen
+class Backpressure:
+    """Past the daemon-wide buffer bound (``lmqd.server.budget``) a publish was reached: it and
+    everything after it wait until the total is back under the bound."""
+
+
+BACKPRESSURE = Backpressure()
+
+Wait = Upgrade | AuthQuery | Throttle | Backpressure
 
 
 class Session:
@@ -170,6 +189,9 @@ class Session:
         # Upgrades and AUTH (see the module docstring).
         self.waiting: Wait | None = None
         """What the connection must do before this session applies more commands."""
+        self.hold_publishes = False
+        """Set by the connection while the daemon is past its buffer bound: a PUB, MPUB or DPUB
+        stops applying (``Backpressure``); every other command is still applied."""
         self._pending: list[Event] = []
         self.auth_enabled = conn.limits.auth_required
         self.auth_state: AuthState | None = None
@@ -192,12 +214,20 @@ class Session:
     def ready_count(self, count: int) -> None:
         self._ready_count = count
 
+    def byte_room(self) -> int:
+        """Bytes of messages a delivery round may give this consumer now (<= 0: stalled until
+        its writer drains, which asks the channel for a round)."""
+        room = OUTPUT_HIGH_WATER - self.output.pending_bytes
+        if room <= 0:
+            self.stalled = True
+        return room
+
     def write_messages(self, messages: Sequence[Message]) -> None:
         output = self.output
         parts: list[bytes] = []
         frames = ext_message_frame_parts if self.ext_frames else message_frame_parts
         output.write_parts(parts, frames(messages, parts))
-        if output.pending_bytes > OUTPUT_HIGH_WATER:
+        if output.pending_bytes >= OUTPUT_HIGH_WATER:
             self.stalled = True
 
     def close(self) -> None:
@@ -208,7 +238,7 @@ class Session:
 
     def output_drained(self) -> None:
         """The writer sent what was ready: a stalled consumer may take messages again."""
-        if self.stalled and self.output.pending_bytes <= OUTPUT_HIGH_WATER:
+        if self.stalled and self.output.pending_bytes < OUTPUT_HIGH_WATER:
             self.stalled = False
             if self.channel is not None:
                 self.channel.consumer_ready()
@@ -373,6 +403,9 @@ class Session:
                 if fins or event.topic != pub_topic:
                     if not flush():
                         return
+                    if self.hold_publishes:
+                        self._wait(events, event, BACKPRESSURE, after=False)
+                        return
                     kind = "PUB" if isinstance(event, Pub) else "MPUB"
                     if self.auth_enabled and not self._auth_checked(kind, event.topic, None, now):
                         self._wait(events, event, self._refresh(kind, event.topic), after=False)
@@ -400,6 +433,9 @@ class Session:
                 case Nop():
                     pass
                 case Dpub(topic=topic, defer_ms=defer_ms, body=body):
+                    if self.hold_publishes:
+                        self._wait(events, event, BACKPRESSURE, after=False)
+                        return
                     if self.auth_enabled and not self._auth_checked("DPUB", topic, None, now):
                         self._wait(events, event, self._refresh("DPUB", topic), after=False)
                         return
@@ -411,6 +447,9 @@ class Session:
                     self._publish("DPUB", topic, [body], defer_ms / 1000)
                     self._write_oks("DPUB", topic, 1)
                 case Xpub(topic=topic, messages=messages, defer_ms=defer_ms):
+                    if self.hold_publishes:
+                        self._wait(events, event, BACKPRESSURE, after=False)
+                        return
                     if self.auth_enabled and not self._auth_checked("XPUB", topic, None, now):
                         self._wait(events, event, self._refresh("XPUB", topic), after=False)
                         return

@@ -9,6 +9,7 @@ import trio
 
 from lmqd.broker import Broker
 from lmqd.net import bind_listener, format_address
+from lmqd.server.budget import BufferBudget
 from lmqd.server.connection import TcpConnection
 from lmqd.server.security import ServerSecurity
 
@@ -32,12 +33,16 @@ async def serve_tcp(
     sockname = listeners[0].socket.getsockname()
     bound = (str(sockname[0]), int(sockname[1]))
     log.info("TCP: listening on %s", format_address(bound))
+    # One budget for every connection: --max-buffered-bytes bounds their buffers together.
+    budget = BufferBudget(broker.options.max_buffered_bytes)
     task_status.started(bound)
-    await trio.serve_listeners(partial(_handle_connection, broker, security), listeners)
+    await trio.serve_listeners(
+        partial(_handle_connection, broker, security, budget), listeners
+    )
 
 
 async def _handle_connection(
-    broker: Broker, security: ServerSecurity, stream: trio.SocketStream
+    broker: Broker, security: ServerSecurity, budget: BufferBudget, stream: trio.SocketStream
 ) -> None:
     try:
         peer = stream.socket.getpeername()
@@ -45,7 +50,7 @@ async def _handle_connection(
     except OSError:  # already reset by the peer
         await stream.aclose()
         return
-    connection = TcpConnection(broker, stream, remote, security)
+    connection = TcpConnection(broker, stream, remote, security, budget)
     try:
         await connection.serve()
     except Exception:

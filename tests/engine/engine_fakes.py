@@ -31,9 +31,19 @@ class FakeClient:
     ``*_count`` properties read."""
 
     def __init__(
-        self, client_id: int, *, ready: int = 0, msg_timeout: float = 60.0, sample_rate: int = 0
+        self,
+        client_id: int,
+        *,
+        ready: int = 0,
+        msg_timeout: float = 60.0,
+        sample_rate: int = 0,
+        output_limit: int = 2**62,
     ) -> None:
         self.id = client_id
+        self.output_limit = output_limit
+        """Body bytes its (modelled) output buffer takes before it has no room."""
+        self.pending_bytes = 0
+        """Body bytes written and not yet ``drain``ed."""
         self.ready_count = ready
         self.sub: Subscription | None = None
         self.msg_timeout = msg_timeout
@@ -63,8 +73,16 @@ class FakeClient:
     def requeue_count(self) -> int:
         return self.sub.requeue_count if self.sub is not None else 0
 
+    def byte_room(self) -> int:
+        return self.output_limit - self.pending_bytes
+
+    def drain(self) -> None:
+        """Its (modelled) writer sent everything: room again (the caller asks for a round)."""
+        self.pending_bytes = 0
+
     def write_messages(self, messages: Sequence[Message]) -> None:
         assert messages, "the channel must not make empty writes"
+        self.pending_bytes += sum(len(m.body) for m in messages)
         self.writes.append(list(messages))
         self.write_times.append(now_or_none())
         self._written.set()

@@ -1,4 +1,5 @@
-"""``split_batch``: how one delivery round spreads messages over the ready consumers.
+"""``split_batch`` and ``fit_bytes``: how one delivery round spreads messages over the ready
+consumers, in counts and in bytes.
 
 Rules for this module: pure function, seeded ``random.Random``; no trio.
 """
@@ -11,7 +12,8 @@ from collections import Counter
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lmqd.engine.delivery import split_batch
+from lmqd.engine.delivery import fit_bytes, split_batch
+from lmqd.message import Message
 
 
 def test_one_consumer_takes_everything() -> None:
@@ -65,3 +67,20 @@ def test_shares_respect_windows_and_sum_to_the_batch(
         for j in range(len(frees)):
             if taken.get(i, 0) < free:
                 assert taken.get(j, 0) <= taken.get(i, 0) + 1
+
+
+def _sized(*sizes: int) -> list[Message]:
+    return [Message(b"%016d" % i, b"x" * size, 0) for i, size in enumerate(sizes)]
+
+
+def test_fit_bytes_takes_messages_while_the_bytes_before_them_are_below_the_room() -> None:
+    # 4 x 100 bytes in a room of 250: the third starts at 200 < 250 (it may pass the room),
+    # the fourth would start at 300.
+    assert fit_bytes(_sized(100, 100, 100, 100), 250) == (3, 300)
+    assert fit_bytes(_sized(100, 100, 100, 100), 200) == (2, 200)
+    assert fit_bytes(_sized(100, 100), 10_000) == (2, 200)
+
+
+def test_fit_bytes_always_gives_one_message() -> None:
+    # A message bigger than the whole room still goes (alone): the consumer would never get it.
+    assert fit_bytes(_sized(5000, 1), 1) == (1, 5000)

@@ -11,7 +11,14 @@ import random
 import pytest
 
 from lmqd.engine.deferred import DeferredQueue
-from lmqd.engine.inflight import COMPACT_FLOOR, COMPACT_RATIO, InFlightQueue, NotInFlight, NotOwner
+from lmqd.engine.inflight import (
+    COMPACT_FLOOR,
+    COMPACT_FLOOR_BYTES,
+    COMPACT_RATIO,
+    InFlightQueue,
+    NotInFlight,
+    NotOwner,
+)
 from lmqd.message import Message
 
 from .engine_fakes import make_messages
@@ -91,6 +98,24 @@ def test_inflight_compaction_keeps_heap_bounded_under_fin_churn() -> None:
     assert peak <= COMPACT_RATIO * 101 + COMPACT_FLOOR + 1
     assert peak_entries <= peak
     assert sorted(m.id for m in q.pop_due(math.inf)) == sorted(m.id for m in live)
+
+
+def test_finished_big_messages_are_not_kept_alive_past_the_byte_floor() -> None:
+    # 300 messages of 1 MiB (one shared body: only lengths count here), each finished right
+    # after delivery, one in flight at a time: fewer than the count floor, so only the byte
+    # rule lets the heap drop the finished ones before their 60 s deadline.
+    q = InFlightQueue()
+    body = b"x" * (1024 * 1024)
+    peak = 0
+    for i in range(300):
+        m = Message(b"%016d" % i, body, 0)
+        q.start_many([m], 1, 0.0, 60.0 + i)
+        peak = max(peak, q.ref_bytes)
+        q.remove(m.id)
+    assert COMPACT_FLOOR > 300  # the count rule alone would keep all 300 (300 MiB)
+    assert peak <= COMPACT_RATIO * len(body) + COMPACT_FLOOR_BYTES + len(body)
+    assert q.ref_bytes <= COMPACT_RATIO * len(body) + COMPACT_FLOOR_BYTES  # 19 MiB, not 300
+    assert q.pop_due(math.inf) == []
 
 
 def test_inflight_touch_churn_is_bounded_too() -> None:

@@ -1,0 +1,132 @@
+"""Big messages to a subscriber that never reads: the daemon's memory stays within its byte bounds.
+
+Rules for this module (see STYLE.md, Tests):
+- a fresh ``lmqd`` subprocess per test (``lmqd_server``), 127.0.0.1, port 0; plain blocking
+  sockets in threads, every read and send bounded by a timeout;
+- the daemon's peak resident memory is ``VmHWM`` in ``/proc/<pid>/status``, compared with a
+  generous bound well under what buffering a whole RDY window would take;
+- meanwhile another client is served: it gets every message.
+
+The defect (issue 18): RDY 300 and 300 x 1 MiB took lmqd from 42 MB to 656 MB, a whole window of
+frames plus their joined copy in the stuck connection's output.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.request
+
+import pytest
+
+from tests.support.process import LmqdProcess
+from tests.support.rawbytes import (
+    FRAME_MESSAGE,
+    ConnectionClosed,
+    NsqSocket,
+    assert_daemon_serves,
+    decode_message,
+    fin,
+    mpub,
+    rdy,
+    unique,
+)
+
+MiB = 1024 * 1024
+
+STUCK_RDY = 300
+MESSAGES = 300
+BODY_SIZE = 1 * MiB
+PER_MPUB = 4  # 4 MiB: under the default --max-body-size (5 MiB)
+# What lmqd may hold meanwhile: the stuck consumer's output (4 MiB + one message, and the joined
+# copy of a send), the other consumer's likewise and its window in flight, the topic's memory
+# tail (--mem-queue-size=16: 16 MiB), a 4 MiB MPUB being parsed (its chunks, their join, the
+# bodies cut from it), the log's tail cache. Measured: a 94 MiB peak from a 41 MiB start (690
+# MiB before the byte bounds). 200 MiB is generous and still well under one RDY window (300 MiB).
+PEAK_RSS_BOUND = 200 * MiB
+TEST_LIMIT_S = 25.0  # under the 30 s write deadline after which the stuck client is dropped
+
+
+class Reader(threading.Thread):
+    """Reads and FINs everything on its channel; records each body's first 8 bytes."""
+
+    def __init__(self, address: str, topic: str, channel: str) -> None:
+        super().__init__(name="reader", daemon=True)
+        self.conn = NsqSocket(address, timeout=20)
+        self.conn.subscribe(topic, channel, ready=50)
+        self.seen: set[bytes] = set()
+        self.error: BaseException | None = None
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        try:
+            while not self.stop.is_set():
+                try:
+                    frame = self.conn.read_frame(timeout=0.5)
+                except TimeoutError:
+                    continue
+                if frame.type != FRAME_MESSAGE:
+                    continue
+                message = decode_message(frame.data)
+                self.seen.add(message.body[:8])
+                self.conn.send(fin(message.id))
+        except (ConnectionClosed, OSError) as exc:
+            if not self.stop.is_set():
+                self.error = exc
+
+
+def channel_stats(server: LmqdProcess, topic: str, channel: str) -> dict[str, int]:
+    url = f"http://{server.http_address}/stats?format=json&topic={topic}"
+    with urllib.request.urlopen(url, timeout=5) as response:
+        data = json.load(response)
+    [found] = [c for t in data["topics"] for c in t["channels"] if c["channel_name"] == channel]
+    return {key: found[key] for key in ("depth", "in_flight_count", "timeout_count")}
+
+
+@pytest.mark.lmqd_args("--mem-queue-size=16")
+def test_big_messages_to_a_subscriber_that_never_reads_stay_within_the_byte_bound(
+    lmqd_server: LmqdProcess,
+) -> None:
+    address = lmqd_server.tcp_address
+    topic = unique("big")
+    stuck = NsqSocket(address, rcvbuf=4096)
+    stuck.subscribe(topic, "stuck", ready=0)  # its channel keeps every message from now on
+    reader = Reader(address, topic, "fast")
+    reader.start()
+    publisher = NsqSocket(address, timeout=20)
+    time.sleep(0.3)  # both subscriptions are in place before the first message
+    start = time.monotonic()
+    try:
+        padding = b"p" * (BODY_SIZE - 8)
+        for first in range(0, MESSAGES, PER_MPUB):
+            bodies = [b"%08d" % n + padding for n in range(first, first + PER_MPUB)]
+            publisher.send(mpub(topic, bodies))
+            publisher.expect_response(timeout=20)
+        # A whole backlog and a big window: one delivery round could take all 300 messages.
+        stuck.send(rdy(STUCK_RDY))  # and never read again
+        expected = {b"%08d" % n for n in range(MESSAGES)}
+        while reader.seen != expected and reader.error is None:
+            assert time.monotonic() - start < TEST_LIMIT_S, (
+                f"the other consumer got {len(reader.seen)} of {MESSAGES} in {TEST_LIMIT_S}s"
+            )
+            time.sleep(0.1)
+        assert reader.error is None, reader.error
+        time.sleep(0.5)  # the stuck consumer's round is long done
+        # The stuck consumer holds a few messages in flight; the rest wait in its channel.
+        stats = channel_stats(lmqd_server, topic, "stuck")
+        assert stats["in_flight_count"] <= 5, stats
+        assert stats["depth"] + stats["in_flight_count"] == MESSAGES, stats
+        assert_daemon_serves(address)
+        rss_kb, peak_kb = lmqd_server.memory_kb()
+    finally:
+        reader.stop.set()
+        reader.join(5)
+        reader.conn.close()
+        publisher.close()
+        stuck.close()
+    assert peak_kb * 1024 < PEAK_RSS_BOUND, (
+        f"lmqd peaked at {peak_kb / 1024:.0f} MiB (now {rss_kb / 1024:.0f} MiB) sending "
+        f"{MESSAGES} x 1 MiB to a client with RDY {STUCK_RDY} that never reads "
+        f"(bound {PEAK_RSS_BOUND / MiB:.0f} MiB)"
+    )
