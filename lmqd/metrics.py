@@ -36,6 +36,11 @@ lmqd_sync_rounds_total (syncer rounds run)            counter
 lmqd_sync_failures_total (failed queue syncs)         counter
 lmqd_fsync_duration_seconds (per round)               histogram
 lmqd_queue_disk_bytes                                 gauge     topic, channel
+lmqd_storage_damaged_regions_total                    counter   topic, channel
+lmqd_storage_damaged_bytes_total                      counter   topic, channel
+lmqd_storage_lost_messages_total (a lower bound)      counter   topic, channel
+lmqd_storage_missing_segments_total                   counter   topic, channel
+lmqd_storage_rebuilt_positions_total                  counter   topic, channel
 ===================================================== ========= ===========================
 
 ``client`` labels are ``client_id`` (IDENTIFY's, not unique) and ``remote_address`` (unique per
@@ -50,6 +55,12 @@ per channel store on disk: ``channel=""`` for a topic's log (every channel's mes
 once), and a channel's series sums its own store and its ``#deferred`` store once open
 (``Channel.disk_queues``; a channel that never needed either has no series). Ephemeral topics
 and channels (no files) have no series.
+
+The ``lmqd_storage_*`` counters are the ``storage_damage`` of ``/stats`` (``lmqd.stats.
+StorageDamage``): ``channel=""`` is the topic's log, a channel's series its own and deferred
+stores; every topic and channel has them, at 0 until damage is found. They count since the
+daemon started, what start-up recovery found included (a restart counts again what is still on
+disk), so ``rate()`` and ``increase()`` over them behave as for any counter reset by a restart.
 
 The registry also carries prometheus-client's standard ``process_*``, ``python_gc_*`` and
 ``python_info`` collectors.
@@ -112,6 +123,7 @@ class LmqCollector(Collector):
         yield from self._client_metrics(topics, producers)
         yield from _sync_metrics(broker.syncer.statistics())
         yield _disk_bytes(broker)
+        yield from _damage_metrics(topics)
 
     def _daemon_metrics(self, broker: Broker, topics: list[TopicStats]) -> Iterator[Metric]:
         info = GaugeMetricFamily(
@@ -244,6 +256,31 @@ def _disk_bytes(broker: Broker) -> GaugeMetricFamily:
                 total = sum(q.bytes_on_disk for q in queues)
                 gauge.add_metric([topic.name, channel.name], total)
     return gauge
+
+
+_DAMAGE_FIELDS = (
+    ("regions", "damaged_regions", "corrupt regions set aside (and empty middle segments)"),
+    ("bytes", "damaged_bytes", "bytes of the corrupt regions set aside"),
+    ("lost_messages", "lost_messages", "messages lost to damage (a lower bound)"),
+    ("missing_segments", "missing_segments", "segment files found missing"),
+    ("rebuilt_positions", "rebuilt_positions", "positions rebuilt from the segments"),
+)
+
+
+def _damage_metrics(topics: list[TopicStats]) -> Iterator[Metric]:
+    families = [
+        (field, _counter(f"lmqd_storage_{name}", doc + " (channel \"\": the topic's log)",
+                         _CHANNEL))
+        for field, name, doc in _DAMAGE_FIELDS
+    ]
+    for t in topics:
+        rows = [([t.topic_name, ""], t.storage_damage)]
+        rows += [([t.topic_name, c.channel_name], c.storage_damage) for c in t.channels]
+        for key, damage in rows:
+            for field, family in families:
+                family.add_metric(key, getattr(damage, field))
+    for _, family in families:
+        yield family
 
 
 def _clients(channel: ChannelStats) -> tuple[ClientStats, ...]:

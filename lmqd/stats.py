@@ -59,6 +59,54 @@ NO_E2E_LATENCY = E2eLatency()
 
 
 @attrs.frozen(kw_only=True)
+class StorageDamage:
+    """Damage a topic's log or a channel's stores found in their files (lmq's, not nsqd's):
+    counted since the daemon started, start-up recovery included (``lmqd.storage.repair``).
+
+    In ``/stats`` it is the extra key ``storage_damage`` of a topic (its log) and of a channel
+    (its own and deferred stores, summed); ``/metrics`` has one counter per field.
+    """
+
+    regions: int = 0
+    """Corrupt regions set aside (``<segment>.bad-<offset>``), empty middle segments and
+    files found shorter than written included."""
+    bytes: int = 0
+    """Bytes of those regions."""
+    lost_messages: int = 0
+    """Messages lost with them: a lower bound (the record prefixes still plausible in each
+    region; exact for a channel store's region found while reading)."""
+    missing_segments: int = 0
+    """Segment files the positions named that were not there."""
+    rebuilt_positions: int = 0
+    """Positions files, log state files and cursors that disagreed with the segments (or were
+    missing or damaged) and were rebuilt from them."""
+
+    def __add__(self, other: StorageDamage) -> StorageDamage:
+        return StorageDamage(
+            regions=self.regions + other.regions,
+            bytes=self.bytes + other.bytes,
+            lost_messages=self.lost_messages + other.lost_messages,
+            missing_segments=self.missing_segments + other.missing_segments,
+            rebuilt_positions=self.rebuilt_positions + other.rebuilt_positions,
+        )
+
+    def __bool__(self) -> bool:
+        return self != NO_DAMAGE
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "regions": self.regions,
+            "bytes": self.bytes,
+            "lost_messages": self.lost_messages,
+            "missing_segments": self.missing_segments,
+            "rebuilt_positions": self.rebuilt_positions,
+        }
+
+
+NO_DAMAGE = StorageDamage()
+
+
+@attrs.frozen(kw_only=True)
 class ClientStats:
     """nsqd's ``ClientV2Stats`` of one TCP connection."""
 
@@ -141,6 +189,8 @@ class ChannelStats:
     """None when the caller asked for no clients (``client_count`` is still filled in)."""
     paused: bool
     e2e_processing_latency: E2eLatency = NO_E2E_LATENCY
+    storage_damage: StorageDamage = NO_DAMAGE
+    """lmq's extra key: damage found in the channel's own and deferred stores."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -156,6 +206,7 @@ class ChannelStats:
             "clients": None if self.clients is None else [c.to_dict() for c in self.clients],
             "paused": self.paused,
             "e2e_processing_latency": self.e2e_processing_latency.to_dict(),
+            "storage_damage": self.storage_damage.to_dict(),
         }
 
 
@@ -171,6 +222,8 @@ class TopicStats:
     message_bytes: int
     paused: bool
     e2e_processing_latency: E2eLatency = NO_E2E_LATENCY
+    storage_damage: StorageDamage = NO_DAMAGE
+    """lmq's extra key: damage found in the topic's log."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -182,4 +235,5 @@ class TopicStats:
             "message_bytes": self.message_bytes,
             "paused": self.paused,
             "e2e_processing_latency": self.e2e_processing_latency.to_dict(),
+            "storage_damage": self.storage_damage.to_dict(),
         }

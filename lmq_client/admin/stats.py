@@ -6,6 +6,11 @@ daemons counts are summed; an e2e latency percentile is the highest any daemon r
 conservative choice: nsqadmin averages them, which hides one slow node). With several daemons
 the table gets a node column: each topic and channel has its total row, then one row per
 daemon that has it.
+
+Storage damage (lmqd's extra ``storage_damage`` key in /stats: corrupt regions set aside,
+messages lost, positions rebuilt) is summed like the counts; the table shows it in its caption,
+one line per topic or channel that has any, so an operator sees it without a column that is
+zero almost always. nsqd has no such key: its rows simply have none.
 """
 
 from __future__ import annotations
@@ -45,6 +50,8 @@ class Row:
     """quantile -> nanoseconds."""
     rate: float | None = None
     """Messages per second into the topic/channel since the previous sample."""
+    damage: dict[str, int] = attrs.field(factory=dict)
+    """lmqd's ``storage_damage`` counters, summed (empty when no daemon reported any)."""
 
 
 Key = tuple[str, str | None]
@@ -132,6 +139,25 @@ def _add(row: Row, data: Mapping[str, Any]) -> None:
     for p in e2e.get("percentiles") or []:
         q, v = float(p["quantile"]), float(p["value"])
         row.e2e[q] = max(row.e2e.get(q, 0.0), v)
+    damage = data.get("storage_damage")
+    if isinstance(damage, Mapping):
+        for key, value in damage.items():
+            if isinstance(value, int) and value:
+                row.damage[key] = row.damage.get(key, 0) + value
+
+
+def _damage_text(row: Row) -> str:
+    d = row.damage
+    parts = [
+        f"{d.get('regions', 0)} region(s) set aside ({d.get('bytes', 0)} bytes)",
+        f"at least {d.get('lost_messages', 0)} message(s) lost",
+    ]
+    if d.get("missing_segments"):
+        parts.append(f"{d['missing_segments']} segment(s) missing")
+    if d.get("rebuilt_positions"):
+        parts.append(f"positions rebuilt {d['rebuilt_positions']} time(s)")
+    where = row.topic if row.channel is None else f"{row.topic}/{row.channel}"
+    return f"storage damage in {where}: " + ", ".join(parts)
 
 
 def _fmt_latency(ns: float) -> str:
@@ -183,6 +209,10 @@ def render_table(snap: Snapshot) -> Table:
     width = len(_HEADERS) + (2 if several else 1)
     if not snap.rows:
         table.add_row("(no topics)", *[""] * width)
+    damaged = [_damage_text(row) for row in snap.rows.values() if row.damage]
+    if damaged:
+        table.caption = "\n".join(f"[bold red]{line}[/bold red]" for line in damaged)
+        table.caption_justify = "left"
     for key, row in snap.rows.items():
         name = row.topic if row.channel is None else f"  {row.channel}"
         if row.paused:
@@ -227,4 +257,5 @@ def _row_json(row: Row) -> dict[str, Any]:
         "paused": row.paused,
         "rate": row.rate,
         "e2e_processing_latency_ns": {f"{q:g}": v for q, v in sorted(row.e2e.items())},
+        "storage_damage": dict(row.damage),
     }

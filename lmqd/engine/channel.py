@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from lmqd.engine.backend import BackendError, BackendQueue, StoredQueue
+from lmqd.engine.backend import BackendError, BackendQueue, StoredQueue, storage_damage
 from lmqd.engine.cursor import ChannelCursor
 from lmqd.engine.deferred import DeferredQueue
 from lmqd.engine.delivery import split_batch
@@ -1017,4 +1017,5 @@ class Channel:
             ),
             paused=self.paused,
             e2e_processing_latency=self.e2e_latency(),
+            storage_damage=storage_damage(q.damage for q in self.disk_queues),
         )

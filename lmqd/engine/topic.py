@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from lmqd.engine.backend import BackendError, BackendQueue, DummyBackend
+from lmqd.engine.backend import BackendError, BackendQueue, DummyBackend, storage_damage
 from lmqd.engine.channel import Channel, TopicExiting
 from lmqd.engine.cursor import ChannelCursor
 from lmqd.engine.e2e import E2eLatencyStream
@@ -476,4 +476,5 @@ class Topic:
             message_bytes=self.message_bytes,
             paused=self.paused,
             e2e_processing_latency=self.e2e_latency(),
+            storage_damage=storage_damage([self.log.damage] if self.log is not None else []),
         )

@@ -192,6 +192,11 @@ class TopicLog:
         return self._damage.rebuilt_positions
 
     @property
+    def damage(self) -> Damage:
+        """What this log found wrong with its files since it was opened (recovery included)."""
+        return self._damage.snapshot()
+
+    @property
     def adopted_offset(self) -> int | None:
         """The offset up to which the topic's disk queue had read when the log adopted its
         segments (where its existing channels' cursors start); None if nothing was adopted."""
@@ -472,6 +477,8 @@ class TopicLog:
         damage.torn_bytes = r.torn_bytes
         damage.missing_segments = r.missing_segments
         damage.rebuilt_positions = r.rebuilt_state
+        damage.lost_messages = r.lost_messages
+        damage.rebuilt_count = r.rebuilt_count
         segments = self._segments
         index = self._index
         for seg in r.segments:

@@ -657,7 +657,7 @@ def test_statistics_snapshot_counts() -> None:
     assert list(d) == [
         "channel_name", "depth", "backend_depth", "in_flight_count", "deferred_count",
         "message_count", "requeue_count", "timeout_count", "client_count", "clients", "paused",
-        "e2e_processing_latency",
+        "e2e_processing_latency", "storage_damage",  # lmq's extra key, after nsqd's
     ]  # fmt: skip
     assert d["e2e_processing_latency"] == {"count": 0, "percentiles": None}
     assert "pub_counts" not in d["clients"][0]  # omitempty

@@ -495,7 +495,7 @@ def test_topic_statistics_snapshot(tmp_path: Path) -> None:
     d = s.to_dict()
     assert list(d) == [
         "topic_name", "channels", "depth", "backend_depth", "message_count", "message_bytes",
-        "paused", "e2e_processing_latency",
+        "paused", "e2e_processing_latency", "storage_damage",  # lmq's extra key, after nsqd's
     ]  # fmt: skip
     assert d["channels"][0]["clients"] == []
     assert d["e2e_processing_latency"] == {"count": 0, "percentiles": None}
