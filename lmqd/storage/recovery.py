@@ -401,7 +401,6 @@ def recover_queue(directory: str, name: str) -> RecoveredQueue:
     else:
         read_segment, read_offset = positions.read
         live = [n for n in numbers if n >= read_segment]
-        _remove_consumed(name, [(n, on_disk[n]) for n in numbers if n < read_segment])
         state.missing_segments += _count_missing(name, positions, set(live))
     for index, number in enumerate(live):
         if positions is None:
@@ -448,6 +447,23 @@ def recover_queue(directory: str, name: str) -> RecoveredQueue:
                 first.path,
                 first.floor,
             )
+    consumed = [n for n in numbers if positions is not None and n < positions.read_segment]
+    if positions is not None and positions.depth > state.depth and consumed:
+        # Older segments are still there and the read position holds fewer messages than it
+        # recorded: it may have run ahead. Deleting those segments as consumed could lose
+        # unread messages; reading them again only repeats some.
+        set_aside_state_file(
+            positions_path,
+            name,
+            f"depth {positions.depth} recorded, {state.depth} from the read position on, "
+            f"and {len(consumed)} older segment(s) still on disk",
+            "positions",
+        )
+        rebuilt = recover_queue(directory, name)
+        rebuilt.rebuilt_positions = True
+        return rebuilt
+    if positions is not None:
+        _remove_consumed(name, [(n, on_disk[n]) for n in consumed])
     if positions is not None and positions.depth != state.depth:
         # More than recorded is normal after a crash (writes since the last sync); fewer
         # means records were lost or set aside.
