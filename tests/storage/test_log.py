@@ -776,3 +776,34 @@ def test_delete_removes_the_log_s_files(tmp_path: Path) -> None:
     log.delete()
     assert list(tmp_path.iterdir()) == []
     assert log.closed and log.cursors == {}
+
+
+def test_a_fresh_log_creates_no_file_until_its_first_message(tmp_path: Path) -> None:
+    log = open_log(tmp_path, fresh=True)
+    cursor = log.create_cursor("c", "earliest")
+    assert log.prepare_sync() is None  # nothing to persist: no message, no file
+    assert list(tmp_path.iterdir()) == []
+    assert (log.next_offset, log.earliest_offset, log.bytes_on_disk) == (0, 0, 0)
+    assert read_all(cursor) == []
+    msgs = stamped(5)
+    assert log.append_many(msgs) == 0
+    assert len(segment_files(tmp_path)) == 1
+    assert entry_keys(read_all(cursor)) == expected(0, msgs)
+    log.sync()
+    assert (tmp_path / STATE).exists()
+    log.close()
+    again = open_log(tmp_path)
+    assert not again.rebuilt_state and again.damage.rebuilt_count == 0
+    restored = again.cursor("c")
+    assert restored is not None
+    assert entry_keys(read_all(restored)) == expected(0, msgs)
+    again.close()
+
+
+def test_a_fresh_log_closed_or_deleted_before_any_message_leaves_no_file(tmp_path: Path) -> None:
+    log = open_log(tmp_path, fresh=True)
+    log.create_cursor("c")
+    log.close()
+    log = open_log(tmp_path / "other", fresh=True)
+    log.delete()
+    assert list(tmp_path.iterdir()) == []
