@@ -24,7 +24,7 @@ from lmqd.engine.topic import Topic
 from lmqd.message import GuidFactory, Message
 from lmqd.options import Options
 from lmqd.stats import ClientStats, TopicStats
-from lmqd.storage import ChannelMetadata, Metadata, TimeBase, TopicMetadata, metadata_path
+from lmqd.storage import Metadata, TimeBase, metadata_path
 
 __all__ = ["BoundAddresses", "Broker", "BrokerObserver", "Connection"]
 
@@ -172,20 +172,7 @@ class Broker:
         """What the metadata file should say now (durable topics and channels, paused flags,
         topic policies)."""
         return Metadata(
-            tuple(
-                TopicMetadata(
-                    t.name,
-                    t.paused,
-                    tuple(
-                        ChannelMetadata(c.name, c.paused)
-                        for c in t.channels.values()
-                        if not c.ephemeral
-                    ),
-                    tuple(sorted(t.policy_settings.items())),
-                )
-                for t in self.topics.values()
-                if not t.ephemeral
-            )
+            tuple(t.metadata_entry() for t in self.topics.values() if not t.ephemeral)
         )
 
     def persist_metadata(self) -> None:

@@ -117,6 +117,7 @@ class Channel:
         deferred_store: Callable[[bool], BackendQueue | None] | None = None,
         cursor: ChannelCursor | None = None,
         durable: bool | None = None,
+        on_paused_changed: Callable[[], None] | None = None,
     ) -> None:
         self.topic_name = topic_name
         self.name = name
@@ -127,7 +128,8 @@ class Channel:
         self.cursor = cursor
         """Where the channel reads its topic's stream (None: the pump puts messages here)."""
         self.ephemeral = is_ephemeral(name)
-        self.paused = False
+        self._on_paused_changed = on_paused_changed
+        self._paused = False
         self.exiting = False
         self.clients: dict[int, Subscription] = {}
         self.message_count = 0
@@ -199,6 +201,18 @@ class Channel:
     def durable(self) -> bool:
         """Whether every message is on disk until FIN (``--durable``, not ephemeral)."""
         return self._acks is not None
+
+    @property
+    def paused(self) -> bool:
+        """Whether delivery is paused (persisted in the metadata file)."""
+        return self._paused
+
+    @paused.setter
+    def paused(self, value: bool) -> None:
+        if value != self._paused:
+            self._paused = value
+            if self._on_paused_changed is not None:
+                self._on_paused_changed()
 
     @property
     def disk_queues(self) -> tuple[StoredQueue, ...]:

@@ -19,6 +19,7 @@ from lmqd.storage import (
     metadata_path,
     save_metadata,
 )
+from lmqd.storage.metadata import MetadataEncoder, encode_metadata
 
 SAMPLE = Metadata(
     (
@@ -170,3 +171,30 @@ def test_data_dir_lock_excludes_a_second_daemon(tmp_path: Path) -> None:
     with DataDirLock(tmp_path) as again:
         assert again.locked
     assert not again.locked
+
+
+def test_the_encoder_reuses_unchanged_topics_and_writes_what_json_dumps_would() -> None:
+    encoder = MetadataEncoder()
+    assert encoder.encode(SAMPLE) == encode_metadata(SAMPLE)
+    orders, clicks = SAMPLE.topics
+    changed = Metadata(
+        (
+            TopicMetadata("orders", True, orders.channels, (("retention_ms", 5),)),
+            clicks,
+            TopicMetadata("tmp#ephemeral", False, ()),  # never written, as without an encoder
+            TopicMetadata("new", False, (ChannelMetadata("c#ephemeral"), ChannelMetadata("d"))),
+        )
+    )
+    data = encoder.encode(changed)
+    assert data == encode_metadata(changed)
+    doc = json.loads(data)
+    assert data == json.dumps(doc, separators=(",", ":")).encode() + b"\n"
+    assert [t["name"] for t in doc["topics"]] == ["orders", "Clicks.v2", "new"]
+    assert doc["topics"][0] == {
+        "name": "orders",
+        "paused": True,
+        "channels": [{"name": "archive", "paused": False}, {"name": "bill", "paused": True}],
+        "policy": {"retention_ms": 5},
+    }
+    assert doc["topics"][2]["channels"] == [{"name": "d", "paused": False}]
+    assert encoder.encode(Metadata()) == encode_metadata(Metadata())
