@@ -228,6 +228,7 @@ class Broker:
         topic = self.topics.pop(name)
         channels = list(topic.channels)
         topic.delete()
+        self.stores.topic_deleted(name)
         log.info("TOPIC(%s): deleted", name)
         if not topic.ephemeral:
             self.syncer.metadata_changed()

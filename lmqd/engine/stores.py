@@ -153,7 +153,7 @@ class Stores:
         self._hold_data_dir = hold_data_dir
         self._on_health = on_health
         self._preopened: dict[str, DiskQueue | TopicLog] = {}
-        self._on_disk: frozenset[str] | None = None
+        self._on_disk: set[str] | None = None
         """Names that had files at start-up; None until the service's scan (``note_on_disk``)."""
 
     def open_queue(self, name: str) -> DiskQueue:
@@ -180,7 +180,13 @@ class Stores:
     def note_on_disk(self, names: Sequence[str]) -> None:
         """The names that have files in the data directory at start-up (``stored_queue_names``),
         taken while holding its lock: a topic created later under any other name has none."""
-        self._on_disk = frozenset(names)
+        self._on_disk = set(names)
+
+    def topic_deleted(self, name: str) -> None:
+        """Topic ``name`` was deleted and its log's files removed: a topic created again under
+        that name starts fresh."""
+        if self._on_disk is not None:
+            self._on_disk.discard(name)
 
     def open_stored(
         self, names: Sequence[str]
