@@ -8,6 +8,8 @@ directory under ``--dir``) and a **probe**: one connection publishing a timestam
 topic ``probe`` every ``--probe-interval`` seconds and one subscribed to it (``RDY 1``, FIN at
 once), recording each message's publish-to-delivery latency. Then, one phase after another:
 
+* ``http-ping``: ``--count`` ``GET /ping`` the same way: what an HTTP request costs by itself
+  (hypercorn, the ASGI app, the request log line), to subtract from the creations' figures;
 * ``http-topic``: ``--count`` ``POST /topic/create`` (keep-alive connections, in parallel);
 * ``http-channel``: a channel on each of those topics (``POST /channel/create``);
 * ``tcp-sub``: ``--count`` ``SUB`` to new topics and channels, one short connection each (a
@@ -118,7 +120,7 @@ async def _until_ok(stream: trio.SocketStream, codec: ClientConnection) -> None:
 
 
 class KeepAlive:
-    """One HTTP/1.1 keep-alive connection (h11): POST requests with empty bodies."""
+    """One HTTP/1.1 keep-alive connection (h11): requests with empty bodies."""
 
     def __init__(self, stream: trio.SocketStream, host: str) -> None:
         self._stream = stream
@@ -129,10 +131,10 @@ class KeepAlive:
     async def connect(cls, address: Address) -> KeepAlive:
         return cls(await trio.open_tcp_stream(*address), f"{address[0]}:{address[1]}")
 
-    async def post(self, target: str) -> int:
+    async def request(self, method: str, target: str) -> int:
         conn = self._conn
         request = h11.Request(
-            method="POST",
+            method=method,
             target=target,
             headers=[("Host", self._host), ("Content-Length", "0")],
         )
@@ -154,17 +156,19 @@ class KeepAlive:
         await self._stream.aclose()
 
 
-async def http_flood(address: Address, targets: list[str], connections: int) -> None:
-    """POST every target, over ``connections`` keep-alive connections in parallel."""
+async def http_flood(
+    address: Address, targets: list[str], connections: int, method: str = "POST"
+) -> None:
+    """Request every target, over ``connections`` keep-alive connections in parallel."""
     pending = iter(targets)
 
     async def worker() -> None:
         client = await KeepAlive.connect(address)
         try:
             for target in pending:
-                status = await client.post(target)
+                status = await client.request(method, target)
                 if status != 200:
-                    raise RuntimeError(f"POST {target}: {status}")
+                    raise RuntimeError(f"{method} {target}: {status}")
         finally:
             await client.aclose()
 
@@ -219,6 +223,8 @@ async def run(args: argparse.Namespace, server: LmqdProcess) -> None:
     probe = Probe(tcp, args.probe_interval)
     count = args.count
     phases: list[tuple[str, int, Callable[[], Awaitable[None]]]] = [
+        ("http-ping", count,
+         lambda: http_flood(web, ["/ping"] * count, args.http_connections, "GET")),
         ("http-topic", count,
          lambda: http_flood(web, [f"/topic/create?topic=h{i}" for i in range(count)],
                             args.http_connections)),
@@ -251,6 +257,8 @@ async def run(args: argparse.Namespace, server: LmqdProcess) -> None:
         nursery.cancel_scope.cancel()
     rss, peak = server.memory_kb()
     print(f"daemon RSS {rss // 1024} MiB (peak {peak // 1024} MiB), {3 * count} creations")
+    print("cpu µs: the daemon's CPU per request; a creation's own cost is its phase's figure")
+    print("minus http-ping's (HTTP) or a SUB connection's setup (tcp-sub)")
 
 
 def main() -> None:
