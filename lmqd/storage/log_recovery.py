@@ -329,7 +329,9 @@ def check_state(state: LogState, on_disk: Mapping[int, str]) -> str | None:
         size = os.stat(path).st_size
     except OSError:
         return None  # recovery reports what it cannot read
-    if state.write_offset > size:
+    # A segment created just before the state was written may have lost its (unsynced) header
+    # in a power cut: recovery gives it a fresh one.
+    if state.write_offset > max(size, SEGMENT_HEADER_SIZE):
         return f"write offset {state.write_offset} is past the end of {path} ({size} bytes)"
     return None
 

@@ -502,7 +502,9 @@ def check_positions(positions: Positions, on_disk: Mapping[int, str]) -> str | N
         size = os.stat(path).st_size
     except OSError:
         return None  # recovery reports what it cannot read
-    if positions.read_offset > size:
+    # A segment created just before the file was written may have lost its (unsynced) header
+    # in a power cut: recovery gives it a fresh one, and reading at its start is right.
+    if positions.read_offset > max(size, SEGMENT_HEADER_SIZE):
         return f"read offset {positions.read_offset} is past the end of {path} ({size} bytes)"
     return None
 
