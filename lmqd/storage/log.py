@@ -438,9 +438,7 @@ class TopicLog:
             try:
                 fsync_dir(self._dir)
             except OSError:
-                log.warning(
-                    "TOPICLOG(%s): fsync of %s failed", self.name, self._dir, exc_info=True
-                )
+                log.warning("TOPICLOG(%s): fsync of %s failed", self.name, self._dir, exc_info=True)
         self._segments.clear()
         self._index.segments.clear()
         self._cache.clear()

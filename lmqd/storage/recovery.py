@@ -519,8 +519,7 @@ def set_aside_state_file(path: str, name: str, reason: str, what: str) -> None:
         aside = "(could not be moved)"
     subject = "TOPICLOG" if what != "positions" else "DISKQUEUE"
     log.error(
-        "%s(%s): %s disagrees with the segments (%s), kept as %s; rebuilding %s from the "
-        "segments",
+        "%s(%s): %s disagrees with the segments (%s), kept as %s; rebuilding %s from the segments",
         subject,
         name,
         path,
