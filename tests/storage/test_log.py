@@ -807,3 +807,19 @@ def test_a_fresh_log_closed_or_deleted_before_any_message_leaves_no_file(tmp_pat
     log = open_log(tmp_path / "other", fresh=True)
     log.delete()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_fresh_log_that_cannot_create_its_file_refuses_the_append_whole(tmp_path: Path) -> None:
+    log = open_log(tmp_path, fresh=True)
+    cursor = log.create_cursor("c", "earliest")
+    blocker = tmp_path / "t.lmq.000000.dat"
+    blocker.mkdir()  # the segment's name is taken: creating it fails
+    with pytest.raises(BackendError):
+        log.append_many(stamped(3))
+    assert (log.next_offset, log.bytes_on_disk) == (0, 0)
+    assert read_all(cursor) == []
+    blocker.rmdir()
+    msgs = stamped(2)
+    assert log.append_many(msgs) == 0  # the next append creates it
+    assert entry_keys(read_all(cursor)) == expected(0, msgs)
+    log.close()
