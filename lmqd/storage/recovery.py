@@ -37,11 +37,14 @@ Each region counts the messages it probably held (``verify.estimate_messages``: 
 prefixes still plausible in it, at least one), for the damage counters (``repair.Damage``).
 
 Positions are never trusted blindly (``check_positions``): a positions file whose read segment
-does not exist, whose read offset lies outside its segment file, or whose write segment lies
-beyond every segment on disk disagrees with the segments. It is set aside like a damaged one
-and the positions are rebuilt from the segments: reading restarts at the oldest record on disk
-and no segment is removed as consumed. Redelivering is the price; skipping a segment or deleting
-unread ones (what trusting such a file would do) is never taken.
+does not exist, whose read offset lies inside the header or past the end of its segment file,
+or whose write segment is more than one past the newest segment on disk disagrees with the
+segments; so does one whose recorded depth is more than the segments from its read position
+hold while segments before that position are still on disk (the read position may have run
+ahead of what was read). Such a file is set aside like a damaged one and the positions are
+rebuilt from the segments: reading restarts at the oldest record on disk and no segment is
+removed as consumed. Redelivering is the price; skipping a segment or deleting unread ones
+(what trusting such a file would do) is never taken.
 """
 
 from __future__ import annotations
