@@ -30,7 +30,7 @@ from lmqd.message import GuidFactory, Message
 from lmqd.message_ext import MessageExt
 from lmqd.options import Options
 from lmqd.stats import ClientStats, TopicStats
-from lmqd.storage import ChannelMetadata, Metadata, TimeBase, TopicMetadata, metadata_path
+from lmqd.storage import Metadata, TimeBase, metadata_path
 
 __all__ = ["BoundAddresses", "Broker", "BrokerObserver", "Connection"]
 
@@ -200,20 +200,7 @@ class Broker:
         """What the metadata file should say now (durable topics and channels, paused flags,
         topic and channel policies)."""
         return Metadata(
-            tuple(
-                TopicMetadata(
-                    t.name,
-                    t.paused,
-                    tuple(
-                        ChannelMetadata(c.name, c.paused, tuple(sorted(c.policy_settings.items())))
-                        for c in t.channels.values()
-                        if not c.ephemeral
-                    ),
-                    tuple(sorted(t.policy_settings.items())),
-                )
-                for t in self.topics.values()
-                if not t.ephemeral
-            )
+            tuple(t.metadata_entry() for t in self.topics.values() if not t.ephemeral)
         )
 
     def persist_metadata(self) -> None:
@@ -270,6 +257,7 @@ class Broker:
         topic = self.topics.pop(name)
         channels = list(topic.channels)
         topic.delete()
+        self.stores.topic_deleted(name)
         log.info("TOPIC(%s): deleted", name)
         if not topic.ephemeral:
             self.syncer.metadata_changed()

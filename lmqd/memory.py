@@ -22,6 +22,14 @@ GC pauses are measured by a ``gc.callbacks`` hook that the HTTP server installs 
 (``track_gc_pauses``); it times each collection with ``perf_counter_ns`` and keeps the last 256,
 as Go's ``MemStats.PauseNs`` does. Without it the three pause keys are 0. ``tracemalloc`` is
 deliberately not used: it slows every allocation.
+
+``POST /debug/freememory`` (nsqd's ``debug.FreeOSMemory``) is ``free_memory_steps``: the young
+generations (bounded by ``GC_THRESHOLDS``: fast), a full collection at most once per
+``FULL_COLLECTION_INTERVAL_S``, and ``trim_heap`` (glibc's ``malloc_trim``, which gives free heap
+pages back to the OS: the part that is Go's FreeOSMemory) in a worker thread. A full collection
+traverses every tracked object and CPython 3.11 cannot split it (about 85 ms with a few thousand
+topics and their messages): run on every call, a loop of admin calls would stall delivery
+indefinitely.
 """
 
 from __future__ import annotations
@@ -37,7 +45,19 @@ from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["MEMORY_KEYS", "memory_stats", "track_gc_pauses"]
+__all__ = [
+    "FULL_COLLECTION_INTERVAL_S",
+    "MEMORY_KEYS",
+    "free_memory_steps",
+    "memory_stats",
+    "track_gc_pauses",
+    "trim_heap",
+]
+
+FULL_COLLECTION_INTERVAL_S = 60.0
+"""``/debug/freememory`` runs a full collection at most this often: it is the one step that
+stops the daemon (for as long as traversing the heap takes), so a client calling the endpoint
+in a loop costs at most one such pause a minute; the other steps run on every call."""
 
 MEMORY_KEYS = (
     "heap_objects",
@@ -83,6 +103,35 @@ def track_gc_pauses() -> Iterator[None]:
         if _trackers == 0:
             with contextlib.suppress(ValueError):
                 gc.callbacks.remove(_on_gc)
+
+
+def free_memory_steps(now: float, last_full: float) -> tuple[list[int], float]:
+    """The collections a ``/debug/freememory`` at ``now`` runs, youngest first, and the time of
+    the last full collection afterwards (``last_full`` unless this call runs one). The caller
+    runs each with ``gc.collect(generation)``, yielding to other tasks between them."""
+    if now - last_full >= FULL_COLLECTION_INTERVAL_S:
+        return [0, 1, 2], now
+    return [0, 1], last_full
+
+
+_malloc_trim: Any = None
+
+
+def trim_heap() -> bool:
+    """Give the C heap's free pages back to the OS (glibc ``malloc_trim(0)``); False where there
+    is no such call. Blocking but without the GIL (a ctypes call): run it in a worker thread."""
+    global _malloc_trim
+    if _malloc_trim is None:
+        try:
+            import ctypes
+
+            _malloc_trim = ctypes.CDLL(None).malloc_trim
+        except (OSError, AttributeError):
+            _malloc_trim = False
+    if _malloc_trim is False:
+        return False
+    _malloc_trim(0)
+    return True
 
 
 def _percentile(perc: float, ordered: list[int]) -> int:

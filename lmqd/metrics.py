@@ -45,6 +45,11 @@ lmqd_sync_rounds_total (syncer rounds run)            counter
 lmqd_sync_failures_total (failed queue syncs)         counter
 lmqd_fsync_duration_seconds (per round)               histogram
 lmqd_queue_disk_bytes                                 gauge     topic, channel
+lmqd_storage_damaged_regions_total                    counter   topic, channel
+lmqd_storage_damaged_bytes_total                      counter   topic, channel
+lmqd_storage_lost_messages_total (a lower bound)      counter   topic, channel
+lmqd_storage_missing_segments_total                   counter   topic, channel
+lmqd_storage_rebuilt_positions_total                  counter   topic, channel
 ===================================================== ========= ===========================
 
 The four topic policy counters (``lmqd.engine.admission``: dropped by ``overflow=drop_oldest``,
@@ -72,6 +77,11 @@ published to the channel's dead-letter topic (expired or out of attempts), ``exp
 delivered within the topic's ``ttl_ms`` (dead-lettered or dropped), ``max_attempts_dropped``
 those out of attempts with no dead-letter topic to go to; a topic's series are the sums over its
 channels.
+The ``lmqd_storage_*`` counters are the ``storage_damage`` of ``/stats`` (``lmqd.stats.
+StorageDamage``): ``channel=""`` is the topic's log, a channel's series its own and deferred
+stores; every topic and channel has them, at 0 until damage is found. They count since the
+daemon started, what start-up recovery found included (a restart counts again what is still on
+disk), so ``rate()`` and ``increase()`` over them behave as for any counter reset by a restart.
 
 The registry also carries prometheus-client's standard ``process_*``, ``python_gc_*`` and
 ``python_info`` collectors.
@@ -137,6 +147,7 @@ class LmqCollector(Collector):
             yield from self._client_metrics(topics, broker.producers())
         yield from _sync_metrics(broker.syncer.statistics())
         yield _disk_bytes(broker)
+        yield from _damage_metrics(topics)
 
     def _daemon_metrics(self, broker: Broker, topics: list[TopicStats]) -> Iterator[Metric]:
         info = GaugeMetricFamily(
@@ -310,6 +321,31 @@ def _disk_bytes(broker: Broker) -> GaugeMetricFamily:
                 total = sum(q.bytes_on_disk for q in queues)
                 gauge.add_metric([topic.name, channel.name], total)
     return gauge
+
+
+_DAMAGE_FIELDS = (
+    ("regions", "damaged_regions", "corrupt regions set aside (and empty middle segments)"),
+    ("bytes", "damaged_bytes", "bytes of the corrupt regions set aside"),
+    ("lost_messages", "lost_messages", "messages lost to damage (a lower bound)"),
+    ("missing_segments", "missing_segments", "segment files found missing"),
+    ("rebuilt_positions", "rebuilt_positions", "positions rebuilt from the segments"),
+)
+
+
+def _damage_metrics(topics: list[TopicStats]) -> Iterator[Metric]:
+    families = [
+        (field, _counter(f"lmqd_storage_{name}", doc + " (channel \"\": the topic's log)",
+                         _CHANNEL))
+        for field, name, doc in _DAMAGE_FIELDS
+    ]
+    for t in topics:
+        rows = [([t.topic_name, ""], t.storage_damage)]
+        rows += [([t.topic_name, c.channel_name], c.storage_damage) for c in t.channels]
+        for key, damage in rows:
+            for field, family in families:
+                family.add_metric(key, getattr(damage, field))
+    for _, family in families:
+        yield family
 
 
 def _clients(channel: ChannelStats) -> tuple[ClientStats, ...]:

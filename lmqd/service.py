@@ -125,6 +125,7 @@ class LmqDaemon:
             return load_metadata(path), stored_queue_names(data_path)
 
         metadata, on_disk = await trio.to_thread.run_sync(scan)
+        stores.note_on_disk(on_disk)
         plan = restore_plan(metadata, on_disk)
         if not plan:
             return

@@ -59,6 +59,54 @@ NO_E2E_LATENCY = E2eLatency()
 
 
 @attrs.frozen(kw_only=True)
+class StorageDamage:
+    """Damage a topic's log or a channel's stores found in their files (lmq's, not nsqd's):
+    counted since the daemon started, start-up recovery included (``lmqd.storage.repair``).
+
+    In ``/stats`` it is the extra key ``storage_damage`` of a topic (its log) and of a channel
+    (its own and deferred stores, summed); ``/metrics`` has one counter per field.
+    """
+
+    regions: int = 0
+    """Corrupt regions set aside (``<segment>.bad-<offset>``), empty middle segments and
+    files found shorter than written included."""
+    bytes: int = 0
+    """Bytes of those regions."""
+    lost_messages: int = 0
+    """Messages lost with them: a lower bound (the record prefixes still plausible in each
+    region; exact for a channel store's region found while reading)."""
+    missing_segments: int = 0
+    """Segment files the positions named that were not there."""
+    rebuilt_positions: int = 0
+    """Positions files, log state files and cursors that disagreed with the segments (or were
+    missing or damaged) and were rebuilt from them."""
+
+    def __add__(self, other: StorageDamage) -> StorageDamage:
+        return StorageDamage(
+            regions=self.regions + other.regions,
+            bytes=self.bytes + other.bytes,
+            lost_messages=self.lost_messages + other.lost_messages,
+            missing_segments=self.missing_segments + other.missing_segments,
+            rebuilt_positions=self.rebuilt_positions + other.rebuilt_positions,
+        )
+
+    def __bool__(self) -> bool:
+        return self != NO_DAMAGE
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "regions": self.regions,
+            "bytes": self.bytes,
+            "lost_messages": self.lost_messages,
+            "missing_segments": self.missing_segments,
+            "rebuilt_positions": self.rebuilt_positions,
+        }
+
+
+NO_DAMAGE = StorageDamage()
+
+
+@attrs.frozen(kw_only=True)
 class ClientStats:
     """nsqd's ``ClientV2Stats`` of one TCP connection."""
 
@@ -148,6 +196,8 @@ class ChannelStats:
     """Messages not delivered within the topic's ``ttl_ms`` (dead-lettered or dropped)."""
     max_attempts_dropped_count: int = 0
     """Messages out of attempts dropped for want of a dead-letter topic."""
+    storage_damage: StorageDamage = NO_DAMAGE
+    """lmq's extra key: damage found in the channel's own and deferred stores."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -166,6 +216,7 @@ class ChannelStats:
             "dead_letter_count": self.dead_letter_count,
             "expired_count": self.expired_count,
             "max_attempts_dropped_count": self.max_attempts_dropped_count,
+            "storage_damage": self.storage_damage.to_dict(),
         }
 
 
@@ -202,6 +253,8 @@ class TopicStats:
     publish_policy: PublishPolicyStats | None = None
     """lmq: None while the topic has no publish policy and its counters are all 0; otherwise
     its four counters follow nsqd's keys in ``to_dict``."""
+    storage_damage: StorageDamage = NO_DAMAGE
+    """lmq's extra key: damage found in the topic's log."""
 
     # lmq's channel policies: the sums over the topic's channels.
     @property
@@ -229,6 +282,7 @@ class TopicStats:
             "dead_letter_count": self.dead_letter_count,
             "expired_count": self.expired_count,
             "max_attempts_dropped_count": self.max_attempts_dropped_count,
+            "storage_damage": self.storage_damage.to_dict(),
         }
         if self.publish_policy is not None:
             d.update(self.publish_policy.to_dict())

@@ -12,6 +12,11 @@ Across daemons counts are summed; an e2e latency percentile is the highest any d
 conservative choice: nsqadmin averages them, which hides one slow node). With several daemons
 the table gets a node column: each topic and channel has its total row, then one row per
 daemon that has it.
+
+Storage damage (lmqd's extra ``storage_damage`` key in /stats: corrupt regions set aside,
+messages lost, positions rebuilt) is summed like the counts; the table shows it in its caption,
+one line per topic or channel that has any, so an operator sees it without a column that is
+zero almost always. nsqd has no such key: its rows simply have none.
 """
 
 from __future__ import annotations
@@ -70,6 +75,8 @@ class Row:
     """A topic's publish policy counters, summed over the daemons that report them."""
     out_rate: float | None = None
     """Messages per second out of it (finished; a topic's: handed to its channels)."""
+    damage: dict[str, int] = attrs.field(factory=dict)
+    """lmqd's ``storage_damage`` counters, summed (empty when no daemon reported any)."""
 
     @property
     def gone(self) -> int:
@@ -188,6 +195,25 @@ def _add(row: Row, data: Mapping[str, Any]) -> None:
     for p in e2e.get("percentiles") or []:
         q, v = float(p["quantile"]), float(p["value"])
         row.e2e[q] = max(row.e2e.get(q, 0.0), v)
+    damage = data.get("storage_damage")
+    if isinstance(damage, Mapping):
+        for key, value in damage.items():
+            if isinstance(value, int) and value:
+                row.damage[key] = row.damage.get(key, 0) + value
+
+
+def _damage_text(row: Row) -> str:
+    d = row.damage
+    parts = [
+        f"{d.get('regions', 0)} region(s) set aside ({d.get('bytes', 0)} bytes)",
+        f"at least {d.get('lost_messages', 0)} message(s) lost",
+    ]
+    if d.get("missing_segments"):
+        parts.append(f"{d['missing_segments']} segment(s) missing")
+    if d.get("rebuilt_positions"):
+        parts.append(f"positions rebuilt {d['rebuilt_positions']} time(s)")
+    where = row.topic if row.channel is None else f"{row.topic}/{row.channel}"
+    return f"storage damage in {where}: " + ", ".join(parts)
 
 
 def _fmt_latency(ns: float) -> str:
@@ -294,7 +320,14 @@ def render_table(snap: Snapshot, width: int = 200) -> Table:
     )
     if policies:
         columns.append(Column("policy", policy_texts, POLICY_PRIORITY, "left"))
-    return make_table(f"lmq stats: {', '.join(snap.nodes)}", columns, width, bold_rows=bold)
+    table = make_table(f"lmq stats: {', '.join(snap.nodes)}", columns, width, bold_rows=bold)
+    damaged = [_damage_text(row) for row in snap.rows.values() if row.damage]
+    if damaged:
+        lines = [f"[bold red]{line}[/bold red]" for line in damaged]
+        if table.caption:
+            lines.append(str(table.caption))
+        table.caption = "\n".join(lines)
+    return table
 
 
 def snapshot_json(snap: Snapshot) -> dict[str, Any]:
@@ -328,4 +361,5 @@ def _row_json(row: Row) -> dict[str, Any]:
         "rate": row.rate,
         "out_rate": row.out_rate,
         "e2e_processing_latency_ns": {f"{q:g}": v for q, v in sorted(row.e2e.items())},
+        "storage_damage": dict(row.damage),
     }

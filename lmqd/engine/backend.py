@@ -18,13 +18,15 @@ worker thread, outside this interface.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from itertools import islice
 from typing import Protocol
 
 from lmqd.message import Message
+from lmqd.stats import NO_DAMAGE, StorageDamage
 from lmqd.storage import SyncJob
 from lmqd.storage.errors import BackendError
+from lmqd.storage.repair import Damage
 
 __all__ = [
     "BackendError",
@@ -108,6 +110,25 @@ class StoredQueue(BackendQueue, Syncable, Protocol):
     def ack_messages(self, messages: Sequence[Message]) -> int:
         """Acknowledge messages read from this queue (others are ignored); how many were."""
         ...
+
+    @property
+    def damage(self) -> Damage:
+        """What the queue found wrong with its files since it was opened."""
+        ...
+
+
+def storage_damage(found: Iterable[Damage]) -> StorageDamage:
+    """The damage counters of some logs and queues, summed, as ``/stats`` reports them."""
+    total = NO_DAMAGE
+    for d in found:
+        total += StorageDamage(
+            regions=d.corrupt_count,
+            bytes=d.corrupt_bytes,
+            lost_messages=d.lost_messages,
+            missing_segments=d.missing_segments,
+            rebuilt_positions=d.rebuilt_count,
+        )
+    return total
 
 
 class MemoryBackend:

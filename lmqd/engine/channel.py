@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from lmqd.engine.backend import BackendError, BackendQueue, StoredQueue, Syncable
+from lmqd.engine.backend import BackendError, BackendQueue, StoredQueue, Syncable, storage_damage
 from lmqd.engine.channel_policy import ChannelPolicy, PolicyError, PolicyValue
 from lmqd.engine.cursor import ChannelCursor
 from lmqd.engine.deferred import DeferredQueue
@@ -158,6 +158,7 @@ class Channel:
         durable: bool | None = None,
         dead_letter: DeadLetterSink | None = None,
         wall_clock: Callable[[], int] = time.time_ns,
+        on_paused_changed: Callable[[], None] | None = None,
     ) -> None:
         self.topic_name = topic_name
         self.name = name
@@ -168,7 +169,8 @@ class Channel:
         self.cursor = cursor
         """Where the channel reads its topic's stream (None: the pump puts messages here)."""
         self.ephemeral = is_ephemeral(name)
-        self.paused = False
+        self._on_paused_changed = on_paused_changed
+        self._paused = False
         self.exiting = False
         self.clients: dict[int, Subscription] = {}
         self.message_count = 0
@@ -262,6 +264,18 @@ class Channel:
     def durable(self) -> bool:
         """Whether every message is on disk until FIN (``--durable``, not ephemeral)."""
         return self._acks is not None
+
+    @property
+    def paused(self) -> bool:
+        """Whether delivery is paused (persisted in the metadata file)."""
+        return self._paused
+
+    @paused.setter
+    def paused(self, value: bool) -> None:
+        if value != self._paused:
+            self._paused = value
+            if self._on_paused_changed is not None:
+                self._on_paused_changed()
 
     @property
     def disk_queues(self) -> tuple[StoredQueue, ...]:
@@ -888,6 +902,8 @@ class Channel:
         settings = {**self.policy_settings, **changes}
         self.policy = ChannelPolicy.effective(self.options, settings)
         self.policy_settings = settings
+        if self._on_paused_changed is not None:
+            self._on_paused_changed()  # the topic's metadata entry holds the policy too
         self._update_screening()
         self._request_delivery()  # a new rule may free messages (or give them up)
         return self.policy
@@ -1368,4 +1384,5 @@ class Channel:
             dead_letter_count=self.dead_letter_count,
             expired_count=self.expired_count,
             max_attempts_dropped_count=self.max_attempts_dropped_count,
+            storage_damage=storage_damage(q.damage for q in self.disk_queues),
         )

@@ -58,6 +58,7 @@ import trio
 
 from lmqd.engine.backend import Syncable
 from lmqd.storage import Metadata, SyncJob, run_sync_jobs, save_metadata
+from lmqd.storage.metadata import MetadataEncoder
 
 __all__ = ["FSYNC_BUCKETS", "DurableCallback", "Syncer", "SyncerStats"]
 
@@ -119,13 +120,16 @@ class _QueueState:
 
 
 def _run_round(
-    metadata_file: str, metadata: Metadata | None, jobs: Sequence[SyncJob]
+    metadata_file: str,
+    metadata: Metadata | None,
+    jobs: Sequence[SyncJob],
+    encoder: MetadataEncoder,
 ) -> tuple[OSError | None, list[OSError | None]]:
     """The blocking half of a round (worker thread): the metadata file, then the queues."""
     metadata_error = None
     if metadata is not None:
         try:
-            save_metadata(metadata_file, metadata)
+            save_metadata(metadata_file, metadata, encoder)
         except OSError as exc:
             metadata_error = exc
     errors = run_sync_jobs(jobs) if jobs else []
@@ -160,6 +164,8 @@ class Syncer:
         """Queues whose last job failed: in the next tick's round, even if not dirty again."""
         self.round_started = -math.inf
         """When (``trio.current_time``) the last round started (its writes are from then)."""
+        self._encoder = MetadataEncoder()
+        """Reuses unchanged topics' JSON between metadata writes (one round at a time)."""
         self._wake = trio.Event()
         self._round_done = trio.Event()
         self._running = False
@@ -330,7 +336,7 @@ class Syncer:
             started = self.round_started = trio.current_time()
             try:
                 metadata_error, errors = await trio.to_thread.run_sync(
-                    _run_round, self._metadata_file, metadata, jobs
+                    _run_round, self._metadata_file, metadata, jobs, self._encoder
                 )
             finally:
                 self._in_round = False

@@ -179,6 +179,11 @@ class DiskQueue:
         """True if the positions file was missing or damaged and was rebuilt from the segments."""
         return self._damage.rebuilt_positions
 
+    @property
+    def damage(self) -> Damage:
+        """What this queue found wrong with its files since it was opened (recovery included)."""
+        return self._damage.snapshot()
+
     def put_many(self, messages: Sequence[Message]) -> None:
         """Append messages in order; raises ``BackendError`` having stored none of them.
 
@@ -381,6 +386,8 @@ class DiskQueue:
         self._damage.torn_bytes = state.torn_bytes
         self._damage.missing_segments = state.missing_segments
         self._damage.rebuilt_positions = state.rebuilt_positions
+        self._damage.lost_messages = state.lost_messages
+        self._damage.rebuilt_count = 1 if state.rebuilt_positions else 0
         segments = self._segments
         for r in state.segments:
             segments.live.append(Segment(r.number, r.path, r.end, r.skips, r.records))

@@ -19,9 +19,14 @@ offset is never given twice even when every segment that held it is gone. (Offse
 appended after the last sync and lost in a crash are given again: they were never durable.)
 
 Cursors. The state file's low-water marks are checked against the segments, never trusted
-blindly: a mark before the first offset on disk moves to it, one past the end moves to the end
-(both logged). A missing or damaged state file restores no cursor (``rebuilt_state``): whoever
-owns the cursors recreates them, at the earliest offset if nothing may be lost.
+blindly: a mark before the first offset on disk moves to it (logged: those messages are gone);
+a mark past the log's end cannot be true, so the cursor is rebuilt at the earliest offset on
+disk (logged at ERROR, counted in ``rebuilt_count``): its channel reads again what is there
+rather than skip what it had not read. A missing or damaged state file restores no cursor
+(``rebuilt_state``): whoever owns the cursors recreates them, at the earliest offset if nothing
+may be lost. A state file that disagrees with the segments as a whole (its write segment lies
+beyond every segment on disk, or its write offset outside that file) is set aside and treated
+as damaged: its cursors' marks cannot be trusted either.
 
 Adoption. When a log opens a directory where a topic's disk queue left its segments (same file
 names) and no log state file exists yet, those segments become the start of the log and the
@@ -34,6 +39,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 from functools import partial
 from operator import itemgetter
 
@@ -61,7 +67,12 @@ from lmqd.storage.record import (
     header_offset_size,
     types_for,
 )
-from lmqd.storage.recovery import SegmentFormat, load_state_file, recover_segment
+from lmqd.storage.recovery import (
+    SegmentFormat,
+    load_state_file,
+    recover_segment,
+    set_aside_state_file,
+)
 from lmqd.storage.segments import Segment
 
 log = logging.getLogger("lmqd.storage")
@@ -85,7 +96,7 @@ class RecoveredLog:
     appendable: bool
     """Whether appending continues in the last segment (else a new one is created)."""
     cursors: dict[str, int]
-    """Each restored cursor's low-water mark, clamped to the segments."""
+    """Each restored cursor's low-water mark, checked against the segments."""
     legacy: dict[int, int]
     """Base offsets of the segments of a disk queue's format, by segment number."""
     adopted: int | None
@@ -99,6 +110,10 @@ class RecoveredLog:
     read: dict[str, int] = attrs.Factory(dict)
     skips: dict[str, list[tuple[int, int]]] = attrs.Factory(dict)
     """Each restored cursor's read position when the state was written (if past its mark)."""
+    lost_messages: int = 0
+    """Messages estimated lost in the corrupt regions (``verify.estimate_messages``)."""
+    rebuilt_count: int = 0
+    """The state file (missing, damaged or disagreeing) and cursors rebuilt from the segments."""
 
 
 class _Indexer:
@@ -166,6 +181,11 @@ def recover_log(directory: str, name: str) -> RecoveredLog:
     state, damaged = load_state_file(
         state_path, name, decode_log_state, subject="TOPICLOG", what="the log state"
     )
+    if state is not None:
+        disagreement = check_state(state, on_disk)
+        if disagreement is not None:
+            set_aside_state_file(state_path, name, disagreement, "the log state")
+            state, damaged = None, True
     adopt_at: Positions | None = None
     if state is None and not damaged and numbers:
         adopt_at = _queue_positions(directory, name)
@@ -239,6 +259,7 @@ def recover_log(directory: str, name: str) -> RecoveredLog:
         result.corrupt_count += r.corrupt_count
         result.corrupt_bytes += r.corrupt_bytes
         result.torn_bytes += r.torn_bytes
+        result.lost_messages += r.lost_messages
         if r.unsupported:
             continue
         if r.version == LOG_FORMAT_VERSION and not seg.positions:
@@ -263,16 +284,62 @@ def recover_log(directory: str, name: str) -> RecoveredLog:
             name,
             result.adopted,
         )
+    if result.rebuilt_state:
+        result.rebuilt_count += 1
     if state is not None:
         earliest = result.segments[0].base if result.segments else result.next_offset
         for cursor, low in state.cursors:
+            if low > result.next_offset:
+                log.error(
+                    "TOPICLOG(%s): cursor %s was at offset %d, past the log's end %d; rebuilt "
+                    "at the earliest offset on disk, %d (messages there are read again)",
+                    name,
+                    cursor,
+                    low,
+                    result.next_offset,
+                    earliest,
+                )
+                result.cursors[cursor] = earliest
+                result.rebuilt_count += 1
+                continue
             result.cursors[cursor] = _clamped(name, cursor, low, earliest, result.next_offset)
         result.read = {c: p for c, p in state.read if c in result.cursors}
         result.skips = {c: list(r) for c, r in state.skips if c in result.cursors}
     return result
 
 
+def check_state(state: LogState, on_disk: Mapping[int, str]) -> str | None:
+    """Why the log's ``state`` disagrees with its segment files ``on_disk``, or None.
+
+    The write position is where the records were fsynced up to when the state was written: its
+    segment exists and holds at least that many bytes, whatever happened since (a crash
+    truncates only what lies past it). With no segment at all there is nothing to check.
+    """
+    if not on_disk:
+        return None
+    newest = max(on_disk)
+    if state.write_segment > newest + 1:
+        # One missing newest segment is a lost file (counted by _count_missing); a write
+        # segment further out is a number no writer produced.
+        return f"write segment {state.write_segment} is far past the newest on disk ({newest})"
+    if state.write_offset < SEGMENT_HEADER_SIZE:
+        return f"write offset {state.write_offset} is inside the segment header"
+    path = on_disk.get(state.write_segment)
+    if path is None:
+        return None  # a missing segment: counted by _count_missing
+    try:
+        size = os.stat(path).st_size
+    except OSError:
+        return None  # recovery reports what it cannot read
+    # A segment created just before the state was written may have lost its (unsynced) header
+    # in a power cut: recovery gives it a fresh one.
+    if state.write_offset > max(size, SEGMENT_HEADER_SIZE):
+        return f"write offset {state.write_offset} is past the end of {path} ({size} bytes)"
+    return None
+
+
 def _clamped(name: str, cursor: str, low: int, earliest: int, end: int) -> int:
+    """``low`` (at most ``end``), moved up to ``earliest`` if the messages before it are gone."""
     if low < earliest:
         log.warning(
             "TOPICLOG(%s): cursor %s was at offset %d, before the first one on disk; moved to %d",
@@ -282,16 +349,7 @@ def _clamped(name: str, cursor: str, low: int, earliest: int, end: int) -> int:
             earliest,
         )
         return earliest
-    if low > end:
-        log.warning(
-            "TOPICLOG(%s): cursor %s was at offset %d, past the end; moved to %d",
-            name,
-            cursor,
-            low,
-            end,
-        )
-        return end
-    return low
+    return min(low, end)
 
 
 def _queue_positions(directory: str, name: str) -> Positions | None:

@@ -70,8 +70,13 @@ def encode_log_state(name: str, state: LogState) -> bytes:
     return json.dumps(doc, separators=(",", ":")).encode() + b"\n"
 
 
+MAX_NUMBER = (1 << 63) - 1
+"""The largest offset, position or segment number a state file may hold: records store offsets
+as 64-bit integers, so anything larger is damage, not a position."""
+
+
 def _count(value: Any, what: str) -> int:
-    if type(value) is not int or value < 0:
+    if type(value) is not int or not 0 <= value <= MAX_NUMBER:
         raise ValueError(f"bad {what} {value!r}")
     return value
 

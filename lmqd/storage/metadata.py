@@ -57,7 +57,7 @@ class ChannelMetadata:
     """lmq: the channel's own policy keys, sorted; written only when set."""
 
 
-@attrs.frozen
+@attrs.frozen(cache_hash=True)
 class TopicMetadata:
     """One durable topic and its durable channels."""
 
@@ -82,26 +82,57 @@ def metadata_path(data_path: str | os.PathLike[str]) -> str:
     return os.path.join(os.fspath(data_path), METADATA_FILENAME)
 
 
-def encode_metadata(metadata: Metadata) -> bytes:
-    """The file content: ephemeral and invalid names are left out (and logged)."""
-    topics = []
-    for topic in metadata.topics:
-        if not _storable(topic.name, "topic"):
+def encode_metadata(metadata: Metadata, encoder: MetadataEncoder | None = None) -> bytes:
+    """The file content: ephemeral and invalid names are left out (and logged). ``encoder``
+    reuses the JSON of the topics whose entry has not changed since its last call."""
+    return (encoder or MetadataEncoder()).encode(metadata)
+
+
+class MetadataEncoder:
+    """Encodes the metadata file, reusing each unchanged topic's JSON from the previous call.
+
+    A daemon with 10,000 topics spent ~100 ms (on a 2-core VM) in ``json.dumps`` per metadata
+    write, holding the GIL: a flood of topic creations, one write per sync round, stalled the
+    event loop that long each round. The engine hands the same ``TopicMetadata`` object for a
+    topic that did not change (``Topic.metadata_entry``), so its text is found by one lookup
+    (the class caches its hash). Only the current topics are kept: the cache is bounded by the
+    metadata itself. One encoder per daemon, used by one thread at a time (the syncer's rounds
+    are sequential). The output is byte for byte what one ``json.dumps`` of the document gives.
+    """
+
+    def __init__(self) -> None:
+        self._texts: dict[TopicMetadata, str] = {}
+
+    def encode(self, metadata: Metadata) -> bytes:
+        previous = self._texts
+        texts: dict[TopicMetadata, str] = {}
+        for topic in metadata.topics:
+            text = previous.get(topic)
+            if text is None:
+                text = _encode_topic(topic)
+            texts[topic] = text
+        self._texts = texts
+        version = json.dumps(metadata.version)
+        body = ",".join(t for t in texts.values() if t)
+        return f'{{"topics":[{body}],"version":{version}}}\n'.encode()
+
+
+def _encode_topic(topic: TopicMetadata) -> str:
+    """One topic's JSON object ("" if it is not stored)."""
+    if not _storable(topic.name, "topic"):
+        return ""
+    channels = []
+    for c in topic.channels:
+        if not _storable(c.name, f"channel of {topic.name}"):
             continue
-        channels = []
-        for c in topic.channels:
-            if not _storable(c.name, f"channel of {topic.name}"):
-                continue
-            channel: dict[str, Any] = {"name": c.name, "paused": c.paused}
-            if c.policy:
-                channel["policy"] = dict(c.policy)
-            channels.append(channel)
-        entry: dict[str, Any] = {"name": topic.name, "paused": topic.paused, "channels": channels}
-        if topic.policy:
-            entry["policy"] = dict(topic.policy)
-        topics.append(entry)
-    doc = {"topics": topics, "version": metadata.version}
-    return json.dumps(doc, separators=(",", ":")).encode() + b"\n"
+        channel: dict[str, Any] = {"name": c.name, "paused": c.paused}
+        if c.policy:
+            channel["policy"] = dict(c.policy)
+        channels.append(channel)
+    entry: dict[str, Any] = {"name": topic.name, "paused": topic.paused, "channels": channels}
+    if topic.policy:
+        entry["policy"] = dict(topic.policy)
+    return json.dumps(entry, separators=(",", ":"))
 
 
 def _storable(name: str, what: str) -> bool:
@@ -114,10 +145,12 @@ def _storable(name: str, what: str) -> bool:
     return False
 
 
-def save_metadata(path: str | os.PathLike[str], metadata: Metadata) -> None:
+def save_metadata(
+    path: str | os.PathLike[str], metadata: Metadata, encoder: MetadataEncoder | None = None
+) -> None:
     """Write the metadata file atomically and durably (blocking). Raises ``OSError``."""
     path = os.fspath(path)
-    write_file_durably(path, encode_metadata(metadata))
+    write_file_durably(path, encode_metadata(metadata, encoder))
     fsync_dir(os.path.dirname(path) or ".")
 
 

@@ -57,11 +57,16 @@ def encode_positions(name: str, positions: Positions) -> bytes:
     return json.dumps(doc, separators=(",", ":")).encode() + b"\n"
 
 
+MAX_NUMBER = (1 << 63) - 1
+"""The largest segment number, offset or depth a positions file may hold (64-bit, as the
+records' fields): anything larger is damage, not a position."""
+
+
 def _position(value: Any, size: int = 2) -> tuple[int, ...]:
     if (
         not isinstance(value, list)
         or len(value) != size
-        or not all(type(v) is int and v >= 0 for v in value)
+        or not all(type(v) is int and 0 <= v <= MAX_NUMBER for v in value)
     ):
         raise ValueError(f"bad position {value!r}")
     return tuple(value)
@@ -81,7 +86,7 @@ def decode_positions(name: str, data: bytes) -> Positions:
     if doc.get("name") != name:
         raise ValueError(f"written for queue {doc.get('name')!r}")
     depth = doc.get("depth")
-    if type(depth) is not int or depth < 0:
+    if type(depth) is not int or not 0 <= depth <= MAX_NUMBER:
         raise ValueError(f"bad depth {depth!r}")
     read = _position(doc.get("read"), 2 if version == 1 else 3)
     write = _position(doc.get("write"))

@@ -337,12 +337,16 @@ class SegmentReader:
         pos = self._read_pos
         self._buf = b""
         fd = self._fd_for(seg)
-        found, remaining = set_aside_damage(self._name, seg, fd, pos, self._damage)
+        damage = self._damage
+        estimated_before = damage.lost_messages
+        found, remaining = set_aside_damage(self._name, seg, fd, pos, damage)
         if not found:
             log.warning("DISKQUEUE(%s): %s: re-reading at %d", self._name, seg.path, pos)
             return
         seg.skips = sorted([*seg.skips, *found])
         lost_records = (seg.records - self._consumed) - remaining
+        # The segment's count from recovery makes the loss exact here, not an estimate.
+        damage.lost_messages = estimated_before + max(lost_records, 0)
         seg.records -= lost_records
         self.depth -= lost_records
 

@@ -29,7 +29,22 @@ A segment of format version 1 (written before batch records) is read but never a
 writer starts a new segment, so an older build never finds a batch in a segment it can read.
 A segment whose header names a newer format version is left untouched: not read, not deleted,
 not appended to. A segment whose header is damaged is treated as a corrupt region from offset 0
-to its first valid record.
+to its first valid record. An **empty** segment file that is not the newest is damage too (a
+segment is only created for a write, so it held at least one record): logged at ERROR, an empty
+``.bad-0`` marker set aside, counted.
+
+Each region counts the messages it probably held (``verify.estimate_messages``: the record
+prefixes still plausible in it, at least one), for the damage counters (``repair.Damage``).
+
+Positions are never trusted blindly (``check_positions``): a positions file whose read segment
+does not exist, whose read offset lies inside the header or past the end of its segment file,
+or whose write segment is more than one past the newest segment on disk disagrees with the
+segments; so does one whose recorded depth is more than the segments from its read position
+hold while segments before that position are still on disk (the read position may have run
+ahead of what was read). Such a file is set aside like a damaged one and the positions are
+rebuilt from the segments: reading restarts at the oldest record on disk and no segment is
+removed as consumed. Redelivering is the price; skipping a segment or deleting unread ones
+(what trusting such a file would do) is never taken.
 """
 
 from __future__ import annotations
@@ -38,7 +53,7 @@ import logging
 import mmap
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TypeVar
 
 import attrs
@@ -54,12 +69,15 @@ from lmqd.storage.positions import Positions, decode_positions
 from lmqd.storage.record import (
     FORMAT_VERSION,
     READABLE_VERSIONS,
+    RECORD_TYPES_BY_VERSION,
     SEGMENT_HEADER_SIZE,
     FormatError,
     decode_segment_header,
     encode_segment_header,
+    types_for,
 )
 from lmqd.storage.scan import RecordVisitor, scan_segment
+from lmqd.storage.verify import estimate_messages
 
 log = logging.getLogger("lmqd.storage")
 
@@ -94,6 +112,8 @@ class RecoveredSegment:
     """The header's format version (0 if it was damaged)."""
     base_offset: int = -1
     """Version 3 (a topic log's segment): the base offset in its header; -1 otherwise."""
+    lost_messages: int = 0
+    """Messages estimated lost in the corrupt regions (``verify.estimate_messages``)."""
 
 
 @attrs.frozen
@@ -185,6 +205,19 @@ def _recover(
         )
         return result
     truncate_at = -1
+    if size == 0 and not newest:
+        # Segments are created only to be written to: an empty one in the middle lost its
+        # records (a file truncated or replaced behind lmqd's back).
+        aside = save_aside(f"{path}.bad-0", b"")
+        result.corrupt_count += 1
+        result.lost_messages += 1
+        log.error(
+            "%s(%s): %s is empty in the middle of the queue; its records are lost (marked in %s)",
+            fmt.subject,
+            queue,
+            path,
+            aside,
+        )
     for start, end, torn in scan.records.regions:
         tail = end == size
         if tail and newest and torn and start >= synced_end:
@@ -199,9 +232,15 @@ def _recover(
                 start,
             )
             continue
-        aside = save_aside(f"{path}.bad-{start}", bytes(buf[start:end]))
+        data = bytes(buf[start:end])
+        aside = save_aside(f"{path}.bad-{start}", data)
         result.corrupt_count += 1
         result.corrupt_bytes += end - start
+        types = RECORD_TYPES_BY_VERSION.get(scan.version) or types_for(fmt.readable)
+        # A region from offset 0 begins with the (damaged) header, not with a record.
+        result.lost_messages += estimate_messages(
+            data[SEGMENT_HEADER_SIZE:] if start == 0 else data, types
+        )
         log.error(
             "%s(%s): %s: corrupt region of %d bytes at offset %d set aside in %s",
             fmt.subject,
@@ -265,6 +304,9 @@ class RecoveredQueue:
     torn_bytes: int = 0
     missing_segments: int = 0
     rebuilt_positions: bool = False
+    lost_messages: int = 0
+    """Messages estimated lost: the regions' estimates, or the shortfall against the depth
+    the positions file recorded, whichever is larger."""
 
     @property
     def appendable(self) -> bool:
@@ -334,6 +376,11 @@ def recover_queue(directory: str, name: str) -> RecoveredQueue:
     positions_path = os.path.join(directory, positions_filename(name))
     positions, damaged = load_positions(positions_path, name)
     numbers = sorted(on_disk)
+    if positions is not None:
+        disagreement = check_positions(positions, on_disk)
+        if disagreement is not None:
+            set_aside_state_file(positions_path, name, disagreement, "positions")
+            positions, damaged = None, True
     state = RecoveredQueue(
         segments=[],
         read_offset=SEGMENT_HEADER_SIZE,
@@ -357,7 +404,6 @@ def recover_queue(directory: str, name: str) -> RecoveredQueue:
     else:
         read_segment, read_offset = positions.read
         live = [n for n in numbers if n >= read_segment]
-        _remove_consumed(name, [(n, on_disk[n]) for n in numbers if n < read_segment])
         state.missing_segments += _count_missing(name, positions, set(live))
     for index, number in enumerate(live):
         if positions is None:
@@ -385,6 +431,7 @@ def recover_queue(directory: str, name: str) -> RecoveredQueue:
         state.corrupt_count += r.corrupt_count
         state.corrupt_bytes += r.corrupt_bytes
         state.torn_bytes += r.torn_bytes
+        state.lost_messages += r.lost_messages
         if not r.unsupported:
             state.segments.append(r)
             state.depth += r.records
@@ -403,6 +450,23 @@ def recover_queue(directory: str, name: str) -> RecoveredQueue:
                 first.path,
                 first.floor,
             )
+    consumed = [n for n in numbers if positions is not None and n < positions.read_segment]
+    if positions is not None and positions.depth > state.depth and consumed:
+        # Older segments are still there and the read position holds fewer messages than it
+        # recorded: it may have run ahead. Deleting those segments as consumed could lose
+        # unread messages; reading them again only repeats some.
+        set_aside_state_file(
+            positions_path,
+            name,
+            f"depth {positions.depth} recorded, {state.depth} from the read position on, "
+            f"and {len(consumed)} older segment(s) still on disk",
+            "positions",
+        )
+        rebuilt = recover_queue(directory, name)
+        rebuilt.rebuilt_positions = True
+        return rebuilt
+    if positions is not None:
+        _remove_consumed(name, [(n, on_disk[n]) for n in consumed])
     if positions is not None and positions.depth != state.depth:
         # More than recorded is normal after a crash (writes since the last sync); fewer
         # means records were lost or set aside.
@@ -413,7 +477,59 @@ def recover_queue(directory: str, name: str) -> RecoveredQueue:
             positions.depth,
             state.depth,
         )
+        # Writes since the last sync can hide part of a shortfall: still a lower bound.
+        state.lost_messages = max(state.lost_messages, positions.depth - state.depth)
     return state
+
+
+def check_positions(positions: Positions, on_disk: Mapping[int, str]) -> str | None:
+    """Why ``positions`` disagree with the segment files ``on_disk`` (number -> path), or None.
+
+    Trusting such a file would skip a segment (a read offset past its end) or delete unread
+    ones as consumed (a read segment ahead of what is there). With no segment at all there is
+    nothing to disagree with (a missing segment is counted by ``_count_missing``).
+    """
+    if not on_disk:
+        return None
+    newest = max(on_disk)
+    if positions.write_segment > newest + 1:
+        # One missing newest segment is a lost file (counted by _count_missing); a write
+        # segment further out is a number no writer produced.
+        return f"write segment {positions.write_segment} is far past the newest on disk ({newest})"
+    path = on_disk.get(positions.read_segment)
+    if path is None:
+        return f"read segment {positions.read_segment} does not exist"
+    if positions.read_offset < SEGMENT_HEADER_SIZE:
+        return f"read offset {positions.read_offset} is inside the segment header"
+    try:
+        size = os.stat(path).st_size
+    except OSError:
+        return None  # recovery reports what it cannot read
+    # A segment created just before the file was written may have lost its (unsynced) header
+    # in a power cut: recovery gives it a fresh one, and reading at its start is right.
+    if positions.read_offset > max(size, SEGMENT_HEADER_SIZE):
+        return f"read offset {positions.read_offset} is past the end of {path} ({size} bytes)"
+    return None
+
+
+def set_aside_state_file(path: str, name: str, reason: str, what: str) -> None:
+    """Keep a positions or state file that disagrees with the segments as ``<path>.bad`` (or a
+    free ``.bad.N``) and log what is rebuilt."""
+    aside = free_aside_path(path + ".bad")
+    try:
+        os.rename(path, aside)
+    except OSError:
+        aside = "(could not be moved)"
+    subject = "TOPICLOG" if what != "positions" else "DISKQUEUE"
+    log.error(
+        "%s(%s): %s disagrees with the segments (%s), kept as %s; rebuilding %s from the segments",
+        subject,
+        name,
+        path,
+        reason,
+        aside,
+        what,
+    )
 
 
 def _remove_consumed(name: str, segments: list[tuple[int, str]]) -> None:

@@ -13,7 +13,9 @@ If the bytes cannot be copied aside (a full disk), ``OSError`` propagates and no
 skipped: the reader stops before them and tries again on the next read.
 
 ``Damage`` holds a queue's counters, from recovery and from reading; the daemon's stats read
-them through ``DiskQueue``.
+them through ``DiskQueue`` and ``TopicLog`` (``damage_counts``). They live in memory for the
+queue's life: a restart counts again what its recovery finds (a region in a segment not yet
+consumed is found, and counted, at every start until the segment is deleted).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from lmqd.storage.files import save_aside
 from lmqd.storage.record import RECORD_TYPES
 from lmqd.storage.scan import scan_records
 from lmqd.storage.segments import Segment
+from lmqd.storage.verify import estimate_messages
 
 log = logging.getLogger("lmqd.storage")
 
@@ -45,6 +48,22 @@ class Damage:
     """Segment files the positions file expected that were not found."""
     rebuilt_positions: bool = False
     """True if the positions file was missing or damaged and was rebuilt from the segments."""
+    lost_messages: int = 0
+    """Messages estimated lost in the regions set aside (``verify.estimate_messages``, a lower
+    bound) or, at start-up, the shortfall against the depth the positions file recorded."""
+    rebuilt_count: int = 0
+    """Positions (a positions file, a log's state file, one cursor) that disagreed with the
+    segments, or were missing or damaged, and were rebuilt from them."""
+
+    def snapshot(self) -> Damage:
+        """A copy of the counters (the engine turns it into ``lmqd.stats.StorageDamage``)."""
+        return attrs.evolve(self)
+
+    def add_region(self, size: int, messages: int) -> None:
+        """Count one region set aside: ``size`` bytes, ``messages`` estimated lost."""
+        self.corrupt_count += 1
+        self.corrupt_bytes += size
+        self.lost_messages += messages
 
 
 def set_aside_damage(
@@ -85,13 +104,19 @@ def set_aside_damage(
                 remaining += scan.records
                 for bad_start, bad_end, _ in scan.regions:
                     _set_aside(
-                        f"{subject}({name})", seg, mm[bad_start:bad_end], bad_start, bad_end, damage
+                        f"{subject}({name})",
+                        seg,
+                        mm[bad_start:bad_end],
+                        bad_start,
+                        bad_end,
+                        damage,
+                        types,
                     )
                     found.append((bad_start, bad_end))
     if end < seg.end:
         lost = seg.end - end
-        damage.corrupt_count += 1
-        damage.corrupt_bytes += lost
+        # The missing bytes held at least one record (lmqd wrote up to ``seg.end``).
+        damage.add_region(lost, 1)
         log.error(
             "%s(%s): %s is %d bytes shorter than written; skipping them",
             subject,
@@ -103,10 +128,17 @@ def set_aside_damage(
     return found, remaining
 
 
-def _set_aside(owner: str, seg: Segment, data: bytes, start: int, end: int, damage: Damage) -> None:
+def _set_aside(
+    owner: str,
+    seg: Segment,
+    data: bytes,
+    start: int,
+    end: int,
+    damage: Damage,
+    types: tuple[int, ...],
+) -> None:
     aside = save_aside(f"{seg.path}.bad-{start}", data)
-    damage.corrupt_count += 1
-    damage.corrupt_bytes += end - start
+    damage.add_region(end - start, estimate_messages(data, types))
     log.error(
         "%s: %s: corrupt region of %d bytes at offset %d set aside in %s",
         owner,

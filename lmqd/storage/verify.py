@@ -184,3 +184,34 @@ def find_next_record(
         if check_record(buf, i - 4, end, types) > 0:
             return i - 4
         nxt = [find(t, i + 1, end) if n == i else n for t, n in zip(type_bytes, nxt, strict=True)]
+
+
+def estimate_messages(buf: Buffer, types: tuple[int, ...] = RECORD_TYPES) -> int:
+    """A lower bound on the messages a bad region held, for the damage counters.
+
+    The region's records failed their checks, but their length prefixes and batch counts are
+    often intact (a flipped bit in a body, a zeroed page in the middle): walk the prefixes while
+    they are plausible (length in range, a valid type, a batch count in range) and add up their
+    message counts. Where nothing plausible is left, the rest counts as one message: a region
+    is damage only where a record was written, so it held at least one (an empty ``buf``
+    counts none). Never raises.
+    """
+    size = len(buf)
+    pos = 0
+    count = 0
+    while pos + 5 <= size:
+        length: int = U32.unpack_from(buf, pos)[0]
+        typ = buf[pos + 4]
+        if not MIN_RECORD_LENGTH <= length <= MAX_RECORD_LENGTH or typ not in types:
+            break
+        if typ == TYPE_MESSAGE:
+            count += 1
+        elif pos + BATCH_HEADER.size <= size:
+            batch = BATCH_HEADER.unpack_from(buf, pos)[3]
+            count += batch if 1 <= batch <= MAX_BATCH_COUNT else 1
+        else:
+            count += 1
+        pos += 4 + length
+    if pos < size:
+        count += 1
+    return count

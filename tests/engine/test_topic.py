@@ -21,7 +21,7 @@ from lmqd.engine.channel import Channel
 from lmqd.engine.topic import Topic, TopicExiting
 from lmqd.message import GuidFactory, Message
 from lmqd.options import Options
-from lmqd.storage import AnchoredTimeBase, TopicLog
+from lmqd.storage import AnchoredTimeBase, ChannelMetadata, TopicLog, TopicMetadata
 
 from .engine_fakes import FakeClient, bodies, make_messages
 
@@ -497,8 +497,33 @@ def test_topic_statistics_snapshot(tmp_path: Path) -> None:
         "topic_name", "channels", "depth", "backend_depth", "message_count", "message_bytes",
         "paused", "e2e_processing_latency",
         "dead_letter_count", "expired_count", "max_attempts_dropped_count",  # lmq's, after
+        "storage_damage",
     ]  # fmt: skip
     assert d["channels"][0]["clients"] == []
     assert d["e2e_processing_latency"] == {"count": 0, "percentiles": None}
     with pytest.raises(AttributeError):
         s.depth = 5  # type: ignore[misc]  # frozen snapshot
+
+
+def test_metadata_entry_is_kept_until_something_in_it_changes() -> None:
+    topic = make_topic("orders")
+    first = topic.metadata_entry()
+    assert first == TopicMetadata("orders", False, (), ())
+    assert topic.metadata_entry() is first  # nothing changed: the same object
+    archive = topic.get_channel("archive")
+    topic.get_channel("tmp#ephemeral")
+    entry = topic.metadata_entry()
+    assert entry == TopicMetadata("orders", False, (ChannelMetadata("archive"),), ())
+    archive.pause()
+    assert topic.metadata_entry().channels == (ChannelMetadata("archive", True),)
+    topic.pause()
+    assert topic.metadata_entry().paused
+    topic.paused = False  # as the restore sets it
+    assert not topic.metadata_entry().paused
+    topic.set_policy({"retention_ms": 1000})
+    assert topic.metadata_entry().policy == (("retention_ms", 1000),)
+    kept = topic.metadata_entry()
+    archive.paused = True  # unchanged value: the entry stays
+    assert topic.metadata_entry() is kept
+    topic.delete_channel("archive")
+    assert topic.metadata_entry().channels == ()

@@ -31,6 +31,9 @@ TOPIC_KEYS = ["topic_name", "channels", "depth", "backend_depth", "message_count
 CHANNEL_KEYS = ["channel_name", "depth", "backend_depth", "in_flight_count", "deferred_count",
                 "message_count", "requeue_count", "timeout_count", "client_count", "clients",
                 "paused", "e2e_processing_latency", *POLICY_KEYS]
+LMQ_EXTRA_KEYS = ["storage_damage"]
+"""lmq's keys after nsqd's and the policy counters in each topic and channel object (nsqd's
+clients ignore them)."""
 CLIENT_KEYS = ["client_id", "hostname", "version", "remote_address", "state", "ready_count",
                "in_flight_count", "message_count", "finish_count", "requeue_count", "connect_ts",
                "sample_rate", "deflate", "snappy", "user_agent", "tls", "tls_cipher_suite",
@@ -109,7 +112,7 @@ async def test_stats_json_has_nsqds_shape_and_counts(start_daemon: StartDaemon) 
         orders, other = stats["topics"]  # sorted by name
         assert [orders["topic_name"], other["topic_name"]] == ["orders", "other"]
         for topic in stats["topics"]:
-            assert list(topic) == TOPIC_KEYS
+            assert list(topic) == TOPIC_KEYS + LMQ_EXTRA_KEYS
         bodies = [b"p1", b"p2", b"m1", b"m2", b"m3", b"later"]
         assert orders["message_count"] == 6
         assert orders["message_bytes"] == sum(len(b) for b in bodies)
@@ -118,7 +121,7 @@ async def test_stats_json_has_nsqds_shape_and_counts(start_daemon: StartDaemon) 
 
         audit, ship = orders["channels"]  # sorted by name
         for channel in orders["channels"]:
-            assert list(channel) == CHANNEL_KEYS
+            assert list(channel) == CHANNEL_KEYS + LMQ_EXTRA_KEYS
         assert [audit["channel_name"], ship["channel_name"]] == ["audit", "ship"]
         assert {k: ship[k] for k in CHANNEL_KEYS[1:9]} == {
             "depth": 3, "backend_depth": 0, "in_flight_count": 1, "deferred_count": 1,

@@ -603,7 +603,7 @@ def _edit_state(path: Path, **changes: object) -> None:
     (path / STATE).write_text(json.dumps(doc))
 
 
-def test_cursor_marks_outside_the_log_are_moved_into_it(
+def test_cursor_marks_outside_the_log_are_rebuilt_inside_it(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     log = open_log(tmp_path, max_bytes_per_file=SMALL)
@@ -621,9 +621,11 @@ def test_cursor_marks_outside_the_log_are_moved_into_it(
     with caplog.at_level(logging.WARNING, logger="lmqd.storage"):
         log = open_log(tmp_path, max_bytes_per_file=SMALL)
     assert log.cursor("reader").position == first  # type: ignore[union-attr]
-    assert log.cursor("ahead").position == 100  # type: ignore[union-attr]
+    # A mark past the end cannot be true: read again from the earliest rather than skip.
+    assert log.cursor("ahead").position == first  # type: ignore[union-attr]
     assert "TOPICLOG(t): cursor reader was at offset 0, before the first one on disk" in caplog.text
-    assert "TOPICLOG(t): cursor ahead was at offset 1000000, past the end" in caplog.text
+    assert "TOPICLOG(t): cursor ahead was at offset 1000000, past the log's end 100" in caplog.text
+    assert log.damage.rebuilt_count == 1
     log.close()
 
 
@@ -774,3 +776,50 @@ def test_delete_removes_the_log_s_files(tmp_path: Path) -> None:
     log.delete()
     assert list(tmp_path.iterdir()) == []
     assert log.closed and log.cursors == {}
+
+
+def test_a_fresh_log_creates_no_file_until_its_first_message(tmp_path: Path) -> None:
+    log = open_log(tmp_path, fresh=True)
+    cursor = log.create_cursor("c", "earliest")
+    assert log.prepare_sync() is None  # nothing to persist: no message, no file
+    assert list(tmp_path.iterdir()) == []
+    assert (log.next_offset, log.earliest_offset, log.bytes_on_disk) == (0, 0, 0)
+    assert read_all(cursor) == []
+    msgs = stamped(5)
+    assert log.append_many(msgs) == 0
+    assert len(segment_files(tmp_path)) == 1
+    assert entry_keys(read_all(cursor)) == expected(0, msgs)
+    log.sync()
+    assert (tmp_path / STATE).exists()
+    log.close()
+    again = open_log(tmp_path)
+    assert not again.rebuilt_state and again.damage.rebuilt_count == 0
+    restored = again.cursor("c")
+    assert restored is not None
+    assert entry_keys(read_all(restored)) == expected(0, msgs)
+    again.close()
+
+
+def test_a_fresh_log_closed_or_deleted_before_any_message_leaves_no_file(tmp_path: Path) -> None:
+    log = open_log(tmp_path, fresh=True)
+    log.create_cursor("c")
+    log.close()
+    log = open_log(tmp_path / "other", fresh=True)
+    log.delete()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_fresh_log_that_cannot_create_its_file_refuses_the_append_whole(tmp_path: Path) -> None:
+    log = open_log(tmp_path, fresh=True)
+    cursor = log.create_cursor("c", "earliest")
+    blocker = tmp_path / "t.lmq.000000.dat"
+    blocker.mkdir()  # the segment's name is taken: creating it fails
+    with pytest.raises(BackendError):
+        log.append_many(stamped(3))
+    assert (log.next_offset, log.bytes_on_disk) == (0, 0)
+    assert read_all(cursor) == []
+    blocker.rmdir()
+    msgs = stamped(2)
+    assert log.append_many(msgs) == 0  # the next append creates it
+    assert entry_keys(read_all(cursor)) == expected(0, msgs)
+    log.close()

@@ -19,6 +19,7 @@ from lmqd.storage import (
     metadata_path,
     save_metadata,
 )
+from lmqd.storage.metadata import MetadataEncoder, encode_metadata
 
 SAMPLE = Metadata(
     (
@@ -213,3 +214,30 @@ def test_topic_policy_round_trip_with_string_values(tmp_path: Path) -> None:
                        "policy": {"max_depth": -1, "overflow": "reject", "x": [1], "y": None}}]}
     Path(path).write_text(json.dumps(doc))
     assert load_metadata(path).topics[0].policy == (("overflow", "reject"),)
+
+
+def test_the_encoder_reuses_unchanged_topics_and_writes_what_json_dumps_would() -> None:
+    encoder = MetadataEncoder()
+    assert encoder.encode(SAMPLE) == encode_metadata(SAMPLE)
+    orders, clicks = SAMPLE.topics
+    changed = Metadata(
+        (
+            TopicMetadata("orders", True, orders.channels, (("retention_ms", 5),)),
+            clicks,
+            TopicMetadata("tmp#ephemeral", False, ()),  # never written, as without an encoder
+            TopicMetadata("new", False, (ChannelMetadata("c#ephemeral"), ChannelMetadata("d"))),
+        )
+    )
+    data = encoder.encode(changed)
+    assert data == encode_metadata(changed)
+    doc = json.loads(data)
+    assert data == json.dumps(doc, separators=(",", ":")).encode() + b"\n"
+    assert [t["name"] for t in doc["topics"]] == ["orders", "Clicks.v2", "new"]
+    assert doc["topics"][0] == {
+        "name": "orders",
+        "paused": True,
+        "channels": [{"name": "archive", "paused": False}, {"name": "bill", "paused": True}],
+        "policy": {"retention_ms": 5},
+    }
+    assert doc["topics"][2]["channels"] == [{"name": "d", "paused": False}]
+    assert encoder.encode(Metadata()) == encode_metadata(Metadata())
