@@ -26,12 +26,28 @@ channel read from memory before anything needed them on disk), are simply absent
 A batch read (``spark.read.format("lmq")``) fixes its ranges when it is planned: from
 ``startingOffsets`` (default ``earliest``) to ``endingOffsets`` (default ``latest``, the ends
 at planning time).
+
+Discovery (``lookupdHttpAddress``). The daemons are then the given ``httpAddress`` ones plus
+the nodes the lookupds list for the topic (``/lookup``, at ``broadcast_address:http_port``),
+asked again on the driver for every micro-batch, so the set of nodes can change between
+batches. A node is identified by that HTTP address, the key of its offset. Two rules keep a
+restart exact:
+
+* a node that appears after the query's first batch (a new node, one that was unreachable, a
+  topic first published there) starts at the earliest offset it stores, as Kafka's source reads
+  a new partition from its start: whatever was published there since the query began is read,
+  never skipped (``startingOffsets`` naming that node explicitly wins). Its range in the batch
+  that first includes it is ``[0, end)``, so re-planning that batch after a restart reads the
+  same messages; the planner starts the range at the node's earliest offset only so as not to
+  plan tasks over offsets that are long gone;
+* a node that disappears (no longer listed, or unreachable) keeps its offset: the source's
+  offsets only ever gain keys, and a node that comes back continues where it stopped.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped]
@@ -51,7 +67,9 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from lmq_client.errors import ConnectionFailed, LmqClientError
 from lmq_client.http import HTTPClient, HTTPError
+from lmq_client.lookupd import lookup_http_producers
 from lmq_client.spark.source_options import DEFAULT_READ_COUNT, Bound, SourceOptions
 from lmqd.message import READ_FRAME
 
@@ -76,7 +94,8 @@ SOURCE_SCHEMA = StructType([
     StructField("attempts", IntegerType(), False),
 ])
 """The rows a read returns: the body, the message id, the topic, the daemon it came from (its
-address as given in ``address``), the offset there, the publish time and the attempts stored."""
+HTTP address, as given in ``httpAddress`` or as the lookupds list it), the offset there, the
+publish time and the attempts stored."""
 
 ARROW_SCHEMA = pa.schema([
     pa.field("value", pa.binary(), False),
@@ -102,6 +121,39 @@ class LmqPartition(InputPartition):
 # -- talking to the daemons ------------------------------------------------------------------
 
 
+NodeLookup = Callable[[str, str, float], list[str]]
+"""``lookup(lookupd, topic, timeout)`` -> the HTTP addresses of the nodes it lists for
+``topic`` (``lmq_client.lookupd.lookup_http_producers``)."""
+
+
+def _lookup_http_producers(lookupd: str, topic: str, timeout: float) -> list[str]:
+    return lookup_http_producers(lookupd, topic, timeout=timeout)
+
+
+def find_nodes(
+    options: SourceOptions, *, required: bool, lookup: NodeLookup = _lookup_http_producers
+) -> list[str]:
+    """The daemons to read: ``httpAddress`` as given, then what the lookupds list for the topic.
+
+    A lookupd that does not answer is skipped (logged). When none answers and ``required``,
+    ``LmqClientError`` (a read cannot be planned without knowing its nodes); otherwise the
+    given addresses alone (a stream keeps its known nodes until a lookupd answers again).
+    """
+    found: list[str] = []
+    failures: list[str] = []
+    for lookupd in options.lookupd_addresses:
+        try:
+            found.extend(lookup(lookupd, options.topic, options.timeout_s))
+        except LmqClientError as exc:
+            log.warning("SPARK(%s): lookupd %s: %s", options.topic, lookupd, exc)
+            failures.append(str(exc))
+    if required and failures and len(failures) == len(options.lookupd_addresses):
+        raise LmqClientError(
+            f"lmq source: topic {options.topic!r}: no lookupd answered ({'; '.join(failures)})"
+        )
+    return list(dict.fromkeys([*options.addresses, *sorted(found)]))
+
+
 def _offsets(client: HTTPClient, topic: str) -> dict[str, int]:
     """``/topic/offsets`` of ``topic`` (a daemon that does not have it: all zero)."""
     try:
@@ -110,20 +162,57 @@ def _offsets(client: HTTPClient, topic: str) -> dict[str, int]:
         if exc.status == 404:
             return {"earliest": 0, "end": 0}
         raise
+    except ConnectionFailed as exc:
+        if exc.reason.startswith("not an HTTP API"):
+            # The commonest slip: the sink's TCP address copied into the source's options.
+            raise ConnectionFailed(
+                exc.address,
+                "not an HTTP API: the source reads through the daemons' HTTP addresses "
+                "(httpAddress, lmqd's --http-address), not their TCP addresses",
+            ) from None
+        raise
     return {"earliest": int(answer["earliest"]), "end": int(answer["end"])}
 
 
-def _resolve(options: SourceOptions, bound: Bound, default: str) -> dict[str, int]:
-    """Per-daemon offsets for ``bound`` (daemons it leaves out: ``default``)."""
+def _node_offsets(options: SourceOptions, address: str) -> dict[str, int]:
+    return _offsets(HTTPClient(address, timeout=options.timeout_s), options.topic)
+
+
+def _resolve(
+    options: SourceOptions, nodes: Sequence[str], bound: Bound, default: str, *,
+    skip_unreachable: bool = False,
+) -> dict[str, int]:  # fmt: skip
+    """Per-daemon offsets for ``bound`` (daemons it leaves out: ``default``). A daemon that
+    cannot be reached fails the read, unless ``skip_unreachable`` (then it is left out)."""
     result: dict[str, int] = {}
-    for address in options.addresses:
+    for address in nodes:
         if isinstance(bound, Mapping) and address in bound:
             result[address] = int(bound[address])
             continue
         which = bound if isinstance(bound, str) else default
-        known = _offsets(HTTPClient(address, timeout=options.timeout_s), options.topic)
+        try:
+            known = _node_offsets(options, address)
+        except ConnectionFailed as exc:
+            if not skip_unreachable:
+                raise
+            log.warning("SPARK(%s): %s left out for now: %s", options.topic, address, exc)
+            continue
         result[address] = known["earliest"] if which == "earliest" else known["end"]
     return result
+
+
+def _new_node_start(options: SourceOptions, address: str, known: Mapping[str, int] | None
+                    ) -> int:  # fmt: skip
+    """Where a node that joined a running stream starts: the offset ``startingOffsets`` gives
+    it by name, else its earliest (``known``, or asked now; 0 if it cannot be asked)."""
+    if isinstance(options.starting, Mapping) and address in options.starting:
+        return int(options.starting[address])
+    if known is None:
+        try:
+            known = _node_offsets(options, address)
+        except LmqClientError:
+            return 0  # [0, end) holds the same messages; only the task plan is coarser
+    return known["earliest"]
 
 
 def _split(start: Mapping[str, int], end: Mapping[str, int], size: int) -> list[LmqPartition]:
@@ -210,8 +299,9 @@ class LmqBatchReader(DataSourceReader):
 
     def __init__(self, options: SourceOptions) -> None:
         self.options = options
-        self.start = _resolve(options, options.starting or "earliest", "earliest")
-        self.end = _resolve(options, options.ending, "latest")
+        nodes = find_nodes(options, required=True)
+        self.start = _resolve(options, nodes, options.starting or "earliest", "earliest")
+        self.end = _resolve(options, nodes, options.ending, "latest")
 
     def partitions(self) -> Sequence[InputPartition]:
         return _split(self.start, self.end, self.options.partition_size)
@@ -228,8 +318,13 @@ class LmqStreamReader(DataSourceStreamReader):
         self.options = options
 
     def initialOffset(self) -> dict[str, int]:
-        """Where a query without a checkpoint starts: ``startingOffsets`` (default latest)."""
-        return _resolve(self.options, self.options.starting or "latest", "earliest")
+        """Where a query without a checkpoint starts: ``startingOffsets`` (default latest).
+        A node found through a lookupd but unreachable now is left out: it joins later as a
+        new node (from its earliest offset)."""
+        options = self.options
+        nodes = find_nodes(options, required=True)
+        return _resolve(options, nodes, options.starting or "latest", "earliest",
+                        skip_unreachable=bool(options.lookupd_addresses))  # fmt: skip
 
     def getDefaultReadLimit(self) -> ReadLimit:
         if self.options.max_per_trigger is None:
@@ -237,25 +332,38 @@ class LmqStreamReader(DataSourceStreamReader):
         return ReadMaxRows(self.options.max_per_trigger)
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, int]:
-        """Every daemon's end, or no more than ``limit`` messages past ``start`` in all."""
+        """Every daemon's end, or no more than ``limit`` messages past ``start`` in all.
+
+        The daemons are those of ``start`` (a node keeps its offset while it is gone) and those
+        found now; a new one starts at its earliest offset (see the module docstring)."""
+        options = self.options
+        begins = {address: int(offset) for address, offset in start.items()}
         ends: dict[str, int] = {}
-        for address in self.options.addresses:
-            begin = int(start.get(address, 0))
+        for address in dict.fromkeys([*begins, *find_nodes(options, required=False)]):
             try:
-                known = _offsets(HTTPClient(address, timeout=self.options.timeout_s),
-                                 self.options.topic)
+                known: dict[str, int] | None = _node_offsets(options, address)
             except Exception:
-                log.warning("SPARK(%s): %s unreachable; its offset stays at %d",
-                            self.options.topic, address, begin, exc_info=True)
-                ends[address] = begin
-                continue
-            ends[address] = max(begin, known["end"])
+                known = None
+                log.warning("SPARK(%s): %s unreachable; its offset stays at %s",
+                            options.topic, address, begins.get(address, "its start"),
+                            exc_info=True)  # fmt: skip
+            if address not in begins:
+                if known is None:
+                    continue  # a new node that cannot be asked joins once it answers
+                begins[address] = _new_node_start(options, address, known)
+                log.info("SPARK(%s): new node %s, read from offset %d",
+                         options.topic, address, begins[address])  # fmt: skip
+            begin = begins[address]
+            ends[address] = begin if known is None else max(begin, known["end"])
         if isinstance(limit, ReadMaxRows):
-            return _spread(start, ends, limit.max_rows)
+            return _spread(begins, ends, limit.max_rows)
         return ends
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         begin = {k: int(v) for k, v in start.items()}
+        for address in end:
+            if address not in begin:  # joined in this batch: [0, end), planned from its earliest
+                begin[address] = _new_node_start(self.options, address, None)
         return _split(begin, {k: int(v) for k, v in end.items()}, self.options.partition_size)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
