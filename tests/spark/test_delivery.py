@@ -12,7 +12,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped]
@@ -29,9 +28,9 @@ from lmq_client.spark import LmqSinkError, SinkOptions
 from lmq_client.spark.pool import ProducerPool
 from lmq_client.spark.publish import MAX_PENDING_TOPICS, write_partition
 from lmq_client.spark.retry import RetryExhausted, RetryingProducer
-from tests.support.process import LmqdProcess, start_lmqd, stop_lmqd
+from tests.support.process import LmqdProcess
 
-from .conftest import receive
+from .conftest import receive, restart_later
 
 
 class FakeClock:
@@ -295,44 +294,14 @@ def test_tasks_of_one_process_reuse_one_connection(daemon: LmqdProcess, topic: s
         pool.close_all()
 
 
-@pytest.fixture
-def restartable(tmp_path: Path) -> Iterator[list[LmqdProcess]]:
-    """A daemon of this test's own (in a list: a restart replaces it), stopped at the end."""
-    servers = [start_lmqd(tmp_path / "data", [])]
-    try:
-        yield servers
-    finally:
-        for server in servers:
-            if server.process.poll() is None:
-                stop_lmqd(server)
-
-
-def restart_later(servers: list[LmqdProcess], data: Path, down_s: float) -> threading.Thread:
-    """Stop the daemon now, start it again on the same ports after ``down_s`` (a thread)."""
-    old = servers[-1]
-    assert old.http_address is not None
-    flags = [f"--tcp-address={old.tcp_address}", f"--http-address={old.http_address}"]
-    stop_lmqd(old)
-
-    def start() -> None:
-        time.sleep(down_s)
-        servers.append(start_lmqd(data, flags))
-
-    thread = threading.Thread(target=start, daemon=True)
-    thread.start()
-    return thread
-
-
-def test_a_task_rides_out_a_daemon_restart(
-    restartable: list[LmqdProcess], tmp_path: Path, topic: str
-) -> None:
+def test_a_task_rides_out_a_daemon_restart(restartable: list[LmqdProcess], topic: str) -> None:
     address = restartable[0].tcp_address
     options = _options(addresses=(address,), topic=topic, batch_size=10, retry_timeout_s=20.0)
     threads: list[threading.Thread] = []
 
     def batches() -> Iterator[Any]:
         yield pa.RecordBatch.from_pydict({"v": [f"before-{i}" for i in range(10)]})
-        threads.append(restart_later(restartable, tmp_path / "data", 1.0))
+        threads.append(restart_later(restartable, 1.0))
         yield pa.RecordBatch.from_pydict({"v": [f"after-{i}" for i in range(10)]})
 
     pool = ProducerPool()
