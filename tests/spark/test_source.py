@@ -18,7 +18,8 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
-from lmq_client.spark import SourceOptions
+from lmq_client.errors import ConnectionFailed
+from lmq_client.spark import LmqBatchReader, SourceOptions
 from lmq_client.sync import Producer
 from tests.support.process import LmqdProcess
 
@@ -44,16 +45,41 @@ def test_source_options_are_checked_on_the_driver() -> None:
     assert (options.starting, options.ending, options.max_per_trigger) == (
         {"127.0.0.1:4152": 7}, "latest", 10,
     )
+    # httpAddress is the name that says what it takes; address is its older name
+    assert SourceOptions.parse({"HTTPADDRESS": "127.0.0.1:4151", "topic": "t"}).addresses == (
+        "127.0.0.1:4151",
+    )
+    found = SourceOptions.parse({"lookupdHttpAddress": "127.0.0.1:4161", "topic": "t",
+                                 "startingOffsets": '{"10.0.0.7:4151": 3}'})  # fmt: skip
+    assert (found.addresses, found.lookupd_addresses, found.starting) == (
+        (), ("127.0.0.1:4161",), {"10.0.0.7:4151": 3},
+    )
     for given, message in (
-        ({"topic": "t"}, "'address' is required"),
+        ({"topic": "t"}, "'httpAddress' is required"),
+        ({"address": "x:1", "httpAddress": "x:1", "topic": "t"}, "not both"),
+        ({"httpAddress": "x", "topic": "t"}, "option 'httpAddress': invalid address"),
+        ({"lookupdHttpAddress": "l:1", "topic": "t", "startingOffsets": '{"nope": 1}'},
+         "option 'startingOffsets': invalid address 'nope'"),
         ({"address": "x:1", "topic": "bad name"}, "option 'topic'"),
         ({"address": "x:1", "topic": "t", "bodyColumn": "v"}, "unknown option 'bodyColumn'"),
         ({"address": "x:1", "topic": "t", "startingOffsets": "soon"}, "earliest, latest or"),
-        ({"address": "x:1", "topic": "t", "startingOffsets": '{"y:2": 1}'}, "not in 'address'"),
+        ({"address": "x:1", "topic": "t", "startingOffsets": '{"y:2": 1}'},
+         "not in 'httpAddress'"),
         ({"address": "x:1", "topic": "t", "maxMessagesPerTrigger": "0"}, "at least 1"),
     ):
         with pytest.raises(ValueError, match=message):
             SourceOptions.parse(given)
+
+
+def test_a_tcp_address_given_to_the_source_says_to_give_the_http_one(
+    daemon: LmqdProcess, topic: str
+) -> None:
+    with pytest.raises(ConnectionFailed) as info:
+        LmqBatchReader(SourceOptions(addresses=(daemon.tcp_address,), topic=topic))
+    assert str(info.value) == (
+        f"{daemon.tcp_address}: not an HTTP API: the source reads through the daemons' HTTP "
+        "addresses (httpAddress, lmqd's --http-address), not their TCP addresses"
+    )
 
 
 def test_batch_read_of_an_offset_range(
@@ -64,7 +90,7 @@ def test_batch_read_of_an_offset_range(
     publish(second, topic, [b"b%d" % i for i in range(3)])
     nodes = f"{http_address(first)},{http_address(second)}"
     reader = (
-        spark.read.format("lmq").option("address", nodes).option("topic", topic)
+        spark.read.format("lmq").option("httpAddress", nodes).option("topic", topic)
         .option("partitionSize", "2")
     )
     with spark_guard(spark):
