@@ -140,6 +140,7 @@ def test_the_source_reader_follows_the_nodes_the_lookupd_lists(
     cluster: tuple[Daemon, list[Daemon]],
 ) -> None:
     lookupd, (first, second) = cluster
+    assert lookup_http_producers(lookupd.http, "follow") == []  # 404 TOPIC_NOT_FOUND: none
     publish(first, "follow", [b"a0", b"a1", b"a2"])
     wait_listed(lookupd, "follow", [first])
     reader = LmqStreamReader(SourceOptions.parse({

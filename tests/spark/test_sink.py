@@ -23,6 +23,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.query import StreamingQuery
 
+from lmq_client.http import HTTPClient
 from tests.support.process import LmqdProcess, start_lmqd, stop_lmqd
 
 from .conftest import (
@@ -248,6 +249,25 @@ def test_a_row_with_an_invalid_topic_fails_the_write_naming_it(
     assert (
         "lmq sink: topics from column 'topic': row 1: invalid topic name 'not fine!'"
     ) in str(info.value)
+
+
+def test_tasks_reuse_their_workers_connections(
+    spark: SparkSession, restartable: list[LmqdProcess], topic: str
+) -> None:
+    daemon = restartable[0]
+    assert daemon.http_address is not None
+    stats = HTTPClient(daemon.http_address)
+    df = spark.range(0, 100, numPartitions=2).selectExpr("CAST(id AS STRING) AS value")
+    for _ in range(4):
+        with spark_guard(spark):
+            df.write.format("lmq").mode("append").option("address", daemon.tcp_address).option(
+                "topic", topic
+            ).save()
+    # 8 tasks ran; their producers stayed open in the (reused) Python workers, at most one
+    # per worker of local[2], instead of a connection opened and closed per task
+    producers = stats.stats(include_clients=True)["producers"] or []
+    assert 1 <= len(producers) <= 2, producers
+    assert stats.stats(topic)["topics"][0]["message_count"] == 400
 
 
 def _wait_for_rows(query: StreamingQuery, rows: int) -> None:
