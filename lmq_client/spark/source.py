@@ -29,9 +29,9 @@ at planning time).
 
 Discovery (``lookupdHttpAddress``). The daemons are then the given ``httpAddress`` ones plus
 the nodes the lookupds list for the topic (``/lookup``, at ``broadcast_address:http_port``),
-asked again on the driver for every micro-batch, so the set of nodes can change between
-batches. A node is identified by that HTTP address, the key of its offset. Two rules keep a
-restart exact:
+asked again on the driver every ``lookupdPollIntervalMs`` (10 s) while a stream runs, so the
+set of nodes can change between batches. A node is identified by that HTTP address, the key
+of its offset. Two rules keep a restart exact:
 
 * a node that appears after the query's first batch (a new node, one that was unreachable, a
   topic first published there) starts at the earliest offset it stores, as Kafka's source reads
@@ -47,6 +47,8 @@ restart exact:
 from __future__ import annotations
 
 import logging
+import math
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -316,6 +318,18 @@ class LmqStreamReader(DataSourceStreamReader):
 
     def __init__(self, options: SourceOptions) -> None:
         self.options = options
+        self._nodes: list[str] = list(options.addresses)
+        self._nodes_asked_at = -math.inf
+
+    def _current_nodes(self) -> list[str]:
+        """The nodes found by the last lookupd query, asked again once
+        ``lookupdPollIntervalMs`` has passed (``source_options.DEFAULT_LOOKUPD_POLL_INTERVAL_MS``
+        says why not every micro-batch)."""
+        now = time.monotonic()
+        if now - self._nodes_asked_at >= self.options.lookupd_poll_interval_s:
+            self._nodes = find_nodes(self.options, required=False)
+            self._nodes_asked_at = now
+        return self._nodes
 
     def initialOffset(self) -> dict[str, int]:
         """Where a query without a checkpoint starts: ``startingOffsets`` (default latest).
@@ -323,6 +337,7 @@ class LmqStreamReader(DataSourceStreamReader):
         new node (from its earliest offset)."""
         options = self.options
         nodes = find_nodes(options, required=True)
+        self._nodes, self._nodes_asked_at = nodes, time.monotonic()
         return _resolve(options, nodes, options.starting or "latest", "earliest",
                         skip_unreachable=bool(options.lookupd_addresses))  # fmt: skip
 
@@ -339,7 +354,7 @@ class LmqStreamReader(DataSourceStreamReader):
         options = self.options
         begins = {address: int(offset) for address, offset in start.items()}
         ends: dict[str, int] = {}
-        for address in dict.fromkeys([*begins, *find_nodes(options, required=False)]):
+        for address in dict.fromkeys([*begins, *self._current_nodes()]):
             try:
                 known: dict[str, int] | None = _node_offsets(options, address)
             except Exception:

@@ -27,6 +27,7 @@ from lmq_client.spark.options import canonical_options
 from lmqd.net import split_address
 
 __all__ = [
+    "DEFAULT_LOOKUPD_POLL_INTERVAL_MS",
     "DEFAULT_PARTITION_SIZE",
     "DEFAULT_READ_COUNT",
     "DEFAULT_SOURCE_TIMEOUT_S",
@@ -46,6 +47,13 @@ DEFAULT_SOURCE_TIMEOUT_S = 30.0
 """Seconds an HTTP request to a daemon may take before the task fails (a read of 10,000
 messages takes milliseconds; the bound only catches a daemon that stopped answering)."""
 
+DEFAULT_LOOKUPD_POLL_INTERVAL_MS = 10_000
+"""How often a stream asks its lookupds for the topic's nodes. Spark plans micro-batches back to
+back, and an idle stream asks for new offsets every 10 ms (``spark.sql.streaming.pollingDelay``):
+asking the lookupds each time would be a hundred queries a second for news that comes rarely. A
+node found up to 10 s late loses nothing (it is read from its earliest offset); NSQ's consumers
+poll every 60 s, which would leave a new node unread for a minute."""
+
 Bound = str | Mapping[str, int]
 """``"earliest"``, ``"latest"``, or offsets by daemon address."""
 
@@ -55,6 +63,7 @@ _KNOWN = {
         "httpAddress",
         "address",  # the source's first name for httpAddress; still accepted
         "lookupdHttpAddress",
+        "lookupdPollIntervalMs",
         "topic",
         "startingOffsets",
         "endingOffsets",
@@ -78,12 +87,14 @@ class SourceOptions:
     ``starting``/``ending``: the start (streaming: of the first micro-batch) and, for batch
     reads, the end; ``max_per_trigger``: at most this many messages per micro-batch over all
     daemons (None: everything available); ``partition_size``: offsets per Spark partition;
-    ``timeout_s``: per HTTP request.
+    ``timeout_s``: per HTTP request; ``lookupd_poll_interval_s``: how often a stream asks the
+    lookupds again.
     """
 
     addresses: tuple[str, ...] = ()
     topic: str
     lookupd_addresses: tuple[str, ...] = ()
+    lookupd_poll_interval_s: float = DEFAULT_LOOKUPD_POLL_INTERVAL_MS / 1000
     starting: Bound | None = None
     ending: Bound = "latest"
     max_per_trigger: int | None = None
@@ -138,6 +149,10 @@ class SourceOptions:
                 given.get("partitionSize", str(DEFAULT_PARTITION_SIZE)), "partitionSize"
             ),
             timeout_s=_seconds(given.get("timeout"), DEFAULT_SOURCE_TIMEOUT_S),
+            lookupd_poll_interval_s=_milliseconds(
+                given.get("lookupdPollIntervalMs"), "lookupdPollIntervalMs",
+                DEFAULT_LOOKUPD_POLL_INTERVAL_MS,
+            ) / 1000,
         )
 
 
@@ -188,6 +203,18 @@ def _positive(raw: str, name: str) -> int:
         raise ValueError(f"lmq source: option {name!r} must be an integer, not {raw!r}") from None
     if value < 1:
         raise ValueError(f"lmq source: option {name!r} must be at least 1, not {value}")
+    return value
+
+
+def _milliseconds(raw: str | None, name: str, default: int) -> int:
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"lmq source: option {name!r} must be an integer, not {raw!r}") from None
+    if value < 0:
+        raise ValueError(f"lmq source: option {name!r} must be at least 0, not {value}")
     return value
 
 

@@ -145,6 +145,7 @@ def test_the_source_reader_follows_the_nodes_the_lookupd_lists(
     wait_listed(lookupd, "follow", [first])
     reader = LmqStreamReader(SourceOptions.parse({
         "lookupdHttpAddress": lookupd.http, "topic": "follow", "partitionSize": "2",
+        "lookupdPollIntervalMs": "0",  # ask on every call (the default: every 10 s)
     }))  # fmt: skip
     start = reader.initialOffset()
     assert start == {first.http: 3}  # latest, on the one node that has the topic

@@ -54,6 +54,7 @@ def test_source_options_are_checked_on_the_driver() -> None:
     assert (found.addresses, found.lookupd_addresses, found.starting) == (
         (), ("127.0.0.1:4161",), {"10.0.0.7:4151": 3},
     )
+    assert found.lookupd_poll_interval_s == 10.0
     for given, message in (
         ({"topic": "t"}, "'httpAddress' is required"),
         ({"address": "x:1", "httpAddress": "x:1", "topic": "t"}, "not both"),
@@ -66,6 +67,7 @@ def test_source_options_are_checked_on_the_driver() -> None:
         ({"address": "x:1", "topic": "t", "startingOffsets": '{"y:2": 1}'},
          "not in 'httpAddress'"),
         ({"address": "x:1", "topic": "t", "maxMessagesPerTrigger": "0"}, "at least 1"),
+        ({"address": "x:1", "topic": "t", "lookupdPollIntervalMs": "-5"}, "at least 0"),
     ):
         with pytest.raises(ValueError, match=message):
             SourceOptions.parse(given)
