@@ -133,13 +133,12 @@ def _lookup_http_producers(lookupd: str, topic: str, timeout: float) -> list[str
 
 
 def find_nodes(
-    options: SourceOptions, *, required: bool, lookup: NodeLookup = _lookup_http_producers
-) -> list[str]:
+    options: SourceOptions, *, lookup: NodeLookup = _lookup_http_producers
+) -> list[str] | None:
     """The daemons to read: ``httpAddress`` as given, then what the lookupds list for the topic.
 
-    A lookupd that does not answer is skipped (logged). When none answers and ``required``,
-    ``LmqClientError`` (a read cannot be planned without knowing its nodes); otherwise the
-    given addresses alone (a stream keeps its known nodes until a lookupd answers again).
+    A lookupd that does not answer is skipped (logged); None when there are lookupds and none
+    answered. ``LmqClientError`` from ``require_nodes`` says so where a read cannot do without.
     """
     found: list[str] = []
     failures: list[str] = []
@@ -149,11 +148,21 @@ def find_nodes(
         except LmqClientError as exc:
             log.warning("SPARK(%s): lookupd %s: %s", options.topic, lookupd, exc)
             failures.append(str(exc))
-    if required and failures and len(failures) == len(options.lookupd_addresses):
-        raise LmqClientError(
-            f"lmq source: topic {options.topic!r}: no lookupd answered ({'; '.join(failures)})"
-        )
+    if failures and len(failures) == len(options.lookupd_addresses):
+        return None
     return list(dict.fromkeys([*options.addresses, *sorted(found)]))
+
+
+def require_nodes(options: SourceOptions) -> list[str]:
+    """``find_nodes``, or ``LmqClientError`` when no lookupd answered (a batch read, or a
+    stream's start, cannot be planned without knowing its nodes)."""
+    nodes = find_nodes(options)
+    if nodes is None:
+        raise LmqClientError(
+            f"lmq source: topic {options.topic!r}: no lookupd answered "
+            f"({', '.join(options.lookupd_addresses)}; see the driver's log)"
+        )
+    return nodes
 
 
 def _offsets(client: HTTPClient, topic: str) -> dict[str, int]:
@@ -301,7 +310,7 @@ class LmqBatchReader(DataSourceReader):
 
     def __init__(self, options: SourceOptions) -> None:
         self.options = options
-        nodes = find_nodes(options, required=True)
+        nodes = require_nodes(options)
         self.start = _resolve(options, nodes, options.starting or "earliest", "earliest")
         self.end = _resolve(options, nodes, options.ending, "latest")
 
@@ -320,15 +329,18 @@ class LmqStreamReader(DataSourceStreamReader):
         self.options = options
         self._nodes: list[str] = list(options.addresses)
         self._nodes_asked_at = -math.inf
+        self._unreachable: set[str] = set()
 
     def _current_nodes(self) -> list[str]:
-        """The nodes found by the last lookupd query, asked again once
+        """The nodes of the last lookupd query that was answered, asked again once
         ``lookupdPollIntervalMs`` has passed (``source_options.DEFAULT_LOOKUPD_POLL_INTERVAL_MS``
         says why not every micro-batch)."""
         now = time.monotonic()
         if now - self._nodes_asked_at >= self.options.lookupd_poll_interval_s:
-            self._nodes = find_nodes(self.options, required=False)
             self._nodes_asked_at = now
+            nodes = find_nodes(self.options)
+            if nodes is not None:  # no lookupd answered: keep what they said last
+                self._nodes = nodes
         return self._nodes
 
     def initialOffset(self) -> dict[str, int]:
@@ -336,7 +348,7 @@ class LmqStreamReader(DataSourceStreamReader):
         A node found through a lookupd but unreachable now is left out: it joins later as a
         new node (from its earliest offset)."""
         options = self.options
-        nodes = find_nodes(options, required=True)
+        nodes = require_nodes(options)
         self._nodes, self._nodes_asked_at = nodes, time.monotonic()
         return _resolve(options, nodes, options.starting or "latest", "earliest",
                         skip_unreachable=bool(options.lookupd_addresses))  # fmt: skip
@@ -349,19 +361,19 @@ class LmqStreamReader(DataSourceStreamReader):
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, int]:
         """Every daemon's end, or no more than ``limit`` messages past ``start`` in all.
 
-        The daemons are those of ``start`` (a node keeps its offset while it is gone) and those
-        found now; a new one starts at its earliest offset (see the module docstring)."""
+        The daemons are those of ``start`` and those listed now. One that is no longer listed
+        keeps its offset without being asked (a node that left the cluster must not cost every
+        batch a connect timeout); a new one starts at its earliest offset (see the module
+        docstring); one listed but not answering adds nothing to this batch."""
         options = self.options
         begins = {address: int(offset) for address, offset in start.items()}
         ends: dict[str, int] = {}
-        for address in dict.fromkeys([*begins, *self._current_nodes()]):
-            try:
-                known: dict[str, int] | None = _node_offsets(options, address)
-            except Exception:
-                known = None
-                log.warning("SPARK(%s): %s unreachable; its offset stays at %s",
-                            options.topic, address, begins.get(address, "its start"),
-                            exc_info=True)  # fmt: skip
+        listed = self._current_nodes()
+        for address in dict.fromkeys([*begins, *listed]):
+            if address not in listed:
+                ends[address] = begins[address]
+                continue
+            known = self._ask(address, begins.get(address))
             if address not in begins:
                 if known is None:
                     continue  # a new node that cannot be asked joins once it answers
@@ -373,6 +385,23 @@ class LmqStreamReader(DataSourceStreamReader):
         if isinstance(limit, ReadMaxRows):
             return _spread(begins, ends, limit.max_rows)
         return ends
+
+    def _ask(self, address: str, offset: int | None) -> dict[str, int] | None:
+        """``address``'s offsets, or None if it does not answer: logged once when it stops
+        answering and once when it is back (an idle stream asks every 10 ms)."""
+        try:
+            known = _node_offsets(self.options, address)
+        except (LmqClientError, KeyError, TypeError, ValueError) as exc:  # or not lmqd's answer
+            if address not in self._unreachable:
+                self._unreachable.add(address)
+                log.warning("SPARK(%s): %s does not answer (%s); its offset stays at %s",
+                            self.options.topic, address, exc,
+                            "its start" if offset is None else offset)  # fmt: skip
+            return None
+        if address in self._unreachable:
+            self._unreachable.discard(address)
+            log.info("SPARK(%s): %s answers again", self.options.topic, address)
+        return known
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         begin = {k: int(v) for k, v in start.items()}

@@ -11,15 +11,18 @@ from __future__ import annotations
 
 import datetime
 import json
+import logging
+import socket
 from pathlib import Path
 from typing import Any
 
 import pytest
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.streaming.datasource import ReadAllAvailable
 from pyspark.sql.streaming.query import StreamingQuery
 
 from lmq_client.errors import ConnectionFailed
-from lmq_client.spark import LmqBatchReader, SourceOptions
+from lmq_client.spark import LmqBatchReader, LmqStreamReader, SourceOptions
 from lmq_client.sync import Producer
 from tests.support.process import LmqdProcess
 
@@ -82,6 +85,29 @@ def test_a_tcp_address_given_to_the_source_says_to_give_the_http_one(
         f"{daemon.tcp_address}: not an HTTP API: the source reads through the daemons' HTTP "
         "addresses (httpAddress, lmqd's --http-address), not their TCP addresses"
     )
+
+
+def test_a_daemon_that_does_not_answer_keeps_its_offset_and_is_logged_once(
+    daemon: LmqdProcess, topic: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    dead = f"127.0.0.1:{_closed_port()}"
+    publish(daemon, topic, [b"x", b"y"])
+    reader = LmqStreamReader(SourceOptions(addresses=(http_address(daemon), dead), topic=topic))
+    start = {http_address(daemon): 0, dead: 4}
+    with caplog.at_level(logging.INFO, logger="lmq_client.spark"):
+        for _ in range(3):
+            assert reader.latestOffset(start, ReadAllAvailable()) == {
+                http_address(daemon): 2, dead: 4,
+            }
+    said = [r.getMessage() for r in caplog.records if dead in r.getMessage()]
+    assert len(said) == 1 and "does not answer" in said[0] and "stays at 4" in said[0], said
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
 
 
 def test_batch_read_of_an_offset_range(
