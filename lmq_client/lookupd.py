@@ -4,7 +4,8 @@ Three parts, all without an event loop:
 
 - **Queries.** ``lookup_producers(address, topic)`` asks one lookupd which nodes have a topic
   (``GET /lookup?topic=``) and returns their TCP addresses (``broadcast_address:tcp_port``, as
-  every NSQ client connects); ``lookup_nodes(address)`` lists every active node
+  every NSQ client connects; ``lookup_http_producers``: their HTTP addresses, for readers by
+  offset); ``lookup_nodes(address)`` lists every active node
   (``GET /nodes``), with its HTTP address and the topics tombstoned on it, for admin tools and
   publishers. An address is ``host:port`` or a URL (``http://host:port[/path]``): as in pynsq
   and go-nsq, a URL's path, when it is neither empty nor ``/``, replaces ``/lookup``. Requests
@@ -49,6 +50,7 @@ __all__ = [
     "Discovery",
     "LookupdNode",
     "check_schedule",
+    "lookup_http_producers",
     "lookup_nodes",
     "lookup_producers",
     "lookupd_addresses",
@@ -118,6 +120,28 @@ def lookup_producers(address: str, topic: str, *, timeout: float = DEFAULT_TIMEO
     (unreachable), ``HTTPError`` (another error status) or ``LmqClientError`` (an answer that
     is not nsqlookupd's).
     """
+    producers = _lookup(address, topic, timeout)
+    return list(dict.fromkeys(_tcp_address(p, address) for p in producers))
+
+
+def lookup_http_producers(
+    address: str, topic: str, *, timeout: float = DEFAULT_TIMEOUT
+) -> list[str]:
+    """The HTTP addresses (``broadcast_address:http_port``) of the nodes the lookupd at
+    ``address`` lists for ``topic``: where readers by offset (the Spark source) go. Raises as
+    ``lookup_producers``."""
+    found = []
+    for producer in _lookup(address, topic, timeout):
+        try:
+            host = producer.get("broadcast_address") or producer["address"]
+            found.append(format_address((str(host), int(producer["http_port"]))))
+        except (KeyError, TypeError, ValueError, AttributeError):
+            raise LmqClientError(f"lookupd {address}: malformed producer in /lookup") from None
+    return list(dict.fromkeys(found))
+
+
+def _lookup(address: str, topic: str, timeout: float) -> list[Any]:
+    """The producers of ``/lookup?topic=`` (an unknown topic: none)."""
     try:
         data = _get_json(address, _LOOKUP_PATH, {"topic": topic}, timeout)
     except HTTPError as exc:
@@ -129,7 +153,8 @@ def lookup_producers(address: str, topic: str, *, timeout: float = DEFAULT_TIMEO
         data = data["data"]
     if not isinstance(data, dict) or not isinstance(data.get("producers"), list):
         raise LmqClientError(f"lookupd {address}: /lookup answer has no producers list")
-    return list(dict.fromkeys(_tcp_address(p, address) for p in data["producers"]))
+    producers: list[Any] = data["producers"]
+    return producers
 
 
 @attrs.frozen

@@ -75,7 +75,7 @@ def main() -> None:
             spark_s, plain_s = [], []
             for run in range(1, args.runs + 1):
                 frame = (
-                    spark.read.format("lmq").option("address", daemon.http_address)
+                    spark.read.format("lmq").option("httpAddress", daemon.http_address)
                     .option("topic", TOPIC).option("partitionSize", str(args.partition_size))
                     .load()
                 )

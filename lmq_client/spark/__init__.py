@@ -8,14 +8,14 @@ read lmq topics by offset (``spark.read``/``spark.readStream.format("lmq")``, ``
     spark.dataSource.register(LmqDataSource)
     (df.writeStream.format("lmq")
         .option("address", "127.0.0.1:4150")
-        .option("topic", "events")
-        .option("bodyColumn", "value")            # without it: each row as a JSON object
-        .option("checkpointLocation", "/tmp/ck")
-        .start())
+        .option("topic", "events")                # or a `topic` column, row by row
+        .option("checkpointLocation", "/tmp/ck")  # `value` is the body (or bodyColumn);
+        .start())                                 # with neither, each row as a JSON object
 
-Executors publish with the blocking ``lmq_client.sync.Producer`` in MPUB batches, from the
-Arrow record batches Spark hands them. Delivery is at-least-once; ``docs/spark.md`` says exactly
-what a retry or a restart from the checkpoint publishes again.
+Executors publish with the blocking ``lmq_client.sync.Producer`` (pooled per worker process,
+``pool.py``) in MPUB batches, from the Arrow record batches Spark hands them, retrying across a
+daemon restart (``retry.py``). Delivery is at-least-once; ``docs/spark.md`` says exactly what a
+retry or a restart from the checkpoint publishes again.
 
 PySpark and PyArrow are not dependencies of lmq itself (they are ~650 MB, and the daemon, the
 clients and lmqadmin never use them): they come with the ``spark`` extra,

@@ -23,6 +23,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from lmq_client.spark.errors import LmqSinkError
 from lmq_client.spark.options import SinkOptions
 from lmq_client.spark.publish import LmqCommitMessage, summarize, write_partition
 from lmq_client.spark.source import SOURCE_SCHEMA, LmqBatchReader, LmqStreamReader
@@ -44,12 +45,15 @@ class LmqDataSource(DataSource):
         df.writeStream.format("lmq").option("address", ...).option("topic", ...)
             .option("checkpointLocation", path).start()
 
-    Options (names case-insensitive): ``address`` (``host:port[,host:port...]``) and/or
-    ``lookupdHttpAddress`` (lookupds whose nodes are published to; one of the two is required),
-    ``topic`` (required), ``bodyColumn`` (string or binary column; without it each row is sent as
-    a JSON object), ``batchSize`` (messages per MPUB, 1000), ``batchBytes`` (bytes per MPUB body,
-    5 MiB), ``deferMs`` (DPUB every row with this delay), ``deferColumn`` (integer column of
-    per-row delays in ms), ``timeout`` (seconds to connect and for each answer, 10).
+    Sink options (names case-insensitive): ``address`` (TCP, ``host:port[,host:port...]``)
+    and/or ``lookupdHttpAddress`` (lookupds whose nodes are published to; one of the two is
+    required), ``topic`` (without it, a string ``topic`` column routes each row),
+    ``bodyColumn`` (string or binary column; default a string/binary ``value`` column; with
+    neither, each row is sent as a JSON object), ``batchSize`` (messages per MPUB, 1000),
+    ``batchBytes`` (bytes per MPUB body, 5 MiB), ``deferMs`` (DPUB every row with this delay),
+    ``deferColumn`` (integer column of per-row delays in ms), ``timeout`` (seconds to connect
+    and for each answer, 10), ``retryTimeoutMs`` (how long a publish is retried while no
+    daemon takes it, 30000), TLS, compression and ``authSecret``. Source options: ``reader``.
     """
 
     @classmethod
@@ -62,9 +66,10 @@ class LmqDataSource(DataSource):
         return SOURCE_SCHEMA
 
     def reader(self, schema: StructType) -> LmqBatchReader:
-        """``spark.read.format("lmq")``: options ``address`` (the daemons' HTTP addresses),
-        ``topic``, ``startingOffsets`` (default earliest), ``endingOffsets`` (default latest),
-        ``partitionSize``, ``timeout``."""
+        """``spark.read.format("lmq")``: options ``httpAddress`` (the daemons' HTTP addresses;
+        ``address`` is its older name) and/or ``lookupdHttpAddress`` (the nodes they list for
+        the topic), ``topic``, ``startingOffsets`` (default earliest), ``endingOffsets``
+        (default latest), ``partitionSize``, ``timeout``."""
         return LmqBatchReader(self._source_options(schema))
 
     def streamReader(self, schema: StructType) -> LmqStreamReader:
@@ -110,6 +115,12 @@ def _write(options: SinkOptions, iterator: Iterator[Any]) -> LmqCommitMessage:
     return write_partition(options, iterator, partition_id=partition_id, attempt=attempt)
 
 
+# Spark shows the driver the failed task's Python traceback, then the error's line. The writers
+# re-raise an ``LmqSinkError`` without its traceback, so that what Spark shows is one frame
+# (the ``raise`` in ``write``) and the one-line message: the error, not a page of our frames.
+# ``spark.sql.execution.pyspark.udf.hideTraceback.enabled`` removes that frame too (docs/spark.md).
+
+
 class LmqBatchWriter(DataSourceArrowWriter):
     """``df.write.format("lmq")``: each task publishes its partition (Arrow batches)."""
 
@@ -118,19 +129,22 @@ class LmqBatchWriter(DataSourceArrowWriter):
 
     def write(self, iterator: Iterator[Any]) -> LmqCommitMessage:
         """Publish this task's rows; returns only once every MPUB/DPUB was answered ``OK``."""
-        return _write(self.options, iterator)
+        try:
+            return _write(self.options, iterator)
+        except LmqSinkError as error:
+            raise error.with_traceback(None) from None
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         """All tasks succeeded: log what was published."""
         rows, tasks, per_daemon = summarize(messages)
         log.info("SPARK(%s): write committed: %d rows from %d tasks %s",
-                 self.options.topic, rows, tasks, per_daemon)
+                 self.options.topic or "*", rows, tasks, per_daemon)
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         """Some task failed: the rows of the tasks that succeeded stay published."""
         rows, tasks, per_daemon = summarize(messages)
         log.warning("SPARK(%s): write aborted; %d rows from %d finished tasks stay published %s",
-                    self.options.topic, rows, tasks, per_daemon)
+                    self.options.topic or "*", rows, tasks, per_daemon)
 
 
 class LmqStreamWriter(DataSourceStreamArrowWriter):
@@ -141,14 +155,17 @@ class LmqStreamWriter(DataSourceStreamArrowWriter):
 
     def write(self, iterator: Iterator[Any]) -> LmqCommitMessage:
         """Publish this task's rows; returns only once every MPUB/DPUB was answered ``OK``."""
-        return _write(self.options, iterator)
+        try:
+            return _write(self.options, iterator)
+        except LmqSinkError as error:
+            raise error.with_traceback(None) from None
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """All tasks of micro-batch ``batchId`` succeeded; Spark records it in the checkpoint
         next, after which a restart never publishes it again."""
         rows, tasks, per_daemon = summarize(messages)
         log.info("SPARK(%s): batch %d committed: %d rows from %d tasks %s",
-                 self.options.topic, batchId, rows, tasks, per_daemon)
+                 self.options.topic or "*", batchId, rows, tasks, per_daemon)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """Micro-batch ``batchId`` failed: its published rows are published again when the
@@ -156,4 +173,4 @@ class LmqStreamWriter(DataSourceStreamArrowWriter):
         rows, tasks, per_daemon = summarize(messages)
         log.warning("SPARK(%s): batch %d aborted; %d rows from %d finished tasks stay published "
                     "and are published again when the query restarts %s",
-                    self.options.topic, batchId, rows, tasks, per_daemon)
+                    self.options.topic or "*", batchId, rows, tasks, per_daemon)

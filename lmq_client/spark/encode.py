@@ -25,6 +25,7 @@ from typing import Any
 import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.compute as pc  # type: ignore[import-untyped]
 
+from lmq_client._util import check_name
 from lmq_client.spark.options import SinkOptions
 
 __all__ = ["BadRowError", "RowEncoder", "json_default"]
@@ -85,13 +86,33 @@ class RowEncoder:
         bodies: list[bytes] = column.to_pylist()
         return bodies
 
+    def topics(self, batch: Any, first_row: int = 0) -> list[str] | None:
+        """Each row's topic from the topic column (None: every row goes to the ``topic``
+        option's). Every distinct name is checked once, with NSQ's rules."""
+        name = self.options.topic_column
+        if name is None or self.options.topic:
+            return None
+        column = batch.column(name)
+        if column.null_count:
+            row = first_row + _first_true(column.is_null())
+            raise BadRowError(f"row {row} has a null {name!r}: it routes the row to a topic")
+        for topic in pc.unique(column).to_pylist():
+            try:
+                check_name("topic", topic)
+            except ValueError as exc:
+                row = first_row + _first_true(pc.equal(column, topic))
+                raise BadRowError(f"row {row}: {exc}") from None
+        topics: list[str] = column.to_pylist()
+        return topics
+
     def _json_bodies(self, batch: Any) -> list[bytes]:
-        skip = self.options.defer_column
+        # delivery metadata, not part of the message
+        skip = {self.options.defer_column, self.options.topic_column}
         names: list[str] = []
         columns: list[list[Any]] = []
         for name, column in zip(batch.schema.names, batch.columns, strict=True):
-            if name == skip:
-                continue  # delivery metadata, not part of the message
+            if name in skip:
+                continue
             names.append(name)
             columns.append(column.to_pylist(maps_as_pydicts="strict"))
         encode = _JSON.encode

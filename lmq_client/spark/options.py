@@ -4,6 +4,11 @@ Spark hands a data source its ``.option(...)`` values as a case-insensitive mapp
 ``SinkOptions.parse`` turns them into typed fields and rejects anything it does not know, so a
 misspelt option fails the query at start instead of being silently ignored; ``resolve_columns``
 checks the named columns against the DataFrame's schema, also on the driver, before any task runs.
+
+Columns as Kafka's sink reads them, since that is what Spark users know: a string or binary
+column named ``value`` is the body unless ``bodyColumn`` names another (rows become JSON objects
+only when there is neither), and without a ``topic`` option a string column named ``topic``
+routes each row.
 """
 
 from __future__ import annotations
@@ -26,7 +31,14 @@ from lmq_client._util import address_list, check_name
 from lmq_client.lookupd import lookupd_addresses
 from lmq_client.transport import PLAIN, TransportOptions
 
-__all__ = ["DEFAULT_BATCH_BYTES", "DEFAULT_BATCH_SIZE", "SinkOptions"]
+__all__ = [
+    "DEFAULT_BATCH_BYTES",
+    "DEFAULT_BATCH_SIZE",
+    "DEFAULT_RETRY_TIMEOUT_MS",
+    "TOPIC_COLUMN",
+    "VALUE_COLUMN",
+    "SinkOptions",
+]
 
 DEFAULT_BATCH_SIZE = 1000
 """Messages per MPUB. One MPUB costs a round trip (~0.6 ms on the development machine), under a
@@ -38,6 +50,19 @@ DEFAULT_BATCH_BYTES = 5 * 1024 * 1024
 
 DEFAULT_TIMEOUT_S = 10.0
 """Connect and answer timeout of the executors' producer (the blocking client's default)."""
+
+DEFAULT_RETRY_TIMEOUT_MS = 30_000
+"""How long a task keeps retrying a publish that failed for want of a daemon (connection
+refused or lost, ``E_*PUB_FAILED``) before it fails: a restarted lmqd listens again within a
+few seconds (start-up is ~1 s, a SIGTERM flush of a full memory queue a few more), and 30 s
+rides that out while a daemon that is really gone still fails the task in well under a minute
+(Kafka's producer waits 2 minutes, ``delivery.timeout.ms``; a Spark task failure is cheaper)."""
+
+VALUE_COLUMN = "value"
+"""The body column when ``bodyColumn`` is not given (Kafka's sink's name)."""
+
+TOPIC_COLUMN = "topic"
+"""The column that routes each row when no ``topic`` option is given (Kafka's sink's name)."""
 
 _INTEGER_TYPES = (ByteType, ShortType, IntegerType, LongType)
 
@@ -55,6 +80,7 @@ _KNOWN = {
         "deferMs",
         "deferColumn",
         "timeout",
+        "retryTimeoutMs",
         # TLS, compression and AUTH: go-nsq's names in camelCase
         "tls",
         "tlsRootCaFile",
@@ -77,34 +103,46 @@ class SinkOptions:
     """Everything a write task needs to know (picklable: it travels to the executors).
 
     ``addresses``: the daemons' TCP addresses; ``lookupd_addresses``: lookupds whose nodes
-    (``GET /nodes``) are published to as well, looked up by each task; ``topic``;
+    (``GET /nodes``) are published to as well, looked up by each task; ``topic``: every row's
+    topic, or "" to route each row by ``topic_column`` (set by ``resolve_columns``);
     ``body_column``: the string/binary column sent as each message's body, or None to send each
     row as a JSON object; ``batch_size``/``batch_bytes``: limits of one MPUB; ``defer_ms``:
     DPUB delay for every row (0: publish at once); ``defer_column``: an integer column of
     per-row delays in ms (null: use ``defer_ms``); ``timeout_s``: the producer's connect and
-    answer timeout; ``transport``: TLS (``tls``, ``tlsRootCaFile``, ``tlsCert``, ``tlsKey``,
-    ``tlsInsecureSkipVerify``), compression (``snappy``, or ``deflate`` with ``deflateLevel``)
-    and ``authSecret`` (Spark redacts option values whose key contains "secret" in its UI and
-    logs).
+    answer timeout; ``retry_timeout_s``: how long a publish that failed for want of a daemon
+    is retried (0: not at all); ``transport``: TLS (``tls``, ``tlsRootCaFile``, ``tlsCert``,
+    ``tlsKey``, ``tlsInsecureSkipVerify``), compression (``snappy``, or ``deflate`` with
+    ``deflateLevel``) and ``authSecret`` (Spark redacts option values whose key contains
+    "secret" in its UI and logs).
     """
 
     addresses: tuple[str, ...] = ()
-    topic: str
+    topic: str = ""
     lookupd_addresses: tuple[str, ...] = ()
     body_column: str | None = None
+    topic_column: str | None = None
     batch_size: int = DEFAULT_BATCH_SIZE
     batch_bytes: int = DEFAULT_BATCH_BYTES
     defer_ms: int = 0
     defer_column: str | None = None
     timeout_s: float = DEFAULT_TIMEOUT_S
+    retry_timeout_s: float = DEFAULT_RETRY_TIMEOUT_MS / 1000
     transport: TransportOptions = PLAIN
+
+    @property
+    def described_topic(self) -> str:
+        """The topic for messages and logs: ``topic 'events'`` or ``topics from column 'topic'``."""
+        if self.topic:
+            return f"topic {self.topic!r}"
+        return f"topics from column {self.topic_column or TOPIC_COLUMN!r}"
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SinkOptions:
-        """Options as given to ``.option(...)``; ``ValueError`` naming the bad one otherwise."""
+        """Options as given to ``.option(...)``; ``ValueError`` naming the bad one otherwise.
+
+        Without ``topic``, the rows' ``topic`` column must route them: ``resolve_columns``
+        checks that it exists."""
         given = canonical_options(options, _KNOWN, "sink")
-        if not given.get("topic", "").strip():
-            raise ValueError("lmq sink: option 'topic' is required")
         lookupds = tuple(_split(given.get("lookupdHttpAddress", "")))
         try:
             lookupd_addresses(list(lookupds))
@@ -121,11 +159,12 @@ class SinkOptions:
                 address_list(list(addresses))
             except ValueError as exc:
                 raise ValueError(f"lmq sink: option 'address': {exc}") from None
-        topic = given["topic"].strip()
-        try:
-            check_name("topic", topic)
-        except ValueError as exc:
-            raise ValueError(f"lmq sink: option 'topic': {exc}") from None
+        topic = given.get("topic", "").strip()
+        if topic:
+            try:
+                check_name("topic", topic)
+            except ValueError as exc:
+                raise ValueError(f"lmq sink: option 'topic': {exc}") from None
         result = cls(
             addresses=addresses,
             lookupd_addresses=lookupds,
@@ -136,6 +175,9 @@ class SinkOptions:
             defer_ms=_int_option(given, "deferMs", 0, minimum=0),
             defer_column=given.get("deferColumn") or None,
             timeout_s=_float_option(given, "timeout", DEFAULT_TIMEOUT_S),
+            retry_timeout_s=_int_option(
+                given, "retryTimeoutMs", DEFAULT_RETRY_TIMEOUT_MS, minimum=0
+            ) / 1000,
             transport=_transport(given),
         )
         if result.body_column is not None and result.body_column == result.defer_column:
@@ -147,8 +189,11 @@ class SinkOptions:
 
         Spark resolves column names case-insensitively by default, so ``bodyColumn=Body`` finds
         ``body``; the executors look columns up in Arrow batches, which is case-sensitive.
+        Without ``bodyColumn``, a string or binary ``value`` column is the body (a ``value`` of
+        another type, a metric's number say, is just data: the row goes as JSON). Without a
+        ``topic`` option, a string ``topic`` column is required.
         """
-        body = defer = None
+        body = defer = topic_column = None
         if self.body_column is not None:
             field = _find_field(schema, self.body_column, "bodyColumn")
             if not isinstance(field.dataType, StringType | BinaryType):
@@ -157,6 +202,10 @@ class SinkOptions:
                     f"not {field.dataType.simpleString()} (cast it, or use to_json for a struct)"
                 )
             body = field.name
+        else:
+            value = _maybe_field(schema, VALUE_COLUMN)
+            if value is not None and isinstance(value.dataType, StringType | BinaryType):
+                body = value.name
         if self.defer_column is not None:
             field = _find_field(schema, self.defer_column, "deferColumn")
             if not isinstance(field.dataType, _INTEGER_TYPES):
@@ -165,7 +214,29 @@ class SinkOptions:
                     f"(milliseconds), not {field.dataType.simpleString()}"
                 )
             defer = field.name
-        return dataclasses.replace(self, body_column=body, defer_column=defer)
+        if not self.topic:
+            field_or_none = _maybe_field(schema, TOPIC_COLUMN)
+            if field_or_none is None:
+                columns = ", ".join(schema.fieldNames()) or "none"
+                raise ValueError(
+                    "lmq sink: option 'topic' is required, or a string column 'topic' that "
+                    f"names each row's topic (columns: {columns})"
+                )
+            if not isinstance(field_or_none.dataType, StringType):
+                raise ValueError(
+                    f"lmq sink: column {field_or_none.name!r} routes rows without a 'topic' "
+                    f"option and must be a string column, not "
+                    f"{field_or_none.dataType.simpleString()}"
+                )
+            topic_column = field_or_none.name
+            if topic_column in (body, defer):
+                raise ValueError(
+                    f"lmq sink: column {topic_column!r} cannot be both the topic and the "
+                    "body or delay"
+                )
+        return dataclasses.replace(
+            self, body_column=body, defer_column=defer, topic_column=topic_column
+        )
 
 
 _SPARK_OWN = frozenset({"checkpointLocation", "path"})
@@ -224,6 +295,16 @@ def _bool_option(given: Mapping[str, str], name: str) -> bool:
     if value not in ("true", "false"):
         raise ValueError(f"lmq sink: option {name!r} must be true or false, not {raw!r}")
     return value == "true"
+
+
+def _maybe_field(schema: StructType, name: str) -> StructField | None:
+    """The column ``name`` resolves to (an exact match first, then one case-insensitive
+    match), or None when there is none or it is ambiguous."""
+    exact = [f for f in schema.fields if f.name == name]
+    if exact:
+        return exact[0]
+    folded = [f for f in schema.fields if f.name.lower() == name.lower()]
+    return folded[0] if len(folded) == 1 else None
 
 
 def _find_field(schema: StructType, name: str, option: str) -> StructField:

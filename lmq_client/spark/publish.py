@@ -1,26 +1,31 @@
 """One write task: encode its record batches, publish them in MPUB batches, report what was sent.
 
 Theory of operation. A task (one partition of one Spark job or micro-batch) runs on an executor
-in a Python worker. It opens one blocking ``lmq_client.sync.Producer``, to the daemon picked by
-its partition number (``address[partition % n]``, the others as connect fail-over), so the
-partitions of a job spread over the daemons. With ``lookupdHttpAddress`` the daemons are also
-the nodes the lookupds list (``GET /nodes``, asked by each task, so a micro-batch sees the nodes
-of its time), minus those on which the topic is tombstoned (being deleted), in one sorted
+in a Python worker. It takes a blocking ``lmq_client.sync.Producer`` from the process's pool
+(``pool.py``: kept open between the tasks a worker runs), for the daemons in the order its
+partition number picks (``address[partition % n]`` first, the others as connect fail-over), so
+the partitions of a job spread over the daemons. With ``lookupdHttpAddress`` the daemons are
+also the nodes the lookupds list (``GET /nodes``, asked by each task, so a micro-batch sees the
+nodes of its time), minus those on which the topic is tombstoned (being deleted), in one sorted
 order that every task of a job computes alike. Bodies are gathered into MPUBs of at most
-``batchSize`` messages and ``batchBytes`` bytes; deferred rows go out one DPUB each (NSQ has no
-deferred MPUB). Each command waits for its ``OK`` before the next one is sent, and ``write``
-returns its commit message only after the last one: a task that returns has had every row
-accepted by a daemon. Any error ends the task at once with an ``LmqSinkError`` naming the topic
-and daemon; nothing is retried here, because Spark's task retry (and, for a stream, the restart
-from the checkpoint) already gives at-least-once delivery, and a retry here could not know
-whether an unanswered MPUB was stored.
+``batchSize`` messages and ``batchBytes`` bytes, one pending MPUB per topic when a ``topic``
+column routes the rows; deferred rows go out one DPUB each (NSQ has no deferred MPUB). Each
+command waits for its ``OK`` before the next one is sent, and ``write`` returns its commit
+message only after the last one: a task that returns has had every row accepted by a daemon.
+
+A command that fails for want of a daemon (refused, lost, ``E_*PUB_FAILED``) is retried with
+backoff for up to ``retryTimeoutMs`` (``retry.py``), so a daemon restart does not fail the
+task; any other error, or an outage longer than that, ends the task with an ``LmqSinkError``
+naming the topic and daemon, and Spark's task retry (and, for a stream, the restart from the
+checkpoint) takes over. Either kind of retry may publish an unanswered MPUB twice:
+at-least-once.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
+import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
@@ -31,13 +36,17 @@ from lmq_client.lookupd import LookupdNode, lookup_nodes, merge_nodes
 from lmq_client.spark.encode import BadRowError, RowEncoder
 from lmq_client.spark.errors import LmqSinkError
 from lmq_client.spark.options import SinkOptions
+from lmq_client.spark.pool import PRODUCERS, ProducerPool
+from lmq_client.spark.retry import RetryExhausted, RetryingProducer
 from lmq_client.sync import Producer
 from lmq_client.transport import PLAIN, TransportOptions
 
 __all__ = [
+    "MAX_PENDING_TOPICS",
     "BatchingPublisher",
     "LmqCommitMessage",
     "MessageProducer",
+    "TopicRouter",
     "addresses_for_partition",
     "daemon_addresses",
     "summarize",
@@ -158,6 +167,79 @@ class BatchingPublisher:
         self.published += 1
 
 
+MAX_PENDING_TOPICS = 64
+"""Topics that may hold a partly filled MPUB at once when a ``topic`` column routes rows. A
+task buffers at most this many MPUBs (each up to ``batchSize``/``batchBytes``); rows spread over
+more topics than this flush every pending MPUB first (smaller MPUBs, bounded memory)."""
+
+
+class TopicRouter:
+    """One ``BatchingPublisher`` per topic over one producer; ``topic`` is the topic of the
+    command in progress (for error messages); the counters add up every topic's."""
+
+    def __init__(self, producer: MessageProducer, *, batch_size: int, batch_bytes: int) -> None:
+        self.producer = producer
+        self.batch_size = batch_size
+        self.batch_bytes = batch_bytes
+        self.topic = ""
+        self._publishers: dict[str, BatchingPublisher] = {}
+        self._done = {"published": 0, "mpubs": 0, "dpubs": 0}
+
+    def add(
+        self, topic: str, bodies: Sequence[bytes], delays: Sequence[int] | None, defer_ms: int
+    ) -> None:
+        """Queue ``bodies`` for ``topic`` (as ``BatchingPublisher.add``)."""
+        publisher = self._publishers.get(topic)
+        if publisher is None:
+            if len(self._publishers) >= MAX_PENDING_TOPICS:
+                self.flush()
+                self._retire()
+            publisher = self._publishers[topic] = BatchingPublisher(
+                self.producer, topic, batch_size=self.batch_size, batch_bytes=self.batch_bytes
+            )
+        self.topic = topic
+        publisher.add(bodies, delays, defer_ms)
+
+    def flush(self) -> None:
+        """Publish every topic's partly filled MPUB."""
+        for topic, publisher in self._publishers.items():
+            self.topic = topic
+            publisher.flush()
+
+    def _retire(self) -> None:
+        for publisher in self._publishers.values():
+            self._done["published"] += publisher.published
+            self._done["mpubs"] += publisher.mpubs
+            self._done["dpubs"] += publisher.dpubs
+        self._publishers.clear()
+
+    def _total(self, name: str) -> int:
+        live: int = sum(getattr(p, name) for p in self._publishers.values())
+        return self._done[name] + live
+
+    @property
+    def published(self) -> int:
+        return self._total("published")
+
+    @property
+    def mpubs(self) -> int:
+        return self._total("mpubs")
+
+    @property
+    def dpubs(self) -> int:
+        return self._total("dpubs")
+
+
+def _by_topic(topics: list[str]) -> list[tuple[str, list[int]]]:
+    """Row indexes per topic, topics in order of first appearance, rows in order."""
+    if len(set(topics)) == 1:
+        return [(topics[0], list(range(len(topics))))] if topics else []
+    groups: dict[str, list[int]] = {}
+    for index, topic in enumerate(topics):
+        groups.setdefault(topic, []).append(index)
+    return list(groups.items())
+
+
 def addresses_for_partition(addresses: Sequence[str], partition_id: int) -> list[str]:
     """``addresses`` rotated so that partition ``p`` starts at ``addresses[p % n]``."""
     k = partition_id % len(addresses)
@@ -183,14 +265,14 @@ def daemon_addresses(options: SinkOptions, lookup: NodeLookup = _lookup_nodes) -
         try:
             answers.append(lookup(lookupd, options.timeout_s))
         except LmqClientError as exc:
-            log.warning("SPARK(%s): lookupd %s: %s", options.topic, lookupd, exc)
+            log.warning("SPARK(%s): lookupd %s: %s", options.topic or "*", lookupd, exc)
             failures.append(f"{lookupd}: {exc}")
     found = [n.tcp_address for n in merge_nodes(answers) if options.topic not in n.tombstoned]
     addresses = list(dict.fromkeys([*options.addresses, *found]))
     if not addresses:
         reason = "; ".join(failures) if failures else "they list no node"
         raise LmqSinkError(
-            f"lmq sink: topic {options.topic!r}: no daemon to publish to from lookupds "
+            f"lmq sink: {options.described_topic}: no daemon to publish to from lookupds "
             f"{', '.join(options.lookupd_addresses)} ({reason})",
             topic=options.topic,
             published=0,
@@ -214,61 +296,119 @@ def write_partition(
     partition_id: int = 0,
     attempt: int = 0,
     producer_factory: ProducerFactory | None = None,
+    pool: ProducerPool | None = None,
     lookup: NodeLookup = _lookup_nodes,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
 ) -> LmqCommitMessage:
     """Publish every row of ``batches`` (pyarrow record batches); the commit message when done.
 
-    Raises ``LmqSinkError`` naming the topic (and the daemon, for publish failures) on the first
-    failure; rows published before it stay published.
+    The producer comes from ``pool`` (by default the process's, ``pool.PRODUCERS``, unless a
+    ``producer_factory`` is given: then a fresh one, closed at the end) and goes back to it
+    when the task succeeds. Raises ``LmqSinkError`` naming the topic (and the daemon, for
+    publish failures) on the first failure that retrying (``retry.py``) did not cure; rows
+    published before it stay published.
     """
     addresses = addresses_for_partition(daemon_addresses(options, lookup), partition_id)
-    if producer_factory is None:
-        producer_factory = functools.partial(_sync_producer, transport=options.transport)
-    producer = producer_factory(addresses, options.timeout_s)
-    publisher = BatchingPublisher(
-        producer, options.topic, batch_size=options.batch_size, batch_bytes=options.batch_bytes
+    if pool is None and producer_factory is None:
+        pool = PRODUCERS
+    factory = producer_factory or _pooled_factory(options.transport)
+    key = (tuple(addresses), options.timeout_s, options.transport)
+    if pool is not None:
+        producer = pool.take(key, lambda: factory(addresses, options.timeout_s))
+    else:
+        producer = factory(addresses, options.timeout_s)
+    retrying = RetryingProducer(
+        producer, retry_timeout_s=options.retry_timeout_s, clock=clock, sleep=sleep
     )
+    router = TopicRouter(retrying, batch_size=options.batch_size, batch_bytes=options.batch_bytes)
     encoder = RowEncoder(options)
     rows = 0
+    succeeded = False
     try:
         for batch in batches:
             try:
                 bodies, delays = encoder.encode(batch, rows)
+                topics = encoder.topics(batch, rows)
             except BadRowError as exc:
                 raise LmqSinkError(
-                    f"lmq sink: topic {options.topic!r}: {exc} (partition {partition_id}; "
-                    f"{publisher.published} of this task's rows were published before it)",
+                    f"lmq sink: {options.described_topic}: {exc} (partition {partition_id}; "
+                    f"{router.published} of this task's rows were published before it)",
                     topic=options.topic,
-                    published=publisher.published,
+                    published=router.published,
                 ) from None
             rows += len(bodies)
-            publisher.add(bodies, delays, options.defer_ms)
-        publisher.flush()
-    except (NSQError, ConnectionFailed) as exc:
-        address = exc.address or producer.address or ", ".join(addresses)
-        raise LmqSinkError(
-            f"lmq sink: publishing to topic {options.topic!r} on {address} failed: {exc} "
-            f"(partition {partition_id}, attempt {attempt}; {publisher.published} of this "
-            f"task's rows were published before the failure and are published again if Spark "
-            f"retries the task)",
-            topic=options.topic,
-            address=address,
-            published=publisher.published,
-        ) from None
+            if topics is None:
+                router.add(options.topic, bodies, delays, options.defer_ms)
+                continue
+            for topic, indexes in _by_topic(topics):
+                router.add(
+                    topic,
+                    [bodies[i] for i in indexes],
+                    None if delays is None else [delays[i] for i in indexes],
+                    options.defer_ms,
+                )
+        router.flush()
+        succeeded = True
+    except (NSQError, ConnectionFailed, RetryExhausted) as exc:
+        raise _publish_error(exc, options, router, producer, addresses, partition_id, attempt
+                             ) from None  # fmt: skip
     finally:
         used = producer.address or ""
-        producer.close()
+        if pool is not None and succeeded:
+            pool.give_back(key, producer)
+        else:
+            producer.close()
     message = LmqCommitMessage(
         partition_id=partition_id,
         attempt=attempt,
         address=used,
-        rows=publisher.published,
-        mpubs=publisher.mpubs,
-        dpubs=publisher.dpubs,
+        rows=router.published,
+        mpubs=router.mpubs,
+        dpubs=router.dpubs,
     )
-    log.debug("SPARK(%s): partition %d published %d rows to %s",
-              options.topic, partition_id, message.rows, used or "-")
+    log.debug("SPARK(%s): partition %d published %d rows to %s (%d retries)",
+              options.topic or "*", partition_id, message.rows, used or "-", retrying.retries)
     return message
+
+
+def _pooled_factory(transport: TransportOptions) -> ProducerFactory:
+    def make(addresses: list[str], timeout: float) -> MessageProducer:
+        return _sync_producer(addresses, timeout, transport)
+
+    return make
+
+
+def _publish_error(
+    exc: LmqClientError,
+    options: SinkOptions,
+    router: TopicRouter,
+    producer: MessageProducer,
+    addresses: Sequence[str],
+    partition_id: int,
+    attempt: int,
+) -> LmqSinkError:
+    """One line naming topic and daemon, what failed, and what was published before."""
+    retried = ""
+    if isinstance(exc, RetryExhausted):
+        retried = f"retried for {exc.retried_s:.3g} s; "
+        exc = exc.error
+    address = getattr(exc, "address", "") or producer.address or ", ".join(addresses)
+    # A connection error names its address first; said once is enough.
+    reason = exc.reason if isinstance(exc, ConnectionFailed) and exc.address == address else exc
+    published = router.published
+    if published:
+        done = (f"{published} of this task's rows were published before the failure and are "
+                "published again if Spark retries the task")  # fmt: skip
+    else:
+        done = "no row published"
+    return LmqSinkError(
+        f"lmq sink: publishing to topic {router.topic!r} on {address} failed: {reason} "
+        f"({retried}partition {partition_id}, attempt {attempt}; {done})",
+        topic=router.topic,
+        address=address,
+        published=published,
+    )
 
 
 def summarize(messages: Sequence[WriterCommitMessage | None]) -> tuple[int, int, dict[str, int]]:

@@ -26,12 +26,30 @@ channel read from memory before anything needed them on disk), are simply absent
 A batch read (``spark.read.format("lmq")``) fixes its ranges when it is planned: from
 ``startingOffsets`` (default ``earliest``) to ``endingOffsets`` (default ``latest``, the ends
 at planning time).
+
+Discovery (``lookupdHttpAddress``). The daemons are then the given ``httpAddress`` ones plus
+the nodes the lookupds list for the topic (``/lookup``, at ``broadcast_address:http_port``),
+asked again on the driver every ``lookupdPollIntervalMs`` (10 s) while a stream runs, so the
+set of nodes can change between batches. A node is identified by that HTTP address, the key
+of its offset. Two rules keep a restart exact:
+
+* a node that appears after the query's first batch (a new node, one that was unreachable, a
+  topic first published there) starts at the earliest offset it stores, as Kafka's source reads
+  a new partition from its start: whatever was published there since the query began is read,
+  never skipped (``startingOffsets`` naming that node explicitly wins). Its range in the batch
+  that first includes it is ``[0, end)``, so re-planning that batch after a restart reads the
+  same messages; the planner starts the range at the node's earliest offset only so as not to
+  plan tasks over offsets that are long gone;
+* a node that disappears (no longer listed, or unreachable) keeps its offset: the source's
+  offsets only ever gain keys, and a node that comes back continues where it stopped.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping, Sequence
+import math
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped]
@@ -51,7 +69,9 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from lmq_client.errors import ConnectionFailed, LmqClientError
 from lmq_client.http import HTTPClient, HTTPError
+from lmq_client.lookupd import lookup_http_producers
 from lmq_client.spark.source_options import DEFAULT_READ_COUNT, Bound, SourceOptions
 from lmqd.message import READ_FRAME
 
@@ -76,7 +96,8 @@ SOURCE_SCHEMA = StructType([
     StructField("attempts", IntegerType(), False),
 ])
 """The rows a read returns: the body, the message id, the topic, the daemon it came from (its
-address as given in ``address``), the offset there, the publish time and the attempts stored."""
+HTTP address, as given in ``httpAddress`` or as the lookupds list it), the offset there, the
+publish time and the attempts stored."""
 
 ARROW_SCHEMA = pa.schema([
     pa.field("value", pa.binary(), False),
@@ -102,6 +123,48 @@ class LmqPartition(InputPartition):
 # -- talking to the daemons ------------------------------------------------------------------
 
 
+NodeLookup = Callable[[str, str, float], list[str]]
+"""``lookup(lookupd, topic, timeout)`` -> the HTTP addresses of the nodes it lists for
+``topic`` (``lmq_client.lookupd.lookup_http_producers``)."""
+
+
+def _lookup_http_producers(lookupd: str, topic: str, timeout: float) -> list[str]:
+    return lookup_http_producers(lookupd, topic, timeout=timeout)
+
+
+def find_nodes(
+    options: SourceOptions, *, lookup: NodeLookup = _lookup_http_producers
+) -> list[str] | None:
+    """The daemons to read: ``httpAddress`` as given, then what the lookupds list for the topic.
+
+    A lookupd that does not answer is skipped (logged); None when there are lookupds and none
+    answered. ``LmqClientError`` from ``require_nodes`` says so where a read cannot do without.
+    """
+    found: list[str] = []
+    failures: list[str] = []
+    for lookupd in options.lookupd_addresses:
+        try:
+            found.extend(lookup(lookupd, options.topic, options.timeout_s))
+        except LmqClientError as exc:
+            log.warning("SPARK(%s): lookupd %s: %s", options.topic, lookupd, exc)
+            failures.append(str(exc))
+    if failures and len(failures) == len(options.lookupd_addresses):
+        return None
+    return list(dict.fromkeys([*options.addresses, *sorted(found)]))
+
+
+def require_nodes(options: SourceOptions) -> list[str]:
+    """``find_nodes``, or ``LmqClientError`` when no lookupd answered (a batch read, or a
+    stream's start, cannot be planned without knowing its nodes)."""
+    nodes = find_nodes(options)
+    if nodes is None:
+        raise LmqClientError(
+            f"lmq source: topic {options.topic!r}: no lookupd answered "
+            f"({', '.join(options.lookupd_addresses)}; see the driver's log)"
+        )
+    return nodes
+
+
 def _offsets(client: HTTPClient, topic: str) -> dict[str, int]:
     """``/topic/offsets`` of ``topic`` (a daemon that does not have it: all zero)."""
     try:
@@ -110,20 +173,57 @@ def _offsets(client: HTTPClient, topic: str) -> dict[str, int]:
         if exc.status == 404:
             return {"earliest": 0, "end": 0}
         raise
+    except ConnectionFailed as exc:
+        if exc.reason.startswith("not an HTTP API"):
+            # The commonest slip: the sink's TCP address copied into the source's options.
+            raise ConnectionFailed(
+                exc.address,
+                "not an HTTP API: the source reads through the daemons' HTTP addresses "
+                "(httpAddress, lmqd's --http-address), not their TCP addresses",
+            ) from None
+        raise
     return {"earliest": int(answer["earliest"]), "end": int(answer["end"])}
 
 
-def _resolve(options: SourceOptions, bound: Bound, default: str) -> dict[str, int]:
-    """Per-daemon offsets for ``bound`` (daemons it leaves out: ``default``)."""
+def _node_offsets(options: SourceOptions, address: str) -> dict[str, int]:
+    return _offsets(HTTPClient(address, timeout=options.timeout_s), options.topic)
+
+
+def _resolve(
+    options: SourceOptions, nodes: Sequence[str], bound: Bound, default: str, *,
+    skip_unreachable: bool = False,
+) -> dict[str, int]:  # fmt: skip
+    """Per-daemon offsets for ``bound`` (daemons it leaves out: ``default``). A daemon that
+    cannot be reached fails the read, unless ``skip_unreachable`` (then it is left out)."""
     result: dict[str, int] = {}
-    for address in options.addresses:
+    for address in nodes:
         if isinstance(bound, Mapping) and address in bound:
             result[address] = int(bound[address])
             continue
         which = bound if isinstance(bound, str) else default
-        known = _offsets(HTTPClient(address, timeout=options.timeout_s), options.topic)
+        try:
+            known = _node_offsets(options, address)
+        except ConnectionFailed as exc:
+            if not skip_unreachable:
+                raise
+            log.warning("SPARK(%s): %s left out for now: %s", options.topic, address, exc)
+            continue
         result[address] = known["earliest"] if which == "earliest" else known["end"]
     return result
+
+
+def _new_node_start(options: SourceOptions, address: str, known: Mapping[str, int] | None
+                    ) -> int:  # fmt: skip
+    """Where a node that joined a running stream starts: the offset ``startingOffsets`` gives
+    it by name, else its earliest (``known``, or asked now; 0 if it cannot be asked)."""
+    if isinstance(options.starting, Mapping) and address in options.starting:
+        return int(options.starting[address])
+    if known is None:
+        try:
+            known = _node_offsets(options, address)
+        except LmqClientError:
+            return 0  # [0, end) holds the same messages; only the task plan is coarser
+    return known["earliest"]
 
 
 def _split(start: Mapping[str, int], end: Mapping[str, int], size: int) -> list[LmqPartition]:
@@ -210,8 +310,9 @@ class LmqBatchReader(DataSourceReader):
 
     def __init__(self, options: SourceOptions) -> None:
         self.options = options
-        self.start = _resolve(options, options.starting or "earliest", "earliest")
-        self.end = _resolve(options, options.ending, "latest")
+        nodes = require_nodes(options)
+        self.start = _resolve(options, nodes, options.starting or "earliest", "earliest")
+        self.end = _resolve(options, nodes, options.ending, "latest")
 
     def partitions(self) -> Sequence[InputPartition]:
         return _split(self.start, self.end, self.options.partition_size)
@@ -226,10 +327,31 @@ class LmqStreamReader(DataSourceStreamReader):
 
     def __init__(self, options: SourceOptions) -> None:
         self.options = options
+        self._nodes: list[str] = list(options.addresses)
+        self._nodes_asked_at = -math.inf
+        self._unreachable: set[str] = set()
+
+    def _current_nodes(self) -> list[str]:
+        """The nodes of the last lookupd query that was answered, asked again once
+        ``lookupdPollIntervalMs`` has passed (``source_options.DEFAULT_LOOKUPD_POLL_INTERVAL_MS``
+        says why not every micro-batch)."""
+        now = time.monotonic()
+        if now - self._nodes_asked_at >= self.options.lookupd_poll_interval_s:
+            self._nodes_asked_at = now
+            nodes = find_nodes(self.options)
+            if nodes is not None:  # no lookupd answered: keep what they said last
+                self._nodes = nodes
+        return self._nodes
 
     def initialOffset(self) -> dict[str, int]:
-        """Where a query without a checkpoint starts: ``startingOffsets`` (default latest)."""
-        return _resolve(self.options, self.options.starting or "latest", "earliest")
+        """Where a query without a checkpoint starts: ``startingOffsets`` (default latest).
+        A node found through a lookupd but unreachable now is left out: it joins later as a
+        new node (from its earliest offset)."""
+        options = self.options
+        nodes = require_nodes(options)
+        self._nodes, self._nodes_asked_at = nodes, time.monotonic()
+        return _resolve(options, nodes, options.starting or "latest", "earliest",
+                        skip_unreachable=bool(options.lookupd_addresses))  # fmt: skip
 
     def getDefaultReadLimit(self) -> ReadLimit:
         if self.options.max_per_trigger is None:
@@ -237,25 +359,55 @@ class LmqStreamReader(DataSourceStreamReader):
         return ReadMaxRows(self.options.max_per_trigger)
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, int]:
-        """Every daemon's end, or no more than ``limit`` messages past ``start`` in all."""
+        """Every daemon's end, or no more than ``limit`` messages past ``start`` in all.
+
+        The daemons are those of ``start`` and those listed now. One that is no longer listed
+        keeps its offset without being asked (a node that left the cluster must not cost every
+        batch a connect timeout); a new one starts at its earliest offset (see the module
+        docstring); one listed but not answering adds nothing to this batch."""
+        options = self.options
+        begins = {address: int(offset) for address, offset in start.items()}
         ends: dict[str, int] = {}
-        for address in self.options.addresses:
-            begin = int(start.get(address, 0))
-            try:
-                known = _offsets(HTTPClient(address, timeout=self.options.timeout_s),
-                                 self.options.topic)
-            except Exception:
-                log.warning("SPARK(%s): %s unreachable; its offset stays at %d",
-                            self.options.topic, address, begin, exc_info=True)
-                ends[address] = begin
+        listed = self._current_nodes()
+        for address in dict.fromkeys([*begins, *listed]):
+            if address not in listed:
+                ends[address] = begins[address]
                 continue
-            ends[address] = max(begin, known["end"])
+            known = self._ask(address, begins.get(address))
+            if address not in begins:
+                if known is None:
+                    continue  # a new node that cannot be asked joins once it answers
+                begins[address] = _new_node_start(options, address, known)
+                log.info("SPARK(%s): new node %s, read from offset %d",
+                         options.topic, address, begins[address])  # fmt: skip
+            begin = begins[address]
+            ends[address] = begin if known is None else max(begin, known["end"])
         if isinstance(limit, ReadMaxRows):
-            return _spread(start, ends, limit.max_rows)
+            return _spread(begins, ends, limit.max_rows)
         return ends
+
+    def _ask(self, address: str, offset: int | None) -> dict[str, int] | None:
+        """``address``'s offsets, or None if it does not answer: logged once when it stops
+        answering and once when it is back (an idle stream asks every 10 ms)."""
+        try:
+            known = _node_offsets(self.options, address)
+        except (LmqClientError, KeyError, TypeError, ValueError) as exc:  # or not lmqd's answer
+            if address not in self._unreachable:
+                self._unreachable.add(address)
+                log.warning("SPARK(%s): %s does not answer (%s); its offset stays at %s",
+                            self.options.topic, address, exc,
+                            "its start" if offset is None else offset)  # fmt: skip
+            return None
+        if address in self._unreachable:
+            self._unreachable.discard(address)
+            log.info("SPARK(%s): %s answers again", self.options.topic, address)
+        return known
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         begin = {k: int(v) for k, v in start.items()}
+        for address in end:
+            if address not in begin:  # joined in this batch: [0, end), planned from its earliest
+                begin[address] = _new_node_start(self.options, address, None)
         return _split(begin, {k: int(v) for k, v in end.items()}, self.options.partition_size)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:

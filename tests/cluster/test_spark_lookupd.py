@@ -1,28 +1,39 @@
-"""The Spark sink's ``lookupdHttpAddress``: write tasks spread over the nodes a lookupd lists.
+"""``lookupdHttpAddress`` in Spark: sink tasks spread over the nodes a lookupd lists, and the
+source reads the nodes it lists for the topic, as they come and go.
 
-Rules for this module: ``write_partition`` is called as an executor's Python worker calls it
-(real Arrow record batches, no Spark session, no JVM), against one ``lmqlookupd`` and two
-``lmqd`` subprocesses that register with it (127.0.0.1, port 0, data in ``tmp_path``); option
-parsing needs no daemon. Waits poll the lookupd with a bound.
+Rules for this module: ``write_partition`` and the source's reader are called as Spark calls
+them (real Arrow record batches, offsets as Spark keeps them), without a JVM, against one
+``lmqlookupd`` and two ``lmqd`` subprocesses that register with it (127.0.0.1, port 0, data in
+``tmp_path``); one test runs a real stream on the Spark package's session-wide local
+SparkSession (``tests/spark/conftest.py``, every job bounded by ``spark_guard``). Option parsing
+needs no daemon. Waits poll the lookupd with a bound.
 """
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped]
 import pytest
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.streaming.datasource import ReadAllAvailable
 
 from lmq_client.errors import ConnectionFailed
 from lmq_client.http import HTTPClient
-from lmq_client.lookupd import LookupdNode
-from lmq_client.spark import LmqSinkError, SinkOptions
+from lmq_client.lookupd import LookupdNode, lookup_http_producers
+from lmq_client.spark import LmqSinkError, LmqStreamReader, SinkOptions, SourceOptions
 from lmq_client.spark.publish import daemon_addresses, write_partition
+from lmq_client.spark.source import LmqPartition
+from lmq_client.sync import Producer
+from tests.spark.conftest import spark, spark_guard
 
 from . import procs
 from .procs import Daemon, eventually, http
+
+__all__ = ["spark"]  # the Spark package's session fixture, used here too
 
 pytestmark = pytest.mark.interop
 
@@ -108,3 +119,106 @@ def test_partitions_spread_over_the_lookupds_nodes(cluster: tuple[Daemon, list[D
         message = write_partition(options, batches(["late"]), partition_id=p)
         assert message.address == nodes[1].tcp
     assert [message_count(n, "spread") for n in nodes] == [20, 22]
+
+
+# -- the source ------------------------------------------------------------------------------
+
+
+def publish(node: Daemon, topic: str, bodies: list[bytes]) -> None:
+    with Producer(node.tcp) as producer:
+        producer.mpub(topic, bodies)
+
+
+def wait_listed(lookupd: Daemon, topic: str, nodes: list[Daemon]) -> None:
+    """Until the lookupd lists exactly ``nodes`` for ``topic`` (registration is asynchronous)."""
+    wanted = sorted(n.http for n in nodes)
+    eventually(lambda: sorted(lookup_http_producers(lookupd.http, topic)),
+               lambda found: found == wanted, WITHIN_S)  # fmt: skip
+
+
+def test_the_source_reader_follows_the_nodes_the_lookupd_lists(
+    cluster: tuple[Daemon, list[Daemon]],
+) -> None:
+    lookupd, (first, second) = cluster
+    assert lookup_http_producers(lookupd.http, "follow") == []  # 404 TOPIC_NOT_FOUND: none
+    publish(first, "follow", [b"a0", b"a1", b"a2"])
+    wait_listed(lookupd, "follow", [first])
+    reader = LmqStreamReader(SourceOptions.parse({
+        "lookupdHttpAddress": lookupd.http, "topic": "follow", "partitionSize": "2",
+        "lookupdPollIntervalMs": "0",  # ask on every call (the default: every 10 s)
+    }))  # fmt: skip
+    start = reader.initialOffset()
+    assert start == {first.http: 3}  # latest, on the one node that has the topic
+    publish(first, "follow", [b"a3"])
+    publish(second, "follow", [b"b0", b"b1", b"b2"])
+    wait_listed(lookupd, "follow", [first, second])
+    end = reader.latestOffset(start, ReadAllAvailable())
+    assert end == {first.http: 4, second.http: 3}
+    # the new node is read from its earliest offset: nothing published there is skipped
+    parts = reader.partitions(start, end)
+    assert sorted((p.node, p.start, p.end) for p in parts if isinstance(p, LmqPartition)) == sorted(
+        [(first.http, 3, 4), (second.http, 0, 2), (second.http, 2, 3)]
+    )
+    # a node that is gone keeps its offset; it is not dropped from the source's offsets
+    gone = f"127.0.0.1:{closed_port()}"
+    later = reader.latestOffset({**end, gone: 7}, ReadAllAvailable())
+    assert later == {first.http: 4, second.http: 3, gone: 7}
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+def test_a_stream_through_lookupd_reads_both_nodes_exactly_once_across_a_restart(
+    spark: SparkSession, cluster: tuple[Daemon, list[Daemon]], tmp_path: Path
+) -> None:
+    lookupd, (first, second) = cluster
+    topic = "through-lookupd"
+    seen: list[tuple[str, int, bytes]] = []
+
+    def collect(frame: DataFrame, batch_id: int) -> None:
+        seen.extend((r.node, r.offset, r.value) for r in frame.collect())
+
+    def run() -> None:
+        query = (
+            spark.readStream.format("lmq").option("lookupdHttpAddress", lookupd.http)
+            .option("topic", topic).option("startingOffsets", "earliest")
+            .option("maxMessagesPerTrigger", "4").load()
+            .writeStream.foreachBatch(collect)
+            .option("checkpointLocation", str(tmp_path / "checkpoint")).start()
+        )  # fmt: skip
+        try:
+            with spark_guard(spark):
+                query.processAllAvailable()
+        finally:
+            query.stop()
+
+    def published(node: Daemon, tag: bytes, offsets: range) -> list[tuple[str, int, bytes]]:
+        publish(node, topic, [tag + b"%d" % i for i in offsets])
+        return [(node.http, i, tag + b"%d" % i) for i in offsets]
+
+    def new_rows(before: int) -> list[tuple[str, int, bytes]]:
+        return sorted(seen[before:])
+
+    # at first only one node has the topic
+    expected = published(first, b"a", range(5))
+    wait_listed(lookupd, topic, [first])
+    run()
+    assert new_rows(0) == sorted(expected)
+
+    # the second node gets the topic while the query is stopped: it is new to the checkpoint,
+    # read from its first message; the first node continues after its committed offset
+    expected = published(first, b"a", range(5, 7)) + published(second, b"b", range(3))
+    wait_listed(lookupd, topic, [first, second])
+    before = len(seen)
+    run()
+    assert new_rows(before) == sorted(expected)
+
+    # and once more: both nodes now continue from the checkpoint, nothing read twice
+    expected = published(first, b"a", range(7, 9)) + published(second, b"b", range(3, 6))
+    before = len(seen)
+    run()
+    assert new_rows(before) == sorted(expected)

@@ -14,6 +14,7 @@ import contextlib
 import os
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -121,6 +122,52 @@ def receive(address: str, topic: str, count: int, *, channel: str = "check") -> 
         extra = consumer.get(QUIET_S)
         assert extra is None, f"{topic} on {address}: unexpected message {extra.body!r}"
     return bodies
+
+
+def receive_at_least(address: str, topic: str, expected: set[bytes]) -> list[bytes]:
+    """Message bodies from ``topic`` on ``address`` until every one of ``expected`` arrived and
+    nothing more came for ``QUIET_S`` (at-least-once: repeats allowed); fails on a body that
+    is not expected, or if some do not arrive in time."""
+    bodies: list[bytes] = []
+    with Consumer(topic, "check", address, max_in_flight=2500) as consumer:
+        while True:
+            missing = expected - set(bodies)
+            message = consumer.get(RECEIVE_TIMEOUT_S if missing else QUIET_S)
+            if message is None:
+                assert not missing, f"{topic} on {address}: {len(missing)} never arrived"
+                return bodies
+            assert message.body in expected, f"{topic}: unexpected {message.body!r}"
+            bodies.append(message.body)
+            message.finish()
+
+
+@pytest.fixture
+def restartable(tmp_path: Path) -> Iterator[list[LmqdProcess]]:
+    """A daemon of the test's own, in a list: ``restart_later`` appends its successor."""
+    servers = [start_lmqd(tmp_path / "lmqd-data", [])]
+    try:
+        yield servers
+    finally:
+        for server in servers:
+            if server.process.poll() is None:
+                stop_lmqd(server)
+
+
+def restart_later(servers: list[LmqdProcess], down_s: float) -> threading.Thread:
+    """Stop the last daemon now (SIGTERM: it writes what it holds to disk), start it again on
+    the same ports and data after ``down_s`` seconds, in a thread (joined by the caller)."""
+    old = servers[-1]
+    assert old.http_address is not None
+    flags = [f"--tcp-address={old.tcp_address}", f"--http-address={old.http_address}"]
+    stop_lmqd(old)
+
+    def start() -> None:
+        time.sleep(down_s)
+        servers.append(start_lmqd(old.data_path, flags))
+
+    thread = threading.Thread(target=start, daemon=True)
+    thread.start()
+    return thread
 
 
 def write_lines(directory: Path, name: str, lines: list[str]) -> None:

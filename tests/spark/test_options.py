@@ -16,7 +16,11 @@ from pyspark.sql.types import (
 )
 
 from lmq_client.spark import SinkOptions
-from lmq_client.spark.options import DEFAULT_BATCH_BYTES, DEFAULT_BATCH_SIZE
+from lmq_client.spark.options import (
+    DEFAULT_BATCH_BYTES,
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_RETRY_TIMEOUT_MS,
+)
 
 SCHEMA = StructType([
     StructField("id", LongType()),
@@ -35,6 +39,7 @@ def test_minimum_options_and_defaults() -> None:
     assert options.batch_bytes == DEFAULT_BATCH_BYTES == 5 * 1024 * 1024
     assert options.defer_ms == 0
     assert options.timeout_s == 10.0
+    assert options.retry_timeout_s == DEFAULT_RETRY_TIMEOUT_MS / 1000 == 30.0
 
 
 def test_every_option_any_case() -> None:
@@ -47,6 +52,7 @@ def test_every_option_any_case() -> None:
         "DEFERMS": "2500",
         "deferColumn": "delay",
         "timeout": "2.5",
+        "RETRYTIMEOUTMS": "1500",
         "checkpointLocation": "/tmp/ck",  # Spark's own option, passed to every sink
         "path": "ignored",
     })
@@ -59,6 +65,7 @@ def test_every_option_any_case() -> None:
         defer_ms=2500,
         defer_column="delay",
         timeout_s=2.5,
+        retry_timeout_s=1.5,
     )
 
 
@@ -67,7 +74,6 @@ def test_every_option_any_case() -> None:
     [
         ({"topic": "t"}, "option 'address' is required"),
         ({"address": " ", "topic": "t"}, "option 'address' is required"),
-        ({"address": "127.0.0.1:4150"}, "option 'topic' is required"),
         ({"address": "localhost", "topic": "t"}, "option 'address': invalid address 'localhost'"),
         ({"address": "h:99999", "topic": "t"}, "invalid address 'h:99999'"),
         ({"address": ",", "topic": "t"}, "option 'address': no daemon address given"),
@@ -85,6 +91,8 @@ def test_every_option_any_case() -> None:
         ({"address": "h:1", "topic": "t", "bodyColumn": "x", "deferColumn": "x"},
          "bodyColumn and deferColumn must be different columns"),
         ({"address": "h:1", "topic": "t", "adress": "h:2"}, "unknown option 'adress' (known: "),
+        ({"address": "h:1", "topic": "t", "retryTimeoutMs": "-1"},
+         "option 'retryTimeoutMs' must be at least 0, not -1"),
     ],
 )
 def test_bad_options_are_refused_with_the_option_named(
@@ -101,8 +109,9 @@ def test_unknown_option_lists_the_known_ones_but_not_sparks() -> None:
         SinkOptions.parse({"address": "h:1", "topic": "t", "bodycol": "x"})
     assert str(info.value) == (
         "lmq sink: unknown option 'bodycol' (known: address, authSecret, batchBytes, batchSize, "
-        "bodyColumn, deferColumn, deferMs, deflate, deflateLevel, lookupdHttpAddress, snappy, "
-        "timeout, tls, tlsCert, tlsInsecureSkipVerify, tlsKey, tlsRootCaFile, topic)"
+        "bodyColumn, deferColumn, deferMs, deflate, deflateLevel, lookupdHttpAddress, "
+        "retryTimeoutMs, snappy, timeout, tls, tlsCert, tlsInsecureSkipVerify, tlsKey, "
+        "tlsRootCaFile, topic)"
     )
 
 
@@ -116,6 +125,45 @@ def test_columns_resolve_to_the_schemas_spelling() -> None:
     assert binary.resolve_columns(SCHEMA).body_column == "raw"
     no_columns = SinkOptions(addresses=("h:1",), topic="t")
     assert no_columns.resolve_columns(SCHEMA) == no_columns
+
+
+def test_a_string_or_binary_value_column_is_the_body_unless_body_column_says_otherwise() -> None:
+    # Kafka's sink's habit: ``value`` is the body; JSON rows only when there is no body column.
+    options = SinkOptions(addresses=("h:1",), topic="t")
+    for kind in (StringType(), BinaryType()):
+        schema = StructType([StructField("key", StringType()), StructField("Value", kind)])
+        assert options.resolve_columns(schema).body_column == "Value"
+    chosen = SinkOptions(addresses=("h:1",), topic="t", body_column="key")
+    schema = StructType([StructField("key", StringType()), StructField("value", StringType())])
+    assert chosen.resolve_columns(schema).body_column == "key"
+    # a number called value (a metric) is data: the row goes as JSON
+    metric = StructType([StructField("name", StringType()), StructField("value", DoubleType())])
+    assert options.resolve_columns(metric).body_column is None
+
+
+def test_without_a_topic_option_a_string_topic_column_routes_rows() -> None:
+    options = SinkOptions.parse({"address": "h:1"})
+    assert (options.topic, options.topic_column) == ("", None)
+    schema = StructType([StructField("Topic", StringType()), StructField("value", BinaryType())])
+    resolved = options.resolve_columns(schema)
+    assert (resolved.topic_column, resolved.body_column) == ("Topic", "value")
+    assert resolved.described_topic == "topics from column 'Topic'"
+    # the option wins: the column is then just data
+    fixed = SinkOptions.parse({"address": "h:1", "topic": "t"}).resolve_columns(schema)
+    assert (fixed.topic_column, fixed.described_topic) == (None, "topic 't'")
+    with pytest.raises(ValueError) as info:
+        options.resolve_columns(SCHEMA)
+    assert str(info.value) == (
+        "lmq sink: option 'topic' is required, or a string column 'topic' that names each row's "
+        "topic (columns: id, Body, raw, delay, score)"
+    )
+    numbered = StructType([StructField("topic", LongType())])
+    with pytest.raises(ValueError, match="column 'topic' routes rows without a 'topic' option "
+                       "and must be a string column, not bigint"):  # fmt: skip
+        options.resolve_columns(numbered)
+    both = SinkOptions(addresses=("h:1",), body_column="topic")
+    with pytest.raises(ValueError, match="cannot be both the topic and the body"):
+        both.resolve_columns(StructType([StructField("topic", StringType())]))
 
 
 def test_an_exact_match_wins_over_case_folding() -> None:

@@ -11,14 +11,18 @@ from __future__ import annotations
 
 import datetime
 import json
+import logging
+import socket
 from pathlib import Path
 from typing import Any
 
 import pytest
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.streaming.datasource import ReadAllAvailable
 from pyspark.sql.streaming.query import StreamingQuery
 
-from lmq_client.spark import SourceOptions
+from lmq_client.errors import ConnectionFailed
+from lmq_client.spark import LmqBatchReader, LmqStreamReader, SourceOptions
 from lmq_client.sync import Producer
 from tests.support.process import LmqdProcess
 
@@ -44,16 +48,66 @@ def test_source_options_are_checked_on_the_driver() -> None:
     assert (options.starting, options.ending, options.max_per_trigger) == (
         {"127.0.0.1:4152": 7}, "latest", 10,
     )
+    # httpAddress is the name that says what it takes; address is its older name
+    assert SourceOptions.parse({"HTTPADDRESS": "127.0.0.1:4151", "topic": "t"}).addresses == (
+        "127.0.0.1:4151",
+    )
+    found = SourceOptions.parse({"lookupdHttpAddress": "127.0.0.1:4161", "topic": "t",
+                                 "startingOffsets": '{"10.0.0.7:4151": 3}'})  # fmt: skip
+    assert (found.addresses, found.lookupd_addresses, found.starting) == (
+        (), ("127.0.0.1:4161",), {"10.0.0.7:4151": 3},
+    )
+    assert found.lookupd_poll_interval_s == 10.0
     for given, message in (
-        ({"topic": "t"}, "'address' is required"),
+        ({"topic": "t"}, "'httpAddress' is required"),
+        ({"address": "x:1", "httpAddress": "x:1", "topic": "t"}, "not both"),
+        ({"httpAddress": "x", "topic": "t"}, "option 'httpAddress': invalid address"),
+        ({"lookupdHttpAddress": "l:1", "topic": "t", "startingOffsets": '{"nope": 1}'},
+         "option 'startingOffsets': invalid address 'nope'"),
         ({"address": "x:1", "topic": "bad name"}, "option 'topic'"),
         ({"address": "x:1", "topic": "t", "bodyColumn": "v"}, "unknown option 'bodyColumn'"),
         ({"address": "x:1", "topic": "t", "startingOffsets": "soon"}, "earliest, latest or"),
-        ({"address": "x:1", "topic": "t", "startingOffsets": '{"y:2": 1}'}, "not in 'address'"),
+        ({"address": "x:1", "topic": "t", "startingOffsets": '{"y:2": 1}'},
+         "not in 'httpAddress'"),
         ({"address": "x:1", "topic": "t", "maxMessagesPerTrigger": "0"}, "at least 1"),
+        ({"address": "x:1", "topic": "t", "lookupdPollIntervalMs": "-5"}, "at least 0"),
     ):
         with pytest.raises(ValueError, match=message):
             SourceOptions.parse(given)
+
+
+def test_a_tcp_address_given_to_the_source_says_to_give_the_http_one(
+    daemon: LmqdProcess, topic: str
+) -> None:
+    with pytest.raises(ConnectionFailed) as info:
+        LmqBatchReader(SourceOptions(addresses=(daemon.tcp_address,), topic=topic))
+    assert str(info.value) == (
+        f"{daemon.tcp_address}: not an HTTP API: the source reads through the daemons' HTTP "
+        "addresses (httpAddress, lmqd's --http-address), not their TCP addresses"
+    )
+
+
+def test_a_daemon_that_does_not_answer_keeps_its_offset_and_is_logged_once(
+    daemon: LmqdProcess, topic: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    dead = f"127.0.0.1:{_closed_port()}"
+    publish(daemon, topic, [b"x", b"y"])
+    reader = LmqStreamReader(SourceOptions(addresses=(http_address(daemon), dead), topic=topic))
+    start = {http_address(daemon): 0, dead: 4}
+    with caplog.at_level(logging.INFO, logger="lmq_client.spark"):
+        for _ in range(3):
+            assert reader.latestOffset(start, ReadAllAvailable()) == {
+                http_address(daemon): 2, dead: 4,
+            }
+    said = [r.getMessage() for r in caplog.records if dead in r.getMessage()]
+    assert len(said) == 1 and "does not answer" in said[0] and "stays at 4" in said[0], said
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
 
 
 def test_batch_read_of_an_offset_range(
@@ -64,7 +118,7 @@ def test_batch_read_of_an_offset_range(
     publish(second, topic, [b"b%d" % i for i in range(3)])
     nodes = f"{http_address(first)},{http_address(second)}"
     reader = (
-        spark.read.format("lmq").option("address", nodes).option("topic", topic)
+        spark.read.format("lmq").option("httpAddress", nodes).option("topic", topic)
         .option("partitionSize", "2")
     )
     with spark_guard(spark):
