@@ -158,18 +158,16 @@ def _writer_main(
     published: Any,
     results: multiprocessing.Queue[Any],
 ) -> None:
-    cpu0 = time.process_time()
     try:
-        first, last, sent = trio.run(_write, config, index, quota, published)
-        results.put(("writer", {"start": first, "end": last, "messages": sent,
-                                "cpu": time.process_time() - cpu0}))
+        first, last, sent, cpu = trio.run(_write, config, index, quota, published)
+        results.put(("writer", {"start": first, "end": last, "messages": sent, "cpu": cpu}))
     except BaseException as exc:  # reported to the parent, which prints it
         _report_failure(results, f"writer {index}", exc)
 
 
 async def _write(
     config: BenchConfig, index: int, quota: int | None, published: Any
-) -> tuple[float, float, int]:
+) -> tuple[float, float, int, float]:
     from lmq_client.producer import Producer
     from lmqd.protocol import Mpub
 
@@ -185,6 +183,7 @@ async def _write(
         conn = await producer.connect()
         in_flight: list[tuple[Any, int]] = []
         start = time.time()
+        cpu_start = time.process_time()  # the CPU of the measured window only (not the setup)
         end = start + config.duration if config.duration is not None else math.inf
         while (quota is None or sent < quota) and time.time() < end:
             n = config.batch_size if quota is None else min(config.batch_size, quota - sent)
@@ -205,7 +204,7 @@ async def _write(
         for reply, count in in_flight:
             await reply.wait()
             published.value += count
-        return start, time.time(), sent
+        return start, time.time(), sent, time.process_time() - cpu_start
 
 
 def _reader_main(
@@ -216,13 +215,12 @@ def _reader_main(
     stop: multiprocessing.synchronize.Event,
     results: multiprocessing.Queue[Any],
 ) -> None:
-    cpu0 = time.process_time()
     try:
-        first, last, received, hist = trio.run(
+        first, last, received, cpu, hist = trio.run(
             _read, config, index, consumed, claimed, stop, results
         )
         results.put(("reader", {"start": first, "end": last, "messages": received,
-                                "cpu": time.process_time() - cpu0, "latency": dict(hist.buckets),
+                                "cpu": cpu, "latency": dict(hist.buckets),
                                 "latency_count": hist.count}))
     except BaseException as exc:
         _report_failure(results, f"reader {index}", exc)
@@ -235,12 +233,14 @@ async def _read(
     claimed: Any,
     stop: multiprocessing.synchronize.Event,
     results: multiprocessing.Queue[Any],
-) -> tuple[float, float, int, LatencyHistogram]:
+) -> tuple[float, float, int, float, LatencyHistogram]:
     from lmq_client.connection import Connection
     from lmqd.protocol import Fins, MessageFrame, Rdy, Sub
 
     hist = LatencyHistogram()
-    state = {"first": 0.0, "last": 0.0, "received": 0}
+    # The window from the first message to the last, and the process's CPU time at both (the
+    # CPU of the window only: not the setup, not the wait for the others after the last).
+    state = {"first": 0.0, "last": 0.0, "received": 0, "cpu_first": 0.0, "cpu_last": 0.0}
     unpack = _STAMP.unpack_from
     quota = config.count or 0  # only used with ``claimed``
 
@@ -258,9 +258,12 @@ async def _read(
                 return
         now_ns = time.time_ns()
         now = now_ns / 1e9
+        cpu = time.process_time()
         if not state["first"]:
             state["first"] = now
+            state["cpu_first"] = cpu
         state["last"] = now
+        state["cpu_last"] = cpu
         state["received"] += len(frames)
         # A writer stamps a whole batch with one time: count the stamps, then record each once.
         for stamp, times in Counter([f.body[:8] for f in frames]).items():
@@ -294,7 +297,8 @@ async def _read(
         # The parent always sets stop (also when it fails), so the thread cannot be left over.
         await trio.to_thread.run_sync(stop.wait)
         nursery.cancel_scope.cancel()
-    return state["first"], state["last"], int(state["received"]), hist
+    cpu = state["cpu_last"] - state["cpu_first"]
+    return state["first"], state["last"], int(state["received"]), cpu, hist
 
 
 def channel_names(config: BenchConfig) -> list[str]:

@@ -18,6 +18,7 @@ from click.testing import CliRunner
 
 from lmq_client.admin.cli import cli
 from lmq_client.spark import SinkOptions
+from lmq_client.spark.pool import PRODUCERS
 from lmq_client.spark.publish import write_partition
 from lmq_client.transport import TransportOptions
 from lmqd.protocol import Auth, Mpub, Pub
@@ -165,4 +166,7 @@ async def test_sink_write_task_publishes_over_tls_and_deflate(certs: Certs) -> N
             )
             batch = pa.record_batch([pa.array(["a", "b", "c"])], names=["body"])
             await trio.to_thread.run_sync(lambda: write_partition(options, [batch]))
+            # The task gave its connection back to the executor's pool: close it, as the
+            # executor's exit does, so the fake daemon sees the end of the stream.
+            await trio.to_thread.run_sync(PRODUCERS.close_all)
     assert received == [b"a", b"b", b"c"]
