@@ -122,6 +122,9 @@ def main() -> None:
     parser.add_argument("--admin-flag", action="append", default=[],
                         help="A global lmqadmin flag for the bench clients, e.g. "
                              "--admin-flag=--snappy (repeatable).")
+    parser.add_argument("--bench-flag", action="append", default=[],
+                        help="An lmqadmin bench flag, e.g. --bench-flag=--incompressible "
+                             "(distinct bodies: what a dedup window sees) (repeatable).")
     parser.add_argument("--dir", default=None, help="Where the data directories go (/tmp).")
     parser.add_argument("--markdown", action="store_true", help="Print a Markdown table.")
     args = parser.parse_args()

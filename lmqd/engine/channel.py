@@ -822,7 +822,10 @@ class Channel:
             for sub, take in split_batch(ready, n, room, rng):
                 chunk = msgs if take == n else msgs[start : start + take]
                 start += take
-                size: int | None = nbytes if take == n else None
+                # The chunk's bytes for the in-flight heap's compaction rule: exact when it is
+                # the whole round (or cut to fit below), else its share of the round (a
+                # heuristic's input: no second pass over the bodies).
+                size: int | None = nbytes if take == n else nbytes * take // n
                 if tight:
                     # This consumer's share may be more than its byte room: it keeps a prefix
                     # that fits (one message at least); the rest goes back to the queue.
