@@ -122,14 +122,22 @@ async def _until_ok(stream: trio.SocketStream, codec: ClientConnection) -> None:
 class KeepAlive:
     """One HTTP/1.1 keep-alive connection (h11): requests with empty bodies."""
 
-    def __init__(self, stream: trio.SocketStream, host: str) -> None:
+    def __init__(self, stream: trio.SocketStream, address: Address) -> None:
         self._stream = stream
-        self._host = host
+        self._address = address
+        self._host = f"{address[0]}:{address[1]}"
         self._conn = h11.Connection(h11.CLIENT)
 
     @classmethod
     async def connect(cls, address: Address) -> KeepAlive:
-        return cls(await trio.open_tcp_stream(*address), f"{address[0]}:{address[1]}")
+        return cls(await trio.open_tcp_stream(*address), address)
+
+    async def _reconnect(self) -> None:
+        # The server ended keep-alive (hypercorn closes a connection after
+        # keep_alive_max_requests, 1000 by default): a new connection, as a browser would.
+        await self._stream.aclose()
+        self._stream = await trio.open_tcp_stream(*self._address)
+        self._conn = h11.Connection(h11.CLIENT)
 
     async def request(self, method: str, target: str) -> int:
         conn = self._conn
@@ -147,7 +155,10 @@ class KeepAlive:
             elif isinstance(event, h11.Response):
                 status = event.status_code
             elif isinstance(event, h11.EndOfMessage):
-                conn.start_next_cycle()
+                if conn.our_state is h11.MUST_CLOSE or conn.their_state is h11.MUST_CLOSE:
+                    await self._reconnect()
+                else:
+                    conn.start_next_cycle()
                 return status
             elif isinstance(event, h11.ConnectionClosed):
                 raise RuntimeError("lmqd closed the HTTP connection")
