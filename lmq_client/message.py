@@ -96,7 +96,16 @@ class Message:
         if self.responded:
             raise RuntimeError(f"{self!r} was already answered")
         self.responded = True
+        consumer = self._consumer
+        if consumer is not None and not success and backoff:
+            # A failure that starts (or deepens) a backoff: the consumer's RDY 0 goes out before
+            # the REQ, so the daemon cannot hand the message straight back during the pause
+            # (go-nsq's order: OnBackoff, then the REQ).
+            consumer._message_done(self, success=success, backoff=backoff)
+            if self._conn.is_open:
+                self._conn.write(command)
+            return
         if self._conn.is_open:
             self._conn.write(command)
-        if self._consumer is not None:
-            self._consumer._message_done(self, success=success, backoff=backoff)
+        if consumer is not None:
+            consumer._message_done(self, success=success, backoff=backoff)

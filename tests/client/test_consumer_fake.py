@@ -94,8 +94,8 @@ async def test_backoff_timing_exact(autojump_clock: trio.abc.Clock) -> None:
                 await command()  # RDY 4
                 for i in range(6):
                     await fake.deliver(msg_id(i), b"x")
-                    await command()  # FIN or REQ
-                    await command()  # the RDY change that follows
+                    await command()  # FIN, or (a failure) the backoff's RDY 0
+                    await command()  # the RDY change after a FIN, or the REQ
                     if i < 5:
                         await command()  # the probe's RDY 1 after the backoff timer
                 done.set()
@@ -106,9 +106,11 @@ async def test_backoff_timing_exact(autojump_clock: trio.abc.Clock) -> None:
                 await done.wait()
     assert commands == [
         (0.0, "RDY 4"),
-        (0.0, "REQ"), (0.0, "RDY 0"), (1.0, "RDY 1"),  # level 1: 1 s
-        (1.0, "REQ"), (1.0, "RDY 0"), (3.0, "RDY 1"),  # level 2: 2 s
-        (3.0, "REQ"), (3.0, "RDY 0"), (7.0, "RDY 1"),  # level 3: 4 s
+        # A failure's RDY 0 goes before its REQ (go-nsq's order): the daemon cannot hand the
+        # message straight back during the pause.
+        (0.0, "RDY 0"), (0.0, "REQ"), (1.0, "RDY 1"),  # level 1: 1 s
+        (1.0, "RDY 0"), (1.0, "REQ"), (3.0, "RDY 1"),  # level 2: 2 s
+        (3.0, "RDY 0"), (3.0, "REQ"), (7.0, "RDY 1"),  # level 3: 4 s
         (7.0, "FIN"), (7.0, "RDY 0"), (9.0, "RDY 1"),  # success: level 2, 2 s
         (9.0, "FIN"), (9.0, "RDY 0"), (10.0, "RDY 1"),  # success: level 1, 1 s
         (10.0, "FIN"), (10.0, "RDY 4"),  # success: level 0, full RDY again
@@ -172,6 +174,7 @@ async def test_handler_failure_requeues_with_delay_times_attempts(
                 await fake.subscribe()
                 await fake.expect(Rdy)
                 await fake.deliver(msg_id(1), b"x", attempts=3)
+                assert (await fake.expect(Rdy)).count == 0  # the backoff's, before the REQ
                 reqs.append(await fake.expect(Req))
                 done.set()
                 await fake.answer_cls()
