@@ -23,13 +23,13 @@ GC pauses are measured by a ``gc.callbacks`` hook that the HTTP server installs 
 as Go's ``MemStats.PauseNs`` does. Without it the three pause keys are 0. ``tracemalloc`` is
 deliberately not used: it slows every allocation.
 
-``POST /debug/freememory`` (nsqd's ``debug.FreeOSMemory``) is ``free_memory_steps``: the young
-generations (bounded by ``GC_THRESHOLDS``: fast), a full collection at most once per
-``FULL_COLLECTION_INTERVAL_S``, and ``trim_heap`` (glibc's ``malloc_trim``, which gives free heap
-pages back to the OS: the part that is Go's FreeOSMemory) in a worker thread. A full collection
-traverses every tracked object and CPython 3.11 cannot split it (about 85 ms with a few thousand
-topics and their messages): run on every call, a loop of admin calls would stall delivery
-indefinitely.
+``POST /debug/freememory`` (nsqd's ``debug.FreeOSMemory``) runs ``FREE_MEMORY_GENERATIONS``,
+the youngest generation (bounded by ``GC_THRESHOLDS``: fast), and ``trim_heap`` (glibc's
+``malloc_trim``, which gives free heap pages back to the OS: the part that is Go's FreeOSMemory)
+in a worker thread. Never a full collection: it traverses every tracked object with the GIL
+held and CPython 3.11 cannot split it (85 ms with a few thousand topics, 2.7 s measured with
+ten thousand topics and channels): an admin call must not stall every client for that long, and
+Python's own schedule runs the full collections anyway.
 """
 
 from __future__ import annotations
@@ -46,18 +46,17 @@ from collections.abc import Iterator
 from typing import Any
 
 __all__ = [
-    "FULL_COLLECTION_INTERVAL_S",
+    "FREE_MEMORY_GENERATIONS",
     "MEMORY_KEYS",
-    "free_memory_steps",
     "memory_stats",
     "track_gc_pauses",
     "trim_heap",
 ]
 
-FULL_COLLECTION_INTERVAL_S = 60.0
-"""``/debug/freememory`` runs a full collection at most this often: it is the one step that
-stops the daemon (for as long as traversing the heap takes), so a client calling the endpoint
-in a loop costs at most one such pause a minute; the other steps run on every call."""
+FREE_MEMORY_GENERATIONS = (0,)
+"""What ``/debug/freememory`` collects: the youngest generation only, bounded by its threshold
+(``GC_THRESHOLDS``). Generation 1 is not: right after a flood of topic creations it holds every
+object they made, and collecting it stalled clients 0.4 s with ten thousand topics."""
 
 MEMORY_KEYS = (
     "heap_objects",
@@ -103,15 +102,6 @@ def track_gc_pauses() -> Iterator[None]:
         if _trackers == 0:
             with contextlib.suppress(ValueError):
                 gc.callbacks.remove(_on_gc)
-
-
-def free_memory_steps(now: float, last_full: float) -> tuple[list[int], float]:
-    """The collections a ``/debug/freememory`` at ``now`` runs, youngest first, and the time of
-    the last full collection afterwards (``last_full`` unless this call runs one). The caller
-    runs each with ``gc.collect(generation)``, yielding to other tasks between them."""
-    if now - last_full >= FULL_COLLECTION_INTERVAL_S:
-        return [0, 1, 2], now
-    return [0, 1], last_full
 
 
 _malloc_trim: Any = None

@@ -34,7 +34,10 @@ busier load costs at most one round's latency while it grows.
 
 The metadata file rides along: ``metadata_changed()`` asks for a round, and the round writes the
 snapshot taken when it was prepared before it syncs the queues, so a burst of topic and channel
-creations costs one write.
+creations costs one write. Writes are at least ``METADATA_MIN_INTERVAL`` apart: a snapshot and
+the file are O(topics), so a flood of creations on a daemon with thousands of topics would
+otherwise spend the loop (and, encoding, the GIL) on back-to-back rewrites of the whole file; a
+change is still on disk within that interval and a round.
 
 **Statistics.** ``statistics()`` counts rounds and failures and times each round's worker-thread
 call (metadata write plus fsyncs, measured with ``trio.current_time()`` around ``to_thread``) into
@@ -65,6 +68,9 @@ __all__ = ["FSYNC_BUCKETS", "DurableCallback", "Syncer", "SyncerStats"]
 log = logging.getLogger("lmqd.syncer")
 
 _EVERY_GENERATION = 1 << 62
+
+METADATA_MIN_INTERVAL = 0.25
+"""Seconds between the starts of two metadata writes at least (four a second at most)."""
 
 MAX_GATHER = 0.005
 """Longest a round waits for more durable publishers (seconds): a few fsyncs' worth."""
@@ -157,6 +163,8 @@ class Syncer:
         self._urgent: set[_QueueState] = set()
         self._due: set[_QueueState] = set()
         self._metadata_dirty = False
+        self._metadata_next = -math.inf
+        """When the next metadata write may start (``METADATA_MIN_INTERVAL``)."""
         self._metadata_failed = False
         self._probe = False
         """Write the metadata file at the next tick (``probe_on_tick``)."""
@@ -259,10 +267,16 @@ class Syncer:
             task_status.started()
             next_tick = trio.current_time() + self._sync_timeout
             while True:
-                if not (self._urgent or self._due or self._metadata_dirty):
+                if not (self._urgent or self._due or self._metadata_ready()):
                     self._wake = trio.Event()
-                    with trio.move_on_at(next_tick):
+                    wake_at = next_tick
+                    if self._metadata_dirty:
+                        wake_at = min(wake_at, self._metadata_next)
+                    with trio.move_on_at(wake_at):
                         await self._wake.wait()
+                    idle = not (self._urgent or self._due or self._metadata_ready())
+                    if idle and trio.current_time() < next_tick:
+                        continue  # woken for a metadata write that is not due yet
                 if not (self._due or self._metadata_dirty) and self._waiting < self._last_served:
                     await self._gather(next_tick)
                 now = trio.current_time()
@@ -275,6 +289,9 @@ class Syncer:
         finally:
             self._running = False
             self._round_done.set()
+
+    def _metadata_ready(self) -> bool:
+        return self._metadata_dirty and trio.current_time() >= self._metadata_next
 
     async def _gather(self, next_tick: float) -> None:
         # Wait (briefly) for as many durable publishers as the previous round served.
@@ -325,8 +342,9 @@ class Syncer:
                 entries.append((state, state.gen, len(jobs)))
                 jobs.append(job)
         metadata = None
-        if self._metadata_dirty:
+        if self._metadata_ready():
             self._metadata_dirty = False
+            self._metadata_next = trio.current_time() + METADATA_MIN_INTERVAL
             metadata = self._metadata()
         errors: list[OSError | None] = []
         metadata_error = None

@@ -56,7 +56,7 @@ from lmqd.httpapi.peek import PeekApi
 from lmqd.httpapi.policy import PolicyApi
 from lmqd.httpapi.replay import ReplayApi
 from lmqd.httpapi.stats_text import format_stats
-from lmqd.memory import MEMORY_KEYS, free_memory_steps, memory_stats, trim_heap
+from lmqd.memory import FREE_MEMORY_GENERATIONS, MEMORY_KEYS, memory_stats, trim_heap
 from lmqd.message_ext import MessageExt
 from lmqd.metrics import make_registry
 from lmqd.names import valid_name
@@ -101,7 +101,6 @@ class HttpApi(AsgiApp):
             body = f'{{"message": "TLS_REQUIRED", "https_port": {tls_required_https_port}}}'
             self.refusal = Response(403, body.encode(), JSON_CONTENT_TYPE)
         self.registry = make_registry(broker)
-        self._last_full_collection = -math.inf
         """trio time of the last full collection ``/debug/freememory`` ran."""
         self.quiet_paths = frozenset({"/pub", "/mpub"})
         # Prometheus scrapes /metrics and health checks poll /ping every few seconds: their
@@ -460,12 +459,10 @@ class HttpApi(AsgiApp):
         return json_response(get_option(self.broker.options, key))
 
     async def free_memory(self, request: Request) -> Response:
-        """nsqd's ``debug.FreeOSMemory``, in steps that let other tasks run between them
-        (``lmqd.memory.free_memory_steps``): a full collection at most once a minute."""
-        steps, self._last_full_collection = free_memory_steps(
-            trio.current_time(), self._last_full_collection
-        )
-        for generation in steps:
+        """nsqd's ``debug.FreeOSMemory``, in steps that let other tasks run between them: the
+        youngest generation (``lmqd.memory.FREE_MEMORY_GENERATIONS``, never a full collection),
+        then the C heap's free pages back to the OS."""
+        for generation in FREE_MEMORY_GENERATIONS:
             gc.collect(generation)
             await trio.lowlevel.checkpoint()
         await trio.to_thread.run_sync(trim_heap)

@@ -66,9 +66,10 @@ class Cursor:
         self.skips: list[tuple[int, int]] = []
         """Offset ranges ``[start, end)`` the cursor's owner steps over (a topic empty dropped
         them before it read them), persisted with the mark until it has passed them."""
-        self._held = AckTracker()
+        self._held: AckTracker | None = None
         """Messages read and not settled before a ``seek(keep_unsettled=True)``: they hold the
-        mark until settled, wherever the cursor reads now."""
+        mark until settled, wherever the cursor reads now (None until there are any: most
+        cursors never seek, and a topic or channel should cost little while idle)."""
 
     @property
     def position(self) -> int:
@@ -80,14 +81,15 @@ class Cursor:
         """The low-water mark: the oldest offset read and not settled, else ``position``."""
         oldest = self._acks.oldest()
         low = self._reader.position if oldest is None else oldest
-        if self._held.order:
-            return min(low, self._held.order[0])
+        held = self._held
+        if held is not None and held.order:
+            return min(low, held.order[0])
         return low
 
     @property
     def unsettled_count(self) -> int:
         """Messages read and not yet settled."""
-        return len(self._acks) + len(self._held)
+        return len(self._acks) + (len(self._held) if self._held is not None else 0)
 
     @property
     def lag(self) -> int:
@@ -115,7 +117,8 @@ class Cursor:
 
     def settle(self, offset: int) -> bool:
         """Mark one message read as done; False if it is not unsettled."""
-        if not self._acks.ack(offset) and not (self._held and self._held.ack(offset)):
+        held = self._held
+        if not self._acks.ack(offset) and not (held and held.ack(offset)):
             return False
         self.dirty += 1
         return True
@@ -143,12 +146,14 @@ class Cursor:
         acks = self._acks
         if keep_unsettled and acks.outstanding:
             held = self._held
+            if held is None:
+                held = self._held = AckTracker()
             held.outstanding |= acks.outstanding
             order = sorted(held.outstanding)
             held.order.clear()
             held.order.extend(order)
         elif not keep_unsettled:
-            self._held.clear()
+            self._held = None
         acks.clear()
         self.dirty += 1
         return self._reader.seek(offset)

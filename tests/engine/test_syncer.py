@@ -25,7 +25,7 @@ import pytest
 import trio
 import trio.testing
 
-from lmqd.engine.syncer import FSYNC_BUCKETS, MAX_GATHER, Syncer
+from lmqd.engine.syncer import FSYNC_BUCKETS, MAX_GATHER, METADATA_MIN_INTERVAL, Syncer
 from lmqd.message import Message
 from lmqd.storage import Metadata, SyncJob
 from lmqd.storage.sync import QueueFiles
@@ -523,7 +523,8 @@ async def test_metadata_changes_coalesce_into_one_write(
         await worker.wait_calls(1)
         syncer.metadata_changed()  # during the round: its snapshot was taken before
         await syncer.wait_idle()
-        assert worker.calls == [t0, t0 + ROUND_S]
+        # The second write waits for METADATA_MIN_INTERVAL after the first one started.
+        assert worker.calls == [t0, t0 + max(ROUND_S, METADATA_MIN_INTERVAL)]
         assert snapshots.taken == 2
         assert syncer.statistics().metadata_writes == 2
         assert json.loads((tmp_path / "lmqd.dat").read_text())["topics"] == []
