@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from lmq_client.errors import InvalidNameError
+from lmq_client.extension import IDENTIFY_FIELDS as EXTENSION_FIELDS
 from lmqd import __version__
 from lmqd.names import valid_name
 from lmqd.net import split_address
@@ -42,7 +43,8 @@ def identify_body(
     user_agent: str = USER_AGENT,
     output_buffer_timeout: float | None = None,
 ) -> dict[str, Any]:
-    """The IDENTIFY document every lmq client sends (only standard nsqd keys)."""
+    """The IDENTIFY document every lmq client sends: nsqd's keys, and lmq's extension (a key
+    nsqd ignores: ``lmq_client.extension``)."""
     hostname = socket.gethostname()
     body: dict[str, Any] = {
         "client_id": client_id or hostname.split(".")[0],
@@ -50,6 +52,7 @@ def identify_body(
         "user_agent": user_agent,
         "feature_negotiation": True,
         "heartbeat_interval": round(heartbeat_interval * 1000),
+        **EXTENSION_FIELDS,
     }
     if msg_timeout is not None:
         body["msg_timeout"] = round(msg_timeout * 1000)

@@ -591,7 +591,7 @@ class Consumer:
         state = self._states.get(conn)
         consumer = self
         messages = [
-            Message(f.id, f.body, f.timestamp, f.attempts, conn, consumer) for f in frames
+            Message(f.id, f.body, f.timestamp, f.attempts, conn, consumer, f.ext) for f in frames
         ]
         self._received += len(messages)
         self._unanswered += len(messages)

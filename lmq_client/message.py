@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from lmqd.message_ext import MessageExt
 from lmqd.protocol import Fin, Req, Touch
 
 __all__ = ["Message"]
@@ -36,7 +37,7 @@ class Message:
     lost in the meantime cannot be answered: the daemon delivers it again.
     """
 
-    __slots__ = ("_conn", "_consumer", "attempts", "body", "id", "responded", "timestamp")
+    __slots__ = ("_conn", "_consumer", "_ext", "attempts", "body", "id", "responded", "timestamp")
 
     def __init__(
         self,
@@ -46,6 +47,7 @@ class Message:
         attempts: int,
         conn: Link,
         consumer: Outcomes | None,
+        ext: MessageExt | None = None,
     ) -> None:
         self.id = id
         """16 bytes, as the daemon sent them."""
@@ -58,6 +60,17 @@ class Message:
         """True once ``finish()`` or ``requeue()`` was called."""
         self._conn = conn
         self._consumer = consumer
+        self._ext = ext
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """lmq's message headers (``{}`` for a message published without, and from nsqd)."""
+        return dict(self._ext.headers) if self._ext is not None else {}
+
+    @property
+    def priority(self) -> int:
+        """lmq's priority, 0 to 9 (0 for a message published without one, and from nsqd)."""
+        return self._ext.priority if self._ext is not None else 0
 
     def __repr__(self) -> str:
         return (

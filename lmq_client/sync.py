@@ -30,7 +30,7 @@ import select
 import socket
 import ssl
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -48,6 +48,7 @@ from lmq_client.errors import (
     all_addresses_failed,
     error_from_frame,
 )
+from lmq_client.extension import message_ext, require_extension, xpub_command
 from lmq_client.lookupd import (
     DEFAULT_POLL_INTERVAL,
     DEFAULT_POLL_JITTER,
@@ -385,22 +386,68 @@ class Producer:
             self._conn.close()
             self._conn = None
 
-    def publish(self, topic: str, body: bytes) -> None:
-        """PUB one message; returns when the daemon answered OK."""
+    def publish(
+        self,
+        topic: str,
+        body: bytes,
+        *,
+        headers: Mapping[str, str] | None = None,
+        priority: int | None = None,
+        ttl: float | None = None,
+        dedup_id: str | bytes | None = None,
+    ) -> None:
+        """PUB one message; returns when the daemon answered OK. With lmq's per-message fields
+        (``headers``, ``priority`` 0-9, ``ttl`` in seconds, ``dedup_id``; ``lmq_client.extension``)
+        it is an XPUB, which only lmqd takes."""
         check_name("topic", topic)
-        self._command(Pub(topic=topic, body=body).encode())
+        ext = message_ext(headers=headers, priority=priority, ttl=ttl, dedup_id=dedup_id)
+        if ext is None:
+            self._command(Pub(topic=topic, body=body).encode())
+        else:
+            self._command(xpub_command(topic, [body], ext), extension=True)
 
-    def mpub(self, topic: str, bodies: Sequence[bytes]) -> None:
-        """MPUB: several messages, stored atomically (all or none)."""
+    def mpub(
+        self,
+        topic: str,
+        bodies: Sequence[bytes],
+        *,
+        headers: Mapping[str, str] | None = None,
+        priority: int | None = None,
+        ttl: float | None = None,
+        dedup_ids: Sequence[str | bytes] | None = None,
+    ) -> None:
+        """MPUB: several messages, stored atomically (all or none); lmq's fields apply to every
+        message, ``dedup_ids`` gives each its own (an XPUB, as ``publish``)."""
         check_name("topic", topic)
         if not bodies:
             raise ValueError("mpub needs at least one message")
-        self._command(Mpub(topic=topic, bodies=list(bodies)).encode())
+        ext = message_ext(headers=headers, priority=priority, ttl=ttl)
+        if ext is None and dedup_ids is None:
+            self._command(Mpub(topic=topic, bodies=list(bodies)).encode())
+        else:
+            command = xpub_command(topic, bodies, ext, dedup_ids=dedup_ids)
+            self._command(command, extension=True)
 
-    def dpub(self, topic: str, delay_ms: int, body: bytes) -> None:
-        """DPUB: one message delivered ``delay_ms`` milliseconds from now."""
+    def dpub(
+        self,
+        topic: str,
+        delay_ms: int,
+        body: bytes,
+        *,
+        headers: Mapping[str, str] | None = None,
+        priority: int | None = None,
+        ttl: float | None = None,
+        dedup_id: str | bytes | None = None,
+    ) -> None:
+        """DPUB: one message delivered ``delay_ms`` milliseconds from now (lmq's fields as
+        ``publish``)."""
         check_name("topic", topic)
-        self._command(Dpub(topic=topic, defer_ms=delay_ms, body=body).encode())
+        ext = message_ext(headers=headers, priority=priority, ttl=ttl, dedup_id=dedup_id)
+        if ext is None:
+            self._command(Dpub(topic=topic, defer_ms=delay_ms, body=body).encode())
+        else:
+            command = xpub_command(topic, [body], ext, defer_ms=delay_ms)
+            self._command(command, extension=True)
 
     def _connection(self) -> _SocketConnection:
         conn = self._conn
@@ -428,8 +475,10 @@ class Producer:
             return conn
         raise all_addresses_failed(failures)
 
-    def _command(self, data: bytes) -> bytes:
+    def _command(self, data: bytes, *, extension: bool = False) -> bytes:
         conn = self._connection()
+        if extension:
+            require_extension(conn.server_settings, conn.address)
         try:
             conn.sendall(data)
             return conn.read_response()
@@ -855,7 +904,8 @@ class Consumer:
                     self._got_message.add(address)
                     self._received += 1
                     return Message(
-                        event.id, event.body, event.timestamp, event.attempts, conn, self
+                        event.id, event.body, event.timestamp, event.attempts, conn, self,
+                        event.ext,
                     )
                 if isinstance(event, Error):
                     error = error_from_frame(event.code, event.text, address=address)

@@ -31,12 +31,14 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from lmq_client.admin.common import (
     Settings,
+    duration_ms_option,
     emit_json,
     handle_errors,
     json_option,
     make_console,
     name_option,
 )
+from lmq_client.extension import message_ext
 from lmq_client.sync import Producer
 from lmqd.units import MiB
 
@@ -177,6 +179,18 @@ def _delimiter(ctx: click.Context, param: click.Parameter, value: str) -> bytes:
     return text.encode("utf-8")
 
 
+def _headers(
+    ctx: click.Context, param: click.Parameter, values: tuple[str, ...]
+) -> dict[str, str]:
+    headers: dict[str, str] = {}
+    for value in values:
+        key, sep, text = value.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{value!r}: KEY=VALUE")
+        headers[key] = text
+    return headers
+
+
 @click.command()
 @click.argument("topic", callback=name_option("topic"))
 @click.argument("messages", nargs=-1)
@@ -191,6 +205,12 @@ def _delimiter(ctx: click.Context, param: click.Parameter, value: str) -> bytes:
 @click.option("--flush-interval", type=click.FloatRange(min=0, max=10), default=0,
               show_default=True, metavar="SECONDS",
               help="How long a message read may wait for more to share its MPUB.")
+@click.option("--header", "headers", multiple=True, metavar="KEY=VALUE", callback=_headers,
+              help="lmq: a header on every message (repeatable; lmqd only).")
+@click.option("--priority", type=click.IntRange(0, 9), metavar="N",
+              help="lmq: every message's priority, 0-9 (lmqd only).")
+@click.option("--ttl", metavar="DURATION", callback=duration_ms_option,
+              help="lmq: every message's time to live, e.g. 10m (lmqd only).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress display.")
 @json_option
 @click.pass_obj
@@ -204,10 +224,24 @@ def pub(
     delimiter: bytes,
     rate: float,
     flush_interval: float,
+    headers: dict[str, str],
+    priority: int | None,
+    ttl: int | None,
     quiet: bool,
 ) -> None:
     """Publish messages: arguments, or --file / stdin one per line, each as soon as it is read
-    (like to_nsq)."""
+    (like to_nsq). --header, --priority and --ttl set lmq's per-message fields."""
+    fields: dict[str, Any] = {}
+    if headers:
+        fields["headers"] = headers
+    if priority is not None:
+        fields["priority"] = priority
+    if ttl:
+        fields["ttl"] = ttl / 1000
+    try:
+        message_ext(**fields)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
     if messages and file is not None:
         raise click.UsageError("give messages as arguments or with --file, not both")
     stream: IO[bytes] | None = None
@@ -255,9 +289,9 @@ def pub(
                         continue
                     batch, group = group[:count], group[count:]
                     if len(batch) == 1:
-                        producer.publish(topic, batch[0])
+                        producer.publish(topic, batch[0], **fields)
                     else:
-                        producer.mpub(topic, batch)
+                        producer.mpub(topic, batch, **fields)
                     limit.took(len(batch))
                     published += len(batch)
                     batches += 1

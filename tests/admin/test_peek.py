@@ -34,3 +34,16 @@ def test_peek_errors(lmqd_module_server: LmqdProcess) -> None:
     assert run(server, "peek", "bad!").exit_code == 2
     result = run(server, "peek", "never-created")
     assert result.exit_code != 0 and result.output.count("\n") == 1
+
+
+def test_pub_sets_lmq_fields_that_peek_shows(lmqd_module_server: LmqdProcess) -> None:
+    server = lmqd_module_server
+    result = run(server, "pub", "withfields", "hello", "--header", "source=cli",
+                 "--header", "env=test", "--priority", "5", "--ttl", "10m")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    doc = json.loads(run(server, "--json", "peek", "withfields").output)[server.http_address]
+    [message] = doc["messages"]
+    assert (message["body"], message["priority"]) == ("hello", 5)
+    assert message["headers"] == {"source": "cli", "env": "test"}
+    for bad in (["--header", "novalue"], ["--priority", "10"], ["--ttl", "soon"]):
+        assert run(server, "pub", "withfields", "x", *bad).exit_code == 2, bad

@@ -351,3 +351,44 @@ def test_heartbeats_answered_while_idle(backend: str, daemon: LmqdProcess) -> No
             assert consumer.statistics().connections == 1
 
     run(backend, main)
+
+
+def test_headers_priority_ttl_and_dedup_ids(backend: str, daemon: LmqdProcess) -> None:
+    """lmq's per-message fields: published with XPUB (negotiated in IDENTIFY), consumed with
+    their headers and priority; a message without them has none; bad values are refused before
+    anything is sent."""
+    address = daemon.tcp_address
+    topic = f"ext-{backend}"
+    got: list[tuple[bytes, dict[str, str], int]] = []
+
+    async def main() -> None:
+        done = anyio.Event()
+
+        async def handler(message: Message) -> None:
+            got.append((message.body, message.headers, message.priority))
+            if len(got) == 5:
+                done.set()
+
+        async with Producer(address) as producer:
+            await producer.publish(
+                topic, b"one", headers={"trace": "t-1"}, priority=7, ttl=60, dedup_id="o-1"
+            )
+            await producer.mpub(topic, [b"two", b"three"], headers={"batch": "b"},
+                                dedup_ids=["b-1", "b-2"])  # fmt: skip
+            await producer.dpub(topic, 0.05, b"four", priority=1)
+            await producer.publish(topic, b"plain")
+            with pytest.raises(ValueError, match="priority"):
+                await producer.publish(topic, b"x", priority=10)
+            with pytest.raises(ValueError, match="one id per message"):
+                await producer.mpub(topic, [b"x", b"y"], dedup_ids=["only-one"])
+        async with Consumer(topic, "c", address, handler=handler, max_in_flight=10):
+            await done.wait()
+
+    run(backend, main)
+    assert sorted(got) == sorted([
+        (b"one", {"trace": "t-1"}, 7),
+        (b"two", {"batch": "b"}, 0),
+        (b"three", {"batch": "b"}, 0),
+        (b"four", {}, 1),
+        (b"plain", {}, 0),
+    ])  # fmt: skip

@@ -185,3 +185,25 @@ def test_run_gives_up_after_max_attempts(lmqd_server: LmqdProcess) -> None:
     assert [body for body, _ in attempts if body != b"bad"] == [b"good", b"last"]
     stats = consumer.statistics()
     assert (stats.given_up, stats.requeued, stats.finished) == (1, 2, 3)
+
+
+def test_blocking_clients_publish_and_consume_lmq_fields(lmqd_server: LmqdProcess) -> None:
+    address = lmqd_server.tcp_address
+    with Producer(address, timeout=5) as producer:
+        producer.publish("fields", b"a", headers={"k": "v"}, priority=3, ttl=30.0)
+        producer.mpub("fields", [b"b", b"c"], priority=2, dedup_ids=[b"1", b"2"])
+        producer.dpub("fields", 10, b"d", headers={"late": "yes"})
+        producer.publish("fields", b"e")
+        with pytest.raises(ValueError, match="ttl"):
+            producer.publish("fields", b"x", ttl=0)
+    got = {}
+    with Consumer("fields", "c", address, max_in_flight=10, timeout=5) as consumer:
+        for _ in range(5):
+            m = consumer.get(timeout=5)
+            assert m is not None
+            got[m.body] = (m.headers, m.priority)
+            m.finish()
+    assert got == {
+        b"a": ({"k": "v"}, 3), b"b": ({}, 2), b"c": ({}, 2), b"d": ({"late": "yes"}, 0),
+        b"e": ({}, 0),
+    }  # fmt: skip
