@@ -193,6 +193,8 @@ class Channel:
         self._dead_letter_sink = dead_letter
         self._wall_clock = wall_clock
         self._screening = False
+        self._message_ttls = False
+        """Some message of the topic has its own TTL (lmq's extension): screened too."""
         """Whether delivery looks at each message taken (a TTL or ``max_attempts`` is set)."""
         self._expired_seen = False
         """A message taken had expired: the next take skips the expired backlog in the log."""
@@ -916,8 +918,15 @@ class Channel:
         self.ttl_ns = ttl_ms * 1_000_000
         self._update_screening()
 
+    def note_message_ttls(self) -> None:
+        """The topic took a message with its own ``ttl_ms`` (lmq's extension): from now on the
+        channel screens messages for it too (until then it costs nothing)."""
+        if not self._message_ttls:
+            self._message_ttls = True
+            self._update_screening()
+
     def _update_screening(self) -> None:
-        self._screening = bool(self.ttl_ns or self.policy.max_attempts)
+        self._screening = bool(self.ttl_ns or self.policy.max_attempts or self._message_ttls)
         if not self.ttl_ns:
             self._expired_seen = False
 
@@ -971,6 +980,18 @@ class Channel:
                 self._expired_seen = True
                 self._give_up(expired, REASON_EXPIRED, now)
                 messages = [m for m in messages if m.timestamp >= cutoff]
+        if self._message_ttls:
+            # A message's own TTL (lmq's extension) beside the topic's: the shorter wins.
+            wall = self._wall_clock()
+            expired = [
+                m for m in messages
+                if m.ext is not None and m.ext.ttl_ms
+                and m.timestamp < wall - m.ext.ttl_ms * 1_000_000
+            ]  # fmt: skip
+            if expired:
+                gone = set(map(id, expired))
+                self._give_up(expired, REASON_EXPIRED, now)
+                messages = [m for m in messages if id(m) not in gone]
         if limit:
             messages = self._give_up_exhausted(messages, now)
         return messages

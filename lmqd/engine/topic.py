@@ -139,6 +139,9 @@ class Topic:
         self._clock = clock
         self.policy_settings: dict[str, PolicyValue] = {}
         """The topic's own policy keys (``policy.py``), persisted with the metadata."""
+        self.message_ttls = False
+        """A message with its own ``ttl_ms`` (lmq's extension) was published in this run: every
+        channel screens for it (``Channel.note_message_ttls``)."""
         self.policy = TopicPolicy.effective(options, {})
         """The effective policy: the daemon's defaults, then ``policy_settings``."""
         self.publish_counters = PublishCounters()
@@ -223,6 +226,10 @@ class Topic:
         if exts is not None:
             for m, ext in zip(messages, exts, strict=True):
                 m.ext = ext
+            if not self.message_ttls and any(e is not None and e.ttl_ms for e in exts):
+                self.message_ttls = True
+                for channel in self.channels.values():
+                    channel.note_message_ttls()
         self._put(messages, sum(map(len, bodies)), deliver_at > 0)
         return messages
 
@@ -473,6 +480,8 @@ class Topic:
             on_paused_changed=self._metadata_changed,
         )
         channel.set_ttl(self.policy.ttl_ms)
+        if self.message_ttls:
+            channel.note_message_ttls()
         self.channels[name] = channel
         self._metadata = None
         log.info("TOPIC(%s): new channel(%s)", self.name, name)

@@ -25,6 +25,7 @@ from lmqd.engine.backend import BackendError, MemoryBackend, Syncable
 from lmqd.engine.channel import DEAD_LETTER_RETRY_S, SCREEN_BUDGET, SCREEN_CHUNK, Channel
 from lmqd.engine.topic import Topic
 from lmqd.message import GuidFactory, Message
+from lmqd.message_ext import MessageExt
 from lmqd.options import Options
 from lmqd.storage import AnchoredTimeBase, TopicLog
 
@@ -452,3 +453,49 @@ async def test_ttl_holds_across_a_restart(tmp_path: Path, autojump_clock: trio.a
             assert sorted(m.body for m in client.received) == [b"new-1", b"new-2"]
             assert channel.expired_count == 3
             again.close()
+
+
+# -- a message's own TTL (lmq's extension) --------------------------------------------------------
+
+
+async def test_a_messages_own_ttl_and_the_topics_the_shorter_wins(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    with trio.fail_after(TIMEOUT):
+        topic = make_topic()
+        topic.set_policy({"ttl_ms": 10_000})
+        async with trio.open_nursery() as nursery:
+            await nursery.start(topic.run)
+            channel = topic.get_channel("c")
+            now = trio.current_time()
+            topic.publish([b"plain"], now)  # the topic's 10 s
+            topic.publish([b"short", b"long"], now,
+                          exts=[MessageExt(ttl_ms=2000), MessageExt(ttl_ms=60_000)])  # fmt: skip
+            await trio.sleep(3)  # "short" is 3 s old: past its own 2 s
+            client = Client(1, ready=10)
+            client.subscribe(channel)
+            await settle()
+            assert sorted(m.body for m in client.received) == [b"long", b"plain"]
+            assert channel.expired_count == 1
+            for m in list(client.received):
+                channel.finish(client.sub, m.id, trio.current_time())  # type: ignore[arg-type]
+            topic.publish([b"long2"], trio.current_time(), exts=[MessageExt(ttl_ms=60_000)])
+            client.ready_count = 0
+            await trio.sleep(11)  # past the topic's 10 s: the shorter wins over the 60 s
+            client.ready_count = 10
+            channel.consumer_ready()
+            await settle()
+            assert sorted(m.body for m in client.received) == [b"long", b"plain"]
+            assert channel.expired_count == 2
+            topic.close()
+
+
+async def test_without_message_ttls_nothing_is_screened(autojump_clock: trio.abc.Clock) -> None:
+    topic = make_topic()
+    channel = topic.get_channel("c")
+    assert not channel._screening
+    topic.publish([b"x"], trio.current_time(), exts=[MessageExt(priority=3)])
+    assert not channel._screening  # a priority is no TTL
+    topic.publish([b"y"], trio.current_time(), exts=[MessageExt(ttl_ms=1)])
+    assert channel._screening and topic.get_channel("d")._screening
+    topic.close()
