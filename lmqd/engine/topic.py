@@ -40,6 +40,7 @@ from lmqd.engine.admission import PublishCounters, PublishGate, PublishRefused
 from lmqd.engine.backend import BackendError, BackendQueue, DummyBackend, storage_damage
 from lmqd.engine.channel import Channel, DeadLetterSink, TopicExiting
 from lmqd.engine.cursor import ChannelCursor
+from lmqd.engine.dedup import DedupWindow
 from lmqd.engine.e2e import E2eLatencyStream
 from lmqd.engine.policy import PolicyValue, TopicPolicy
 from lmqd.engine.salvage import Salvage
@@ -62,6 +63,11 @@ log = logging.getLogger("lmqd.topic")
 # delivery round per channel) vanish per message; small enough that one busy topic yields to the
 # network tasks often (a batch of 2048 takes roughly a millisecond).
 PUMP_BATCH = 2048
+
+
+DEDUP_ID_WINDOW_S = 300.0
+"""How long a topic without a ``dedup_window_ms`` remembers a dedup id: five minutes, SQS FIFO's
+deduplication interval (at most ``DEDUP_MAX_ENTRIES`` ids, oldest forgotten first)."""
 
 
 @attrs.frozen
@@ -145,6 +151,8 @@ class Topic:
         self.policy = TopicPolicy.effective(options, {})
         """The effective policy: the daemon's defaults, then ``policy_settings``."""
         self.publish_counters = PublishCounters()
+        self._id_window: DedupWindow | None = None
+        """The dedup ids (lmq's extension) accepted recently; made by the first one."""
         """What the publish policies did (kept when the policy changes)."""
         self.gate: PublishGate | None = None
         """The publish policies (``admission.py``); None when none is on: nsqd's path."""
@@ -205,7 +213,51 @@ class Topic:
             if outcome.refusal is not None:
                 raise outcome.refusal
             return outcome.messages
-        return self._publish(bodies, now, defer, exts)
+        digests: list[bytes] = []
+        if exts is not None:
+            bodies, exts, digests = self._unseen_ids(bodies, exts, now)
+            if not bodies:
+                return []
+        messages = self._publish(bodies, now, defer, exts)
+        if digests:
+            self._remember_ids(digests, now)
+        return messages
+
+    def _unseen_ids(
+        self, bodies: Sequence[bytes], exts: Sequence[MessageExt | None], now: float
+    ) -> tuple[Sequence[bytes], Sequence[MessageExt | None], list[bytes]]:
+        """lmq's dedup ids: the messages whose ``dedup_id`` the topic accepted within its dedup
+        window (``dedup_window_ms``, else ``DEDUP_ID_WINDOW_S``), or that repeat one earlier in
+        the same publish, are left out and counted (``deduplicated``); returns the rest and the
+        digests to remember once they are stored (``_remember_ids``)."""
+        if not any(e is not None and e.dedup_id for e in exts):
+            return bodies, exts, []
+        window = self._id_window
+        ms = self.policy.dedup_window_ms
+        length = ms / 1000 if ms else DEDUP_ID_WINDOW_S
+        if window is None:
+            window = self._id_window = DedupWindow(length)
+        window.window = length
+        window.expire(now)
+        pending: set[bytes] = set()
+        kept_bodies: list[bytes] = []
+        kept_exts: list[MessageExt | None] = []
+        digests: list[bytes] = []
+        for body, ext in zip(bodies, exts, strict=True):
+            if ext is not None and ext.dedup_id:
+                # Remembered in their own namespace: an id never matches a body's digest.
+                new, new_digests = window.unseen([b"\x00dedup_id:" + ext.dedup_id], pending)
+                if not new:
+                    self.publish_counters.deduplicated += 1
+                    continue
+                digests += new_digests
+            kept_bodies.append(body)
+            kept_exts.append(ext)
+        return kept_bodies, kept_exts, digests
+
+    def _remember_ids(self, digests: list[bytes], now: float) -> None:
+        if self._id_window is not None:
+            self._id_window.remember(digests, now)
 
     def _publish(
         self,
@@ -248,7 +300,13 @@ class Topic:
         nothing."""
         gate = self.gate
         if gate is None:
-            return PublishOutcome(self._publish(bodies, now, defer, exts), len(sizes))
+            return PublishOutcome(self.publish(bodies, now, defer, exts), len(sizes))
+        id_digests: list[bytes] = []
+        if exts is not None and len(sizes) == 1:  # an XPUB: alone in its run (the session)
+            bodies, exts, id_digests = self._unseen_ids(bodies, exts, now)
+            if not bodies:
+                return PublishOutcome([], 1)
+            sizes = [len(bodies)]
         if self.exiting:
             raise TopicExiting(f"topic {self.name} is exiting")
         window = gate.dedup
@@ -291,6 +349,8 @@ class Topic:
             gate.counters.deduplicated += offered - len(kept)
         if gate.drop_oldest and gate.max_depth > 0 and messages:
             gate.counters.overflow_dropped += self._drop_oldest(gate.max_depth, now)
+        if id_digests and accepted:
+            self._remember_ids(id_digests, now)
         return PublishOutcome(messages, accepted, refusal)
 
     def backlog(self) -> int:

@@ -18,6 +18,7 @@ from lmqd.engine.admission import TopicFull
 from lmqd.engine.backend import BackendQueue, MemoryBackend
 from lmqd.engine.topic import Topic
 from lmqd.message import GuidFactory
+from lmqd.message_ext import MessageExt
 from lmqd.options import Options
 from lmqd.stats import PublishPolicyStats
 from lmqd.storage import AnchoredTimeBase, TopicLog
@@ -188,3 +189,26 @@ async def test_no_policy_no_gate_no_extra_stats() -> None:
         "overflow_dropped_count", "overflow_refused_count", "rate_limited_count",
         "deduplicated_count",
     ]  # fmt: skip
+
+
+async def test_dedup_ids_within_the_window_are_enqueued_once(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """lmq's dedup ids: a publish whose id the topic accepted within its window (the default
+    five minutes without dedup_window_ms) is left out and counted; after the window, again."""
+    topic = make_topic()
+    now = trio.current_time()
+    first = topic.publish([b"a", b"b", b"a2"], now, exts=[
+        MessageExt(dedup_id=b"1"), MessageExt(dedup_id=b"2"), MessageExt(dedup_id=b"1"),
+    ])  # fmt: skip
+    assert [m.body for m in first] == [b"a", b"b"]  # the third repeats id 1 in the same publish
+    assert topic.publish([b"again"], now + 299, exts=[MessageExt(dedup_id=b"1")]) == []
+    assert topic.publish([b"same body"], now, exts=[None]) != []  # no id: not deduplicated
+    later = topic.publish([b"later"], now + 300, exts=[MessageExt(dedup_id=b"1")])
+    assert [m.body for m in later] == [b"later"]
+    assert topic.publish_counters.deduplicated == 2
+    topic.set_policy({"dedup_window_ms": 1000})  # the policy's window applies to ids too
+    assert topic.publish([b"x"], now + 300.5, exts=[MessageExt(dedup_id=b"1")]) == []
+    assert [m.body for m in topic.publish([b"y"], now + 301.5,
+                                          exts=[MessageExt(dedup_id=b"1")])] == [b"y"]  # fmt: skip
+    topic.close()

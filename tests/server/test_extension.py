@@ -147,3 +147,19 @@ async def test_headers_and_priority_survive_disk_and_a_restart(
         assert frame.body == b"kept"
         assert frame.ext == MessageExt(priority=4, headers=(("trace", "abc"),))
         await consumer.aclose()
+
+
+async def test_a_repeated_dedup_id_is_answered_ok_and_enqueued_once(
+    start_daemon: StartDaemon,
+) -> None:
+    with trio.fail_after(TIMEOUT):
+        running = await start_daemon()
+        producer = await Wire.connect(running.tcp, **NEGOTIATE)
+        for body in (b"first", b"retry of first"):
+            await producer.send(encode_xpub("t", [XpubMessage(body, MessageExt(dedup_id=b"o-1"))]))
+            assert await producer.frame() == OK
+        topic = running.broker.topics["t"]
+        assert topic.depth == 1
+        assert topic.statistics().to_dict()["topic_name"] == "t"
+        assert topic.publish_counters.deduplicated == 1
+        await producer.aclose()
