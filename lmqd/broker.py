@@ -27,7 +27,7 @@ from lmqd.engine.stores import Stores
 from lmqd.engine.syncer import DurableCallback, Syncer
 from lmqd.engine.topic import PublishOutcome, Topic
 from lmqd.message import GuidFactory, Message
-from lmqd.message_ext import MessageExt
+from lmqd.message_ext import MessageExt, dead_letter_ext
 from lmqd.options import Options
 from lmqd.stats import ClientStats, TopicStats
 from lmqd.storage import Metadata, TimeBase, metadata_path
@@ -408,7 +408,13 @@ class Broker:
         name = channel.dead_letter_topic
         topic = self.get_topic(name)
         topic.get_channel(REDRIVE_CHANNEL)
-        copies = [Message(m.id, m.body, m.timestamp, m.attempts) for m in messages]
+        copies = [
+            Message(
+                m.id, m.body, m.timestamp, m.attempts,
+                ext=dead_letter_ext(m.ext, channel.topic_name, channel.name, reason, m.attempts),
+            )
+            for m in messages
+        ]  # fmt: skip
         try:
             topic.put_many(copies)
         except BackendError as exc:

@@ -27,6 +27,7 @@ import struct
 import attrs
 
 __all__ = [
+    "DEAD_LETTER_HEADERS",
     "MAX_DEDUP_ID",
     "MAX_EXT_SIZE",
     "MAX_HEADERS",
@@ -36,6 +37,7 @@ __all__ = [
     "NO_EXT",
     "ExtError",
     "MessageExt",
+    "dead_letter_ext",
     "decode_ext",
     "encode_ext",
     "validate",
@@ -206,3 +208,32 @@ def decode_ext(data: bytes) -> MessageExt:
     if p != end:
         raise ExtError(f"{end - p} bytes after the extension block")
     return validate(MessageExt(priority, ttl_ms, dedup_id, tuple(headers)))
+
+
+DEAD_LETTER_HEADERS = ("lmq-dead-letter-topic", "lmq-dead-letter-channel",
+                       "lmq-dead-letter-reason", "lmq-dead-letter-attempts")  # fmt: skip
+"""What a dead-lettered message carries about where it came from (replacing the same keys from
+an earlier dead-lettering)."""
+
+
+def dead_letter_ext(
+    ext: MessageExt | None, topic: str, channel: str, reason: str, attempts: int
+) -> MessageExt:
+    """``ext`` (or none) with the dead-letter headers naming the source topic, channel, the
+    reason and the attempts; the priority and headers kept, the TTL and dedup id dropped (the
+    dead-letter topic's own policies apply there). If the headers would pass the bounds, the
+    message's own headers are dropped: the origin is what an operator needs."""
+    origin = (
+        (DEAD_LETTER_HEADERS[0], topic),
+        (DEAD_LETTER_HEADERS[1], channel),
+        (DEAD_LETTER_HEADERS[2], reason),
+        (DEAD_LETTER_HEADERS[3], str(attempts)),
+    )
+    kept = tuple(
+        (k, v) for k, v in (ext.headers if ext is not None else ()) if k not in DEAD_LETTER_HEADERS
+    )
+    priority = ext.priority if ext is not None else 0
+    try:
+        return validate(MessageExt(priority, 0, b"", kept + origin))
+    except ExtError:
+        return MessageExt(priority, 0, b"", origin)

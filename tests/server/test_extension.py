@@ -16,7 +16,8 @@ import trio
 from lmqd.message_ext import MessageExt, encode_ext
 from lmqd.protocol import Error, MessageFrame
 from lmqd.protocol.extension import XpubMessage, encode_xpub
-from tests.support.daemon import StartDaemon
+from tests.support.daemon import StartDaemon, eventually
+from tests.support.http import http
 from tests.support.rawbytes import NsqSocket, identify, rdy, sub
 from tests.support.wire import OK, Wire
 
@@ -163,3 +164,35 @@ async def test_a_repeated_dedup_id_is_answered_ok_and_enqueued_once(
         assert topic.statistics().to_dict()["topic_name"] == "t"
         assert topic.publish_counters.deduplicated == 1
         await producer.aclose()
+
+
+async def test_a_dead_lettered_message_names_where_it_came_from(
+    start_daemon: StartDaemon,
+) -> None:
+    with trio.fail_after(TIMEOUT):
+        running = await start_daemon(http=True)
+        consumer = await Wire.connect(running.tcp, **NEGOTIATE)
+        await consumer.sub("t", "c")
+        channel = running.broker.topics["t"].channels["c"]
+        channel.set_policy({"max_attempts": 1, "dead_letter_topic": "t.dead"})
+        await _xpub(running.tcp, "t", [XpubMessage(b"bad", EXT)])
+        await consumer.rdy(1)
+        frame = await consumer.frame()
+        assert isinstance(frame, MessageFrame) and frame.body == b"bad"
+        await consumer.req(frame.id, 0)  # out of attempts: dead-lettered
+        await eventually(lambda: "t.dead" in running.broker.topics
+                          and running.broker.topics["t.dead"].depth + sum(
+                              c.depth for c in running.broker.topics["t.dead"].channels.values()
+                          ) > 0)  # fmt: skip
+        answer = await http(running.http, "GET", "/peek?topic=t.dead&channel=lmq.redrive")
+        [message] = answer.json()["messages"]
+        assert (message["body"], message["priority"]) == ("bad", 4)
+        assert message["headers"] == {
+            "trace": "abc",
+            "lmq-dead-letter-topic": "t",
+            "lmq-dead-letter-channel": "c",
+            "lmq-dead-letter-reason": message["headers"]["lmq-dead-letter-reason"],
+            "lmq-dead-letter-attempts": "1",
+        }
+        assert message["headers"]["lmq-dead-letter-reason"]
+        await consumer.aclose()
