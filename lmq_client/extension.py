@@ -10,13 +10,22 @@ error. Consumed messages carry the headers and priority the daemon sends in fram
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from lmq_client.errors import LmqClientError
 from lmqd.message_ext import ExtError, MessageExt, validate
+from lmqd.protocol import Dpub, Mpub, Pub
 from lmqd.protocol.extension import EXT_VERSION, IDENTIFY_KEY, XpubMessage, encode_xpub
 
-__all__ = ["IDENTIFY_FIELDS", "message_ext", "negotiated", "require_extension", "xpub_command"]
+__all__ = [
+    "IDENTIFY_FIELDS",
+    "Fields",
+    "message_ext",
+    "negotiated",
+    "publish_command",
+    "require_extension",
+    "xpub_command",
+]
 
 IDENTIFY_FIELDS: dict[str, Any] = {IDENTIFY_KEY: EXT_VERSION}
 """What every lmq client adds to its IDENTIFY."""
@@ -87,3 +96,34 @@ def xpub_command(
             exts.append(MessageExt(base.priority, base.ttl_ms, one.dedup_id, base.headers))
     return encode_xpub(topic, [XpubMessage(b, e) for b, e in zip(bodies, exts, strict=True)],
                        defer_ms)  # fmt: skip
+
+
+class Fields(TypedDict, total=False):
+    """lmq's per-message fields as the producers' keyword arguments."""
+
+    headers: Mapping[str, str] | None
+    priority: int | None
+    ttl: float | None
+
+
+def publish_command(
+    topic: str,
+    bodies: Sequence[bytes],
+    *,
+    single: bool,
+    defer_ms: int | None = None,
+    dedup_ids: Sequence[str | bytes] | None = None,
+    **fields: Unpack[Fields],
+) -> tuple[bytes, bool]:
+    """The command that publishes ``bodies`` and whether it needs the extension: nsqd's PUB
+    (``single``), MPUB or DPUB (``defer_ms``) when no lmq field is given, else an XPUB. The
+    producers' one rule (``lmq_client.producer``, ``lmq_client.sync``); ``ValueError`` for a
+    field out of bounds."""
+    ext = message_ext(**fields)
+    if ext is None and dedup_ids is None:
+        if defer_ms is not None:
+            return Dpub(topic=topic, defer_ms=defer_ms, body=bodies[0]).encode(), False
+        if single:
+            return Pub(topic=topic, body=bodies[0]).encode(), False
+        return Mpub(topic=topic, bodies=list(bodies)).encode(), False
+    return xpub_command(topic, bodies, ext, dedup_ids=dedup_ids, defer_ms=defer_ms), True

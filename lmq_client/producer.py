@@ -13,9 +13,9 @@ last (failover, as when one of several daemons is down).
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, Unpack
 
 import anyio
 from anyio.abc import TaskGroup
@@ -23,9 +23,8 @@ from anyio.abc import TaskGroup
 from lmq_client._util import address_list, check_name
 from lmq_client.connection import Connection, StreamOpener, open_tcp_stream
 from lmq_client.errors import ConnectionFailed, LmqClientError, all_addresses_failed
-from lmq_client.extension import message_ext, require_extension, xpub_command
+from lmq_client.extension import Fields, publish_command, require_extension
 from lmq_client.transport import PLAIN, TransportOptions
-from lmqd.protocol import Dpub, Mpub, Pub
 
 __all__ = ["Producer"]
 
@@ -150,42 +149,32 @@ class Producer:
         topic: str,
         body: bytes,
         *,
-        headers: Mapping[str, str] | None = None,
-        priority: int | None = None,
-        ttl: float | None = None,
         dedup_id: str | bytes | None = None,
+        **fields: Unpack[Fields],
     ) -> None:
         """PUB one message; returns once the daemon answered ``OK``. With lmq's per-message
         fields (``headers``, ``priority`` 0-9, ``ttl`` in seconds, ``dedup_id``;
         ``lmq_client.extension``) it is an XPUB, which only lmqd takes."""
         check_name("topic", topic)
-        ext = message_ext(headers=headers, priority=priority, ttl=ttl, dedup_id=dedup_id)
-        if ext is None:
-            await self._send(Pub(topic=topic, body=body).encode())
-        else:
-            await self._send(xpub_command(topic, [body], ext), extension=True)
+        ids = None if dedup_id is None else [dedup_id]
+        command, ext = publish_command(topic, [body], single=True, dedup_ids=ids, **fields)
+        await self._send(command, extension=ext)
 
     async def mpub(
         self,
         topic: str,
         bodies: Sequence[bytes],
         *,
-        headers: Mapping[str, str] | None = None,
-        priority: int | None = None,
-        ttl: float | None = None,
         dedup_ids: Sequence[str | bytes] | None = None,
+        **fields: Unpack[Fields],
     ) -> None:
         """MPUB: publish several messages atomically (all stored, or none); lmq's fields apply
         to every message, ``dedup_ids`` gives each its own (an XPUB, as ``publish``)."""
         check_name("topic", topic)
         if not bodies:
             raise ValueError("mpub needs at least one message")
-        ext = message_ext(headers=headers, priority=priority, ttl=ttl)
-        if ext is None and dedup_ids is None:
-            await self._send(Mpub(topic=topic, bodies=list(bodies)).encode())
-        else:
-            command = xpub_command(topic, bodies, ext, dedup_ids=dedup_ids)
-            await self._send(command, extension=True)
+        command, ext = publish_command(topic, bodies, single=False, dedup_ids=dedup_ids, **fields)
+        await self._send(command, extension=ext)
 
     async def dpub(
         self,
@@ -193,21 +182,17 @@ class Producer:
         delay: float,
         body: bytes,
         *,
-        headers: Mapping[str, str] | None = None,
-        priority: int | None = None,
-        ttl: float | None = None,
         dedup_id: str | bytes | None = None,
+        **fields: Unpack[Fields],
     ) -> None:
         """DPUB: publish one message that is delivered ``delay`` seconds from now (lmq's fields
         as ``publish``)."""
         check_name("topic", topic)
-        defer_ms = round(delay * 1000)
-        ext = message_ext(headers=headers, priority=priority, ttl=ttl, dedup_id=dedup_id)
-        if ext is None:
-            await self._send(Dpub(topic=topic, defer_ms=defer_ms, body=body).encode())
-        else:
-            command = xpub_command(topic, [body], ext, defer_ms=defer_ms)
-            await self._send(command, extension=True)
+        ids = None if dedup_id is None else [dedup_id]
+        command, ext = publish_command(
+            topic, [body], single=True, defer_ms=round(delay * 1000), dedup_ids=ids, **fields
+        )
+        await self._send(command, extension=ext)
 
     async def _send(self, command: bytes, *, extension: bool = False) -> None:
         conn = await self.connect()

@@ -30,9 +30,9 @@ import select
 import socket
 import ssl
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, Unpack
 
 from lmq_client._util import (
     address_list,
@@ -48,7 +48,7 @@ from lmq_client.errors import (
     all_addresses_failed,
     error_from_frame,
 )
-from lmq_client.extension import message_ext, require_extension, xpub_command
+from lmq_client.extension import Fields, publish_command, require_extension
 from lmq_client.lookupd import (
     DEFAULT_POLL_INTERVAL,
     DEFAULT_POLL_JITTER,
@@ -72,12 +72,9 @@ from lmqd.protocol import (
     Auth,
     ClientConnection,
     Cls,
-    Dpub,
     Error,
     MessageFrame,
-    Mpub,
     Nop,
-    Pub,
     Rdy,
     Response,
     Sub,
@@ -391,42 +388,32 @@ class Producer:
         topic: str,
         body: bytes,
         *,
-        headers: Mapping[str, str] | None = None,
-        priority: int | None = None,
-        ttl: float | None = None,
         dedup_id: str | bytes | None = None,
+        **fields: Unpack[Fields],
     ) -> None:
         """PUB one message; returns when the daemon answered OK. With lmq's per-message fields
         (``headers``, ``priority`` 0-9, ``ttl`` in seconds, ``dedup_id``; ``lmq_client.extension``)
         it is an XPUB, which only lmqd takes."""
         check_name("topic", topic)
-        ext = message_ext(headers=headers, priority=priority, ttl=ttl, dedup_id=dedup_id)
-        if ext is None:
-            self._command(Pub(topic=topic, body=body).encode())
-        else:
-            self._command(xpub_command(topic, [body], ext), extension=True)
+        ids = None if dedup_id is None else [dedup_id]
+        command, ext = publish_command(topic, [body], single=True, dedup_ids=ids, **fields)
+        self._command(command, extension=ext)
 
     def mpub(
         self,
         topic: str,
         bodies: Sequence[bytes],
         *,
-        headers: Mapping[str, str] | None = None,
-        priority: int | None = None,
-        ttl: float | None = None,
         dedup_ids: Sequence[str | bytes] | None = None,
+        **fields: Unpack[Fields],
     ) -> None:
         """MPUB: several messages, stored atomically (all or none); lmq's fields apply to every
         message, ``dedup_ids`` gives each its own (an XPUB, as ``publish``)."""
         check_name("topic", topic)
         if not bodies:
             raise ValueError("mpub needs at least one message")
-        ext = message_ext(headers=headers, priority=priority, ttl=ttl)
-        if ext is None and dedup_ids is None:
-            self._command(Mpub(topic=topic, bodies=list(bodies)).encode())
-        else:
-            command = xpub_command(topic, bodies, ext, dedup_ids=dedup_ids)
-            self._command(command, extension=True)
+        command, ext = publish_command(topic, bodies, single=False, dedup_ids=dedup_ids, **fields)
+        self._command(command, extension=ext)
 
     def dpub(
         self,
@@ -434,20 +421,17 @@ class Producer:
         delay_ms: int,
         body: bytes,
         *,
-        headers: Mapping[str, str] | None = None,
-        priority: int | None = None,
-        ttl: float | None = None,
         dedup_id: str | bytes | None = None,
+        **fields: Unpack[Fields],
     ) -> None:
         """DPUB: one message delivered ``delay_ms`` milliseconds from now (lmq's fields as
         ``publish``)."""
         check_name("topic", topic)
-        ext = message_ext(headers=headers, priority=priority, ttl=ttl, dedup_id=dedup_id)
-        if ext is None:
-            self._command(Dpub(topic=topic, defer_ms=delay_ms, body=body).encode())
-        else:
-            command = xpub_command(topic, [body], ext, defer_ms=delay_ms)
-            self._command(command, extension=True)
+        ids = None if dedup_id is None else [dedup_id]
+        command, ext = publish_command(
+            topic, [body], single=True, defer_ms=delay_ms, dedup_ids=ids, **fields
+        )
+        self._command(command, extension=ext)
 
     def _connection(self) -> _SocketConnection:
         conn = self._conn

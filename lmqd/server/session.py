@@ -432,36 +432,9 @@ class Session:
                     self._touch(msg_id, now)
                 case Nop():
                     pass
-                case Dpub(topic=topic, defer_ms=defer_ms, body=body):
-                    if self.hold_publishes:
-                        self._wait(events, event, BACKPRESSURE, after=False)
+                case Dpub() | Xpub():
+                    if not self._publish_alone(event, events, now):
                         return
-                    if self.auth_enabled and not self._auth_checked("DPUB", topic, None, now):
-                        self._wait(events, event, self._refresh("DPUB", topic), after=False)
-                        return
-                    gate = self.broker.publish_gate(topic)
-                    if gate is not None:
-                        if not self._publish_gated(gate, topic, [event], events, now):
-                            return
-                        continue
-                    self._publish("DPUB", topic, [body], defer_ms / 1000)
-                    self._write_oks("DPUB", topic, 1)
-                case Xpub(topic=topic, messages=messages, defer_ms=defer_ms):
-                    if self.hold_publishes:
-                        self._wait(events, event, BACKPRESSURE, after=False)
-                        return
-                    if self.auth_enabled and not self._auth_checked("XPUB", topic, None, now):
-                        self._wait(events, event, self._refresh("XPUB", topic), after=False)
-                        return
-                    gate = self.broker.publish_gate(topic)
-                    if gate is not None:
-                        if not self._publish_gated(gate, topic, [event], events, now):
-                            return
-                        continue
-                    bodies = [m.body for m in messages]
-                    exts = [m.ext if m.ext != NO_EXT else None for m in messages]
-                    self._publish("XPUB", topic, bodies, defer_ms / 1000, exts)
-                    self._write_oks("XPUB", topic, 1)
                 case Sub(topic=topic, channel=channel):
                     if self.auth_enabled and not self._auth_checked("SUB", topic, channel, now):
                         wait = self._refresh("SUB", topic, channel)
@@ -484,6 +457,29 @@ class Session:
                 case _:
                     raise AssertionError(f"unhandled event {event!r}")
         flush()
+
+    def _publish_alone(self, event: Dpub | Xpub, events: Sequence[Event], now: float) -> bool:
+        """A DPUB or an XPUB, applied by itself (runs of PUB/MPUB are coalesced elsewhere);
+        False once the session waits (backpressure, auth, a rate limit's tokens)."""
+        kind = _kind(event)
+        topic = event.topic
+        if self.hold_publishes:
+            self._wait(events, event, BACKPRESSURE, after=False)
+            return False
+        if self.auth_enabled and not self._auth_checked(kind, topic, None, now):
+            self._wait(events, event, self._refresh(kind, topic), after=False)
+            return False
+        gate = self.broker.publish_gate(topic)
+        if gate is not None:
+            return self._publish_gated(gate, topic, [event], events, now)
+        if isinstance(event, Dpub):
+            self._publish(kind, topic, [event.body], event.defer_ms / 1000)
+        else:
+            bodies = [m.body for m in event.messages]
+            exts = [m.ext if m.ext != NO_EXT else None for m in event.messages]
+            self._publish(kind, topic, bodies, event.defer_ms / 1000, exts)
+        self._write_oks(kind, topic, 1)
+        return True
 
     def _publish(
         self,
