@@ -14,7 +14,6 @@ frames plus their joined copy in the stuck connection's output.
 from __future__ import annotations
 
 import json
-import threading
 import time
 import urllib.request
 
@@ -22,12 +21,9 @@ import pytest
 
 from tests.support.process import LmqdProcess
 from tests.support.rawbytes import (
-    FRAME_MESSAGE,
-    ConnectionClosed,
+    FinningConsumer,
     NsqSocket,
     assert_daemon_serves,
-    decode_message,
-    fin,
     mpub,
     rdy,
     unique,
@@ -48,34 +44,6 @@ PEAK_RSS_BOUND = 200 * MiB
 TEST_LIMIT_S = 25.0  # under the 30 s write deadline after which the stuck client is dropped
 
 
-class Reader(threading.Thread):
-    """Reads and FINs everything on its channel; records each body's first 8 bytes."""
-
-    def __init__(self, address: str, topic: str, channel: str) -> None:
-        super().__init__(name="reader", daemon=True)
-        self.conn = NsqSocket(address, timeout=20)
-        self.conn.subscribe(topic, channel, ready=50)
-        self.seen: set[bytes] = set()
-        self.error: BaseException | None = None
-        self.stop = threading.Event()
-
-    def run(self) -> None:
-        try:
-            while not self.stop.is_set():
-                try:
-                    frame = self.conn.read_frame(timeout=0.5)
-                except TimeoutError:
-                    continue
-                if frame.type != FRAME_MESSAGE:
-                    continue
-                message = decode_message(frame.data)
-                self.seen.add(message.body[:8])
-                self.conn.send(fin(message.id))
-        except (ConnectionClosed, OSError) as exc:
-            if not self.stop.is_set():
-                self.error = exc
-
-
 def channel_stats(server: LmqdProcess, topic: str, channel: str) -> dict[str, int]:
     url = f"http://{server.http_address}/stats?format=json&topic={topic}"
     with urllib.request.urlopen(url, timeout=5) as response:
@@ -92,7 +60,7 @@ def test_big_messages_to_a_subscriber_that_never_reads_stay_within_the_byte_boun
     topic = unique("big")
     stuck = NsqSocket(address, rcvbuf=4096)
     stuck.subscribe(topic, "stuck", ready=0)  # its channel keeps every message from now on
-    reader = Reader(address, topic, "fast")
+    reader = FinningConsumer(address, topic, "fast", ready=50, prefix=8)
     reader.start()
     publisher = NsqSocket(address, timeout=20)
     time.sleep(0.3)  # both subscriptions are in place before the first message
@@ -106,9 +74,9 @@ def test_big_messages_to_a_subscriber_that_never_reads_stay_within_the_byte_boun
         # A whole backlog and a big window: one delivery round could take all 300 messages.
         stuck.send(rdy(STUCK_RDY))  # and never read again
         expected = {b"%08d" % n for n in range(MESSAGES)}
-        while reader.seen != expected and reader.error is None:
+        while reader.bodies != expected and reader.error is None:
             assert time.monotonic() - start < TEST_LIMIT_S, (
-                f"the other consumer got {len(reader.seen)} of {MESSAGES} in {TEST_LIMIT_S}s"
+                f"the other consumer got {len(reader.bodies)} of {MESSAGES} in {TEST_LIMIT_S}s"
             )
             time.sleep(0.1)
         assert reader.error is None, reader.error

@@ -13,19 +13,15 @@ from __future__ import annotations
 
 import socket
 import struct
-import threading
 import time
 
 import pytest
 
 from tests.support.process import LmqdProcess
 from tests.support.rawbytes import (
-    FRAME_MESSAGE,
-    ConnectionClosed,
+    FinningConsumer,
     NsqSocket,
     assert_daemon_serves,
-    decode_message,
-    fin,
     mpub,
     pub,
     rdy,
@@ -49,34 +45,6 @@ BATCHES_PER_SECOND = 20
 SLOW_CONSUMER_RSS_BOUND = 96 * MiB
 
 
-class FastConsumer(threading.Thread):
-    """Reads and FINs everything on its channel, as fast as it can."""
-
-    def __init__(self, address: str, topic: str, channel: str) -> None:
-        super().__init__(name="fast-consumer", daemon=True)
-        self.conn = NsqSocket(address, timeout=20)
-        self.conn.subscribe(topic, channel, ready=2500)
-        self.bodies: set[bytes] = set()
-        self.error: BaseException | None = None
-        self.stop = threading.Event()
-
-    def run(self) -> None:
-        try:
-            while not self.stop.is_set():
-                try:
-                    frame = self.conn.read_frame(timeout=0.5)
-                except TimeoutError:
-                    continue
-                if frame.type != FRAME_MESSAGE:
-                    continue
-                message = decode_message(frame.data)
-                self.bodies.add(message.body[:4])
-                self.conn.send(fin(message.id))
-        except (ConnectionClosed, OSError) as exc:
-            if not self.stop.is_set():
-                self.error = exc
-
-
 @pytest.mark.lmqd_args("--msg-timeout=500ms", f"--mem-queue-size={STUCK_RDY}")
 def test_subscriber_that_never_reads_is_stalled_or_dropped(lmqd_server: LmqdProcess) -> None:
     address = lmqd_server.tcp_address
@@ -87,7 +55,7 @@ def test_subscriber_that_never_reads_is_stalled_or_dropped(lmqd_server: LmqdProc
 
     stuck = NsqSocket(address, rcvbuf=4096)
     stuck.send(sub(topic, stuck_channel) + rdy(STUCK_RDY))  # and never read again
-    fast = FastConsumer(address, topic, "fast")
+    fast = FinningConsumer(address, topic, "fast", ready=2500, prefix=4)
     fast.start()
     publisher = NsqSocket(address, timeout=20)
     time.sleep(0.3)  # both subscriptions are in place before the first message

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import socket
 import struct
+import threading
 import time
 import uuid
 from typing import Any, NamedTuple
@@ -219,3 +220,37 @@ def assert_daemon_serves(address: str, *, timeout: float = 5.0) -> None:
         assert message.body == body
         assert message.attempts == 1
         consumer.send(fin(message.id))
+
+
+class FinningConsumer(threading.Thread):
+    """A consumer thread on a raw socket that reads and FINs everything on its channel, as fast
+    as it can, noting the first ``prefix`` bytes of each body in ``bodies`` (bodies made to be
+    told apart by their start); ``error`` holds what ended it early. ``stop`` it, ``join`` it,
+    then close ``conn``."""
+
+    def __init__(
+        self, address: str, topic: str, channel: str, *, ready: int, prefix: int
+    ) -> None:
+        super().__init__(name=f"finning-consumer-{channel}", daemon=True)
+        self.conn = NsqSocket(address, timeout=20)
+        self.conn.subscribe(topic, channel, ready=ready)
+        self.prefix = prefix
+        self.bodies: set[bytes] = set()
+        self.error: BaseException | None = None
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        try:
+            while not self.stop.is_set():
+                try:
+                    frame = self.conn.read_frame(timeout=0.5)
+                except TimeoutError:
+                    continue
+                if frame.type != FRAME_MESSAGE:
+                    continue
+                message = decode_message(frame.data)
+                self.bodies.add(message.body[: self.prefix])
+                self.conn.send(fin(message.id))
+        except (ConnectionClosed, OSError) as exc:
+            if not self.stop.is_set():
+                self.error = exc
