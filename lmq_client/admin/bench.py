@@ -81,6 +81,10 @@ class BenchConfig:
     incompressible: bool = False
     """Random bodies, all different (one pool of ``INCOMPRESSIBLE_POOL`` per writer), instead of
     one repeated ``x`` padding: what snappy and deflate cost when they cannot shrink anything."""
+    headers: int = 0
+    """lmq: this many small headers on every message (``h0: v0`` ...), published with XPUB."""
+    dedup_ids: bool = False
+    """lmq: a distinct dedup id on every message (writer, sequence), published with XPUB."""
 
 
 INCOMPRESSIBLE_POOL = 4096
@@ -168,10 +172,13 @@ def _writer_main(
 async def _write(
     config: BenchConfig, index: int, quota: int | None, published: Any
 ) -> tuple[float, float, int, float]:
+    from lmq_client.extension import message_ext, xpub_command
     from lmq_client.producer import Producer
     from lmqd.protocol import Mpub
 
     address = config.tcp[index % len(config.tcp)]
+    ext = message_ext(headers={f"h{k}": f"v{k}" for k in range(config.headers)}) \
+        if config.headers else None  # fmt: skip
     pad = b"x" * (config.size - _STAMP.size)
     pool: list[bytes] = []
     if config.incompressible:
@@ -194,7 +201,11 @@ async def _write(
                 bodies = [stamp + p for p in pads]
             else:
                 bodies = [stamp + pad] * n
-            command = Mpub(topic=config.topic, bodies=bodies).encode()
+            if ext is None and not config.dedup_ids:
+                command = Mpub(topic=config.topic, bodies=bodies).encode()
+            else:
+                ids = [b"%d-%d" % (index, sent + k) for k in range(n)] if config.dedup_ids else None
+                command = xpub_command(config.topic, bodies, ext, dedup_ids=ids)
             in_flight.append((conn.command(command), n))
             sent += n
             if len(in_flight) >= config.pipeline:

@@ -738,6 +738,11 @@ async def _hint(settings: Settings, topic: str, channel: str) -> None:
 @click.option("--incompressible", is_flag=True,
               help="Random, all different bodies (default: one repeated body; measures "
                    "--snappy/--deflate at their worst).")
+@click.option("--headers", "header_count", default=0, show_default=True,
+              type=click.IntRange(0, 64), metavar="N",
+              help="lmq: N small headers on every message (XPUB; lmqd only).")
+@click.option("--dedup-ids", is_flag=True,
+              help="lmq: a distinct dedup id on every message (XPUB; lmqd only).")
 @click.option("--keep-topic", is_flag=True, help="Don't delete the bench topic afterwards.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress display.")
 @json_option
@@ -757,6 +762,8 @@ def bench(
     count: int | None,
     pipeline: int,
     incompressible: bool,
+    header_count: int,
+    dedup_ids: bool,
     keep_topic: bool,
     quiet: bool,
 ) -> None:
@@ -779,6 +786,7 @@ def bench(
         writers=writers, readers=readers, batch_size=batch_size, rdy=rdy, size=size,
         duration=duration, count=count, pipeline=pipeline, timeout=settings.timeout,
         transport=settings.transport, lookupd=settings.lookupd, incompressible=incompressible,
+        headers=header_count, dedup_ids=dedup_ids,
     )
     console = make_console(err=True)
     report = run_bench(config, console=None if quiet or not console.is_terminal else console)

@@ -79,6 +79,7 @@ def parse_xpub_body(body: bytes, *, max_msg_size: int) -> list[XpubMessage]:
     if count <= 0 or count > (end - 4) // 8:
         raise ExtError(f"invalid message count {count}")
     out: list[XpubMessage] = []
+    decoded: dict[bytes, MessageExt] = {}  # identical blocks (an MPUB's) decoded once
     p = 4
     for i in range(count):
         if p + 2 > end:
@@ -87,10 +88,13 @@ def parse_xpub_body(body: bytes, *, max_msg_size: int) -> list[XpubMessage]:
         p += 2
         if p + n + 4 > end:
             raise ExtError(f"message {i}: truncated")
-        try:
-            ext = decode_ext(body[p : p + n])
-        except ExtError as exc:
-            raise ExtError(f"message {i}: {exc}") from None
+        raw = body[p : p + n]
+        ext = decoded.get(raw)
+        if ext is None:
+            try:
+                ext = decoded[raw] = decode_ext(raw)
+            except ExtError as exc:
+                raise ExtError(f"message {i}: {exc}") from None
         p += n
         size = _I32.unpack_from(body, p)[0]
         p += 4

@@ -86,6 +86,7 @@ def ext_message_frame_parts(msgs: Iterable[Message], parts: list[bytes]) -> int:
     append = parts.append
     pack = _MESSAGE_HEAD.pack
     size = 0
+    blocks: dict[int, bytes] = {}  # per extension object: a batch's messages often share one
     for msg in msgs:
         body = msg.body
         ext = msg.ext
@@ -95,7 +96,10 @@ def ext_message_frame_parts(msgs: Iterable[Message], parts: list[bytes]) -> int:
                 pack(frame_size, FRAME_TYPE_MESSAGE, msg.timestamp, msg.attempts & 0xFFFF, msg.id)
             )
         else:
-            block = encode_ext(MessageExt(priority=ext.priority, headers=ext.headers))
+            block = blocks.get(id(ext))
+            if block is None:
+                visible = MessageExt(priority=ext.priority, headers=ext.headers)
+                block = blocks[id(ext)] = encode_ext(visible, check=False)
             frame_size = len(body) + _MESSAGE_OVERHEAD + 2 + len(block)
             append(
                 pack(

@@ -143,14 +143,20 @@ def _messages(
     extension block that does not decode, which only a writer bug could store under a matching
     CRC, is dropped and the message kept)."""
     msgs: list[Message] = []
+    decoded: dict[bytes, MessageExt | None] = {}  # a batch's messages often share one block
     for k, r in enumerate(records):
         deliver_at = from_wall_ns(r.deliver_after_ns) if r.deliver_after_ns else 0.0
         ext: MessageExt | None = None
-        if r.headers is not None:
-            try:
-                ext = decode_ext(r.headers)
-            except ExtError:
-                ext = None
+        raw = r.headers
+        if raw is not None:
+            if raw in decoded:
+                ext = decoded[raw]
+            else:
+                try:
+                    ext = decode_ext(raw)
+                except ExtError:
+                    ext = None
+                decoded[raw] = ext
         if ack_mode:
             m: Message = StoredMessage(
                 r.id, r.body, r.timestamp, r.attempts, deliver_at, token=token + k

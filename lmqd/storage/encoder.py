@@ -132,12 +132,17 @@ def encode_options(messages: Sequence[Message]) -> list[bytes] | None:
     if not any(map(_ext, messages)):
         return None
     out: list[bytes] = []
+    blocks: dict[int, bytes] = {}  # per extension object: a publish's messages often share one
     for m in messages:
-        if m.ext is None:
+        ext = m.ext
+        if ext is None:
             out.append(_NO_OPTIONS)
-        else:
-            block = encode_ext(m.ext)
-            out.append(_EXT_OPTION + U32.pack(len(block)) + block)
+            continue
+        option = blocks.get(id(ext))
+        if option is None:
+            block = encode_ext(ext, check=False)
+            option = blocks[id(ext)] = _EXT_OPTION + U32.pack(len(block)) + block
+        out.append(option)
     return out
 
 
