@@ -35,7 +35,7 @@ from lmqd import NSQD_COMPAT_VERSION
 from lmqd.engine.admission import RateLimited, TopicFull
 from lmqd.engine.backend import BackendError
 from lmqd.engine.topic import Topic, TopicExiting
-from lmqd.gohttp import QueryError
+from lmqd.httpapi import args
 from lmqd.httpapi.asgi import (
     EMPTY,
     JSON_CONTENT_TYPE,
@@ -144,12 +144,7 @@ class HttpApi(AsgiApp):
 
     # -- shared checks -----------------------------------------------------------------------
 
-    @staticmethod
-    def _query(request: Request) -> Query:
-        try:
-            return request.query()
-        except QueryError:
-            raise HttpError(400, "INVALID_REQUEST") from None
+    _query = staticmethod(args.query)
 
     def _new_topic_name(self, request: Request) -> tuple[Query, str]:
         """nsqd's ``getTopicFromQuery`` (the caller creates the topic)."""
@@ -163,21 +158,8 @@ class HttpApi(AsgiApp):
 
     def _topic_and_channel_name(self, request: Request) -> tuple[Topic, str]:
         """nsqd's ``getExistingTopicFromQuery``: valid names, existing topic."""
-        query = self._query(request)
-        topic_name = query.get("topic")
-        if topic_name is None:
-            raise HttpError(400, "MISSING_ARG_TOPIC")
-        if not valid_name(topic_name):
-            raise HttpError(400, "INVALID_ARG_TOPIC")
-        channel_name = query.get("channel")
-        if channel_name is None:
-            raise HttpError(400, "MISSING_ARG_CHANNEL")
-        if not valid_name(channel_name):
-            raise HttpError(400, "INVALID_ARG_CHANNEL")
-        topic = self.broker.topic_or_none(topic_name)
-        if topic is None:
-            raise HttpError(404, "TOPIC_NOT_FOUND")
-        return topic, channel_name
+        topic_name, channel_name = args.names(args.query(request))
+        return args.existing_topic(self.broker, topic_name), channel_name
 
     def _existing_channel(self, request: Request) -> Channel:
         topic, name = self._topic_and_channel_name(request)

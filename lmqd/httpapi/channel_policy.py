@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 from lmqd.engine.backend import BackendError
 from lmqd.engine.channel import Channel
 from lmqd.engine.channel_policy import REDRIVE_CHANNEL, PolicyError, parse_update
-from lmqd.gohttp import QueryError
+from lmqd.httpapi import args
 from lmqd.httpapi.asgi import HttpError, Request, Response, json_response
 from lmqd.httpapi.policy import read_policy_body
 from lmqd.names import valid_name
@@ -64,10 +64,7 @@ class ChannelPolicyApi:
 
     async def channel_redrive(self, request: Request) -> Response:
         channel = self._existing_channel(request)
-        try:
-            query = request.query()
-        except QueryError:
-            raise HttpError(400, "INVALID_REQUEST") from None
+        query = args.query(request)
         source_name = query.get("from")
         if source_name is None:
             raise HttpError(400, "MISSING_ARG_FROM")

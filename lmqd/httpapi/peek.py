@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from lmqd.engine.peek import MAX_PEEK, PEEK_STATES, Peeked, peek_channel, peek_topic
-from lmqd.gohttp import QueryError
+from lmqd.httpapi import args
 from lmqd.httpapi.asgi import HttpError, Request, Response, json_response
 from lmqd.names import valid_name
 
@@ -51,15 +51,8 @@ class PeekApi:
         self.broker = broker
 
     async def peek(self, request: Request) -> Response:
-        try:
-            query = request.query()
-        except QueryError:
-            raise HttpError(400, "INVALID_REQUEST") from None
-        topic_name = query.get("topic")
-        if topic_name is None:
-            raise HttpError(400, "MISSING_ARG_TOPIC")
-        if not valid_name(topic_name):
-            raise HttpError(400, "INVALID_ARG_TOPIC")
+        query = args.query(request)
+        topic_name = args.topic_name(query)
         state = query.get("state")
         if state is None:
             state = "queued"
@@ -74,9 +67,7 @@ class PeekApi:
         channel_name = query.get("channel")
         if channel_name is not None and not valid_name(channel_name):
             raise HttpError(400, "INVALID_ARG_CHANNEL")
-        topic = self.broker.topic_or_none(topic_name)
-        if topic is None:
-            raise HttpError(404, "TOPIC_NOT_FOUND")
+        topic = args.existing_topic(self.broker, topic_name)
         try:
             if channel_name is None:
                 if state != "queued":

@@ -24,9 +24,8 @@ from typing import TYPE_CHECKING, Any
 from lmqd.engine.backend import BackendError
 from lmqd.engine.policy import PolicyError, parse_update
 from lmqd.engine.topic import Topic
-from lmqd.gohttp import QueryError
+from lmqd.httpapi import args
 from lmqd.httpapi.asgi import HttpError, Request, Response, json_response
-from lmqd.names import valid_name
 from lmqd.units import KiB
 
 if TYPE_CHECKING:
@@ -59,19 +58,7 @@ class PolicyApi:
         self.broker = broker
 
     def _topic(self, request: Request) -> Topic:
-        try:
-            query = request.query()
-        except QueryError:
-            raise HttpError(400, "INVALID_REQUEST") from None
-        name = query.get("topic")
-        if name is None:
-            raise HttpError(400, "MISSING_ARG_TOPIC")
-        if not valid_name(name):
-            raise HttpError(400, "INVALID_ARG_TOPIC")
-        topic = self.broker.topic_or_none(name)
-        if topic is None:
-            raise HttpError(404, "TOPIC_NOT_FOUND")
-        return topic
+        return args.existing_topic(self.broker, args.topic_name(args.query(request)))
 
     async def topic_policy(self, request: Request) -> Response:
         topic = self._topic(request)

@@ -42,10 +42,10 @@ from lmqd.engine.backend import BackendError
 from lmqd.engine.channel import TopicExiting
 from lmqd.engine.stream import TopicStream
 from lmqd.engine.topic import Topic
-from lmqd.gohttp import QueryError
+from lmqd.httpapi import args
 from lmqd.httpapi.asgi import HttpError, Query, Request, Response, json_response
 from lmqd.message import READ_CONTENT_TYPE, encode_read_frames
-from lmqd.names import is_ephemeral, valid_name
+from lmqd.names import is_ephemeral
 from lmqd.units import MiB
 
 if TYPE_CHECKING:
@@ -123,23 +123,10 @@ class ReplayApi:
 
     # -- shared checks (nsqd's order: topic name, channel name, existence) -------------------
 
-    @staticmethod
-    def _query(request: Request) -> Query:
-        try:
-            return request.query()
-        except QueryError:
-            raise HttpError(400, "INVALID_REQUEST") from None
+    _query = staticmethod(args.query)
 
     def _topic(self, query: Query) -> Topic:
-        name = query.get("topic")
-        if name is None:
-            raise HttpError(400, "MISSING_ARG_TOPIC")
-        if not valid_name(name):
-            raise HttpError(400, "INVALID_ARG_TOPIC")
-        topic = self.broker.topic_or_none(name)
-        if topic is None:
-            raise HttpError(404, "TOPIC_NOT_FOUND")
-        return topic
+        return args.existing_topic(self.broker, args.topic_name(query))
 
     @staticmethod
     def _position(query: Query, key: str, *, required: bool) -> Position | None:
@@ -184,21 +171,10 @@ class ReplayApi:
 
     async def channel_seek(self, request: Request) -> Response:
         query = self._query(request)
-        topic_name = query.get("topic")
-        if topic_name is None:
-            raise HttpError(400, "MISSING_ARG_TOPIC")
-        if not valid_name(topic_name):
-            raise HttpError(400, "INVALID_ARG_TOPIC")
-        channel_name = query.get("channel")
-        if channel_name is None:
-            raise HttpError(400, "MISSING_ARG_CHANNEL")
-        if not valid_name(channel_name):
-            raise HttpError(400, "INVALID_ARG_CHANNEL")
+        topic_name, channel_name = args.names(query)
         position = self._position(query, "to", required=True)
         assert position is not None
-        topic = self.broker.topic_or_none(topic_name)
-        if topic is None:
-            raise HttpError(404, "TOPIC_NOT_FOUND")
+        topic = args.existing_topic(self.broker, topic_name)
         channel = topic.channel_or_none(channel_name)
         if channel is None:
             raise HttpError(404, "CHANNEL_NOT_FOUND")
