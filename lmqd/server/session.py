@@ -476,7 +476,7 @@ class Session:
             self._publish(kind, topic, [event.body], event.defer_ms / 1000)
         else:
             bodies = [m.body for m in event.messages]
-            exts = [m.ext if m.ext != NO_EXT else None for m in event.messages]
+            exts = _exts(event)
             self._publish(kind, topic, bodies, event.defer_ms / 1000, exts)
         self._write_oks(kind, topic, 1)
         return True
@@ -534,7 +534,7 @@ class Session:
                 elif isinstance(command, Xpub):
                     # An XPUB is always alone in its run (the event loop gates it by itself).
                     bodies += [m.body for m in command.messages]
-                    exts = [m.ext if m.ext != NO_EXT else None for m in command.messages]
+                    exts = _exts(command)
                 else:
                     bodies.append(command.body)
             first = batch[0]
@@ -666,3 +666,8 @@ def _size(command: Pub | Mpub | Dpub | Xpub) -> int:
     if isinstance(command, Xpub):
         return len(command.messages)
     return 1
+
+
+def _exts(command: Xpub) -> list[MessageExt | None]:
+    """Each message's extension as a message holds it: None for an empty block."""
+    return [m.ext if m.ext != NO_EXT else None for m in command.messages]
