@@ -199,9 +199,7 @@ class Broker:
     def metadata(self) -> Metadata:
         """What the metadata file should say now (durable topics and channels, paused flags,
         topic and channel policies)."""
-        return Metadata(
-            tuple(t.metadata_entry() for t in self.topics.values() if not t.ephemeral)
-        )
+        return Metadata(tuple(t.metadata_entry() for t in self.topics.values() if not t.ephemeral))
 
     def persist_metadata(self) -> None:
         """Write the metadata file soon, in a worker thread (bursts coalesce into one write).
@@ -230,6 +228,8 @@ class Broker:
                 log=stores.topic_log(name),
                 channel_backend_factory=stores.channel_backend,
                 deferred_store_factory=stores.deferred_store,
+                lane_backend_factory=stores.lane_backend,
+                stored_lanes=stores.stored_lanes,
                 on_deleted_ephemeral=self._forget_topic,
                 guid=self._guid,
                 syncer=self.syncer,

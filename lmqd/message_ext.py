@@ -36,6 +36,7 @@ __all__ = [
     "MAX_PRIORITY",
     "MAX_TTL_MS",
     "NO_EXT",
+    "PRIORITY",
     "ExtError",
     "MessageExt",
     "dead_letter_ext",
@@ -45,6 +46,7 @@ __all__ = [
 ]
 
 PRIORITY = 0x01
+"""The flag bit of the priority field (storage finds priorities by it without decoding)."""
 TTL = 0x02
 DEDUP_ID = 0x04
 HEADERS = 0x08

@@ -29,10 +29,14 @@ for the consumers still with room. Every consumer gets at most one ``write_messa
 round, so its writer wakes once.
 
 Delivered messages sit in the ``InFlightQueue`` until FIN, REQ, TOUCH or their deadline;
-deferred ones (REQ with a delay, DPUB) in the ``DeferredQueue``. The channel's task sleeps in a
-``trio.CancelScope`` whose deadline is the earliest of both queues (or now, when a delivery was
-asked for); pushing an earlier deadline lowers that scope's deadline directly (no per-message
-Event or task), and on wakeup everything due is processed at once, then ``deliver`` runs once.
+deferred ones (REQ with a delay, DPUB) in the ``DeferredQueue``. Messages with an lmq priority
+wait in the channel's ``PriorityLanes`` (``lanes.py``), which delivery empties first, highest
+level first: the topic's pump pushes them there, as it pushes deferred messages to the deferred
+queue, and requeues, timeouts and due deferred messages with a priority go back there. The
+channel's task sleeps in a ``trio.CancelScope`` whose deadline is the earliest of both queues
+(or now, when a delivery was asked for); pushing an earlier deadline lowers that scope's
+deadline directly (no per-message Event or task), and on wakeup everything due is processed at
+once, then ``deliver`` runs once.
 
 With ``--durable`` every message not FIN'd keeps a copy on disk: in the topic's log (the cursor
 leaves it unsettled) or in one of the channel's stores. ``DurableAcks`` records which, and
@@ -48,11 +52,19 @@ import math
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import TYPE_CHECKING
 
 import trio
 
-from lmqd.engine.backend import BackendError, BackendQueue, StoredQueue, Syncable, storage_damage
+from lmqd.engine.backend import (
+    BackendError,
+    BackendQueue,
+    MemoryBackend,
+    StoredQueue,
+    Syncable,
+    storage_damage,
+)
 from lmqd.engine.channel_policy import ChannelPolicy, PolicyError, PolicyValue
 from lmqd.engine.cursor import ChannelCursor
 from lmqd.engine.deferred import DeferredQueue
@@ -60,6 +72,7 @@ from lmqd.engine.delivery import body_bytes, fit_bytes, split_batch
 from lmqd.engine.durable import DurableAcks
 from lmqd.engine.e2e import E2eLatencyStream, new_stream
 from lmqd.engine.inflight import ChannelError, InFlightQueue, NotInFlight, NotOwner
+from lmqd.engine.lanes import LANE_SUFFIX, PriorityLanes, by_level, priority_of
 from lmqd.engine.salvage import Salvage
 from lmqd.engine.spill import SpillQueue
 from lmqd.engine.subscription import Consumer, Subscription
@@ -159,6 +172,8 @@ class Channel:
         dead_letter: DeadLetterSink | None = None,
         wall_clock: Callable[[], int] = time.time_ns,
         on_paused_changed: Callable[[], None] | None = None,
+        lane_backend: Callable[[int], BackendQueue] | None = None,
+        stored_lanes: Sequence[int] = (),
     ) -> None:
         self.topic_name = topic_name
         self.name = name
@@ -239,6 +254,11 @@ class Channel:
         """The mean body size of the last delivery round (before the first: the largest
         allowed): ``deliver`` takes no more messages than the consumers' byte rooms hold at
         that size, so big messages are not read from the log only to be put back."""
+        self._lane_backend = lane_backend
+        self._lanes: PriorityLanes | None = None
+        """The priority lanes, once a message with a priority came (or stored ones exist)."""
+        if stored_lanes:
+            self._ensure_lanes(stored_lanes)
         if deferred_store is not None:
             self._dq = deferred_store(False)  # an existing store: restore what it holds
             if self._dq is not None and self._dq.depth:
@@ -254,13 +274,23 @@ class Channel:
         """Ready messages: the own store and what the cursor has not read yet (in-flight and
         deferred excluded, as nsqd)."""
         cursor = self.cursor
-        return len(self._queue) + (cursor.unread if cursor is not None else 0)
+        lanes = self._lanes
+        return (
+            len(self._queue)
+            + (cursor.unread if cursor is not None else 0)
+            + (len(lanes) if lanes is not None else 0)
+        )
 
     @property
     def backend_depth(self) -> int:
         """Of ``depth``, the messages on disk (own store and the topic's log)."""
         cursor = self.cursor
-        return self.backend.depth + (cursor.unread_on_disk if cursor is not None else 0)
+        lanes = self._lanes
+        return (
+            self.backend.depth
+            + (cursor.unread_on_disk if cursor is not None else 0)
+            + (lanes.backend_depth if lanes is not None else 0)
+        )
 
     @property
     def durable(self) -> bool:
@@ -281,10 +311,17 @@ class Channel:
 
     @property
     def disk_queues(self) -> tuple[StoredQueue, ...]:
-        """Every queue of this channel stored on disk (its own store and its deferred store,
-        once open), durable or not: what it costs on disk beside its topic's log."""
+        """Every queue of this channel stored on disk (its own store, its deferred store and
+        its priority lanes' stores, once open), durable or not: what it costs on disk beside its
+        topic's log."""
         queues = (self.backend, self._dq)
-        return tuple(s for q in queues if q is not None and (s := q.stored) is not None)
+        stored = tuple(s for q in queues if q is not None and (s := q.stored) is not None)
+        return stored + self._lanes.stored if self._lanes is not None else stored
+
+    @property
+    def priority_depths(self) -> dict[int, int]:
+        """Ready messages waiting in the priority lanes, by level (lmq's extension)."""
+        return self._lanes.depths() if self._lanes is not None else {}
 
     @property
     def deferred_store(self) -> StoredQueue | None:
@@ -332,39 +369,80 @@ class Channel:
             self.message_count += len(messages)
             return
         self.message_count += len(messages)
-        ready: Sequence[Message] = messages
         for m in messages:
-            if m.deliver_at > now:
-                # Rare (DPUB): split only when some message is actually deferred.
-                ready = [m for m in messages if m.deliver_at <= now]
-                for d in messages:
-                    if d.deliver_at > now:
-                        self._deferred.push(d)
-                self._wake_at(self._deferred.next_deadline())
-                break
-        if ready:
-            self._enqueue(ready)
+            if m.deliver_at > now or m.ext is not None:
+                # Rare (DPUB, lmq's extension): look at each only when one is of those.
+                self.push(messages, now)
+                return
+        self._enqueue(messages)
 
-    def push_deferred(self, messages: Sequence[Message], now: float) -> None:
-        """The topic's pump hands over deferred messages (DPUB) from its stream, which the
-        cursor steps over: into the deferred queue (or, due already, the own store). Not
-        counted in ``message_count`` (the pump counts every message it hands on).
+    def push(self, messages: Sequence[Message], now: float) -> list[tuple[StoredQueue, list[int]]]:
+        """The topic's pump hands over the pushed messages of its stream (deferred ones and
+        those with a priority), which the cursor steps over: into the deferred queue, or the
+        priority lanes, or (due already, no priority) the own store. Not counted in
+        ``message_count`` (the pump counts every message it hands on).
 
-        A durable channel writes them to its deferred store and raises ``BackendError``
-        having stored none of them.
+        A durable channel writes them to its deferred store (the deferred ones) and its
+        lanes' stores, and returns each store written with the offsets of the messages it took
+        (durable once it is synced). If a store fails, the messages it did not take are held
+        in memory (their offsets cleared) and ``BackendError`` is raised.
         """
         if self.exiting or not messages:
-            return
+            return []
+        if self._lanes is None and any(map(priority_of, messages)):
+            self._ensure_lanes()
         if self._acks is not None:
-            self._store_deferred(messages)
-            return
+            return self._push_durable(messages, now)
         due = [m for m in messages if m.deliver_at <= now]
-        for m in messages:
-            if m.deliver_at > now:
-                self._deferred.push(m)
-        self._wake_at(self._deferred.next_deadline())
+        if len(due) < len(messages):
+            for m in messages:
+                if m.deliver_at > now:
+                    self._deferred.push(m)
+            self._wake_at(self._deferred.next_deadline())
         if due:
             self._enqueue(due)
+            self._request_delivery()
+        return []
+
+    def _push_durable(
+        self, messages: Sequence[Message], now: float
+    ) -> list[tuple[StoredQueue, list[int]]]:
+        written: list[tuple[StoredQueue, list[int]]] = []
+        deferred = [m for m in messages if m.deliver_at > 0]
+        lanes = self._lanes
+        ranked = [m for m in messages if not m.deliver_at] if deferred else messages
+        try:
+            if deferred:
+                self._store_deferred(deferred)
+                store = self._stored_deferred()
+                if store is not None:
+                    written.append((store, [m.offset for m in deferred]))
+                deferred = []
+            if lanes is not None and ranked:
+                for level, lane in lanes.put_many(ranked).items():
+                    store = lane.backend.stored
+                    if store is not None:
+                        written.append(
+                            (store, [m.offset for m in ranked if priority_of(m) == level])
+                        )
+                ranked = []
+        except BackendError:
+            done = {offset for _, offsets in written for offset in offsets}
+            held = [m for m in (*deferred, *ranked) if m.offset not in done]
+            for m in held:
+                m.offset = -1  # the pin stays: a restart pumps them again
+            self.hold_pushed(held)
+            raise
+        return written
+
+    def hold_pushed(self, messages: Sequence[Message]) -> None:
+        """Pushed messages held in memory only (their store could not take them)."""
+        deferred = [m for m in messages if m.deliver_at]
+        if deferred:
+            self.hold_deferred(deferred)
+        ranked = [m for m in messages if not m.deliver_at]
+        if ranked and self._lanes is not None:
+            self._lanes.hold(ranked)
             self._request_delivery()
 
     def _put_durable(self, messages: Sequence[Message], now: float) -> None:
@@ -442,28 +520,89 @@ class Channel:
             return 0
         return sum(max(0, s.free) for s in self.clients.values())
 
+    def _ensure_lanes(self, stored: Sequence[int] = ()) -> PriorityLanes:
+        """The priority lanes, made when the first message with a priority comes."""
+        lanes = self._lanes
+        if lanes is None:
+            open_backend = self._lane_backend
+            if open_backend is None:
+                open_backend = _memory_lane
+            lanes = self._lanes = PriorityLanes(
+                open_backend, self._mem_size, self._lane_changed, stored
+            )
+        return lanes
+
+    def _lane_changed(self, backend: BackendQueue) -> None:
+        # After each write to or read from a lane's store: the syncer counts them.
+        stored = backend.stored
+        if self._syncer is not None and stored is not None:
+            self._syncer.note_dirty(stored)
+
+    def _lane_read(self, backend: BackendQueue, messages: list[Message]) -> None:
+        # Messages read back from a lane's store: a durable channel acknowledges them there.
+        stored = backend.stored
+        if self._acks is not None and stored is not None:
+            self._acks.from_lane(stored, messages)
+
     def _enqueue(self, messages: Sequence[Message]) -> None:
         """Messages the channel already owns (from its topic, requeued, timed out, due) onto
-        the ready queue; a failed backend write holds them in memory (``SpillQueue``)."""
+        the ready queue, those with a priority into their lanes; a failed backend write holds
+        them in memory (``SpillQueue``)."""
         queue = self._queue
+        if self._lanes is not None:
+            messages = self._enqueue_ranked(messages)
+            if not messages:
+                return
         if self._acks is not None:
             self._enqueue_durable(messages)
             return
         if self._unbuffered:
             queue.limit = self._memory_limit()
         error = queue.put_many_or_hold(messages)
+        self._note_write(error, queue.wrote_backend, count=len(messages))
+
+    def _enqueue_ranked(self, messages: Sequence[Message]) -> Sequence[Message]:
+        """Of ``messages``, those with a priority into their lanes; returns the others."""
+        groups = by_level(messages)
+        if not groups:
+            return messages
+        lanes = self._lanes
+        assert lanes is not None
+        ranked = [m for group in groups.values() for m in group]
+        if self._acks is None:
+            self._note_write(*lanes.put_many_or_hold(ranked), count=len(ranked))
+        else:
+            # As ``_enqueue_durable``: those still holding the log get a copy in their lane's
+            # store, the others are safe in a store already.
+            pinning = [m for m in ranked if m.offset >= 0]
+            lanes.hold([m for m in ranked if m.offset < 0])
+            for level, group in by_level(pinning).items():
+                try:
+                    lane = lanes.put_many(group)[level]
+                except BackendError as exc:
+                    self._note_write(exc, False, count=len(group))
+                    lanes.hold(group)
+                else:
+                    assert self._acks is not None
+                    self._acks.ack_when_copied(group, lane.backend.stored)
+        if len(ranked) == len(messages):
+            return ()
+        return [m for m in messages if not priority_of(m)]
+
+    def _note_write(self, error: BackendError | None, wrote: bool, *, count: int) -> None:
+        """Health after a write of messages the channel owns: bad while a backend refuses."""
         if error is not None:
             log.error(
                 "CHANNEL(%s:%s): backend write of %d messages failed, kept in memory - %s",
                 self.topic_name,
                 self.name,
-                len(messages),
+                count,
                 error,
             )
             if self.last_backend_error is None and self._on_health is not None:
                 self._on_health(str(error))
             self.last_backend_error = error
-        elif self.last_backend_error is not None and queue.wrote_backend:
+        elif self.last_backend_error is not None and wrote:
             if self._on_health is not None:
                 self._on_health(None)
             self.last_backend_error = None
@@ -502,9 +641,15 @@ class Channel:
 
     def _take(self, count: int, now: float) -> list[Message]:
         """Remove up to ``count`` ready messages: the own store (memory, then its backend),
-        then the cursor."""
+        then the cursor; the priority lanes before all of them."""
         queue = self._queue
-        out = queue.take_memory(count)
+        lanes = self._lanes
+        if lanes is not None and lanes:
+            out = lanes.take(count, self._lane_read)
+            if len(out) < count:
+                out += queue.take_memory(count - len(out))
+        else:
+            out = queue.take_memory(count)
         in_flight = self._in_flight
         seen: set[bytes] | None = None
         if self._acks is not None and out:
@@ -542,8 +687,11 @@ class Channel:
 
     def peek_queued(self, count: int) -> list[tuple[int, Message]]:
         """Up to ``count`` ready messages in the order ``_take`` would take them (the own
-        store's, then the cursor's), as (offset or -1, message), changing nothing."""
-        out = [(-1, m) for m in self._queue.peek(count)]
+        store's, then the cursor's; the priority lanes' first), as (offset or -1, message),
+        changing nothing."""
+        lanes = self._lanes
+        out = [(-1, m) for m in lanes.peek(count)] if lanes is not None else []
+        out += [(-1, m) for m in self._queue.peek(count - len(out))] if len(out) < count else []
         if len(out) < count and self.cursor is not None:
             out += self.cursor.peek(count - len(out))
         return out
@@ -802,7 +950,7 @@ class Channel:
                 msgs = self._screen(taken, now)
                 giving_up = giving_up or len(msgs) < len(taken)
                 if len(msgs) > asked:
-                    self._queue.requeue_front(msgs[asked:])
+                    self._requeue_front(msgs[asked:])
                     msgs = msgs[:asked]
                 dropped = len(msgs) < asked
                 if not msgs:
@@ -892,9 +1040,17 @@ class Channel:
         size estimate that was far off costs disk, not memory); an ephemeral channel, whose
         overflow would be dropped, keeps them at the head of its memory queue."""
         if self.ephemeral:
-            self._queue.requeue_front(messages)
+            self._requeue_front(messages)
         else:
             self._enqueue(messages)
+
+    def _requeue_front(self, messages: list[Message]) -> None:
+        """Messages taken but not delivered back at the head of their queues, in order."""
+        lanes = self._lanes
+        if lanes is not None and by_level(messages):
+            lanes.requeue_front(messages)
+            messages = [m for m in messages if not priority_of(m)]
+        self._queue.requeue_front(messages)
 
     # -- policies (channel_policy.py; the topic's ttl_ms) ---------------------------------------
 
@@ -1107,6 +1263,7 @@ class Channel:
             self._queue.memory_count
             or self.backend.depth
             or (cursor is not None and cursor.has_unread)
+            or (self._lanes is not None and self._lanes)
         )
 
     def _request_delivery(self) -> None:
@@ -1169,9 +1326,7 @@ class Channel:
         if not held:
             return  # held by requeues whose copies are being synced: they settle soon
         copies = [
-            Message(
-                m.id, m.body, m.timestamp, m.attempts, max(m.deadline, now), ext=m.ext
-            )
+            Message(m.id, m.body, m.timestamp, m.attempts, max(m.deadline, now), ext=m.ext)
             for m in held
         ]
         try:
@@ -1236,6 +1391,8 @@ class Channel:
         self._queue.empty()
         if self._dq is not None:
             self._dq.empty()
+        if self._lanes is not None:
+            self._lanes.empty()
         if self._acks is not None:
             self._acks.clear()
         self._in_flight.clear()
@@ -1290,6 +1447,10 @@ class Channel:
         deferred = self._deferred.clear()
         self._queue.clear_memory()
         ok, copied = self._flush(ready, deferred, salvage)
+        if self._lanes is not None:
+            lanes_ok, lanes_copied = self._flush_lanes(salvage)
+            ok = ok and lanes_ok
+            copied += lanes_copied
         # One group of jobs: every queue's data is fsynced before any positions file is written,
         # so an acknowledgement in one queue never becomes durable before the copy in the other.
         jobs = [job for q in self.disk_queues if (job := q.prepare_sync()) is not None]
@@ -1311,6 +1472,8 @@ class Channel:
         self.backend.close()
         if self._dq is not None:
             self._dq.close()
+        if self._lanes is not None:
+            self._lanes.close()
         log.info("CHANNEL(%s:%s): closed", self.topic_name, self.name)
         return ok
 
@@ -1345,6 +1508,11 @@ class Channel:
                     )
             # Not stored on time: kept with the others (nsqd's way: due at once after a restart).
             ready += deferred
+        lanes = self._lanes
+        if lanes is not None and by_level(ready):
+            # In flight with a priority: back to their lanes (written by ``_flush_lanes``).
+            lanes.hold(ready)
+            ready = [m for m in ready if not priority_of(m)]
         if not ready:
             return True, copied
         put = self.backend.put_many
@@ -1357,6 +1525,24 @@ class Channel:
         )
         copied += ready[:done]
         return done == len(ready), copied
+
+    def _flush_lanes(self, salvage: Salvage) -> tuple[bool, list[Message]]:
+        """``close``: each priority lane's memory to its store, as ``_flush`` does."""
+        assert self._lanes is not None
+        ok = True
+        copied: list[Message] = []
+        for level, backend, messages in self._lanes.memory():
+            done = salvage.write(
+                f"CHANNEL({self.topic_name}:{self.name})",
+                f"{self.topic_name}:{self.name}{LANE_SUFFIX}{level}",
+                partial(_write_chunk, backend),
+                messages,
+                kept_elsewhere=self._acks is not None,
+            )
+            copied += messages[:done]
+            ok = ok and done == len(messages)
+        self._lanes.clear_memory()
+        return ok, copied
 
     def delete(self) -> None:
         """Delete: stop the timer, drop every message and the backend's storage, and close the
@@ -1377,6 +1563,9 @@ class Channel:
         self.backend.delete()
         if self._dq is not None:
             self._dq.delete()
+        if self._lanes is not None:
+            self._lanes.clear_memory()
+            self._lanes.delete()
         log.info("CHANNEL(%s:%s): deleted", self.topic_name, self.name)
 
     # -- statistics --------------------------------------------------------------------------
@@ -1410,3 +1599,12 @@ class Channel:
             max_attempts_dropped_count=self.max_attempts_dropped_count,
             storage_damage=storage_damage(q.damage for q in self.disk_queues),
         )
+
+
+def _memory_lane(level: int) -> BackendQueue:
+    """A lane's backend for a channel made without stores (tests, tools): memory."""
+    return MemoryBackend()
+
+
+def _write_chunk(backend: BackendQueue, chunk: Sequence[Message], _index: int) -> None:
+    backend.put_many(chunk)

@@ -32,10 +32,11 @@ once, so no other reader can see it changed; a topic with one channel copies not
 position (``Cursor.read_before``) were delivered before the crash: their copies count that
 delivery in ``attempts``.
 
-**Deferred messages** are pushed to the channels by the topic's pump, so a cursor steps over
-them (settling them: their copies are elsewhere), except in a range it is replaying
-(``replay_until``: a cursor created at or moved to an offset before ``pumped``; the pump never
-pushed those to this channel).
+**Pushed messages** (deferred ones, and those with an lmq priority) are pushed to the channels
+by the topic's pump (``stream.py``), so a cursor steps over them (settling them: their copies
+are elsewhere), except in a range it is replaying (``replay_until``: a cursor created at or
+moved to an offset before ``pumped``; the pump never pushed those to this channel). A replay
+reads in offset order, priorities included.
 
 **Topic empty** drops the messages the topic had not handed on; a cursor that had not reached
 them yet keeps the dropped range in ``_skips`` and steps over it. The range is persisted with
@@ -56,7 +57,7 @@ from lmqd.engine.stream import TopicStream
 from lmqd.message import Message, copies
 from lmqd.storage import Cursor, LogEntry
 
-__all__ = ["ChannelCursor"]
+__all__ = ["ChannelCursor", "pushed"]
 
 
 class ChannelCursor:
@@ -73,7 +74,7 @@ class ChannelCursor:
         """Settle on reading: messages read are done as far as the log is concerned."""
         self._skips: list[tuple[int, int]] = []
         self.replay_until = 0
-        """Deferred messages below this offset are read like the others (a replay)."""
+        """Pushed messages below this offset are read like the others (a replay)."""
         log = stream.log
         lc = log.cursor(name) if log is not None else None
         if lc is not None:
@@ -97,21 +98,21 @@ class ChannelCursor:
 
     @property
     def unread(self) -> int:
-        """Messages handed to the channel by the topic and not read yet (deferred ones, which
-        the pump pushed, not counted)."""
+        """Messages handed to the channel by the topic and not read yet (pushed ones, which
+        the channel has already, not counted)."""
         stream = self.stream
         pos = self.position
         end = stream.pumped
         if pos >= end:
             return 0
-        n = end - pos - stream.deferred_between(max(pos, self.replay_until), end)
+        n = end - pos - stream.pushed_between(max(pos, self.replay_until), end)
         for start, stop in self._skips:
             n -= max(min(stop, end) - max(start, pos), 0)
         return max(n, 0)
 
     @property
     def has_unread(self) -> bool:
-        """``unread > 0``, cheaply (deferred ones aside)."""
+        """``unread > 0``, cheaply (pushed ones aside)."""
         return self.position < self.stream.pumped
 
     @property
@@ -124,7 +125,7 @@ class ChannelCursor:
         end = min(stream.pumped, stream.tail.start)
         if pos >= end:
             return 0
-        return max(end - pos - stream.deferred_between(max(pos, self.replay_until), end), 0)
+        return max(end - pos - stream.pushed_between(max(pos, self.replay_until), end), 0)
 
     @property
     def low(self) -> int:
@@ -141,7 +142,7 @@ class ChannelCursor:
 
     def read(self, count: int) -> list[Message]:
         """Up to ``count`` of the next messages handed to the channel, as the channel's own
-        copies, deferred ones stepped over; the position moves past them."""
+        copies, pushed ones stepped over; the position moves past them."""
         stream = self.stream
         limit = stream.pumped
         out: list[Message] = []
@@ -187,13 +188,13 @@ class ChannelCursor:
         first = entries[0][0]
         if first < lc.read_before:
             entries = _redelivered(entries, lc.read_before)
-        if first >= stream.known_from and not stream.deferred_between(first, self.position):
+        if first >= stream.known_from and not stream.pushed_between(first, self.position):
             return list(map(_copy_entry, entries))
         replay = self.replay_until
         out: list[Message] = []
         passed: list[int] = []
         for offset, m in entries:
-            if m.deliver_at and offset >= replay:
+            if offset >= replay and pushed(m):
                 passed.append(offset)  # the pump pushed it to the channel
             else:
                 out.append(_copy_entry((offset, m)))
@@ -214,9 +215,9 @@ class ChannelCursor:
         own = min(max(others - pos, 0), len(msgs))
         if own < len(msgs):
             msgs = msgs[:own] + copies(msgs[own:])
-        if stream.deferred_between(max(pos, self.replay_until), after):
+        if stream.pushed_between(max(pos, self.replay_until), after):
             replay = self.replay_until
-            msgs = [m for k, m in enumerate(msgs, pos) if not m.deliver_at or k < replay]
+            msgs = [m for k, m in enumerate(msgs, pos) if k < replay or not pushed(m)]
         if own:
             stream.trim()
         return msgs
@@ -236,8 +237,8 @@ class ChannelCursor:
             for offset, m in got:
                 if any(start <= offset < stop for start, stop in skips):
                     continue
-                if m.deliver_at and offset >= self.replay_until:
-                    continue  # the pump pushed it to the channel's deferred queue
+                if offset >= self.replay_until and pushed(m):
+                    continue  # the pump pushed it to the channel
                 out.append((offset, m))
                 if len(out) == count:
                     break
@@ -253,7 +254,7 @@ class ChannelCursor:
 
     def seek(self, offset: int, *, keep_unsettled: bool = True) -> int:
         """Read from ``offset`` on (clamped to the earliest offset stored and the topic's
-        end): a replay, or a jump ahead (channel empty). Deferred messages in a replayed range
+        end): a replay, or a jump ahead (channel empty). Pushed messages in a replayed range
         are read too. ``--durable``: the messages read and not settled keep the log's claim on
         them unless ``keep_unsettled`` is false (they were dropped). Returns the new
         position."""
@@ -274,7 +275,7 @@ class ChannelCursor:
     def skip_older_than(self, ts_ns: int) -> int:
         """Step over the messages in the log, from the position on, published before
         ``ts_ns`` (expired: the topic's ``ttl_ms``), found by the log's time index without
-        reading them; returns how many (deferred ones, which the pump pushed, not counted).
+        reading them; returns how many (pushed ones, which the channel has already, not counted).
 
         The index finds the first message at or after ``ts_ns`` in offset order, so every
         message below it is older even if the wall clock stepped back. Only the log: the memory
@@ -288,7 +289,7 @@ class ChannelCursor:
         end = min(log.offset_for_time(ts_ns), stream.tail.start, stream.pumped)
         if end <= pos:
             return 0
-        n = end - pos - stream.deferred_between(max(pos, self.replay_until), end)
+        n = end - pos - stream.pushed_between(max(pos, self.replay_until), end)
         for start, stop in self._skips:
             n -= max(min(stop, end) - max(start, pos), 0)
         self.position = end  # the log cursor follows at the next read (keeping the unsettled)
@@ -334,6 +335,12 @@ class ChannelCursor:
         self.position = stream.next_offset  # nothing left to read
 
 
+def pushed(m: Message) -> bool:
+    """Whether the topic's pump pushes ``m`` to its channels (``stream.py``): deferred, or with
+    an lmq priority."""
+    return bool(m.deliver_at or (m.ext is not None and m.ext.priority))
+
+
 def _redelivered(entries: list[LogEntry], below: int) -> list[LogEntry]:
     """``entries`` with the attempts of those below ``below`` counted one up: read before a
     crash, they were delivered then (the copies made from these carry it)."""
@@ -347,6 +354,4 @@ def _redelivered(entries: list[LogEntry], below: int) -> list[LogEntry]:
 
 def _copy_entry(entry: LogEntry) -> Message:
     offset, m = entry
-    return Message(
-        m.id, m.body, m.timestamp, m.attempts, m.deliver_at, 0, 0.0, 0.0, offset, m.ext
-    )
+    return Message(m.id, m.body, m.timestamp, m.attempts, m.deliver_at, 0, 0.0, 0.0, offset, m.ext)

@@ -4,8 +4,9 @@ is, and when its progress may be recorded there.
 In durable mode every message a channel has not FIN'd has a copy on disk that a crash would
 bring back: in its topic's log, unsettled by the channel's cursor (``lmqd.engine.cursor``), or in
 one of the channel's own disk queues: its **own store** ``topic:channel`` (requeued messages,
-what shutdown wrote, a backlog from before topic logs) or its **deferred store**
-``topic:channel#deferred`` (REQ with a delay, DPUB; see ``lmqd.engine.stores``). A queue's
+what shutdown wrote, a backlog from before topic logs), its **deferred store**
+``topic:channel#deferred`` (REQ with a delay, DPUB) or a **priority lane**'s store
+``topic:channel#p<level>`` (``lmqd.engine.lanes``; see ``lmqd.engine.stores``). A queue's
 persisted read position never passes a message that was not acknowledged, and the cursor's
 persisted low-water mark never passes one not settled, so after a crash every message not FIN'd
 is delivered again (at-least-once). This unit keeps that bookkeeping out of the channel's
@@ -36,7 +37,9 @@ from lmqd.message import Message
 class DurableAcks:
     """Acknowledgements of one durable channel's messages in its log cursor and stores."""
 
-    __slots__ = ("_cursor", "_from_store", "_main", "_store", "_superseded", "_syncer")
+    __slots__ = (
+        "_cursor", "_from_lane", "_from_store", "_main", "_store", "_superseded", "_syncer"
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -55,12 +58,22 @@ class DurableAcks:
         """By ``id()`` of the message delivered: the deferred store's message to acknowledge."""
         self._superseded: dict[int, Message] = {}
         """Originals to acknowledge once their copy in a store is fsynced."""
+        self._from_lane: dict[int, tuple[StoredQueue, Message]] = {}
+        """By ``id()`` of the message delivered: the priority lane's store it was read from
+        (``lanes.py``)."""
 
     def from_store(self, messages: Sequence[Message]) -> None:
         """``messages`` were read from the deferred store: acknowledge them there."""
         side = self._from_store
         for m in messages:
             side[id(m)] = m
+
+    def from_lane(self, queue: StoredQueue, messages: Sequence[Message]) -> None:
+        """``messages`` were read from a priority lane's store ``queue``: acknowledge them
+        there."""
+        side = self._from_lane
+        for m in messages:
+            side[id(m)] = (queue, m)
 
     def alias(self, message: Message, stored: Message) -> None:
         """``message`` (in flight) is acknowledged by acknowledging ``stored``, its copy read
@@ -70,13 +83,17 @@ class DurableAcks:
     def ack(self, messages: Sequence[Message]) -> None:
         """Acknowledge messages that are done (or superseded) where their copy is."""
         side = self._from_store
+        lanes = self._from_lane
         main: list[Message] = []
         stored: list[Message] = []
         offsets: list[int] = []
+        in_lanes: dict[int, tuple[StoredQueue, list[Message]]] = {}
         for m in messages:
             holder = side.pop(id(m), None) if side else None
             if holder is not None:
                 stored.append(holder)
+            elif lanes and (lane := lanes.pop(id(m), None)) is not None:
+                in_lanes.setdefault(id(lane[0]), (lane[0], []))[1].append(lane[1])
             elif m.offset >= 0:
                 offsets.append(m.offset)
             else:
@@ -91,6 +108,8 @@ class DurableAcks:
             queue = self._main()
             if queue is not None:
                 self._ack_in(queue, main)
+        for lane_queue, held in in_lanes.values():
+            self._ack_in(lane_queue, held)
 
     def _ack_in(self, queue: StoredQueue, messages: Sequence[Message]) -> None:
         if queue.ack_messages(messages) and self._syncer is not None:
@@ -143,4 +162,5 @@ class DurableAcks:
     def clear(self) -> None:
         """The channel was emptied or deleted: nothing is left to acknowledge."""
         self._from_store.clear()
+        self._from_lane.clear()
         self._superseded.clear()

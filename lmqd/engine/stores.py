@@ -3,13 +3,14 @@
 Every topic whose name is not ephemeral has a ``TopicLog`` in ``--data-path``: its messages,
 stored once, and its channels' cursors (``lmqd.engine.stream``). A non-ephemeral channel of such
 a topic has an **own store**, the ``DiskQueue`` ``topic:channel`` (acknowledgement mode with
-``--durable``): requeued messages past the memory bound, what a shutdown writes, and a backlog
-a daemon from before topic logs left there; it is opened the first time something is written
-to it (``LazyBackend``), or at start-up if it has files. A channel's deferred messages have a
-queue of their own, the *deferred store* ``topic:channel#deferred``, opened when first needed
-(``#`` is in no valid name: no clash). Ephemeral topics and channels keep a ``DummyBackend``,
-and a non-ephemeral channel of an ephemeral topic a ``MemoryBackend`` (nothing of an ephemeral
-topic touches disk).
+``--durable``): requeued messages past the memory bound, what a shutdown writes, and a backlog a
+daemon from before topic logs left there; it is opened the first time something is written to it
+(``LazyBackend``), or at start-up if it has files. A channel's deferred messages have a queue of
+their own, the *deferred store* ``topic:channel#deferred``, opened when first needed (``#`` is
+in no valid name: no clash), and each level of its priority lanes one, the *lane store*
+``topic:channel#p<level>`` (``lanes.py``), opened when first written to. Ephemeral topics and
+channels keep a ``DummyBackend``, and a non-ephemeral channel of an ephemeral topic a
+``MemoryBackend`` (nothing of an ephemeral topic touches disk).
 
 A topic log's files have the names its disk queue had (``<topic>.lmq.<n>.dat``): opened on a
 data directory written before topic logs, the log adopts the topic's queue segments
@@ -48,6 +49,7 @@ from lmqd.engine.backend import (
     LazyBackend,
     MemoryBackend,
 )
+from lmqd.engine.lanes import LANE_SUFFIX
 from lmqd.engine.syncer import Syncer
 from lmqd.names import is_ephemeral
 from lmqd.options import Options
@@ -66,12 +68,26 @@ log = logging.getLogger("lmqd.stores")
 
 DEFERRED_SUFFIX = "#deferred"
 
+_LANE_NAME = re.compile(r"(.+)" + re.escape(LANE_SUFFIX) + r"([1-9])")
+"""A lane store's name: the channel's queue name, the suffix, the level."""
+
 _QUEUE_FILE = re.compile(r"(.+)\.lmq\.(?:pos\.json|log\.json|\d+\.dat)")
 
 
 def deferred_store_name(topic: str, channel: str) -> str:
     """The queue holding a channel's deferred messages."""
     return f"{topic}:{channel}{DEFERRED_SUFFIX}"
+
+
+def lane_store_name(topic: str, channel: str, level: int) -> str:
+    """The queue holding a channel's ready messages of one priority level."""
+    return f"{topic}:{channel}{LANE_SUFFIX}{level}"
+
+
+def _channel_part(channel: str) -> str:
+    """A queue name's channel part without a deferred or lane store's suffix."""
+    lane = _LANE_NAME.fullmatch(channel)
+    return lane.group(1) if lane is not None else channel.removesuffix(DEFERRED_SUFFIX)
 
 
 def stored_queue_names(data_path: str) -> list[str]:
@@ -86,7 +102,7 @@ def stored_queue_names(data_path: str) -> list[str]:
                 continue
             name = name_from_stem(m.group(1))
             topic, _, channel = name.partition(":")
-            channel = channel.removesuffix(DEFERRED_SUFFIX)
+            channel = _channel_part(channel)
             if is_durable_name(topic) and (not channel or is_durable_name(channel)):
                 names.add(name)
     return sorted(names)
@@ -101,7 +117,7 @@ def restore_plan(metadata: Metadata, on_disk: Sequence[str]) -> list[TopicMetada
     """
     topics = {t.name: t for t in metadata.topics}
     for name in on_disk:
-        if name.endswith(DEFERRED_SUFFIX):
+        if name.endswith(DEFERRED_SUFFIX) or _LANE_NAME.fullmatch(name):
             continue  # restored with its channel
         topic_name, _, channel_name = name.partition(":")
         topic = topics.get(topic_name)
@@ -121,17 +137,15 @@ def restore_plan(metadata: Metadata, on_disk: Sequence[str]) -> list[TopicMetada
 
 
 def queues_to_open(plan: Sequence[TopicMetadata], on_disk: Sequence[str]) -> list[str]:
-    """What a restore opens: every planned topic's log, and the channels' own and deferred
-    stores that have files (the others are opened when first needed)."""
+    """What a restore opens: every planned topic's log, and the channels' own, deferred and
+    lane stores that have files (the others are opened when first needed)."""
     stored = set(on_disk)
     wanted = [t.name for t in plan]
     for t in plan:
         for c in t.channels:
-            wanted += [
-                name
-                for name in (f"{t.name}:{c.name}", deferred_store_name(t.name, c.name))
-                if name in stored
-            ]
+            names = [f"{t.name}:{c.name}", deferred_store_name(t.name, c.name)]
+            names += [lane_store_name(t.name, c.name, level) for level in range(1, 10)]
+            wanted += [name for name in names if name in stored]
     return wanted
 
 
@@ -264,3 +278,28 @@ class Stores:
         if not create and name not in self._preopened:
             return None
         return self._disk(name)
+
+    def lane_backend(self, topic_name: str, channel_name: str, level: int) -> BackendQueue:
+        """A channel's priority lane's store for ``level``: its disk queue, opened when first
+        written to (or now, if it has files from before); as ``channel_backend`` for
+        ephemeral names."""
+        if is_ephemeral(channel_name):
+            return DummyBackend()
+        if is_ephemeral(topic_name):
+            return MemoryBackend()
+        name = lane_store_name(topic_name, channel_name, level)
+        existing = self._preopened.pop(name, None)
+        if isinstance(existing, DiskQueue):
+            self._syncer.register(existing)
+            return LazyBackend(partial(self._disk, name), existing)
+        return LazyBackend(partial(self._disk, name))
+
+    def stored_lanes(self, topic_name: str, channel_name: str) -> list[int]:
+        """The levels whose lane stores of the channel were opened at start-up (they have
+        files)."""
+        prefix = f"{topic_name}:{channel_name}{LANE_SUFFIX}"
+        return sorted(
+            int(name[len(prefix) :])
+            for name in self._preopened
+            if name.startswith(prefix) and _LANE_NAME.fullmatch(name)
+        )

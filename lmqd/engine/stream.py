@@ -29,12 +29,14 @@ Where messages go (``append``):
 * **No log** (ephemeral topics): the tail holds what the pump has not handed on yet, up to
   ``limit``; past that new messages are dropped and counted (nsqd's dummy backend).
 
-**Deferred messages** (DPUB) are in the stream like the others, but channels do not read them
-in order: the pump pushes each one, as it pumps it, into every channel's deferred queue, and the
-cursors step over them. ``deferred`` lists their offsets (those published in this run; the
-pump finds the ones a previous run left in the log by reading the entries, ``TopicLog
-.deferred_offsets``). A durable channel's copy must be fsynced before ``#topic`` may pass the
-message (``pin``), or a crash could lose it for that channel.
+**Pushed messages**: deferred ones (DPUB) and those with an lmq priority are in the stream like
+the others, but channels do not read them in order: the pump pushes each one, as it pumps it,
+into every channel (its deferred queue; its priority lanes, ``lanes.py``), and the cursors step
+over them. So a priority message overtakes every backlog, on disk or not, as soon as the topic
+hands it on. ``pushed`` lists their offsets (those published in this run; the pump finds the
+ones a previous run left in the log by reading the records' entries and option blocks,
+``TopicLog.pushed_offsets``). A durable channel's copy must be fsynced before ``#topic`` may
+pass the message (``pin``), or a crash could lose it for that channel.
 
 **Syncing.** The stream is what the syncer syncs for the topic (``Syncable``): ``prepare_sync``
 first moves every cursor kept in the log to where its channel really is (a channel reading from
@@ -127,13 +129,14 @@ class TopicStream:
         self.next_offset = start
         """The offset the next message gets."""
         self.known_from = start
-        """Offsets from here on were taken in this run (their deferred ones are in
-        ``deferred``); older ones came from the log as an earlier run left it."""
+        """Offsets from here on were taken in this run (their pushed ones are in ``pushed``);
+        older ones came from the log as an earlier run left it."""
         self.tail = MemoryTail(start)
         self.cursors: list[StreamCursor] = []
         """The channels' cursors (``cursor.py``): what ``trim`` and ``prepare_sync`` look at."""
-        self.deferred: list[int] = []
-        """Offsets of the deferred (DPUB) messages not yet passed by every cursor, sorted."""
+        self.pushed: list[int] = []
+        """Offsets of the pushed messages (deferred, or with a priority) not yet passed by every
+        cursor, sorted."""
         self.dropped_count = 0
         """Messages dropped because the tail was full (no log)."""
         self.wrote_backend = False
@@ -210,9 +213,7 @@ class TopicStream:
             reader = log.open_reader(position)
             try:
                 while len(out) < count and budget != 0:
-                    got = reader.read_many(
-                        min(count - len(out), READ_CHUNK), min(stop, tail.start)
-                    )
+                    got = reader.read_many(min(count - len(out), READ_CHUNK), min(stop, tail.start))
                     if not got:
                         break
                     budget = _take_within(out, got, budget)
@@ -230,11 +231,11 @@ class TopicStream:
                 position = max(position, out[-1][0] + 1)
         return out, position
 
-    def deferred_between(self, start: int, end: int) -> int:
-        """Deferred messages known in ``[start, end)`` (``deferred``)."""
-        if not self.deferred or start >= end:
+    def pushed_between(self, start: int, end: int) -> int:
+        """Pushed messages known in ``[start, end)`` (``pushed``)."""
+        if not self.pushed or start >= end:
             return 0
-        return bisect_left(self.deferred, end) - bisect_left(self.deferred, start)
+        return bisect_left(self.pushed, end) - bisect_left(self.pushed, start)
 
     # -- taking messages ---------------------------------------------------------------------
 
@@ -289,9 +290,9 @@ class TopicStream:
         tail.extend(messages)
         self.next_offset += n
 
-    def note_deferred(self, offsets: Sequence[int]) -> None:
-        """Offsets just appended whose messages are deferred (DPUB)."""
-        self.deferred.extend(offsets)
+    def note_pushed(self, offsets: Sequence[int]) -> None:
+        """Offsets just appended whose messages are pushed (deferred, or with a priority)."""
+        self.pushed.extend(offsets)
 
     def set_write_through(self, on: bool) -> None:
         """Switch to writing every message to the log (a retention policy needs them there),
@@ -344,43 +345,47 @@ class TopicStream:
 
     def messages_at(self, offsets: Sequence[int]) -> list[Message]:
         """Copies of the messages at ``offsets``, each carrying its offset (those not stored,
-        lost to damage, left out). For the few deferred messages of a pump batch."""
+        lost to damage, left out). For the pushed messages of a pump batch: one read of the
+        log for the range they span (a pump batch at most)."""
         out: list[Message] = []
         tail = self.tail
+        on_disk = [o for o in offsets if o < tail.start] if self.log is not None else []
+        if on_disk:
+            wanted = set(on_disk)
+            assert self.log is not None
+            got = self.log.read_range(on_disk[0], end_offset=on_disk[-1] + 1)
+            for offset, m in got:
+                if offset in wanted:
+                    m = m.copy()
+                    m.offset = offset
+                    out.append(m)
         for offset in offsets:
             if tail.start <= offset < tail.end:
                 m = tail.slice(offset, 1)[0].copy()
-            elif self.log is not None and offset < tail.start:
-                got = self.log.read_range(offset, 1)
-                if not got or got[0][0] != offset:
-                    continue
-                m = got[0][1].copy()
-            else:
-                continue
-            m.offset = offset
-            out.append(m)
+                m.offset = offset
+                out.append(m)
         return out
 
     def take_pump_batch(self, count: int) -> tuple[int, int, list[int]]:
         """Hand up to ``count`` more messages to the channels: (start, end, offsets of the
-        deferred ones among them)."""
+        pushed ones among them)."""
         start = self.pumped
         end = min(start + count, self.next_offset)
         self.pumped = end
-        deferred = self.deferred
+        pushed = self.pushed
         if start < self.known_from and self.log is not None:
-            # A backlog an earlier run left: find its deferred messages (entries only).
-            for offset in self.log.deferred_offsets(start, min(end, self.known_from)):
-                insort(deferred, offset)
-        if not deferred:
+            # A backlog an earlier run left: find its pushed messages (entries, option blocks).
+            for offset in self.log.pushed_offsets(start, min(end, self.known_from)):
+                insort(pushed, offset)
+        if not pushed:
             return start, end, []
-        lo = bisect_left(deferred, start)
-        hi = bisect_left(deferred, end, lo)
-        return start, end, deferred[lo:hi]
+        lo = bisect_left(pushed, start)
+        hi = bisect_left(pushed, end, lo)
+        return start, end, pushed[lo:hi]
 
     def trim(self) -> None:
         """Forget, from memory, the messages every channel has read (never written: nsqd's
-        consumed memory queue), and the deferred offsets every cursor has passed."""
+        consumed memory queue), and the pushed offsets every cursor has passed."""
         low = self.pumped
         for cursor in self.cursors:
             if cursor.position < low:
@@ -388,9 +393,9 @@ class TopicStream:
         tail = self.tail
         if len(tail) and low > tail.start:
             tail.drop_until(min(low, tail.end))
-        deferred = self.deferred
-        if deferred and deferred[0] < low:
-            del deferred[: bisect_left(deferred, low)]
+        pushed = self.pushed
+        if pushed and pushed[0] < low:
+            del pushed[: bisect_left(pushed, low)]
 
     def reset_unpumped(self) -> None:
         """Topic empty (nsqd): drop the messages not yet handed to the channels. Their offsets
@@ -404,10 +409,10 @@ class TopicStream:
         self.pumped = skip_to
         for cursor in self.cursors:
             cursor.skip(old, skip_to)
-        deferred = self.deferred
-        if deferred:
-            lo = bisect_left(deferred, old)
-            del deferred[lo : bisect_left(deferred, skip_to, lo)]
+        pushed = self.pushed
+        if pushed:
+            lo = bisect_left(pushed, old)
+            del pushed[lo : bisect_left(pushed, skip_to, lo)]
 
     def drop_unpumped(self, count: int) -> int:
         """``overflow="drop_oldest"``: drop the oldest ``count`` messages not yet handed to the
@@ -419,17 +424,17 @@ class TopicStream:
         self.pumped = new
         for cursor in self.cursors:
             cursor.skip(old, new)
-        deferred = self.deferred
-        if deferred:
-            lo = bisect_left(deferred, old)
-            del deferred[lo : bisect_left(deferred, new, lo)]
+        pushed = self.pushed
+        if pushed:
+            lo = bisect_left(pushed, old)
+            del pushed[lo : bisect_left(pushed, new, lo)]
         self.trim()
         return new - old
 
-    # -- durable deferred copies --------------------------------------------------------------
+    # -- durable pushed copies ----------------------------------------------------------------
 
     def pin(self, offset: int) -> None:
-        """A durable channel's copy of the deferred message at ``offset`` is not fsynced yet:
+        """A durable channel's copy of the pushed message at ``offset`` is not fsynced yet:
         ``#topic`` does not pass it until ``unpin``."""
         self._pins[offset] = self._pins.get(offset, 0) + 1
 
@@ -517,7 +522,7 @@ class TopicStream:
         """Drop every message and the log's files."""
         self.tail.reset(self.next_offset)
         self.pumped = self.next_offset
-        self.deferred.clear()
+        self.pushed.clear()
         self._pins.clear()
         if self.log is not None:
             self.log.delete()

@@ -10,14 +10,15 @@ pump (one ``trio.Event.set``).
 The pump hands the stream to the channels in batches (nsqd's messagePump): it moves the
 stream's ``pumped`` offset, below which the channels read through their cursors
 (``cursor.py``), pushes the batch's deferred messages (DPUB) into every channel's deferred
-queue, puts copies into the channels that have no cursor (ephemeral ones, and every channel of an
+queue and those with an lmq priority into every channel's priority lanes (``lanes.py``), puts
+copies into the channels that have no cursor (ephemeral ones, and every channel of an
 ephemeral topic, which has no log), and asks each channel to deliver once per batch. A topic
 that is paused or has no channels does not pump: it keeps its backlog, and the first channel
 created reads it (nsqd).
 
-A durable channel keeps its copy of a deferred message in its deferred store; until that copy is
-fsynced the stream keeps ``#topic`` from passing the message (``TopicStream.pin``), so a crash
-before then pumps it again.
+A durable channel keeps its copy of a pushed message in its deferred store or a lane's store;
+until that copy is fsynced the stream keeps ``#topic`` from passing the message
+(``TopicStream.pin``), so a crash before then pumps it again.
 
 ``run`` owns a nursery holding the pump and every channel's timer task; channels created later
 are started into it, and each channel cancels its own task when deleted.
@@ -39,7 +40,7 @@ import trio
 from lmqd.engine.admission import PublishCounters, PublishGate, PublishRefused
 from lmqd.engine.backend import BackendError, BackendQueue, DummyBackend, storage_damage
 from lmqd.engine.channel import Channel, DeadLetterSink, TopicExiting
-from lmqd.engine.cursor import ChannelCursor
+from lmqd.engine.cursor import ChannelCursor, pushed
 from lmqd.engine.dedup import DedupWindow
 from lmqd.engine.e2e import E2eLatencyStream
 from lmqd.engine.policy import PolicyValue, TopicPolicy
@@ -104,8 +105,14 @@ class Topic:
         clock: Callable[[], float] = trio.current_time,
         wall_clock: Callable[[], int] | None = None,
         dead_letter: DeadLetterSink | None = None,
+        lane_backend_factory: Callable[[str, str, int], BackendQueue] | None = None,
+        stored_lanes: Callable[[str, str], list[int]] | None = None,
     ) -> None:
         self.name = name
+        self._lane_backend_factory = lane_backend_factory
+        """A channel's priority lane's store (topic, channel, level)."""
+        self._stored_lanes = stored_lanes
+        """The levels whose lane stores a channel has on disk (topic, channel)."""
         self.options = options
         self.ephemeral = is_ephemeral(name)
         self._paused = False
@@ -282,7 +289,10 @@ class Topic:
                 self.message_ttls = True
                 for channel in self.channels.values():
                     channel.note_message_ttls()
-        self._put(messages, sum(map(len, bodies)), deliver_at > 0)
+            ranked = any(e is not None and e.priority for e in exts)
+        else:
+            ranked = False
+        self._put(messages, sum(map(len, bodies)), deliver_at > 0 or ranked)
         return messages
 
     def publish_run(
@@ -340,9 +350,7 @@ class Topic:
             offered += size
             accepted += 1
         messages = (
-            self._publish(kept, now, defer, kept_exts if exts is not None else None)
-            if kept
-            else []
+            self._publish(kept, now, defer, kept_exts if exts is not None else None) if kept else []
         )
         if window is not None:
             window.remember(digests, now)
@@ -387,22 +395,20 @@ class Topic:
         ``TopicExiting``, or ``BackendError`` having stored none of them."""
         if self.exiting:
             raise TopicExiting(f"topic {self.name} is exiting")
-        self._put(messages, sum(len(m.body) for m in messages), any(m.deliver_at for m in messages))
+        self._put(messages, sum(len(m.body) for m in messages), any(map(pushed, messages)))
 
     @property
     def wrote_backend(self) -> bool:
         """Whether the last publish wrote to the log (a success there clears bad health)."""
         return self.stream.wrote_backend
 
-    def _put(self, messages: Sequence[Message], nbytes: int, deferred: bool) -> None:
+    def _put(self, messages: Sequence[Message], nbytes: int, some_pushed: bool) -> None:
         stream = self.stream
         first = stream.next_offset
         stream.append(messages)  # raises BackendError having stored none
-        if deferred:
+        if some_pushed:
             kept = stream.next_offset - first  # an ephemeral topic may have dropped the rest
-            stream.note_deferred(
-                [first + k for k, m in enumerate(messages[:kept]) if m.deliver_at]
-            )
+            stream.note_pushed([first + k for k, m in enumerate(messages[:kept]) if pushed(m)])
         self.message_count += len(messages)
         self.message_bytes += nbytes
         if stream.wrote_backend and self._syncer is not None:
@@ -432,45 +438,46 @@ class Topic:
         """Hand the next batch of the stream to the channels (see the module docstring)."""
         stream = self.stream
         channels = [c for c in self.channels.values() if not c.exiting]
-        start, end, deferred_at = stream.take_pump_batch(PUMP_BATCH)
+        start, end, pushed_at = stream.take_pump_batch(PUMP_BATCH)
         readers = [c for c in channels if c.cursor is not None]
-        pushed = [c for c in channels if c.cursor is None]
+        fed = [c for c in channels if c.cursor is None]
         for channel in readers:
             channel.message_count += end - start
-        if deferred_at and readers:
-            deferred = stream.messages_at(deferred_at)
+        if pushed_at and readers:
+            batch_pushed = stream.messages_at(pushed_at)
             for channel in readers:
-                self._push_deferred(channel, deferred, now)
-        if pushed:
+                self._push(channel, batch_pushed, now)
+        if fed:
             batch = stream.read_range(start, end)
             if not readers and stream.log is None:
                 # The tail forgets them below: the first channel may keep the objects.
-                for channel in pushed[1:]:
+                for channel in fed[1:]:
                     channel.put_many(copies(batch), now)
-                pushed[0].put_many(batch, now)
+                fed[0].put_many(batch, now)
             else:
-                for channel in pushed:
+                for channel in fed:
                     channel.put_many(copies(batch), now)
         for channel in channels:
             channel.deliver(now)
         stream.trim()
 
-    def _push_deferred(self, channel: Channel, deferred: list[Message], now: float) -> None:
-        """Copies of the batch's deferred messages (with their offsets) to one channel."""
-        copied = copies(deferred)
+    def _push(self, channel: Channel, batch_pushed: list[Message], now: float) -> None:
+        """Copies of the batch's pushed messages (deferred, or with a priority; with their
+        offsets) to one channel."""
+        copied = copies(batch_pushed)
         if not channel.durable:
-            channel.push_deferred(copied, now)
+            channel.push(copied, now)
             return
         stream = self.stream
-        offsets = [m.offset for m in deferred]
-        for offset in offsets:
-            stream.pin(offset)  # #topic must not pass them before this channel's copy is safe
+        for m in batch_pushed:
+            stream.pin(m.offset)  # #topic must not pass it before this channel's copy is safe
         try:
-            channel.push_deferred(copied, now)
+            written = channel.push(copied, now)
         except BackendError as exc:
-            # Kept in memory; the pin stays, so a restart pumps them again for this channel.
+            # The channel holds in memory what was not stored; their pins stay, so a restart
+            # pumps them again for this channel.
             log.error(
-                "TOPIC(%s): channel(%s) cannot store %d deferred messages (held in memory "
+                "TOPIC(%s): channel(%s) cannot store %d pushed messages (held in memory "
                 "until a restart pumps them again) - %s",
                 self.name,
                 channel.name,
@@ -479,16 +486,13 @@ class Topic:
             )
             if self._on_health is not None:
                 self._on_health(str(exc))
-            for m in copied:
-                m.offset = -1
-            channel.hold_deferred(copied)
             return
-        store = channel.deferred_store
-        if self._syncer is None or store is None:
-            for offset in offsets:
-                stream.unpin(offset)
-            return
-        self._syncer.when_durable(store, partial(self._unpin, offsets), urgent=False)
+        for store, offsets in written:
+            if self._syncer is None:
+                for offset in offsets:
+                    stream.unpin(offset)
+            else:
+                self._syncer.when_durable(store, partial(self._unpin, offsets), urgent=False)
 
     def _unpin(self, offsets: list[int], error: OSError | None) -> None:
         # Syncer callback: a channel's deferred copies are durable (or their sync failed: the
@@ -538,6 +542,14 @@ class Topic:
             dead_letter=self._dead_letter,
             wall_clock=self._wall_clock,
             on_paused_changed=self._metadata_changed,
+            lane_backend=(
+                None
+                if self._lane_backend_factory is None
+                else partial(self._lane_backend_factory, self.name, name)
+            ),
+            stored_lanes=(
+                self._stored_lanes(self.name, name) if self._stored_lanes is not None else ()
+            ),
         )
         channel.set_ttl(self.policy.ttl_ms)
         if self.message_ttls:

@@ -310,15 +310,16 @@ class TopicLog:
         finally:
             reader.close()
 
-    def deferred_offsets(self, start_offset: int, end_offset: int) -> list[int]:
+    def pushed_offsets(self, start_offset: int, end_offset: int) -> list[int]:
         """The offsets in ``[start_offset, end_offset)`` of messages stored with a deliver-after
-        time (DPUB), in order. Reads the records' entries only (no message is made): a topic
-        finds the deferred messages of a backlog an earlier run left at this cost."""
+        time (DPUB) or an lmq priority, in order: those a topic's pump pushes to its channels.
+        Reads the records' entries and option blocks only (no message is made): a topic finds
+        them in a backlog an earlier run left at this cost."""
         if self._closed or start_offset >= end_offset:
             return []
         reader = LogReader(self._index, self._cache, start_offset)
         try:
-            return reader.deferred_offsets(end_offset)
+            return reader.pushed_offsets(end_offset)
         finally:
             reader.close()
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import os
+from operator import or_
 
 from crc32c import crc32c
 
@@ -41,6 +42,7 @@ from lmqd.storage.reader import MAX_REPAIRS_PER_READ
 from lmqd.storage.record import (
     BATCH_ENTRY,
     BATCH_ENTRY_SIZE,
+    BATCH_FLAG_OPTIONS,
     BATCH_HEADER,
     MAX_RECORD_LENGTH,
     MIN_RECORD_LENGTH,
@@ -55,6 +57,7 @@ from lmqd.storage.record import (
     header_offset_size,
 )
 from lmqd.storage.repair import set_aside_damage
+from lmqd.storage.verify import batch_layout, option_priorities
 
 log = logging.getLogger("lmqd.storage")
 
@@ -210,10 +213,11 @@ class LogReader:
             self._running = first + count
         return self.seek(index.next_offset)
 
-    def deferred_offsets(self, until: int) -> list[int]:
+    def pushed_offsets(self, until: int) -> list[int]:
         """The offsets, from the position up to ``until``, of the messages stored with a
-        deliver-after time (DPUB); moves the reader to ``until`` (or the end of what it could
-        read). Reads the records' entries only: no message is made, no body touched."""
+        deliver-after time (DPUB) or an lmq priority; moves the reader to ``until`` (or the end
+        of what it could read). Reads the records' entries and option blocks only: no message
+        is made, no body touched."""
         self._pending = None
         found: list[int] = []
         repairs = 0
@@ -246,11 +250,14 @@ class LogReader:
             else:
                 at = i + header_offset_size(kind)
                 with memoryview(buf) as view, view[at : at + count * BATCH_ENTRY_SIZE] as entries:
-                    found.extend(
-                        first + k
-                        for k, entry in enumerate(BATCH_ENTRY.iter_unpack(entries))
-                        if entry[4] and start <= first + k < until
-                    )
+                    pushed = [entry[4] for entry in BATCH_ENTRY.iter_unpack(entries)]
+                if buf[i + 5] & BATCH_FLAG_OPTIONS:
+                    _, _, options_at = batch_layout(buf, i, rec_end)
+                    priorities = option_priorities(buf, options_at, rec_end - 4, count)
+                    pushed = list(map(or_, pushed, priorities))
+                found.extend(
+                    first + k for k, p in enumerate(pushed) if p and start <= first + k < until
+                )
             self._pos += rec_end - i
             self._running = first + count
             self._next = first + count

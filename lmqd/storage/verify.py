@@ -27,6 +27,7 @@ from operator import itemgetter
 
 from crc32c import crc32c
 
+from lmqd.message_ext import PRIORITY as EXT_HAS_PRIORITY
 from lmqd.storage.record import (
     BATCH_ENTRY_SIZE,
     BATCH_FLAG_OPTIONS,
@@ -88,6 +89,32 @@ def parse_optional_fields(
             offset += n
         bit <<= 1
     return expires_ns, headers, offset
+
+
+def option_priorities(buf: Buffer, at: int, end: int, count: int) -> list[int]:
+    """The lmq priority (0: none) in each of the ``count`` option blocks from ``at`` (a batch
+    whose structure ``batch_layout`` checked): the extension block's first byte says whether a
+    priority byte follows it (``lmqd.message_ext``). Reads nothing else of the messages."""
+    out: list[int] = []
+    stop = at
+    for _ in range(count):
+        flags = buf[stop]
+        offset = stop + 1
+        priority = 0
+        bit = 1
+        while flags >= bit:
+            if flags & bit:
+                (n,) = U32.unpack_from(buf, offset)
+                offset += 4
+                if bit == FLAG_HEADERS and n >= 2 and buf[offset] & EXT_HAS_PRIORITY:
+                    priority = buf[offset + 1]
+                offset += n
+            bit <<= 1
+        if offset > end:
+            raise FormatError("option block past the record end")
+        out.append(priority)
+        stop = offset
+    return out
 
 
 def batch_layout(buf: Buffer, offset: int, rec_end: int) -> tuple[int, int, int]:

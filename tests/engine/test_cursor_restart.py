@@ -10,120 +10,12 @@ it again in place.
 
 from __future__ import annotations
 
-import random
-import shutil
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from lmqd.engine.stores import Stores, queues_to_open, restore_plan, stored_queue_names
-from lmqd.engine.syncer import Syncer
-from lmqd.engine.topic import Topic
-from lmqd.message import GuidFactory, Message
-from lmqd.options import Options
-from lmqd.storage import AnchoredTimeBase, ChannelMetadata, Metadata, TopicMetadata, run_sync_jobs
-
 from ..storage.storage_helpers import memory_dir
-from .engine_fakes import FakeClient
-
-WALL0_NS = 1_750_000_000 * 10**9
-NOW = 1.0
-
-
-class Engine:
-    """One topic ``t`` opened the way the daemon opens it, over a data directory that a crash
-    replaces by a copy."""
-
-    def __init__(self, base: Path, *, durable: bool) -> None:
-        self.base = base
-        self.root = base / "g0"
-        self.root.mkdir()
-        self.generation = 0
-        self.durable = durable
-        self.guid = GuidFactory(1)
-        self.clients: dict[str, FakeClient] = {}
-        self.topic = self._open([])
-
-    def _open(self, channels: list[str]) -> Topic:
-        options = Options(
-            data_path=str(self.root), durable=self.durable, mem_queue_size=0,
-            max_bytes_per_file=400,
-        )
-        timebase = AnchoredTimeBase(0.0, WALL0_NS)
-        syncer = Syncer(
-            sync_every=10**9, sync_timeout=1.0, metadata_file=str(self.root / "lmqd.dat"),
-            metadata=Metadata,
-        )
-        stores = Stores(options, syncer, hold_data_dir=lambda: timebase, on_health=lambda e: None)
-        on_disk = stored_queue_names(str(self.root))
-        plan = restore_plan(
-            Metadata((TopicMetadata("t", False, tuple(ChannelMetadata(n) for n in channels)),)),
-            on_disk,
-        )
-        opened, failed = stores.open_stored(queues_to_open(plan, on_disk))
-        assert not failed
-        stores.preopen(opened)
-        topic = Topic(
-            "t", options, log=stores.topic_log("t"),
-            channel_backend_factory=stores.channel_backend,
-            deferred_store_factory=stores.deferred_store,
-            guid=self.guid, rng=random.Random(7), clock=lambda: NOW,
-        )
-        for name in channels:
-            self.subscribe(topic, name)
-        stores.close_unclaimed()
-        return topic
-
-    def subscribe(self, topic: Topic, name: str, ready: int = 0) -> FakeClient:
-        client = FakeClient(len(self.clients) + 1, ready=ready)
-        client.subscribe(topic.get_channel(name))
-        self.clients[name] = client
-        return client
-
-    def pump(self) -> None:
-        while self.topic.stream.depth:
-            self.topic._pump_batch(NOW)
-
-    def sync(self) -> None:
-        topic = self.topic
-        jobs = [job for c in topic.channels.values() for q in c.disk_queues
-                if (job := q.prepare_sync()) is not None]
-        if (job := topic.stream.prepare_sync()) is not None:
-            jobs.append(job)
-        assert all(error is None for error in run_sync_jobs(jobs))
-
-    def restart(self) -> None:
-        names = list(self.topic.channels)
-        self.topic.close()
-        self.clients.clear()
-        self.topic = self._open(names)
-
-    def crash(self) -> None:
-        names = list(self.topic.channels)
-        self.generation += 1
-        copy = self.base / f"g{self.generation}"
-        shutil.copytree(self.root, copy)
-        self.topic.close()  # releases the old directory's files; the copy goes on
-        shutil.rmtree(self.root)
-        self.root = copy
-        self.clients.clear()
-        self.topic = self._open(names)
-
-    def drain(self, name: str) -> list[Message]:
-        """Every message channel ``name`` delivers now (RDY wide open), FIN'd."""
-        channel = self.topic.channels[name]
-        client = self.clients[name]
-        client.ready_count = 10_000
-        before = len(client.received)
-        channel.deliver(NOW)
-        got = client.received[before:]
-        assert client.sub is not None
-        channel.finish_many(client.sub, [m.id for m in got], NOW)
-        return got
-
-    def close(self) -> None:
-        self.topic.close()
+from .engine_restart import NOW, Engine
 
 
 @pytest.fixture(params=[False, True], ids=["default", "durable"])

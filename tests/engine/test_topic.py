@@ -93,7 +93,7 @@ def test_publish_builds_messages_and_counts() -> None:
     assert (topic.message_count, topic.message_bytes, topic.depth) == (2, 11, 2)
     [deferred] = topic.publish([b"later"], 5.0, defer=1.5)
     assert deferred.deliver_at == 6.5
-    assert (topic.stream.next_offset, topic.stream.deferred) == (3, [2])
+    assert (topic.stream.next_offset, topic.stream.pushed) == (3, [2])
 
 
 def test_publish_past_the_memory_bound_goes_to_the_log_oldest_first(tmp_path: Path) -> None:

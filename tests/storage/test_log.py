@@ -21,6 +21,7 @@ import pytest
 from crc32c import crc32c
 
 from lmqd.message import Message
+from lmqd.message_ext import MessageExt
 from lmqd.storage.decoder import decode_any
 from lmqd.storage.errors import BackendError
 from lmqd.storage.log import TopicLog
@@ -257,18 +258,26 @@ def test_a_cursor_reads_up_to_a_limit_and_skips_forward_keeping_the_unsettled(
     assert cursor.skip_to(1000) == 40  # clamped to the end
 
 
-def test_deferred_offsets_are_found_from_the_entries(tmp_path: Path) -> None:
+def test_pushed_offsets_are_found_from_the_entries_and_option_blocks(tmp_path: Path) -> None:
     log = open_log(tmp_path, max_bytes_per_file=SMALL)
     msgs = stamped(60)
-    for i in (3, 17, 18, 41, 59):
+    for i in (3, 17, 41):
         msgs[i].deliver_at = 5.0
+    for i, priority in ((18, 9), (30, 1), (59, 4)):
+        msgs[i].ext = MessageExt(priority=priority, headers=(("k", "v"),))
+    msgs[20].ext = MessageExt(headers=(("k", "v"),))  # an extension without a priority
+    msgs[21].ext = MessageExt(ttl_ms=5)
     log.append_many(msgs[:30])
     log.append_many(msgs[30:])
-    assert log.deferred_offsets(0, 60) == [3, 17, 18, 41, 59]
-    assert log.deferred_offsets(4, 42) == [17, 18, 41]
-    assert log.deferred_offsets(18, 19) == [18]
-    assert log.deferred_offsets(42, 59) == []
-    assert log.deferred_offsets(30, 30) == []
+    assert log.pushed_offsets(0, 60) == [3, 17, 18, 30, 41, 59]
+    assert log.pushed_offsets(4, 42) == [17, 18, 30, 41]
+    assert log.pushed_offsets(18, 19) == [18]
+    assert log.pushed_offsets(42, 59) == []
+    assert log.pushed_offsets(30, 30) == []
+    log.close()
+    log = open_log(tmp_path, max_bytes_per_file=SMALL)  # read from the files, not the cache
+    assert log.pushed_offsets(0, 60) == [3, 17, 18, 30, 41, 59]
+    log.close()
 
 
 def test_offset_for_time_finds_the_first_message_at_or_after_a_time(tmp_path: Path) -> None:
