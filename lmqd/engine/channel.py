@@ -1580,7 +1580,8 @@ class Channel:
         return ChannelStats(
             channel_name=self.name,
             depth=self.depth,
-            backend_depth=self.backend.depth,
+            backend_depth=self.backend.depth
+            + (self._lanes.backend_depth if self._lanes is not None else 0),
             in_flight_count=len(self._in_flight),
             deferred_count=len(self._deferred),
             message_count=self.message_count,

@@ -7,14 +7,19 @@ The daemon's own restore path over tmpfs (``engine_restart.Engine``), plain-def 
 
 from __future__ import annotations
 
+import random
 from collections.abc import Iterator
 
 import pytest
 
-from lmqd.message import Message
+from lmqd.engine.backend import MemoryBackend
+from lmqd.engine.topic import Topic
+from lmqd.message import GuidFactory, Message
 from lmqd.message_ext import MessageExt
+from lmqd.options import Options
 
 from ..storage.storage_helpers import memory_dir
+from .engine_fakes import FakeClient
 from .engine_restart import NOW, Engine
 
 BACKLOG = 300
@@ -213,3 +218,26 @@ def test_finished_ranked_messages_stay_finished_after_a_crash() -> None:
             assert engine.drain("a") == []
         finally:
             engine.close()
+
+
+@pytest.mark.parametrize("topic_name", ["t#ephemeral", "t"])
+def test_channels_without_a_cursor_rank_too(topic_name: str) -> None:
+    """An ephemeral topic (no log) and an ephemeral channel get copies from the pump, not
+    through a cursor: the ranked ones still go first."""
+    topic = Topic(
+        topic_name, Options(), channel_backend_factory=lambda t, c: MemoryBackend(),
+        guid=GuidFactory(1), rng=random.Random(3),
+    )  # fmt: skip
+    client = FakeClient(1)
+    channel = topic.get_channel("c#ephemeral")
+    client.subscribe(channel)
+    topic.publish([b"plain0", b"plain1"], NOW)
+    for body, level in RANKED:
+        topic.publish([body], NOW, exts=[MessageExt(priority=level)])
+    while topic.stream.depth:
+        topic._pump_batch(NOW)
+    assert channel.priority_depths == {9: 2, 5: 2, 1: 2}
+    client.ready_count = 100
+    channel.deliver(NOW)
+    assert [m.body for m in client.received] == [*IN_ORDER, b"plain0", b"plain1"]
+    topic.close()
