@@ -639,12 +639,12 @@ class Channel:
             messages = [m for m in messages if m.offset < 0]
         queue.hold(messages)
 
-    def _take(self, count: int, now: float) -> list[Message]:
+    def _take(self, count: int, now: float, *, ranked: bool = True) -> list[Message]:
         """Remove up to ``count`` ready messages: the own store (memory, then its backend),
-        then the cursor; the priority lanes before all of them."""
+        then the cursor; the priority lanes before all of them (unless not ``ranked``)."""
         queue = self._queue
         lanes = self._lanes
-        if lanes is not None and lanes:
+        if ranked and lanes is not None and lanes:
             out = lanes.take(count, self._lane_read)
             if len(out) < count:
                 out += queue.take_memory(count - len(out))
@@ -1406,8 +1406,12 @@ class Channel:
     def drop_oldest(self, count: int, now: float) -> int:
         """Drop up to ``count`` of the messages delivery would take next (the oldest waiting:
         the own store, then the cursor), for a topic's ``overflow="drop_oldest"``; how many.
-        ``--durable``: they are acknowledged as a FIN would."""
-        dropped = self._take(count, now)
+        Messages with a priority go last, the lowest level first. ``--durable``: they are
+        acknowledged as a FIN would."""
+        dropped = self._take(count, now, ranked=False)
+        lanes = self._lanes
+        if len(dropped) < count and lanes is not None and lanes:
+            dropped += lanes.take(count - len(dropped), self._lane_read, lowest_first=True)
         if self._acks is not None and dropped:
             self._acks.ack(dropped)
         return len(dropped)

@@ -149,13 +149,18 @@ class PriorityLanes:
     # -- taking --------------------------------------------------------------------------------
 
     def take(
-        self, count: int, on_read: Callable[[BackendQueue, list[Message]], None]
+        self,
+        count: int,
+        on_read: Callable[[BackendQueue, list[Message]], None],
+        *,
+        lowest_first: bool = False,
     ) -> list[Message]:
-        """Remove up to ``count`` messages, highest level first, each lane's memory then its
-        backend; ``on_read(backend, messages)`` is told of those read from a backend."""
+        """Remove up to ``count`` messages, highest level first (``lowest_first``: the other
+        way, to drop what matters least), each lane's memory then its backend;
+        ``on_read(backend, messages)`` is told of those read from a backend."""
         out: list[Message] = []
         lanes = self.lanes
-        for level in self._levels:
+        for level in reversed(self._levels) if lowest_first else self._levels:
             lane = lanes[level]
             if not len(lane):
                 continue

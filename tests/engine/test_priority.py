@@ -241,3 +241,13 @@ def test_channels_without_a_cursor_rank_too(topic_name: str) -> None:
     channel.deliver(NOW)
     assert [m.body for m in client.received] == [*IN_ORDER, b"plain0", b"plain1"]
     topic.close()
+
+
+def test_drop_oldest_drops_the_plain_backlog_first_then_the_lowest_levels(engine: Engine) -> None:
+    engine.subscribe(engine.topic, "a")
+    engine.topic.publish([b"p0", b"p1"], NOW)
+    publish_ranked(engine)
+    engine.pump()
+    channel = engine.topic.channels["a"]
+    assert channel.drop_oldest(4, NOW) == 4  # p0, p1, then a1, a2 (level 1)
+    assert [m.body for m in engine.drain("a")] == [b"c1", b"c2", b"b1", b"b2"]
