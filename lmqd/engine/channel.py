@@ -392,7 +392,7 @@ class Channel:
         if self._lanes is None and any(map(priority_of, messages)):
             self._ensure_lanes()
         if self._acks is not None:
-            return self._push_durable(messages, now)
+            return self._push_durable(messages)
         due = [m for m in messages if m.deliver_at <= now]
         if len(due) < len(messages):
             for m in messages:
@@ -404,9 +404,7 @@ class Channel:
             self._request_delivery()
         return []
 
-    def _push_durable(
-        self, messages: Sequence[Message], now: float
-    ) -> list[tuple[StoredQueue, list[int]]]:
+    def _push_durable(self, messages: Sequence[Message]) -> list[tuple[StoredQueue, list[int]]]:
         written: list[tuple[StoredQueue, list[int]]] = []
         deferred = [m for m in messages if m.deliver_at > 0]
         lanes = self._lanes
@@ -431,11 +429,11 @@ class Channel:
             held = [m for m in (*deferred, *ranked) if m.offset not in done]
             for m in held:
                 m.offset = -1  # the pin stays: a restart pumps them again
-            self.hold_pushed(held)
+            self._hold_pushed(held)
             raise
         return written
 
-    def hold_pushed(self, messages: Sequence[Message]) -> None:
+    def _hold_pushed(self, messages: Sequence[Message]) -> None:
         """Pushed messages held in memory only (their store could not take them)."""
         deferred = [m for m in messages if m.deliver_at]
         if deferred:
