@@ -48,6 +48,7 @@ from lmqd.engine.backend import (
     LazyBackend,
     MemoryBackend,
 )
+from lmqd.engine.dedup import DEDUP_MAX_ENTRIES
 from lmqd.engine.syncer import Syncer
 from lmqd.names import is_ephemeral
 from lmqd.options import Options
@@ -175,6 +176,7 @@ class Stores:
             timebase=self._hold_data_dir(),
             max_bytes_per_file=self.options.max_bytes_per_file,
             fresh=fresh,
+            recover_ids=DEDUP_MAX_ENTRIES,
         )
 
     def note_on_disk(self, names: Sequence[str]) -> None:
