@@ -42,6 +42,7 @@ __all__ = [
     "dead_letter_ext",
     "decode_ext",
     "encode_ext",
+    "ttl_and_dedup_id",
     "validate",
 ]
 
@@ -216,6 +217,29 @@ def decode_ext(data: bytes) -> MessageExt:
     if p != end:
         raise ExtError(f"{end - p} bytes after the extension block")
     return validate(MessageExt(priority, ttl_ms, dedup_id, tuple(headers)))
+
+
+def ttl_and_dedup_id(block: bytes) -> tuple[int, bytes]:
+    """The ``ttl_ms`` and ``dedup_id`` of a stored block (0 and ``b""`` where unset), read from
+    its first fields only: no validation, no header decoded. For start-up, which looks at every
+    stored block (``lmqd.storage.ext_notes``); a block that does not parse gives ``(0, b"")``,
+    as ``decode_ext`` failing makes the message's extension None."""
+    try:
+        flags = block[0]
+        if flags & ~_KNOWN:
+            return 0, b""
+        p = 2 if flags & PRIORITY else 1
+        ttl_ms = 0
+        if flags & TTL:
+            ttl_ms = _U32.unpack_from(block, p)[0]
+            p += 4
+        if not flags & DEDUP_ID:
+            return ttl_ms, b""
+        n = block[p]
+        dedup_id = bytes(block[p + 1 : p + 1 + n])
+    except (IndexError, struct.error):
+        return 0, b""
+    return ttl_ms, dedup_id if len(dedup_id) == n else b""
 
 
 DEAD_LETTER_HEADERS = ("lmq-dead-letter-topic", "lmq-dead-letter-channel",

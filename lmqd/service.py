@@ -143,6 +143,7 @@ class LmqDaemon:
             topic = broker.get_topic(entry.name)
             topic.paused = entry.paused
             _restore_policy(topic, entry.policy)
+            topic.recover_dedup(trio.current_time())
             for c in entry.channels:
                 if f"{entry.name}:{c.name}" in failed:
                     continue

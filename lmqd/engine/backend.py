@@ -116,6 +116,11 @@ class StoredQueue(BackendQueue, Syncable, Protocol):
         """What the queue found wrong with its files since it was opened."""
         ...
 
+    @property
+    def stored_message_ttls(self) -> bool:
+        """Whether some message found on disk when the queue opened has its own TTL."""
+        ...
+
 
 def storage_damage(found: Iterable[Damage]) -> StorageDamage:
     """The damage counters of some logs and queues, summed, as ``/stats`` reports them."""

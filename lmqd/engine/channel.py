@@ -263,6 +263,11 @@ class Channel:
             self._dq = deferred_store(False)  # an existing store: restore what it holds
             if self._dq is not None and self._dq.depth:
                 self._load_deferred()
+        if any(
+            q is not None and q.stored_message_ttls
+            for q in (backend.stored, self._stored_deferred())
+        ):
+            self.note_message_ttls()  # an earlier run stored messages with their own TTL
 
     def __repr__(self) -> str:
         return f"<Channel {self.topic_name}:{self.name}>"

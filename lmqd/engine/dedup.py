@@ -22,8 +22,9 @@ loss). Measured on CPython 3.11 (tracemalloc, 100 000 entries) at about 155 byte
 for the digest's bytes object, about 106 for its tuple, deque slot and set slot (the float of a
 publish is shared by its batch); so a full window costs about 16 MB per topic.
 
-The window lives in memory only: after a restart every body is new again (documented in
-docs/http.md; dedup ids that survive restarts are the extension issue's).
+The window lives in memory; a restart rebuilds it from what the topic's log holds of the window
+(``Topic.recover_dedup``: ``restore`` takes the entries with their ages converted to this run's
+times). What the log holds depends on the mode: docs/durability.md.
 
 The check and the remembering are separate steps (``unseen``, then ``remember``) so that a
 publish refused after the check (topic full, a failed write) leaves no trace: its retry is not
@@ -32,6 +33,7 @@ mistaken for a duplicate.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Iterable, Sequence
 from hashlib import blake2b
@@ -94,6 +96,28 @@ class DedupWindow:
             kept.append(body)
             digests.append(digest)
         return kept, digests
+
+    def restore(self, entries: Iterable[tuple[float, bytes]]) -> int:
+        """Remember ``(accepted_at, digest)`` entries of an earlier run, oldest first (times in
+        this run's clock, at or before any ``now`` to come; a time earlier than the last one
+        remembered is taken as that one, so the deque stays in time order); how many were new.
+        Call before this run remembers anything."""
+        order = self._order
+        seen = self._seen
+        limit = self.max_entries
+        last = order[-1][0] if order else -math.inf
+        added = 0
+        for at, digest in entries:
+            if digest in seen:
+                continue
+            last = max(last, at)
+            if len(order) >= limit:
+                seen.discard(order.popleft()[1])
+                self.evicted += 1
+            seen.add(digest)
+            order.append((last, digest))
+            added += 1
+        return added
 
     def remember(self, digests: Iterable[bytes], now: float) -> None:
         """The bodies of ``digests`` were accepted at ``now``; the oldest entries make room."""

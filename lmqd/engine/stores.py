@@ -49,6 +49,7 @@ from lmqd.engine.backend import (
     LazyBackend,
     MemoryBackend,
 )
+from lmqd.engine.dedup import DEDUP_MAX_ENTRIES
 from lmqd.engine.lanes import LANE_SUFFIX
 from lmqd.engine.syncer import Syncer
 from lmqd.names import is_ephemeral
@@ -189,6 +190,7 @@ class Stores:
             timebase=self._hold_data_dir(),
             max_bytes_per_file=self.options.max_bytes_per_file,
             fresh=fresh,
+            recover_ids=DEDUP_MAX_ENTRIES,
         )
 
     def note_on_disk(self, names: Sequence[str]) -> None:

@@ -475,14 +475,19 @@ class TopicStream:
     def refresh_cursors(self) -> None:
         """Move ``#topic`` to ``pumped`` (or the oldest pinned offset) and every channel's log
         cursor to its channel's position (``ChannelCursor.sync_log_cursor``)."""
+        self.move_topic_cursor()
+        for cursor in self.cursors:
+            cursor.sync_log_cursor()
+
+    def move_topic_cursor(self) -> None:
+        """Move ``#topic`` to ``pumped`` (or the oldest pinned offset): after an unpin, so
+        that the syncer's next tick persists it (a moved cursor is activity to sync)."""
         topic_cursor = self._topic_cursor
         if topic_cursor is not None and not topic_cursor.deleted:
             pumped = min(self.pumped, min(self._pins)) if self._pins else self.pumped
             target = self.log_target(pumped)
             if topic_cursor.position != target:
                 topic_cursor.seek(target)
-        for cursor in self.cursors:
-            cursor.sync_log_cursor()
 
     def log_target(self, offset: int) -> int:
         """``offset`` clamped to the log's offsets, as a seek clamps it (comparing positions

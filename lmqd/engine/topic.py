@@ -20,6 +20,12 @@ A durable channel keeps its copy of a pushed message in its deferred store or a 
 until that copy is fsynced the stream keeps ``#topic`` from passing the message
 (``TopicStream.pin``), so a crash before then pumps it again.
 
+**Across a restart** (lmq's extension, docs/durability.md): the dedup windows (dedup ids, and
+the bodies of a ``dedup_window_ms``) are rebuilt from what the log holds of them
+(``recover_dedup``, at start-up; the log keeps the segments they need, ``_keep_for_dedup``), and
+a log whose messages carry their own TTL makes every channel screen for it from the start
+(``message_ttls``; a channel's own stores tell it the same, ``Channel``).
+
 ``run`` owns a nursery holding the pump and every channel's timer task; channels created later
 are started into it, and each channel cancels its own task when deleted.
 """
@@ -41,7 +47,7 @@ from lmqd.engine.admission import PublishCounters, PublishGate, PublishRefused
 from lmqd.engine.backend import BackendError, BackendQueue, DummyBackend, storage_damage
 from lmqd.engine.channel import Channel, DeadLetterSink, TopicExiting
 from lmqd.engine.cursor import ChannelCursor, pushed
-from lmqd.engine.dedup import DedupWindow
+from lmqd.engine.dedup import DedupWindow, body_digest
 from lmqd.engine.e2e import E2eLatencyStream
 from lmqd.engine.policy import PolicyValue, TopicPolicy
 from lmqd.engine.salvage import Salvage
@@ -60,6 +66,10 @@ __all__ = ["PublishOutcome", "Topic", "TopicExiting"]
 
 log = logging.getLogger("lmqd.topic")
 
+RECOVER_CHUNK = 1024
+"""Messages ``recover_dedup`` reads from the log per step (a few read-aheads of the log's
+reader): the decoded messages of one step are all it holds at a time besides the digests."""
+
 # Messages handed on per pump iteration. Large enough that the per-batch costs (a checkpoint, one
 # delivery round per channel) vanish per message; small enough that one busy topic yields to the
 # network tasks often (a batch of 2048 takes roughly a millisecond).
@@ -69,6 +79,9 @@ PUMP_BATCH = 2048
 DEDUP_ID_WINDOW_S = 300.0
 """How long a topic without a ``dedup_window_ms`` remembers a dedup id: five minutes, SQS FIFO's
 deduplication interval (at most ``DEDUP_MAX_ENTRIES`` ids, oldest forgotten first)."""
+
+_ID_NAMESPACE = b"\x00dedup_id:"
+"""Dedup ids are remembered in a namespace of their own: an id never matches a body's digest."""
 
 
 @attrs.frozen
@@ -152,9 +165,10 @@ class Topic:
         self._clock = clock
         self.policy_settings: dict[str, PolicyValue] = {}
         """The topic's own policy keys (``policy.py``), persisted with the metadata."""
-        self.message_ttls = False
-        """A message with its own ``ttl_ms`` (lmq's extension) was published in this run: every
-        channel screens for it (``Channel.note_message_ttls``)."""
+        self.message_ttls = log is not None and log.stored_message_ttls
+        """A message with its own ``ttl_ms`` (lmq's extension) was published in this run, or
+        the log held one when it opened: every channel screens for it
+        (``Channel.note_message_ttls``)."""
         self.policy = TopicPolicy.effective(options, {})
         """The effective policy: the daemon's defaults, then ``policy_settings``."""
         self.publish_counters = PublishCounters()
@@ -239,12 +253,7 @@ class Topic:
         digests to remember once they are stored (``_remember_ids``)."""
         if not any(e is not None and e.dedup_id for e in exts):
             return bodies, exts, []
-        window = self._id_window
-        ms = self.policy.dedup_window_ms
-        length = ms / 1000 if ms else DEDUP_ID_WINDOW_S
-        if window is None:
-            window = self._id_window = DedupWindow(length)
-        window.window = length
+        window = self._ids_window()
         window.expire(now)
         pending: set[bytes] = set()
         kept_bodies: list[bytes] = []
@@ -252,8 +261,7 @@ class Topic:
         digests: list[bytes] = []
         for body, ext in zip(bodies, exts, strict=True):
             if ext is not None and ext.dedup_id:
-                # Remembered in their own namespace: an id never matches a body's digest.
-                new, new_digests = window.unseen([b"\x00dedup_id:" + ext.dedup_id], pending)
+                new, new_digests = window.unseen([_ID_NAMESPACE + ext.dedup_id], pending)
                 if not new:
                     self.publish_counters.deduplicated += 1
                     continue
@@ -265,6 +273,91 @@ class Topic:
     def _remember_ids(self, digests: list[bytes], now: float) -> None:
         if self._id_window is not None:
             self._id_window.remember(digests, now)
+
+    def _ids_window(self) -> DedupWindow:
+        """The dedup-id window, made (and kept on disk: ``_keep_for_dedup``) by the first id,
+        its length the policy's ``dedup_window_ms``, else ``DEDUP_ID_WINDOW_S``."""
+        ms = self.policy.dedup_window_ms
+        length = ms / 1000 if ms else DEDUP_ID_WINDOW_S
+        window = self._id_window
+        if window is None:
+            window = self._id_window = DedupWindow(length)
+            self._keep_for_dedup()
+        window.window = length
+        return window
+
+    def _keep_for_dedup(self) -> None:
+        """Keep the log's segments for as long as the dedup windows look back (the dedup-id
+        window once the topic has one, the body window of ``dedup_window_ms``), so that a
+        restart rebuilds them from the log (``recover_dedup``) even after every channel has
+        passed those segments."""
+        log_ = self.stream.log
+        if log_ is None:
+            return
+        keep = self.policy.dedup_window_ms
+        if self._id_window is not None:
+            keep = max(keep, int(self._id_window.window * 1000))
+        log_.keep_recent_ms = keep or None
+
+    def recover_dedup(self, now: float) -> None:
+        """Rebuild the dedup windows from the messages an earlier run left in the log: call
+        once, at start-up, after the topic's policy is restored (its ``dedup_window_ms`` is
+        the windows' length). Blocking (reads the log for the body window).
+
+        A stored message's age (wall clock now minus its timestamp) becomes the time it was
+        accepted in this run's terms (``now`` minus the age), so each entry expires when it
+        would have in an uninterrupted run. Dedup ids come from what the log noted while it
+        recovered (``TopicLog.take_recovered_ids``: no read); bodies (``dedup_window_ms``)
+        are read from the first message of the window (the log's time index), at most the
+        window's ``max_entries`` newest. What the log holds depends on the mode: see
+        docs/durability.md."""
+        log_ = self.stream.log
+        if log_ is None:
+            return
+        started = time.perf_counter()
+        wall = self._wall_clock()
+        ids = log_.take_recovered_ids()
+        id_count = self._recover_ids(ids, now, wall) if ids else 0
+        body_count = 0
+        gate = self.gate
+        if gate is not None and gate.dedup is not None and log_.next_offset:
+            body_count = self._recover_bodies(gate.dedup, now, wall)
+        if id_count or body_count:
+            log.info(
+                "TOPIC(%s): dedup windows rebuilt from the log: %d id(s), %d body digest(s) "
+                "in %.3fs",
+                self.name,
+                id_count,
+                body_count,
+                time.perf_counter() - started,
+            )
+
+    def _recover_ids(self, ids: list[tuple[int, bytes]], now: float, wall: int) -> int:
+        window = self._ids_window()
+        cutoff = wall - int(window.window * 1e9)
+        return window.restore(
+            (now - max(wall - ts, 0) / 1e9, body_digest(_ID_NAMESPACE + dedup_id))
+            for ts, dedup_id in ids
+            if ts > cutoff
+        )
+
+    def _recover_bodies(self, window: DedupWindow, now: float, wall: int) -> int:
+        log_ = self.stream.log
+        assert log_ is not None
+        end = self.stream.known_from
+        start = max(log_.offset_for_time(wall - int(window.window * 1e9)), end - window.max_entries)
+        if start >= end:
+            return 0
+        reader = log_.open_reader(start)
+        entries: list[tuple[float, bytes]] = []
+        try:
+            while got := reader.read_many(RECOVER_CHUNK, end):
+                entries += (
+                    (now - max(wall - m.timestamp, 0) / 1e9, body_digest(m.body)) for _, m in got
+                )
+        finally:
+            reader.close()
+        return window.restore(entries)
 
     def _publish(
         self,
@@ -495,11 +588,14 @@ class Topic:
                 self._syncer.when_durable(store, partial(self._unpin, offsets), urgent=False)
 
     def _unpin(self, offsets: list[int], error: OSError | None) -> None:
-        # Syncer callback: a channel's deferred copies are durable (or their sync failed: the
-        # pin stays, so a restart pumps them again for every channel).
+        # Syncer callback: a channel's pushed copies are durable (or their sync failed: the
+        # pin stays, so a restart pumps them again for every channel). ``#topic`` moves now,
+        # so the next tick persists it even if nothing else happens (a crash after that does
+        # not push them again).
         if error is None and not self.exiting:
             for offset in offsets:
                 self.stream.unpin(offset)
+            self.stream.move_topic_cursor()
 
     # -- channels ----------------------------------------------------------------------------
 
@@ -624,9 +720,12 @@ class Topic:
             self.gate.configure(policy, self._clock())
         else:
             self.gate = None
+        if self._id_window is not None:
+            self._ids_window()  # its length follows dedup_window_ms
         log_ = self.stream.log
         if log_ is None:
             return
+        self._keep_for_dedup()
         log_.retention_ms = policy.retention_ms or None
         log_.retention_bytes = policy.retention_bytes or None
         self.stream.set_write_through(policy.retains or self.options.durable)

@@ -9,6 +9,8 @@ Two forms of output, from the same layout rules:
   object. Anything else (option blocks, an implausible count, a single-message record) goes
   through the general form below and is converted, the headers field becoming the message's
   extension (``Message.ext``, ``lmqd.message_ext``).
+* **extension blocks** (``extension_blocks``): each message's extension block and timestamp,
+  for start-up's look at what is stored (``ext_notes.py``): no message made, no body copied.
 * **records** (``decode_batch_records``, ``decode_message_record`` and the verifying
   ``decode_record``, ``decode_any``, ``decode_records``): ``record.Record`` tuples with every
   field, optional ones included; for tools, tests and the slow path above.
@@ -35,6 +37,7 @@ from lmqd.storage.record import (
     BATCH_FLAG_OPTIONS,
     BATCH_HEADER,
     BATCH_HEADER_SIZE,
+    FLAG_HEADERS,
     MAX_BATCH_COUNT,
     RECORD_PREFIX,
     RECORD_PREFIX_SIZE,
@@ -43,6 +46,7 @@ from lmqd.storage.record import (
     Buffer,
     FormatError,
     Record,
+    header_offset_size,
 )
 from lmqd.storage.tokens import StoredMessage
 from lmqd.storage.verify import batch_layout, check_record, parse_optional_fields
@@ -166,6 +170,44 @@ def _messages(
         m.ext = ext
         msgs.append(m)
     return msgs
+
+
+# -- extension blocks only ---------------------------------------------------------------------
+
+
+def extension_blocks(buf: Buffer, offset: int, rec_end: int) -> list[tuple[int, bytes]]:
+    """(timestamp, extension block) of each message of the record at ``offset`` (any type, its
+    CRC checked) that carries a block, in order. A record without option blocks costs two byte
+    reads; otherwise the entries are unpacked in C and only the option blocks are walked.
+
+    Raises ``FormatError`` if the option blocks run past the record's end.
+    """
+    crc_at = rec_end - 4
+    flags = buf[offset + 5]
+    if buf[offset + 4] == TYPE_MESSAGE:
+        if not flags & FLAG_HEADERS:
+            return []
+        timestamp = RECORD_PREFIX.unpack_from(buf, offset)[4]
+        block = parse_optional_fields(buf, offset + RECORD_PREFIX_SIZE, crc_at, flags)[1]
+        return [(timestamp, block)] if block is not None else []
+    if not flags & BATCH_FLAG_OPTIONS:
+        return []
+    count = BATCH_HEADER.unpack_from(buf, offset)[3]
+    entries_at = offset + header_offset_size(buf[offset + 4])
+    bodies_at = entries_at + count * BATCH_ENTRY_SIZE
+    if not 1 <= count <= MAX_BATCH_COUNT or bodies_at > crc_at:
+        raise FormatError("batch entries past the record end")
+    with memoryview(buf) as whole, whole[entries_at:bodies_at] as view:
+        entries = [(n, timestamp) for n, _, timestamp, _, _ in BATCH_ENTRY.iter_unpack(view)]
+    at = bodies_at + sum(n for n, _ in entries)
+    out: list[tuple[int, bytes]] = []
+    for _, timestamp in entries:
+        if at >= crc_at:
+            raise FormatError("option block past the record end")
+        _, block, at = parse_optional_fields(buf, at + 1, crc_at, buf[at])
+        if block is not None:
+            out.append((timestamp, block))
+    return out
 
 
 # -- records, every field (the general form) ---------------------------------------------------

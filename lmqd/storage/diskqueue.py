@@ -110,6 +110,9 @@ class DiskQueue:
         self._dirty = 0
         self._last_positions: Positions | None = None
         self._closed = False
+        self.stored_message_ttls = False
+        """Some message found on disk when the queue opened has its own TTL (lmq's extension;
+        ``ext_notes.py``): its channel screens for it from the start."""
         try:
             self._open()
         except BaseException:
@@ -388,6 +391,7 @@ class DiskQueue:
         self._damage.rebuilt_positions = state.rebuilt_positions
         self._damage.lost_messages = state.lost_messages
         self._damage.rebuilt_count = 1 if state.rebuilt_positions else 0
+        self.stored_message_ttls = state.message_ttls
         segments = self._segments
         for r in state.segments:
             segments.live.append(Segment(r.number, r.path, r.end, r.skips, r.records))

@@ -102,6 +102,7 @@ class TopicLog:
         cache_bytes: int = LOG_CACHE_BYTES,
         read_ahead: int = DEFAULT_READ_AHEAD,
         fresh: bool = False,
+        recover_ids: int = 0,
     ) -> None:
         if max_bytes_per_file <= SEGMENT_HEADER_SIZE:
             raise ValueError("max_bytes_per_file too small")
@@ -114,6 +115,15 @@ class TopicLog:
         self.retention_bytes = _non_negative("retention_bytes", retention_bytes)
         """Keep such segments while they and the newer ones take at most this many bytes
         (None: no size retention). May be changed at any time."""
+        self.keep_recent_ms: int | None = None
+        """Keep segments every cursor has passed while their newest message is younger than
+        this, whatever the retention says (None: no floor): a topic's dedup windows, which the
+        next start rebuilds from the log (``take_recovered_ids``). May be changed at any time."""
+        self.stored_message_ttls = False
+        """Some message found on disk when the log opened has its own TTL (lmq's extension;
+        ``ext_notes.py``): the topic's channels screen for it from the start."""
+        self._recover_ids = recover_ids
+        self._recovered_ids: list[tuple[int, bytes]] = []
         self._dir = os.fspath(data_path)
         self._files = QueueFiles(
             name, self._dir, os.path.join(self._dir, log_state_filename(name)), subject="TOPICLOG"
@@ -216,6 +226,13 @@ class TopicLog:
         """The offset up to which the topic's disk queue had read when the log adopted its
         segments (where its existing channels' cursors start); None if nothing was adopted."""
         return self._adopted
+
+    def take_recovered_ids(self) -> list[tuple[int, bytes]]:
+        """The newest dedup ids (at most ``recover_ids``) of the messages found on disk when
+        the log opened, as (timestamp ns, dedup id) in offset order; handed over once (the
+        next call returns none)."""
+        ids, self._recovered_ids = self._recovered_ids, []
+        return ids
 
     def append_many(self, messages: Sequence[Message], first_offset: int | None = None) -> int:
         """Append ``messages`` in order; returns the offset of the first (the others follow).
@@ -464,6 +481,7 @@ class TopicLog:
             now_ns=now_ns,
             retention_ms=self.retention_ms,
             retention_bytes=self.retention_bytes,
+            keep_recent_ms=self.keep_recent_ms,
         )
         if not count:
             return
@@ -531,7 +549,7 @@ class TopicLog:
 
     def _open(self) -> None:
         os.makedirs(self._dir, exist_ok=True)
-        r = recover_log(self._dir, self.name)
+        r = recover_log(self._dir, self.name, keep_ids=self._recover_ids)
         damage = self._damage
         damage.corrupt_count = r.corrupt_count
         damage.corrupt_bytes = r.corrupt_bytes
@@ -540,6 +558,8 @@ class TopicLog:
         damage.rebuilt_positions = r.rebuilt_state
         damage.lost_messages = r.lost_messages
         damage.rebuilt_count = r.rebuilt_count
+        self.stored_message_ttls = r.notes.message_ttls
+        self._recovered_ids = list(r.notes.dedup_ids)
         segments = self._segments
         index = self._index
         for seg in r.segments:

@@ -7,7 +7,9 @@ Each segment file ``<stem>.lmq.<n>.dat`` goes through a disk queue's segment rec
 version 3 written): torn tail truncated, damage set aside and counted, a header-less newest
 segment given a fresh header, a segment of an unknown version left untouched. While it scans,
 recovery hands every valid record to an ``_Indexer``, which gives the record its offsets and adds
-it to the segment's sparse index (``log_index.py``): nothing of the index is stored on disk.
+it to the segment's sparse index (``log_index.py``): nothing of the index is stored on disk. It
+also hands the record to the log's ``ExtensionNotes`` (``ext_notes.py``: whether a stored
+message has its own TTL, the newest dedup ids), which the topic takes when it opens.
 
 Offsets. A version-3 segment's records carry their first offset ('O' records) and its header
 its base offset; a segment of a disk queue's format (versions 1 and 2: a topic's disk queue the
@@ -45,6 +47,7 @@ from operator import itemgetter
 
 import attrs
 
+from lmqd.storage.ext_notes import ExtensionNotes
 from lmqd.storage.files import list_segments, log_state_filename, positions_filename
 from lmqd.storage.log_index import NO_TIMESTAMP, SegmentIndex, first_offset
 from lmqd.storage.log_state import LogState, decode_log_state
@@ -114,19 +117,29 @@ class RecoveredLog:
     """Messages estimated lost in the corrupt regions (``verify.estimate_messages``)."""
     rebuilt_count: int = 0
     """The state file (missing, damaged or disagreeing) and cursors rebuilt from the segments."""
+    notes: ExtensionNotes = attrs.Factory(ExtensionNotes)
+    """What the segments' messages carry of lmq's extension (TTLs, the newest dedup ids)."""
 
 
 class _Indexer:
-    """Recovery's record visitor for one segment: offsets, index entries, the adopted offset."""
+    """Recovery's record visitor for one segment: offsets, index entries, the adopted offset,
+    the extension notes."""
 
-    __slots__ = ("adopt_at", "adopted", "number", "running", "seg")
+    __slots__ = ("adopt_at", "adopted", "notes", "number", "running", "seg")
 
-    def __init__(self, seg: SegmentIndex, adopt_at: Positions | None, adopted: int | None) -> None:
+    def __init__(
+        self,
+        seg: SegmentIndex,
+        adopt_at: Positions | None,
+        adopted: int | None,
+        notes: ExtensionNotes,
+    ) -> None:
         self.seg = seg
         self.number = seg.number
         self.running = seg.base
         self.adopt_at = adopt_at
         self.adopted = adopted
+        self.notes = notes
 
     def __call__(self, view: memoryview, pos: int, end: int, count: int) -> None:
         kind = view[pos + 4]
@@ -143,6 +156,7 @@ class _Indexer:
         first = first_offset(stated, self.running)
         self.seg.add_record(pos, first, count, newest)
         self.running = first + count
+        self.notes.visit(view, pos, end, count)
         where = self.adopt_at
         if (
             where is not None
@@ -169,8 +183,9 @@ def _read_header(path: str) -> SegmentHeader | None:
         return None
 
 
-def recover_log(directory: str, name: str) -> RecoveredLog:
+def recover_log(directory: str, name: str, *, keep_ids: int = 0) -> RecoveredLog:
     """Recover the log of topic ``name`` in ``directory`` (blocking: reads every segment).
+    ``keep_ids``: how many of the newest dedup ids to note (``RecoveredLog.notes``).
 
     Damaged content never raises; ``OSError`` is raised when a file cannot be read or repaired
     (as for a disk queue, skipping it could let a later start delete it unread).
@@ -200,6 +215,7 @@ def recover_log(directory: str, name: str) -> RecoveredLog:
         adopted=state.adopted if state is not None else None,
         state=state,
         rebuilt_state=damaged or (state is None and bool(numbers) and adopt_at is None),
+        notes=ExtensionNotes(keep_ids),
     )
     if result.rebuilt_state and not damaged:
         log.warning(
@@ -235,7 +251,7 @@ def recover_log(directory: str, name: str) -> RecoveredLog:
         else:
             synced_end = 0
         seg = SegmentIndex(Segment(number, path, SEGMENT_HEADER_SIZE, [], 0), base, max_ns, types)
-        indexer = _Indexer(seg, adopt_at, adopted)
+        indexer = _Indexer(seg, adopt_at, adopted, result.notes)
         fmt = SegmentFormat(
             readable=LOG_READABLE_VERSIONS,
             version=LOG_FORMAT_VERSION,

@@ -10,6 +10,11 @@ Retention only ever keeps more: a segment some cursor has not passed is never de
 with no cursor at all deletes nothing (nsqd: a topic without channels holds its messages for the
 first channel created).
 
+A **floor** (``keep_recent_ms``, set by the topic for its dedup windows) keeps every segment
+whose newest message is younger than that, whatever the retention says: the ids and bodies
+published within a dedup window stay on disk for the next start to rebuild the window from
+(``lmqd.engine.topic``). It too only ever keeps more.
+
 Deletion goes from the oldest segment on and stops at the first one that must stay (a log has no
 holes), and never takes the write segment. The caller (``TopicLog.prepare_sync``) retires the
 segments counted here; the sync job that persists the cursors' marks unlinks them afterwards.
@@ -31,6 +36,7 @@ def deletable_segments(
     now_ns: int,
     retention_ms: int | None = None,
     retention_bytes: int | None = None,
+    keep_recent_ms: int | None = None,
 ) -> int:
     """How many segments from the front of ``segments`` (oldest first, the write segment last)
     may be deleted, given the cursors' low-water marks ``lows`` and wall-clock ``now_ns``."""
@@ -43,6 +49,10 @@ def deletable_segments(
     for seg in segments[:-1]:
         if seg.next > low:
             break  # some cursor has not passed it
+        if keep_recent_ms is not None and (
+            seg.newest_ns != NO_TIMESTAMP and now_ns - seg.newest_ns < keep_recent_ms * NS_PER_MS
+        ):
+            break  # within the floor
         keep: list[bool] = []
         if retention_ms is not None:
             keep.append(

@@ -58,6 +58,7 @@ from typing import TypeVar
 
 import attrs
 
+from lmqd.storage.ext_notes import ExtensionNotes
 from lmqd.storage.files import (
     free_aside_path,
     list_segments,
@@ -307,6 +308,8 @@ class RecoveredQueue:
     lost_messages: int = 0
     """Messages estimated lost: the regions' estimates, or the shortfall against the depth
     the positions file recorded, whichever is larger."""
+    message_ttls: bool = False
+    """Some message in the live segments has its own TTL (``ext_notes.py``)."""
 
     @property
     def appendable(self) -> bool:
@@ -405,6 +408,8 @@ def recover_queue(directory: str, name: str) -> RecoveredQueue:
         read_segment, read_offset = positions.read
         live = [n for n in numbers if n >= read_segment]
         state.missing_segments += _count_missing(name, positions, set(live))
+    notes = ExtensionNotes()
+    fmt = SegmentFormat(visit=notes.visit)
     for index, number in enumerate(live):
         if positions is None:
             synced_end = 0
@@ -422,6 +427,7 @@ def recover_queue(directory: str, name: str) -> RecoveredQueue:
                 newest=index == len(live) - 1,
                 synced_end=synced_end,
                 count_from=read_offset if number == read_segment else 0,
+                fmt=fmt,
             )
         except FileNotFoundError:
             # Removed between listing and opening: the same as missing.
@@ -479,6 +485,7 @@ def recover_queue(directory: str, name: str) -> RecoveredQueue:
         )
         # Writes since the last sync can hide part of a shortfall: still a lower bound.
         state.lost_messages = max(state.lost_messages, positions.depth - state.depth)
+    state.message_ttls = notes.message_ttls
     return state
 
 

@@ -153,6 +153,24 @@ def test_window_is_bounded_oldest_evicted_first() -> None:
     assert DEDUP_MAX_ENTRIES == 100_000
 
 
+def test_restored_entries_expire_at_their_own_times_kept_in_order() -> None:
+    """An earlier run's entries (``Topic.recover_dedup``): each expires at its own time; one
+    out of order (a wall-clock step back) is taken at the time before it, so expiry, which pops
+    from the oldest end, never stops early."""
+    window = DedupWindow(10.0, max_entries=3)
+    restored = [(-8.0, body_digest(b"a")), (-2.0, body_digest(b"b")), (-5.0, body_digest(b"c")),
+                (-2.0, body_digest(b"a"))]  # fmt: skip
+    assert window.restore(restored) == 3  # "a" twice: once
+    window.expire(1.999)
+    assert window.unseen([b"a"], set())[0] == []
+    window.expire(2.0)  # "a" was accepted at -8
+    assert window.unseen([b"a", b"b", b"c"], set())[0] == [b"a"]
+    window.expire(8.0)  # "b" and "c" (taken at -2) go together
+    assert len(window) == 0
+    window.restore([(float(i), body_digest(b"%d" % i)) for i in range(4)])
+    assert (len(window), window.evicted) == (3, 1)
+
+
 @settings(max_examples=100, deadline=None)
 @given(
     events=st.lists(
