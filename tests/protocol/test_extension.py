@@ -163,6 +163,21 @@ def test_every_valid_block_round_trips(ext: MessageExt) -> None:
     assert decode_ext(encode_ext(ext)) == ext
 
 
+@given(exts, st.binary(min_size=1, max_size=4))
+def test_every_cut_of_a_block_and_every_block_with_bytes_after_it_is_refused(
+    ext: MessageExt, after: bytes
+) -> None:
+    """The block's own "byte by byte" and "trailing data": it has no length of its own (XPUB
+    and frame type 3 give it one), so a prefix must never pass for a shorter valid block, and
+    bytes after it must never be ignored."""
+    block = encode_ext(ext)
+    for cut in range(len(block)):
+        with pytest.raises(ExtError):
+            decode_ext(block[:cut])
+    with pytest.raises(ExtError):
+        decode_ext(block + after)
+
+
 @given(st.lists(st.tuples(st.binary(min_size=1, max_size=50), exts), min_size=1, max_size=5))
 def test_every_valid_xpub_round_trips(items: list[tuple[bytes, MessageExt]]) -> None:
     messages = [XpubMessage(body, ext) for body, ext in items]
