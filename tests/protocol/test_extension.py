@@ -1,4 +1,6 @@
-"""The lmq message extension's codec: blocks and XPUB bodies, exact bytes, every refusal, fuzzed."""
+"""The lmq message extension's codec: blocks, XPUB (single, multi, deferred) on the server's
+side and frame type 3 on the client's: exact bytes, whole, byte by byte and with trailing data,
+every refusal, fuzzed (hypothesis, as the rest of the protocol's tests)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from lmqd.message import Message
 from lmqd.message_ext import (
     MAX_DEDUP_ID,
     MAX_HEADER_BYTES,
@@ -17,10 +20,21 @@ from lmqd.message_ext import (
     decode_ext,
     encode_ext,
 )
-from lmqd.protocol import Xpub, encode_identify
+from lmqd.protocol import (
+    HEARTBEAT_FRAME,
+    ClientConnection,
+    Limits,
+    MessageFrame,
+    ProtocolError,
+    Response,
+    Xpub,
+    encode_identify,
+    encode_message,
+    ext_message_frame_parts,
+)
 from lmqd.protocol.extension import XpubMessage, encode_xpub, parse_xpub_body
 
-from .feeding import MODES, feed, server, size
+from .feeding import MODES, MSG_ID, client_feed, feed, server, size
 
 MAX_MSG = 1024 * 1024
 EXT_ALL = MessageExt(priority=7, ttl_ms=60_000, dedup_id=b"q/1/0/5", headers=(("k", "v"),))
@@ -131,7 +145,7 @@ def test_a_body_over_the_message_size_is_refused() -> None:
         parse_xpub_body(body, max_msg_size=10)
 
 
-_texts = st.text(st.characters(min_codepoint=0x20, blacklist_categories=("Cs",)), max_size=20)
+_texts = st.text(st.characters(min_codepoint=0x20, codec="utf-8"), max_size=20)
 exts = st.builds(
     MessageExt,
     priority=st.integers(0, 9),
@@ -147,6 +161,21 @@ exts = st.builds(
 @given(exts)
 def test_every_valid_block_round_trips(ext: MessageExt) -> None:
     assert decode_ext(encode_ext(ext)) == ext
+
+
+@given(exts, st.binary(min_size=1, max_size=4))
+def test_every_cut_of_a_block_and_every_block_with_bytes_after_it_is_refused(
+    ext: MessageExt, after: bytes
+) -> None:
+    """The block's own "byte by byte" and "trailing data": it has no length of its own (XPUB
+    and frame type 3 give it one), so a prefix must never pass for a shorter valid block, and
+    bytes after it must never be ignored."""
+    block = encode_ext(ext)
+    for cut in range(len(block)):
+        with pytest.raises(ExtError):
+            decode_ext(block[:cut])
+    with pytest.raises(ExtError):
+        decode_ext(block + after)
 
 
 @given(st.lists(st.tuples(st.binary(min_size=1, max_size=50), exts), min_size=1, max_size=5))
@@ -217,3 +246,187 @@ def test_the_server_refuses_bad_xpubs_in_every_mode(
     events, error = feed(server(setup), data, mode)
     assert events == []
     assert error is not None and (error.code, error.text) == (code, text)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_the_server_parses_a_single_message_xpub_in_every_mode(mode: str) -> None:
+    # Hand-built, so the parser is checked against docs/protocol.md and not against encode_xpub.
+    block = b"\x09\x03" + b"\x00\x01" + b"\x01k" + b"\x00\x02vv"  # priority 3, one header
+    payload = size(1) + struct.pack(">H", len(block)) + block + size(4) + b"body"
+    data = b"XPUB t 250\n" + size(len(payload)) + payload
+    events, error = feed(server(NEGOTIATED), data, mode)
+    assert error is None
+    ext = MessageExt(priority=3, headers=(("k", "vv"),))
+    assert events == [Xpub(topic="t", messages=[XpubMessage(b"body", ext)], defer_ms=250)]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_two_xpubs_in_one_buffer_are_two_commands(mode: str) -> None:
+    first = [XpubMessage(b"a", EXT_ALL)]
+    second = [XpubMessage(b"b", MessageExt()), XpubMessage(b"c", MessageExt(priority=9))]
+    data = encode_xpub("t", first) + encode_xpub("u", second, 5)
+    events, error = feed(server(NEGOTIATED), data, mode)
+    assert error is None
+    assert events == [
+        Xpub(topic="t", messages=first, defer_ms=0),
+        Xpub(topic="u", messages=second, defer_ms=5),
+    ]
+
+
+# -- frame type 3 on the client side -----------------------------------------------------------
+
+TS = 1_700_000_000_123_456_789
+
+
+def _ext_frames(*messages: Message) -> bytes:
+    parts: list[bytes] = []
+    ext_message_frame_parts(messages, parts)
+    return b"".join(parts)
+
+
+def _with_ext(msg: Message, ext: MessageExt | None) -> Message:
+    msg.ext = ext
+    return msg
+
+
+def test_frame_type_3_has_the_documented_bytes() -> None:
+    msg = _with_ext(Message(MSG_ID, b"payload", TS, 2), EXT_ALL)
+    # Only the priority and the headers travel: flags 0x09, never the TTL or the dedup id.
+    block = b"\x09" + b"\x07" + b"\x00\x01" + b"\x01k" + b"\x00\x01v"
+    assert _ext_frames(msg) == (
+        size(4 + 8 + 2 + 16 + 2 + len(block) + 7)
+        + size(3)
+        + TS.to_bytes(8, "big")
+        + b"\x00\x02"
+        + MSG_ID
+        + struct.pack(">H", len(block))
+        + block
+        + b"payload"
+    )
+
+
+def test_messages_without_visible_fields_go_in_nsqd_s_frame_type_2() -> None:
+    plain = Message(MSG_ID, b"x", TS, 1)
+    hidden = _with_ext(Message(MSG_ID, b"x", TS, 1), MessageExt(ttl_ms=5, dedup_id=b"d"))
+    assert _ext_frames(plain) == _ext_frames(hidden) == encode_message(plain)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_the_client_decodes_frame_type_3_in_every_mode(mode: str) -> None:
+    visible = MessageExt(priority=7, headers=(("k", "v"),))
+    data = _ext_frames(
+        _with_ext(Message(MSG_ID, b"first", TS, 1), EXT_ALL),
+        Message(b"fedcba9876543210", b"second", TS + 1, 3),
+        _with_ext(Message(MSG_ID, b"", TS + 2, 65535), MessageExt(headers=(("e", ""),))),
+    )
+    events, error = client_feed(ClientConnection(), data, mode, trailer=HEARTBEAT_FRAME)
+    assert error is None
+    if mode == "trailing":
+        assert events.pop() == Response(data=b"_heartbeat_")
+    assert events == [
+        MessageFrame(id=MSG_ID, timestamp=TS, attempts=1, body=b"first", ext=visible),
+        MessageFrame(id=b"fedcba9876543210", timestamp=TS + 1, attempts=3, body=b"second"),
+        MessageFrame(
+            id=MSG_ID, timestamp=TS + 2, attempts=65535, body=b"",
+            ext=MessageExt(headers=(("e", ""),)),
+        ),
+    ]  # fmt: skip
+
+
+def test_a_type_3_frame_with_the_empty_block_decodes_to_no_fields() -> None:
+    # Legal by the layout, though lmqd sends type 2 then: a client must still accept it.
+    conn = ClientConnection()
+    frame_data = TS.to_bytes(8, "big") + b"\x00\x01" + MSG_ID + b"\x00\x01\x00" + b"b"
+    conn.receive_data(size(4 + len(frame_data)) + size(3) + frame_data)
+    assert conn.next_events() == [
+        MessageFrame(id=MSG_ID, timestamp=TS, attempts=1, body=b"b", ext=MessageExt())
+    ]
+
+
+_visible_exts = exts.map(lambda e: MessageExt(priority=e.priority, headers=e.headers))
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    items=st.lists(
+        st.tuples(st.binary(max_size=40), st.one_of(st.none(), _visible_exts)),
+        min_size=1, max_size=6,
+    ),
+    cuts=st.lists(st.integers(min_value=0), max_size=10),
+)  # fmt: skip
+def test_frames_of_any_fields_decode_whatever_the_receive_boundaries(
+    items: list[tuple[bytes, MessageExt | None]], cuts: list[int]
+) -> None:
+    msgs = [
+        _with_ext(Message(b"%016x" % i, body, TS + i, i + 1), ext)
+        for i, (body, ext) in enumerate(items)
+    ]
+    data = _ext_frames(*msgs)
+    points = sorted({c % (len(data) + 1) for c in cuts})
+    conn = ClientConnection()
+    events = []
+    for a, b in zip([0, *points], [*points, len(data)], strict=True):
+        if a < b:
+            conn.receive_data(data[a:b])
+            events.extend(conn.next_events())
+    expected = [
+        MessageFrame(
+            id=m.id, timestamp=m.timestamp, attempts=m.attempts, body=m.body,
+            ext=m.ext if m.ext is not None and m.ext.visible else None,
+        )
+        for m in msgs
+    ]  # fmt: skip
+    assert events == expected
+
+
+@settings(max_examples=300, deadline=None)
+@given(block=st.binary(max_size=60), body=st.binary(max_size=8), declared=st.integers(0, 70))
+def test_a_type_3_frame_with_any_block_is_a_message_or_a_protocol_error(
+    block: bytes, body: bytes, declared: int
+) -> None:
+    data = TS.to_bytes(8, "big") + b"\x00\x01" + MSG_ID + struct.pack(">H", declared) + block
+    data += body
+    conn = ClientConnection()
+    conn.receive_data(size(4 + len(data)) + size(3) + data)
+    try:
+        [frame] = conn.next_events()
+    except ProtocolError as exc:
+        assert exc.code == "E_BAD_PROTOCOL"
+        return
+    assert isinstance(frame, MessageFrame) and frame.ext is not None
+    # What decoded is exactly what the frame declared: the block re-encodes to its bytes.
+    assert encode_ext(frame.ext) == (block + body)[:declared]
+    assert frame.body == (block + body)[declared:]
+
+
+# -- XPUB fuzzed through the server's parser -----------------------------------------------------
+
+_xpub_tokens = st.one_of(
+    st.sampled_from([b"XPUB ", b"XPUB t", b"XPUB t 10", b"\n", b" ", b"t", b"NOP\n", b"\x00"]),
+    st.integers(-(2**31), 2**31 - 1).map(size),
+    st.integers(0, 300).map(size),
+    st.integers(0, 300).map(lambda n: struct.pack(">H", n)),
+    exts.map(encode_ext),
+    st.binary(max_size=8),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    garbage=st.lists(_xpub_tokens, max_size=30).map(b"".join),
+    cuts=st.lists(st.integers(min_value=0), max_size=8),
+)
+def test_xpub_garbage_only_ever_raises_protocol_error(garbage: bytes, cuts: list[int]) -> None:
+    conn = server(NEGOTIATED, Limits(max_msg_size=200, max_body_size=300, max_line_length=256))
+    points = sorted({c % (len(garbage) + 1) for c in cuts})
+    try:
+        for a, b in zip([0, *points], [*points, len(garbage)], strict=True):
+            if a < b:
+                conn.receive_data(garbage[a:b])
+                conn.next_events()
+        conn.receive_data(b"")
+        conn.next_events()
+    except ProtocolError as exc:
+        assert exc.fatal
+        with pytest.raises(ProtocolError):  # errored for good
+            conn.next_events()

@@ -169,6 +169,41 @@ async def rdy_before_sub(params: Params) -> Result:
     return {"logged": collect.messages, "closed_after": conn.is_closed}
 
 
+async def consume(params: Params) -> Result:
+    """A stock ``ansq`` reader on one channel FINs ``expect`` deliveries, then waits ``quiet_s``
+    for one too many; every delivery as ansq decoded it (id, timestamp, attempts, body in hex)."""
+    messages: list[dict[str, Any]] = []
+    reader = await ansq.create_reader(
+        topic=params["topic"], channel=params["channel"], nsqd_tcp_addresses=[params["address"]]
+    )
+    for conn in reader.connections:
+        await conn.rdy(10)
+
+    async def take() -> None:
+        async for message in reader.messages():
+            messages.append(
+                {
+                    "id": message.id,
+                    "timestamp": message.timestamp,
+                    "attempts": message.attempts,
+                    "body_hex": message.body.hex(),
+                }
+            )
+            await message.fin()
+
+    task = asyncio.create_task(take())
+    deadline = deadline_after(params["consume_timeout_s"])
+    while len(messages) < params["expect"]:
+        check_deadline(deadline, f"{params['expect']} deliveries")
+        if task.done():
+            task.result()  # the reader failed: its exception, not a timeout
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(params["quiet_s"])  # one more delivery would arrive now
+    task.cancel()
+    await reader.close()
+    return {"messages": messages}
+
+
 def run(coroutine: Any) -> Any:
     def scenario(params: Params) -> Result:
         result: Result = asyncio.run(
@@ -187,5 +222,6 @@ if __name__ == "__main__":
             "msg_timeout": run(msg_timeout),
             "raw_error": run(raw_error),
             "rdy_before_sub": run(rdy_before_sub),
+            "consume": run(consume),
         }
     )

@@ -158,12 +158,22 @@ def consume(params: Params) -> Result:
     """Publish ``bodies`` (if any), then consume ``expect`` deliveries on one channel with a
     stock ``gnsq.Consumer``: each is REQ'd at once (``requeue``: REQ <id> 0) or FIN'd
     (``action``); returns every delivery's body and attempts, after ``quiet_s`` with nothing
-    more."""
+    more; and every delivery as gnsq decoded it (``messages``: id, timestamp, attempts, body
+    in hex)."""
     received: list[tuple[str, int]] = []
+    messages: list[dict[str, Any]] = []
     requeue = params["action"] == "requeue"
 
     def handler(consumer: Any, message: Any) -> None:
-        received.append((message.body.decode(), message.attempts))
+        received.append((message.body.decode("utf-8", "replace"), message.attempts))
+        messages.append(
+            {
+                "id": message.id.decode("ascii", "backslashreplace"),
+                "timestamp": message.timestamp,
+                "attempts": message.attempts,
+                "body_hex": message.body.hex(),
+            }
+        )
         if requeue:
             message.requeue(0, backoff=False)
         else:
@@ -190,7 +200,7 @@ def consume(params: Params) -> Result:
         gevent.sleep(0.01)
     gevent.sleep(params["quiet_s"])  # one more delivery would arrive now
     consumer.close()
-    return {"received": received}
+    return {"received": received, "messages": messages}
 
 
 def rate_limited(params: Params) -> Result:

@@ -245,12 +245,23 @@ async def ephemeral(params: Params) -> Result:
 async def consume(params: Params) -> Result:
     """A stock ``nsq.Reader`` on one channel answering every delivery with ``REQ <id> 0``
     (``message.requeue(delay=0, backoff=False)``) or ``FIN`` (``action``), until ``expect``
-    deliveries and then ``quiet_s`` with nothing more; returns every body and attempts."""
+    deliveries and then ``quiet_s`` with nothing more; returns every body and attempts
+    (``received``) and every delivery as the library decoded it (``messages``: id, timestamp,
+    attempts, body in hex)."""
     received: list[tuple[str, int]] = []
+    messages: list[dict[str, Any]] = []
     requeue = params["action"] == "requeue"
 
     def handler(message: Any) -> bool | None:
-        received.append((message.body.decode(), message.attempts))
+        received.append((message.body.decode("utf-8", "replace"), message.attempts))
+        messages.append(
+            {
+                "id": message.id.decode("ascii", "backslashreplace"),
+                "timestamp": message.timestamp,
+                "attempts": message.attempts,
+                "body_hex": message.body.hex(),
+            }
+        )
         if requeue:
             message.requeue(delay=0, backoff=False)
             return None
@@ -276,7 +287,7 @@ async def consume(params: Params) -> Result:
     )
     await asyncio.sleep(params["quiet_s"])  # one more delivery would arrive now
     close_reader(reader)
-    return {"received": received}
+    return {"received": received, "messages": messages}
 
 
 async def publish_until_refused(params: Params) -> Result:
