@@ -401,16 +401,19 @@ class Broker:
     def _dead_letter(
         self, channel: Channel, messages: Sequence[Message], reason: str
     ) -> Syncable | None:
-        """A channel's ``DeadLetterSink``: publish copies of ``messages`` (id, body, timestamp
-        and attempts kept) to its dead-letter topic, created if needed with its
-        ``REDRIVE_CHANNEL``. Returns what a durable channel waits for before acknowledging
-        them; raises ``BackendError`` / ``TopicExiting`` having published none."""
+        """A channel's ``DeadLetterSink``: publish copies of ``messages`` (id, body and
+        timestamp kept; attempts from 0 again, the count they had in their
+        ``lmq-dead-letter-attempts`` header, so that the dead-letter topic's own channels,
+        under a daemon-wide ``--max-attempts``, deliver them instead of giving them up at once)
+        to its dead-letter topic, created if needed with its ``REDRIVE_CHANNEL``. Returns what
+        a durable channel waits for before acknowledging them; raises ``BackendError`` /
+        ``TopicExiting`` having published none."""
         name = channel.dead_letter_topic
         topic = self.get_topic(name)
         topic.get_channel(REDRIVE_CHANNEL)
         copies = [
             Message(
-                m.id, m.body, m.timestamp, m.attempts,
+                m.id, m.body, m.timestamp,
                 ext=dead_letter_ext(m.ext, channel.topic_name, channel.name, reason, m.attempts),
             )
             for m in messages
