@@ -27,6 +27,7 @@ from typing import Protocol
 
 from lmq_client.backoff import Backoff
 from lmq_client.errors import ConnectionFailed, LmqClientError, NSQError
+from lmqd.protocol.extension import XpubMessage
 
 __all__ = ["RETRY_BACKOFF", "RetryExhausted", "RetryingProducer", "retryable"]
 
@@ -71,6 +72,10 @@ class _Producer(Protocol):
 
     def dpub(self, topic: str, delay_ms: int, body: bytes) -> None: ...
 
+    def xpub(
+        self, topic: str, messages: Sequence[XpubMessage], *, defer_ms: int | None = None
+    ) -> None: ...
+
     def close(self) -> None: ...
 
 
@@ -107,6 +112,11 @@ class RetryingProducer:
 
     def dpub(self, topic: str, delay_ms: int, body: bytes) -> None:
         self._run(topic, lambda: self.producer.dpub(topic, delay_ms, body))
+
+    def xpub(
+        self, topic: str, messages: Sequence[XpubMessage], *, defer_ms: int | None = None
+    ) -> None:
+        self._run(topic, lambda: self.producer.xpub(topic, messages, defer_ms=defer_ms))
 
     def close(self) -> None:
         self.producer.close()
