@@ -76,9 +76,12 @@ class LmqDataSource(DataSource):
     ``bodyColumn`` (string or binary column; default a string/binary ``value`` column; with
     neither, each row is sent as a JSON object), ``batchSize`` (messages per MPUB, 1000),
     ``batchBytes`` (bytes per MPUB body, 5 MiB), ``deferMs`` (DPUB every row with this delay),
-    ``deferColumn`` (integer column of per-row delays in ms), ``timeout`` (seconds to connect
-    and for each answer, 10), ``retryTimeoutMs`` (how long a publish is retried while no
-    daemon takes it, 30000), TLS, compression and ``authSecret``. Source options: ``reader``.
+    ``deferColumn`` (integer column of per-row delays in ms), ``headersColumn`` (default a
+    ``headers`` column of a headers type), ``priorityColumn``, ``ttlColumn`` (lmq's
+    per-message fields), ``dedupIds`` (a dedup id on every row: true for streams, false for
+    batch writes by default), ``timeout`` (seconds to connect and for each answer, 10),
+    ``retryTimeoutMs`` (how long a publish is retried while no daemon takes it, 30000), TLS,
+    compression and ``authSecret``. Source options: ``reader``.
     """
 
     @classmethod

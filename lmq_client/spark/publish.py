@@ -18,7 +18,8 @@ backoff for up to ``retryTimeoutMs`` (``retry.py``), so a daemon restart does no
 task; any other error, or an outage longer than that, ends the task with an ``LmqSinkError``
 naming the topic and daemon, and Spark's task retry (and, for a stream, the restart from the
 checkpoint) takes over. Either kind of retry may publish an unanswered MPUB twice:
-at-least-once.
+at-least-once, unless the rows carry dedup ids (``write_partition``'s ``dedup_scope``, on for
+streams): then they go as XPUBs, and the topic drops the copies it has already stored.
 """
 
 from __future__ import annotations
