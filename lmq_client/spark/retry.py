@@ -11,8 +11,9 @@ loss of one of several.
 
 What is retried is a command whose answer never came, so the daemon may have stored it: a
 retry after a lost answer can publish that MPUB twice (at-least-once, as a retried Spark task
-would), unless its messages carry dedup ids, which the daemon recognises. Errors that another attempt cannot cure (``E_BAD_MESSAGE``, ``E_BAD_TOPIC``,
-``E_INVALID``, authorisation) fail at once.
+would), unless its messages carry dedup ids, which the daemon recognises. Errors that another
+attempt cannot cure (``E_BAD_MESSAGE``, ``E_BAD_TOPIC``, ``E_INVALID``, authorisation) fail at
+once.
 
 Time comes from ``clock`` and waits go through ``sleep`` (``time.monotonic`` and ``time.sleep``
 by default), so tests drive the schedule with a fake clock and assert exact times.
