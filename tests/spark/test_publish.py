@@ -18,9 +18,11 @@ import pytest
 
 from lmq_client.errors import MpubFailedError
 from lmq_client.spark import LmqCommitMessage, LmqSinkError, SinkOptions
+from lmq_client.spark.datasource import LmqStreamWriter, query_scope
 from lmq_client.spark.publish import (
     BatchingPublisher,
     addresses_for_partition,
+    dedup_prefix,
     ext_size,
     summarize,
     write_partition,
@@ -386,3 +388,22 @@ def test_a_task_run_again_with_its_dedup_ids_is_stored_once(
     write_partition(options, _batches(rows[:1]), partition_id=1, dedup_scope="Q:6")
     bodies = receive(daemon.tcp_address, topic, 12)
     assert sorted(bodies) == sorted([r.encode() for r in rows] + [b"row-0", b"row-0"])
+
+
+def test_query_scope_is_short_and_stable() -> None:
+    query = "7bdd9b86-5447-4540-ab24-75b124c38030"
+    scope = query_scope(query, "17")
+    assert scope == query_scope(query, "17") and scope.endswith(":17")
+    assert len(scope.split(":")[0]) == 22  # the UUID's 16 bytes in base64url, unpadded
+    # the longest id a task can make stays far below the extension's 255 bytes
+    assert len(dedup_prefix(query_scope(query, str(2**63 - 1)), 2**31 - 1)) + 19 < 100
+
+
+def test_a_stream_task_without_spark_batch_ids_fails_unless_dedup_ids_are_off() -> None:
+    options = SinkOptions(addresses=("127.0.0.1:1",), topic="t", body_column="v")
+    # outside Spark there is no TaskContext, as in a task Spark runs without the properties
+    with pytest.raises(LmqSinkError, match=r"^lmq sink: topic 't': Spark gave this task no "
+                       r"query and batch id .* set option dedupIds=false for at-least-once$"):
+        LmqStreamWriter(options).write(iter([]))
+    off = SinkOptions(addresses=("127.0.0.1:1",), topic="t", body_column="v", dedup_ids=False)
+    assert LmqStreamWriter(off).write(iter([])).rows == 0
