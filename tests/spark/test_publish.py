@@ -16,7 +16,7 @@ from collections.abc import Iterator, Sequence
 import pyarrow as pa  # type: ignore[import-untyped]
 import pytest
 
-from lmq_client.errors import MpubFailedError
+from lmq_client.errors import LmqClientError, MpubFailedError
 from lmq_client.spark import LmqCommitMessage, LmqSinkError, SinkOptions
 from lmq_client.spark.datasource import LmqStreamWriter, query_scope
 from lmq_client.spark.publish import (
@@ -407,3 +407,19 @@ def test_a_stream_task_without_spark_batch_ids_fails_unless_dedup_ids_are_off() 
         LmqStreamWriter(options).write(iter([]))
     off = SinkOptions(addresses=("127.0.0.1:1",), topic="t", body_column="v", dedup_ids=False)
     assert LmqStreamWriter(off).write(iter([])).rows == 0
+
+
+def test_a_daemon_without_the_extension_fails_the_task_saying_what_to_change() -> None:
+    refusal = LmqClientError("b:1 does not support lmq's message extension (headers, priority, "
+                             "ttl, dedup_id): it is not lmqd, or an older one")  # fmt: skip
+    producer = FakeProducer("b:1", fail_at=1, error=refusal)
+    with pytest.raises(LmqSinkError) as info:
+        write_partition(_options(), _batches(["x"]), dedup_scope="Q:1",
+                        producer_factory=lambda addresses, timeout: producer)  # fmt: skip
+    assert str(info.value) == (
+        "lmq sink: publishing to topic 't' failed: b:1 does not support lmq's message extension "
+        "(headers, priority, ttl, dedup_id): it is not lmqd, or an older one; headers, priority, "
+        "TTL and dedup ids need lmqd (publish to nsqd with option dedupIds=false and no headers, "
+        "priority or TTL column) (partition 0, attempt 0)"
+    )
+    assert producer.closed
