@@ -67,6 +67,7 @@ from lmq_client.transport import (
     parse_auth_answer,
     plan_upgrades,
 )
+from lmqd.message_ext import ExtError
 from lmqd.net import split_address
 from lmqd.protocol import (
     Auth,
@@ -79,6 +80,7 @@ from lmqd.protocol import (
     Response,
     Sub,
 )
+from lmqd.protocol.extension import XpubMessage, encode_xpub
 from lmqd.transport.compression import CompressionError, StreamCodec
 
 __all__ = ["Consumer", "Message", "Producer"]
@@ -432,6 +434,22 @@ class Producer:
             topic, [body], single=True, defer_ms=delay_ms, dedup_ids=ids, **fields
         )
         self._command(command, extension=ext)
+
+    def xpub(
+        self, topic: str, messages: Sequence[XpubMessage], *, defer_ms: int | None = None
+    ) -> None:
+        """XPUB: several messages, each with its own extension (headers, priority, TTL, dedup
+        id), stored atomically, deferred by ``defer_ms`` if given; only lmqd takes it. For
+        callers whose messages differ in more than their dedup ids (the Spark sink's columns).
+        ``ValueError`` for an extension out of bounds."""
+        check_name("topic", topic)
+        if not messages:
+            raise ValueError("xpub needs at least one message")
+        try:
+            command = encode_xpub(topic, list(messages), defer_ms)
+        except ExtError as exc:
+            raise ValueError(str(exc)) from None
+        self._command(command, extension=True)
 
     def _connection(self) -> _SocketConnection:
         conn = self._conn

@@ -15,7 +15,7 @@ from itertools import chain
 
 import attrs
 
-from lmqd.message_ext import MessageExt
+from lmqd.message_ext import MessageExt, decode_ext, encode_ext
 
 # nsqd/guid.go: 64-bit ids from a millisecond-ish clock (UnixNano >> 20), a node id and a sequence.
 _TWEPOCH = 1288834974288
@@ -143,15 +143,36 @@ NSQ's message frame with the offset added, so a reader can resume exactly where 
 
 READ_CONTENT_TYPE = "application/x-lmq-messages"
 
+READ_EXT_LENGTH = struct.Struct(">H")
+"""With ``ext=1`` (``GET /topic/read``), the length of the extension block that follows the id in
+every frame (0: none); the block holds what a consumer sees of the extension (priority and
+headers, as in frame type 3), and ``size`` counts it and its length."""
 
-def encode_read_frames(entries: Iterable[tuple[int, Message]]) -> bytes:
-    """``(offset, message)`` pairs as ``READ_FRAME``\\ s, concatenated."""
+
+def encode_read_frames(entries: Iterable[tuple[int, Message]], *, ext: bool = False) -> bytes:
+    """``(offset, message)`` pairs as ``READ_FRAME``\\ s, concatenated; with ``ext``, each with
+    its extension's length and block after the id (``READ_EXT_LENGTH``)."""
     pack = READ_FRAME.pack
     fixed = READ_FRAME.size - 4
     parts: list[bytes] = []
+    if not ext:
+        for offset, m in entries:
+            body = m.body
+            parts.append(pack(fixed + len(body), offset, m.timestamp, m.attempts, m.id))
+            parts.append(body)
+        return b"".join(parts)
+    fixed += READ_EXT_LENGTH.size
+    no_block = READ_EXT_LENGTH.pack(0)
     for offset, m in entries:
         body = m.body
-        parts.append(pack(fixed + len(body), offset, m.timestamp, m.attempts, m.id))
+        block = b""
+        if m.ext is not None and m.ext.visible:
+            shown = MessageExt(priority=m.ext.priority, headers=m.ext.headers)
+            block = encode_ext(shown, check=False)
+        parts.append(
+            pack(fixed + len(block) + len(body), offset, m.timestamp, m.attempts, m.id)
+        )
+        parts.append(READ_EXT_LENGTH.pack(len(block)) + block if block else no_block)
         parts.append(body)
     return b"".join(parts)
 
@@ -172,5 +193,30 @@ def decode_read_frames(data: bytes) -> list[tuple[int, Message]]:
         if size < header - 4 or stop > end:
             raise ValueError("malformed read frame")
         out.append((offset, Message(msg_id, data[pos + header : stop], ts, attempts)))
+        pos = stop
+    return out
+
+
+def decode_read_ext_frames(data: bytes) -> list[tuple[int, Message]]:
+    """The ``(offset, message)`` pairs of ``encode_read_frames(..., ext=True)``, each message
+    with its extension (None without one); raises ``ValueError`` (``ExtError`` for a bad
+    block) if the data is not framed so."""
+    out: list[tuple[int, Message]] = []
+    header = READ_FRAME.size + READ_EXT_LENGTH.size
+    unpack = READ_FRAME.unpack_from
+    pos = 0
+    end = len(data)
+    while pos < end:
+        if pos + header > end:
+            raise ValueError("truncated read frame")
+        size, offset, ts, attempts, msg_id = unpack(data, pos)
+        (length,) = READ_EXT_LENGTH.unpack_from(data, pos + READ_FRAME.size)
+        stop = pos + 4 + size
+        if size < header - 4 + length or stop > end:
+            raise ValueError("malformed read frame")
+        ext = decode_ext(data[pos + header : pos + header + length]) if length else None
+        message = Message(msg_id, data[pos + header + length : stop], ts, attempts)
+        message.ext = ext
+        out.append((offset, message))
         pos = stop
     return out

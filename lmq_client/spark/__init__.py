@@ -14,8 +14,10 @@ read lmq topics by offset (``spark.read``/``spark.readStream.format("lmq")``, ``
 
 Executors publish with the blocking ``lmq_client.sync.Producer`` (pooled per worker process,
 ``pool.py``) in MPUB batches, from the Arrow record batches Spark hands them, retrying across a
-daemon restart (``retry.py``). Delivery is at-least-once; ``docs/spark.md`` says exactly what a
-retry or a restart from the checkpoint publishes again.
+daemon restart (``retry.py``). Delivery is at-least-once, and exactly-once into lmqd for streams:
+every row carries a dedup id from its query, micro-batch, partition and index (``datasource.py``),
+so the topic drops what a retry or a restart from the checkpoint publishes again;
+``docs/spark.md`` says under which conditions.
 
 PySpark and PyArrow are not dependencies of lmq itself (they are ~650 MB, and the daemon, the
 clients and lmqadmin never use them): they come with the ``spark`` extra,

@@ -6,11 +6,23 @@ task with that task's Arrow record batches, and finally ``commit`` (all tasks re
 ``abort`` (some failed) on the driver. ``commit`` has nothing left to do, since every row was
 answered ``OK`` before its task returned; it only logs a summary. Reading: ``source.py`` (offsets
 per daemon, ranges read by ``GET /topic/read``). See ``docs/spark.md``.
+
+Exactly-once writes. A write task gives every row a dedup id, ``<scope>:<partition>:<row>``
+(``publish.dedup_prefix``), naming the row by where Spark put it, so that a task Spark runs again
+publishes the same ids and the topic's dedup window drops what an earlier attempt had stored. For
+a stream the scope is the query id and the micro-batch id, which Spark's micro-batch engine sets
+on every task as the local properties ``sql.streaming.queryId`` and ``streaming.sql.batchId``:
+both come from the checkpoint, so a batch re-run after a driver restart names its rows as the
+first run did (the run id, ``spark.jobGroup.id``, changes at every start and is not used). A
+batch write has neither; its scope is an id drawn when the writer is made on the driver, so it
+covers the task retries of one ``save()``, not a second ``save()``.
 """
 
 from __future__ import annotations
 
+import base64
 import logging
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -29,9 +41,22 @@ from lmq_client.spark.publish import LmqCommitMessage, summarize, write_partitio
 from lmq_client.spark.source import SOURCE_SCHEMA, LmqBatchReader, LmqStreamReader
 from lmq_client.spark.source_options import SourceOptions
 
-__all__ = ["LmqBatchWriter", "LmqDataSource", "LmqStreamWriter"]
+__all__ = [
+    "BATCH_ID_PROPERTY",
+    "QUERY_ID_PROPERTY",
+    "LmqBatchWriter",
+    "LmqDataSource",
+    "LmqStreamWriter",
+    "query_scope",
+]
 
 log = logging.getLogger("lmq_client.spark")
+
+QUERY_ID_PROPERTY = "sql.streaming.queryId"
+"""The local property Spark's micro-batch engine sets on a stream's tasks: the query's id, kept
+in the checkpoint's ``metadata`` file (the same across restarts from that checkpoint)."""
+BATCH_ID_PROPERTY = "streaming.sql.batchId"
+"""The local property holding the micro-batch's id (its number in the checkpoint's logs)."""
 
 
 class LmqDataSource(DataSource):
@@ -51,9 +76,12 @@ class LmqDataSource(DataSource):
     ``bodyColumn`` (string or binary column; default a string/binary ``value`` column; with
     neither, each row is sent as a JSON object), ``batchSize`` (messages per MPUB, 1000),
     ``batchBytes`` (bytes per MPUB body, 5 MiB), ``deferMs`` (DPUB every row with this delay),
-    ``deferColumn`` (integer column of per-row delays in ms), ``timeout`` (seconds to connect
-    and for each answer, 10), ``retryTimeoutMs`` (how long a publish is retried while no
-    daemon takes it, 30000), TLS, compression and ``authSecret``. Source options: ``reader``.
+    ``deferColumn`` (integer column of per-row delays in ms), ``headersColumn`` (default a
+    ``headers`` column of a headers type), ``priorityColumn``, ``ttlColumn`` (lmq's
+    per-message fields), ``dedupIds`` (a dedup id on every row: true for streams, false for
+    batch writes by default), ``timeout`` (seconds to connect and for each answer, 10),
+    ``retryTimeoutMs`` (how long a publish is retried while no daemon takes it, 30000), TLS,
+    compression and ``authSecret``. Source options: ``reader``.
     """
 
     @classmethod
@@ -110,9 +138,39 @@ def _task() -> tuple[int, int]:
     return context.partitionId(), context.attemptNumber()
 
 
-def _write(options: SinkOptions, iterator: Iterator[Any]) -> LmqCommitMessage:
+def query_scope(query_id: str, batch_id: str) -> str:
+    """The dedup scope of micro-batch ``batch_id`` of query ``query_id`` (a UUID): the id in
+    22 characters of URL-safe base64, then the batch, e.g. ``e72Jx...Q:17``."""
+    packed = base64.urlsafe_b64encode(uuid.UUID(query_id).bytes).rstrip(b"=").decode()
+    return f"{packed}:{int(batch_id)}"
+
+
+def _stream_scope(options: SinkOptions) -> str | None:
+    """This task's dedup scope for a stream (None with ``dedupIds=false``)."""
+    if options.dedup_ids is False:
+        return None
+    context = TaskContext.get()
+    query_id = batch_id = None
+    if context is not None:
+        query_id = context.getLocalProperty(QUERY_ID_PROPERTY)
+        batch_id = context.getLocalProperty(BATCH_ID_PROPERTY)
+    if not query_id or not batch_id:
+        raise LmqSinkError(
+            f"lmq sink: {options.described_topic}: Spark gave this task no query and batch id "
+            f"({QUERY_ID_PROPERTY}, {BATCH_ID_PROPERTY}: a continuous-mode query?), so its rows "
+            "cannot get stable dedup ids; set option dedupIds=false for at-least-once",
+            topic=options.topic,
+        )
+    return query_scope(query_id, batch_id)
+
+
+def _write(
+    options: SinkOptions, iterator: Iterator[Any], dedup_scope: str | None
+) -> LmqCommitMessage:
     partition_id, attempt = _task()
-    return write_partition(options, iterator, partition_id=partition_id, attempt=attempt)
+    return write_partition(
+        options, iterator, partition_id=partition_id, attempt=attempt, dedup_scope=dedup_scope
+    )
 
 
 # Spark shows the driver the failed task's Python traceback, then the error's line. The writers
@@ -122,15 +180,19 @@ def _write(options: SinkOptions, iterator: Iterator[Any]) -> LmqCommitMessage:
 
 
 class LmqBatchWriter(DataSourceArrowWriter):
-    """``df.write.format("lmq")``: each task publishes its partition (Arrow batches)."""
+    """``df.write.format("lmq")``: each task publishes its partition (Arrow batches).
+
+    With ``dedupIds=true`` (off by default) rows get dedup ids scoped by an id drawn here, on
+    the driver, once per ``save()``: a retried task's rows are not stored twice."""
 
     def __init__(self, options: SinkOptions) -> None:
         self.options = options
+        self.dedup_scope = query_scope(str(uuid.uuid4()), "0") if options.dedup_ids else None
 
     def write(self, iterator: Iterator[Any]) -> LmqCommitMessage:
         """Publish this task's rows; returns only once every MPUB/DPUB was answered ``OK``."""
         try:
-            return _write(self.options, iterator)
+            return _write(self.options, iterator, self.dedup_scope)
         except LmqSinkError as error:
             raise error.with_traceback(None) from None
 
@@ -148,7 +210,9 @@ class LmqBatchWriter(DataSourceArrowWriter):
 
 
 class LmqStreamWriter(DataSourceStreamArrowWriter):
-    """``df.writeStream.format("lmq")``: each micro-batch's tasks publish their partitions."""
+    """``df.writeStream.format("lmq")``: each micro-batch's tasks publish their partitions,
+    every row with a dedup id from the query, batch, partition and row (``dedupIds``, on by
+    default; see the module docstring)."""
 
     def __init__(self, options: SinkOptions) -> None:
         self.options = options
@@ -156,7 +220,7 @@ class LmqStreamWriter(DataSourceStreamArrowWriter):
     def write(self, iterator: Iterator[Any]) -> LmqCommitMessage:
         """Publish this task's rows; returns only once every MPUB/DPUB was answered ``OK``."""
         try:
-            return _write(self.options, iterator)
+            return _write(self.options, iterator, _stream_scope(self.options))
         except LmqSinkError as error:
             raise error.with_traceback(None) from None
 

@@ -27,6 +27,7 @@ import pyarrow.compute as pc  # type: ignore[import-untyped]
 
 from lmq_client._util import check_name
 from lmq_client.spark.options import SinkOptions
+from lmqd.message_ext import MAX_PRIORITY, MAX_TTL_MS, NO_EXT, ExtError, MessageExt, validate
 
 __all__ = ["BadRowError", "RowEncoder", "json_default"]
 
@@ -107,7 +108,7 @@ class RowEncoder:
 
     def _json_bodies(self, batch: Any) -> list[bytes]:
         # delivery metadata, not part of the message
-        skip = {self.options.defer_column, self.options.topic_column}
+        skip = self.options.metadata_columns
         names: list[str] = []
         columns: list[list[Any]] = []
         for name, column in zip(batch.schema.names, batch.columns, strict=True):
@@ -120,6 +121,101 @@ class RowEncoder:
             encode(dict(zip(names, values, strict=True))).encode()
             for values in zip(*columns, strict=True)
         ] if columns else [b"{}"] * batch.num_rows
+
+    def exts(
+        self, batch: Any, first_row: int = 0, dedup_prefix: bytes | None = None
+    ) -> list[MessageExt] | None:
+        """Each row's lmq extension from the headers, priority and TTL columns and, with
+        ``dedup_prefix``, its dedup id ``dedup_prefix + str(row index in the task)``; None when
+        no row carries any (the options name no such column and no prefix is given). A value
+        out of the extension's bounds raises ``BadRowError`` naming the row and the column."""
+        options = self.options
+        if not options.has_extension and dedup_prefix is None:
+            return None
+        n = batch.num_rows
+        priorities = self._bounded(batch, options.priority_column, first_row, MAX_PRIORITY)
+        ttls = self._bounded(batch, options.ttl_column, first_row, MAX_TTL_MS)
+        headers = self._headers(batch, first_row)
+        ids: list[bytes] | list[None] = (
+            [b"%s%d" % (dedup_prefix, first_row + i) for i in range(n)]
+            if dedup_prefix is not None else [None] * n
+        )  # fmt: skip
+        out: list[MessageExt] = []
+        for i in range(n):
+            priority = priorities[i] if priorities is not None else 0
+            ttl_ms = ttls[i] if ttls is not None else 0
+            row_headers = headers[i] if headers is not None else ()
+            dedup_id = ids[i] or b""
+            if not (priority or ttl_ms or row_headers or dedup_id):
+                out.append(NO_EXT)
+                continue
+            ext = MessageExt(priority, ttl_ms, dedup_id, row_headers)
+            if row_headers:
+                try:
+                    validate(ext)
+                except ExtError as exc:
+                    raise BadRowError(
+                        f"row {first_row + i}: column {options.headers_column!r}: {exc}"
+                    ) from None
+            out.append(ext)
+        return out
+
+    @staticmethod
+    def _bounded(batch: Any, name: str | None, first_row: int, highest: int) -> list[int] | None:
+        """An integer column's values (null: 0), each within ``0..highest``."""
+        if name is None:
+            return None
+        column = batch.column(name)
+        if len(column) and column.null_count < len(column):
+            low, high = pc.min_max(column).values()
+            if low.as_py() < 0 or high.as_py() > highest:
+                bad = pc.or_(pc.less(column, 0), pc.greater(column, highest))
+                row = first_row + _first_true(pc.fill_null(bad, False))
+                value = column[row - first_row].as_py()
+                raise BadRowError(
+                    f"row {row}: column {name!r}: {value} out of range 0..{highest}"
+                )
+        return [v or 0 for v in column.to_pylist()]
+
+    def _headers(self, batch: Any, first_row: int) -> list[tuple[tuple[str, str], ...]] | None:
+        """Each row's headers as the extension holds them (a null or empty map: none)."""
+        name = self.options.headers_column
+        if name is None:
+            return None
+        column = batch.column(name)
+        out: list[tuple[tuple[str, str], ...]] = []
+        if pa.types.is_map(column.type):
+            for i, entries in enumerate(column.to_pylist()):
+                if entries and any(value is None for _, value in entries):
+                    raise BadRowError(
+                        f"row {first_row + i}: column {name!r}: a header with a null value"
+                    )
+                out.append(tuple(entries) if entries else ())
+            return out
+        # Kafka's array<struct<key, value>>: values may be binary, and must be UTF-8 here.
+        for i, entries in enumerate(column.to_pylist()):
+            if not entries:
+                out.append(())
+                continue
+            pairs = []
+            for entry in entries:
+                key, value = entry["key"], entry["value"]
+                if key is None or value is None:
+                    raise BadRowError(
+                        f"row {first_row + i}: column {name!r}: a header with a null key or "
+                        "value"
+                    )
+                if isinstance(value, bytes):
+                    try:
+                        value = value.decode("utf-8")
+                    except UnicodeDecodeError:
+                        raise BadRowError(
+                            f"row {first_row + i}: column {name!r}: header {key!r} is not "
+                            "UTF-8 (lmq headers are text)"
+                        ) from None
+                pairs.append((key, value))
+            out.append(tuple(pairs))
+        return out
 
     def _delays(self, batch: Any, name: str, first_row: int) -> list[int]:
         column = batch.column(name)

@@ -14,7 +14,7 @@ class LmqSinkError(LmqClientError):
     The message names the topic and, for publish failures, the daemon; Spark shows it (inside its
     own ``PythonException`` text) as the cause of the failed query. ``published`` is how many of
     the task's rows the daemons had already answered ``OK`` for: a retry of the task publishes
-    them again (at-least-once).
+    them again (stored again unless they carry dedup ids).
     """
 
     def __init__(self, message: str, *, topic: str, address: str = "", published: int = 0) -> None:

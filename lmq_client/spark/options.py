@@ -17,10 +17,13 @@ import dataclasses
 from collections.abc import Mapping
 
 from pyspark.sql.types import (
+    ArrayType,
     BinaryType,
     ByteType,
+    DataType,
     IntegerType,
     LongType,
+    MapType,
     ShortType,
     StringType,
     StructField,
@@ -35,6 +38,7 @@ __all__ = [
     "DEFAULT_BATCH_BYTES",
     "DEFAULT_BATCH_SIZE",
     "DEFAULT_RETRY_TIMEOUT_MS",
+    "HEADERS_COLUMN",
     "TOPIC_COLUMN",
     "VALUE_COLUMN",
     "SinkOptions",
@@ -64,6 +68,9 @@ VALUE_COLUMN = "value"
 TOPIC_COLUMN = "topic"
 """The column that routes each row when no ``topic`` option is given (Kafka's sink's name)."""
 
+HEADERS_COLUMN = "headers"
+"""The column of each row's message headers when ``headersColumn`` is not given (Kafka's name)."""
+
 _INTEGER_TYPES = (ByteType, ShortType, IntegerType, LongType)
 
 # Spark's option mapping is case-insensitive, but iterating over it yields the user's spelling:
@@ -79,6 +86,10 @@ _KNOWN = {
         "batchBytes",
         "deferMs",
         "deferColumn",
+        "headersColumn",
+        "priorityColumn",
+        "ttlColumn",
+        "dedupIds",
         "timeout",
         "retryTimeoutMs",
         # TLS, compression and AUTH: go-nsq's names in camelCase
@@ -108,7 +119,12 @@ class SinkOptions:
     ``body_column``: the string/binary column sent as each message's body, or None to send each
     row as a JSON object; ``batch_size``/``batch_bytes``: limits of one MPUB; ``defer_ms``:
     DPUB delay for every row (0: publish at once); ``defer_column``: an integer column of
-    per-row delays in ms (null: use ``defer_ms``); ``timeout_s``: the producer's connect and
+    per-row delays in ms (null: use ``defer_ms``); ``headers_column``: a map<string,string>
+    column (or Kafka's array<struct<key,value>>) of each message's headers; ``priority_column``
+    and ``ttl_column``: integer columns of each message's priority (0-9) and TTL in ms (null:
+    none); ``dedup_ids``: give every row a dedup id derived from its query, batch, partition and
+    index (None: the writer's default, on for streams and off for batch writes; see
+    ``publish.dedup_scope``); ``timeout_s``: the producer's connect and
     answer timeout; ``retry_timeout_s``: how long a publish that failed for want of a daemon
     is retried (0: not at all); ``transport``: TLS (``tls``, ``tlsRootCaFile``, ``tlsCert``,
     ``tlsKey``, ``tlsInsecureSkipVerify``), compression (``snappy``, or ``deflate`` with
@@ -125,6 +141,10 @@ class SinkOptions:
     batch_bytes: int = DEFAULT_BATCH_BYTES
     defer_ms: int = 0
     defer_column: str | None = None
+    headers_column: str | None = None
+    priority_column: str | None = None
+    ttl_column: str | None = None
+    dedup_ids: bool | None = None
     timeout_s: float = DEFAULT_TIMEOUT_S
     retry_timeout_s: float = DEFAULT_RETRY_TIMEOUT_MS / 1000
     transport: TransportOptions = PLAIN
@@ -174,14 +194,33 @@ class SinkOptions:
             batch_bytes=_int_option(given, "batchBytes", DEFAULT_BATCH_BYTES, minimum=1),
             defer_ms=_int_option(given, "deferMs", 0, minimum=0),
             defer_column=given.get("deferColumn") or None,
+            headers_column=given.get("headersColumn") or None,
+            priority_column=given.get("priorityColumn") or None,
+            ttl_column=given.get("ttlColumn") or None,
+            dedup_ids=_bool_option(given, "dedupIds") if "dedupIds" in given else None,
             timeout_s=_float_option(given, "timeout", DEFAULT_TIMEOUT_S),
             retry_timeout_s=_int_option(
                 given, "retryTimeoutMs", DEFAULT_RETRY_TIMEOUT_MS, minimum=0
             ) / 1000,
             transport=_transport(given),
         )
-        if result.body_column is not None and result.body_column == result.defer_column:
-            raise ValueError("lmq sink: bodyColumn and deferColumn must be different columns")
+        named = [
+            (option, column)
+            for option, column in (
+                ("bodyColumn", result.body_column),
+                ("deferColumn", result.defer_column),
+                ("headersColumn", result.headers_column),
+                ("priorityColumn", result.priority_column),
+                ("ttlColumn", result.ttl_column),
+            )
+            if column is not None
+        ]
+        for i, (option, column) in enumerate(named):
+            for other, other_column in named[i + 1 :]:
+                if column.lower() == other_column.lower():
+                    raise ValueError(
+                        f"lmq sink: {option} and {other} must be different columns"
+                    )
         return result
 
     def resolve_columns(self, schema: StructType) -> SinkOptions:
@@ -190,10 +229,12 @@ class SinkOptions:
         Spark resolves column names case-insensitively by default, so ``bodyColumn=Body`` finds
         ``body``; the executors look columns up in Arrow batches, which is case-sensitive.
         Without ``bodyColumn``, a string or binary ``value`` column is the body (a ``value`` of
-        another type, a metric's number say, is just data: the row goes as JSON). Without a
-        ``topic`` option, a string ``topic`` column is required.
+        another type, a metric's number say, is just data: the row goes as JSON). Without
+        ``headersColumn``, a ``headers`` column of a headers type (map<string,string>, or
+        Kafka's array<struct<key:string,value:string|binary>>) is the headers (of another type,
+        it is data). Without a ``topic`` option, a string ``topic`` column is required.
         """
-        body = defer = topic_column = None
+        body = defer = topic_column = headers = priority = ttl = None
         if self.body_column is not None:
             field = _find_field(schema, self.body_column, "bodyColumn")
             if not isinstance(field.dataType, StringType | BinaryType):
@@ -207,13 +248,24 @@ class SinkOptions:
             if value is not None and isinstance(value.dataType, StringType | BinaryType):
                 body = value.name
         if self.defer_column is not None:
-            field = _find_field(schema, self.defer_column, "deferColumn")
-            if not isinstance(field.dataType, _INTEGER_TYPES):
+            defer = _integer_column(schema, self.defer_column, "deferColumn", "milliseconds")
+        if self.priority_column is not None:
+            priority = _integer_column(schema, self.priority_column, "priorityColumn", "0-9")
+        if self.ttl_column is not None:
+            ttl = _integer_column(schema, self.ttl_column, "ttlColumn", "milliseconds")
+        if self.headers_column is not None:
+            field = _find_field(schema, self.headers_column, "headersColumn")
+            if not is_headers_type(field.dataType):
                 raise ValueError(
-                    f"lmq sink: deferColumn {field.name!r} must be an integer column "
-                    f"(milliseconds), not {field.dataType.simpleString()}"
+                    f"lmq sink: headersColumn {field.name!r} must be a map<string,string> "
+                    "column (or Kafka's array<struct<key:string,value:binary>>), not "
+                    f"{field.dataType.simpleString()}"
                 )
-            defer = field.name
+            headers = field.name
+        else:
+            found = _maybe_field(schema, HEADERS_COLUMN)
+            if found is not None and is_headers_type(found.dataType):
+                headers = found.name
         if not self.topic:
             field_or_none = _maybe_field(schema, TOPIC_COLUMN)
             if field_or_none is None:
@@ -229,14 +281,62 @@ class SinkOptions:
                     f"{field_or_none.dataType.simpleString()}"
                 )
             topic_column = field_or_none.name
-            if topic_column in (body, defer):
+            if topic_column in (body, defer, headers, priority, ttl):
                 raise ValueError(
                     f"lmq sink: column {topic_column!r} cannot be both the topic and the "
-                    "body or delay"
+                    "body, delay, headers, priority or TTL"
                 )
+        if headers is not None and headers == body:
+            raise ValueError(f"lmq sink: column {headers!r} cannot be both body and headers")
         return dataclasses.replace(
-            self, body_column=body, defer_column=defer, topic_column=topic_column
+            self,
+            body_column=body,
+            defer_column=defer,
+            topic_column=topic_column,
+            headers_column=headers,
+            priority_column=priority,
+            ttl_column=ttl,
         )
+
+    @property
+    def metadata_columns(self) -> frozenset[str]:
+        """Columns that say how a row is published rather than what it says: left out of
+        JSON bodies."""
+        columns = (self.defer_column, self.topic_column, self.headers_column,
+                   self.priority_column, self.ttl_column)  # fmt: skip
+        return frozenset(c for c in columns if c is not None)
+
+    @property
+    def has_extension(self) -> bool:
+        """Whether rows carry lmq's per-message fields from columns (then XPUB, lmqd only)."""
+        return any(
+            c is not None for c in (self.headers_column, self.priority_column, self.ttl_column)
+        )
+
+
+def is_headers_type(kind: DataType) -> bool:
+    """map<string,string>, or Kafka's headers type array<struct<key:string,value:string or
+    binary>> (values must be UTF-8 text here)."""
+    if isinstance(kind, MapType):
+        return isinstance(kind.keyType, StringType) and isinstance(kind.valueType, StringType)
+    if isinstance(kind, ArrayType) and isinstance(kind.elementType, StructType):
+        fields = {f.name: f.dataType for f in kind.elementType.fields}
+        return (
+            len(fields) == 2
+            and isinstance(fields.get("key"), StringType)
+            and isinstance(fields.get("value"), StringType | BinaryType)
+        )
+    return False
+
+
+def _integer_column(schema: StructType, name: str, option: str, unit: str) -> str:
+    field = _find_field(schema, name, option)
+    if not isinstance(field.dataType, _INTEGER_TYPES):
+        raise ValueError(
+            f"lmq sink: {option} {field.name!r} must be an integer column ({unit}), "
+            f"not {field.dataType.simpleString()}"
+        )
+    return field.name
 
 
 _SPARK_OWN = frozenset({"checkpointLocation", "path"})

@@ -18,7 +18,8 @@ backoff for up to ``retryTimeoutMs`` (``retry.py``), so a daemon restart does no
 task; any other error, or an outage longer than that, ends the task with an ``LmqSinkError``
 naming the topic and daemon, and Spark's task retry (and, for a stream, the restart from the
 checkpoint) takes over. Either kind of retry may publish an unanswered MPUB twice:
-at-least-once.
+at-least-once, unless the rows carry dedup ids (``write_partition``'s ``dedup_scope``, on for
+streams): then they go as XPUBs, and the topic drops the copies it has already stored.
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ from lmq_client.spark.pool import PRODUCERS, ProducerPool
 from lmq_client.spark.retry import RetryExhausted, RetryingProducer
 from lmq_client.sync import Producer
 from lmq_client.transport import PLAIN, TransportOptions
+from lmqd.message_ext import MessageExt
+from lmqd.protocol.extension import XpubMessage
 
 __all__ = [
     "MAX_PENDING_TOPICS",
@@ -49,15 +52,18 @@ __all__ = [
     "TopicRouter",
     "addresses_for_partition",
     "daemon_addresses",
+    "dedup_prefix",
     "summarize",
     "write_partition",
 ]
 
 log = logging.getLogger("lmq_client.spark")
 
-# An MPUB body is a 4-byte message count, then a 4-byte size before each message.
+# An MPUB body is a 4-byte message count, then a 4-byte size before each message; an XPUB's
+# has a 2-byte extension length and the extension block too.
 _MPUB_HEADER = 4
 _MPUB_PER_MESSAGE = 4
+_XPUB_PER_MESSAGE = 6
 
 
 class MessageProducer(Protocol):
@@ -69,6 +75,10 @@ class MessageProducer(Protocol):
     def mpub(self, topic: str, bodies: Sequence[bytes]) -> None: ...
 
     def dpub(self, topic: str, delay_ms: int, body: bytes) -> None: ...
+
+    def xpub(
+        self, topic: str, messages: Sequence[XpubMessage], *, defer_ms: int | None = None
+    ) -> None: ...
 
     def close(self) -> None: ...
 
@@ -94,7 +104,8 @@ class BatchingPublisher:
 
     ``add`` may publish (whenever a batch fills); ``flush`` publishes what is left. ``published``
     counts rows the daemon answered ``OK`` for. Bodies are neither copied nor inspected beyond
-    their length.
+    their length. Rows given with extensions (``exts``: headers, priority, TTL, dedup ids) go
+    out as XPUBs instead, batched alike (a deferred one alone, as a DPUB would).
     """
 
     def __init__(
@@ -108,29 +119,49 @@ class BatchingPublisher:
         self.mpubs = 0
         self.dpubs = 0
         self._pending: list[bytes] = []
+        self._pending_exts: list[MessageExt] = []
         self._pending_bytes = _MPUB_HEADER
 
-    def add(self, bodies: Sequence[bytes], delays: Sequence[int] | None, defer_ms: int) -> None:
-        """Queue ``bodies``; each is deferred by its entry in ``delays`` (None: ``defer_ms``)."""
+    def add(
+        self,
+        bodies: Sequence[bytes],
+        delays: Sequence[int] | None,
+        defer_ms: int,
+        exts: Sequence[MessageExt] | None = None,
+    ) -> None:
+        """Queue ``bodies`` (with ``exts``, one per body, if given); each is deferred by its
+        entry in ``delays`` (None: ``defer_ms``)."""
         if delays is None:
             if defer_ms:
-                for body in bodies:
-                    self._dpub(defer_ms, body)
-            else:
+                for i, body in enumerate(bodies):
+                    self._dpub(defer_ms, body, None if exts is None else exts[i])
+            elif exts is None:
                 self._add_now(bodies)
+            else:
+                self._add_now_ext(bodies, exts)
             return
-        now = [body for body, delay in zip(bodies, delays, strict=True) if not delay]
+        now = [i for i, delay in enumerate(delays) if not delay]
         if len(now) < len(bodies):
-            for body, delay in zip(bodies, delays, strict=True):
+            for i, (body, delay) in enumerate(zip(bodies, delays, strict=True)):
                 if delay:
-                    self._dpub(delay, body)
-        self._add_now(now)
+                    self._dpub(delay, body, None if exts is None else exts[i])
+        if exts is None:
+            self._add_now([bodies[i] for i in now])
+        else:
+            self._add_now_ext([bodies[i] for i in now], [exts[i] for i in now])
 
     def flush(self) -> None:
-        """Publish the partly filled MPUB, if any."""
+        """Publish the partly filled MPUB (or XPUB), if any."""
         if self._pending:
             pending = self._pending
-            self.producer.mpub(self.topic, pending)
+            if self._pending_exts:
+                self.producer.xpub(
+                    self.topic,
+                    [XpubMessage(b, e) for b, e in zip(pending, self._pending_exts, strict=True)],
+                )
+                self._pending_exts = []
+            else:
+                self.producer.mpub(self.topic, pending)
             self._pending = []
             self._pending_bytes = _MPUB_HEADER
             self.mpubs += 1
@@ -161,10 +192,39 @@ class BatchingPublisher:
             if len(self._pending) >= self.batch_size:
                 self.flush()
 
-    def _dpub(self, delay_ms: int, body: bytes) -> None:
-        self.producer.dpub(self.topic, delay_ms, body)
+    def _add_now_ext(self, bodies: Sequence[bytes], exts: Sequence[MessageExt]) -> None:
+        # Row by row: every message's size depends on its extension block.
+        for body, ext in zip(bodies, exts, strict=True):
+            size = _XPUB_PER_MESSAGE + ext_size(ext) + len(body)
+            if self._pending and self._pending_bytes + size > self.batch_bytes:
+                self.flush()
+            self._pending.append(body)
+            self._pending_exts.append(ext)
+            self._pending_bytes += size
+            if len(self._pending) >= self.batch_size:
+                self.flush()
+
+    def _dpub(self, delay_ms: int, body: bytes, ext: MessageExt | None) -> None:
+        if ext is None:
+            self.producer.dpub(self.topic, delay_ms, body)
+        else:
+            self.producer.xpub(self.topic, [XpubMessage(body, ext)], defer_ms=delay_ms)
         self.dpubs += 1
         self.published += 1
+
+
+def ext_size(ext: MessageExt) -> int:
+    """The length of ``ext``'s extension block (``lmqd.message_ext``), without encoding it."""
+    size = 1
+    if ext.priority:
+        size += 1
+    if ext.ttl_ms:
+        size += 4
+    if ext.dedup_id:
+        size += 1 + len(ext.dedup_id)
+    if ext.headers:
+        size += 2 + sum(3 + len(k.encode()) + len(v.encode()) for k, v in ext.headers)
+    return size
 
 
 MAX_PENDING_TOPICS = 64
@@ -186,7 +246,12 @@ class TopicRouter:
         self._done = {"published": 0, "mpubs": 0, "dpubs": 0}
 
     def add(
-        self, topic: str, bodies: Sequence[bytes], delays: Sequence[int] | None, defer_ms: int
+        self,
+        topic: str,
+        bodies: Sequence[bytes],
+        delays: Sequence[int] | None,
+        defer_ms: int,
+        exts: Sequence[MessageExt] | None = None,
     ) -> None:
         """Queue ``bodies`` for ``topic`` (as ``BatchingPublisher.add``)."""
         publisher = self._publishers.get(topic)
@@ -198,7 +263,7 @@ class TopicRouter:
                 self.producer, topic, batch_size=self.batch_size, batch_bytes=self.batch_bytes
             )
         self.topic = topic
-        publisher.add(bodies, delays, defer_ms)
+        publisher.add(bodies, delays, defer_ms, exts)
 
     def flush(self) -> None:
         """Publish every topic's partly filled MPUB."""
@@ -300,8 +365,12 @@ def write_partition(
     lookup: NodeLookup = _lookup_nodes,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
+    dedup_scope: str | None = None,
 ) -> LmqCommitMessage:
     """Publish every row of ``batches`` (pyarrow record batches); the commit message when done.
+
+    With ``dedup_scope`` (the query and batch, or the batch write: ``datasource.py``) row ``i``
+    of the task gets the dedup id ``<dedup_scope>:<partition_id>:<i>`` (``dedup_prefix``).
 
     The producer comes from ``pool`` (by default the process's, ``pool.PRODUCERS``, unless a
     ``producer_factory`` is given: then a fresh one, closed at the end) and goes back to it
@@ -323,6 +392,7 @@ def write_partition(
     )
     router = TopicRouter(retrying, batch_size=options.batch_size, batch_bytes=options.batch_bytes)
     encoder = RowEncoder(options)
+    prefix = None if dedup_scope is None else dedup_prefix(dedup_scope, partition_id)
     rows = 0
     succeeded = False
     try:
@@ -330,6 +400,7 @@ def write_partition(
             try:
                 bodies, delays = encoder.encode(batch, rows)
                 topics = encoder.topics(batch, rows)
+                exts = encoder.exts(batch, rows, prefix)
             except BadRowError as exc:
                 raise LmqSinkError(
                     f"lmq sink: {options.described_topic}: {exc} (partition {partition_id}; "
@@ -339,7 +410,7 @@ def write_partition(
                 ) from None
             rows += len(bodies)
             if topics is None:
-                router.add(options.topic, bodies, delays, options.defer_ms)
+                router.add(options.topic, bodies, delays, options.defer_ms, exts)
                 continue
             for topic, indexes in _by_topic(topics):
                 router.add(
@@ -347,12 +418,24 @@ def write_partition(
                     [bodies[i] for i in indexes],
                     None if delays is None else [delays[i] for i in indexes],
                     options.defer_ms,
+                    None if exts is None else [exts[i] for i in indexes],
                 )
         router.flush()
         succeeded = True
     except (NSQError, ConnectionFailed, RetryExhausted) as exc:
         raise _publish_error(exc, options, router, producer, addresses, partition_id, attempt
                              ) from None  # fmt: skip
+    except LmqSinkError:
+        raise
+    except LmqClientError as exc:  # a daemon without lmq's extension (nsqd) refused an XPUB
+        raise LmqSinkError(
+            f"lmq sink: publishing to topic {router.topic!r} failed: {exc}; headers, priority, "
+            "TTL and dedup ids need lmqd (publish to nsqd with option dedupIds=false and no "
+            f"headers, priority or TTL column) (partition {partition_id}, attempt {attempt})",
+            topic=router.topic,
+            address=producer.address or "",
+            published=router.published,
+        ) from None
     finally:
         used = producer.address or ""
         if pool is not None and succeeded:
@@ -370,6 +453,13 @@ def write_partition(
     log.debug("SPARK(%s): partition %d published %d rows to %s (%d retries)",
               options.topic or "*", partition_id, message.rows, used or "-", retrying.retries)
     return message
+
+
+def dedup_prefix(scope: str, partition_id: int) -> bytes:
+    """The dedup ids of partition ``partition_id``'s rows start with this; the row's index in
+    the task follows. ``scope`` is short (``datasource.query_scope``: 22 characters of query
+    id and the batch id), so an id stays far below the extension's 255 bytes."""
+    return f"{scope}:{partition_id}:".encode()
 
 
 def _pooled_factory(transport: TransportOptions) -> ProducerFactory:

@@ -11,8 +11,9 @@ loss of one of several.
 
 What is retried is a command whose answer never came, so the daemon may have stored it: a
 retry after a lost answer can publish that MPUB twice (at-least-once, as a retried Spark task
-would). Errors that another attempt cannot cure (``E_BAD_MESSAGE``, ``E_BAD_TOPIC``,
-``E_INVALID``, authorisation) fail at once.
+would), unless its messages carry dedup ids, which the daemon recognises. Errors that another
+attempt cannot cure (``E_BAD_MESSAGE``, ``E_BAD_TOPIC``, ``E_INVALID``, authorisation) fail at
+once.
 
 Time comes from ``clock`` and waits go through ``sleep`` (``time.monotonic`` and ``time.sleep``
 by default), so tests drive the schedule with a fake clock and assert exact times.
@@ -27,6 +28,7 @@ from typing import Protocol
 
 from lmq_client.backoff import Backoff
 from lmq_client.errors import ConnectionFailed, LmqClientError, NSQError
+from lmqd.protocol.extension import XpubMessage
 
 __all__ = ["RETRY_BACKOFF", "RetryExhausted", "RetryingProducer", "retryable"]
 
@@ -71,6 +73,10 @@ class _Producer(Protocol):
 
     def dpub(self, topic: str, delay_ms: int, body: bytes) -> None: ...
 
+    def xpub(
+        self, topic: str, messages: Sequence[XpubMessage], *, defer_ms: int | None = None
+    ) -> None: ...
+
     def close(self) -> None: ...
 
 
@@ -107,6 +113,11 @@ class RetryingProducer:
 
     def dpub(self, topic: str, delay_ms: int, body: bytes) -> None:
         self._run(topic, lambda: self.producer.dpub(topic, delay_ms, body))
+
+    def xpub(
+        self, topic: str, messages: Sequence[XpubMessage], *, defer_ms: int | None = None
+    ) -> None:
+        self._run(topic, lambda: self.producer.xpub(topic, messages, defer_ms=defer_ms))
 
     def close(self) -> None:
         self.producer.close()

@@ -63,6 +63,7 @@ from pyspark.sql.types import (
     BinaryType,
     IntegerType,
     LongType,
+    MapType,
     StringType,
     StructField,
     StructType,
@@ -73,7 +74,8 @@ from lmq_client.errors import ConnectionFailed, LmqClientError
 from lmq_client.http import HTTPClient, HTTPError
 from lmq_client.lookupd import lookup_http_producers
 from lmq_client.spark.source_options import DEFAULT_READ_COUNT, Bound, SourceOptions
-from lmqd.message import READ_FRAME
+from lmqd.message import READ_EXT_LENGTH, READ_FRAME
+from lmqd.message_ext import decode_ext
 
 __all__ = [
     "ARROW_SCHEMA",
@@ -94,10 +96,14 @@ SOURCE_SCHEMA = StructType([
     StructField("offset", LongType(), False),
     StructField("timestamp", TimestampType(), False),
     StructField("attempts", IntegerType(), False),
+    StructField("headers", MapType(StringType(), StringType()), True),
+    StructField("priority", IntegerType(), False),
 ])
 """The rows a read returns: the body, the message id, the topic, the daemon it came from (its
 HTTP address, as given in ``httpAddress`` or as the lookupds list it), the offset there, the
-publish time and the attempts stored."""
+publish time, the attempts stored, and lmq's headers (null for none) and priority (0 for none)
+of the message (``/topic/read`` with ``ext=1``; from an lmqd too old to send them: null and
+0)."""
 
 ARROW_SCHEMA = pa.schema([
     pa.field("value", pa.binary(), False),
@@ -107,6 +113,8 @@ ARROW_SCHEMA = pa.schema([
     pa.field("offset", pa.int64(), False),
     pa.field("timestamp", pa.timestamp("us", tz="UTC"), False),
     pa.field("attempts", pa.int32(), False),
+    pa.field("headers", pa.map_(pa.string(), pa.string()), True),
+    pa.field("priority", pa.int32(), False),
 ])
 
 
@@ -245,6 +253,7 @@ def read_partition(options: SourceOptions, partition: LmqPartition) -> Iterator[
             "offset": str(position),
             "count": str(min(DEFAULT_READ_COUNT, partition.end - position)),
             "end": str(partition.end),
+            "ext": "1",  # each message's priority and headers
         }
         try:
             data, headers = client.request_with_headers("GET", "/topic/read", params)
@@ -254,7 +263,8 @@ def read_partition(options: SourceOptions, partition: LmqPartition) -> Iterator[
             raise
         following = int(headers.get("x-lmq-next-offset", position))
         if data:
-            yield _record_batch(data, options.topic, partition.node)
+            with_ext = headers.get("x-lmq-ext") == "1"
+            yield _record_batch(data, options.topic, partition.node, with_ext=with_ext)
         if following <= position:
             log.warning(
                 "SPARK(%s): %s cannot read offset %d now (see its log); partition ends early",
@@ -266,27 +276,47 @@ def read_partition(options: SourceOptions, partition: LmqPartition) -> Iterator[
         position = following
 
 
-def _record_batch(data: bytes, topic: str, node: str) -> pa.RecordBatch:
-    """One ``/topic/read`` answer as rows of ``ARROW_SCHEMA``."""
+def _record_batch(data: bytes, topic: str, node: str, *, with_ext: bool = False
+                  ) -> pa.RecordBatch:  # fmt: skip
+    """One ``/topic/read`` answer as rows of ``ARROW_SCHEMA`` (``with_ext``: its frames carry
+    extension blocks, ``X-Lmq-Ext: 1``)."""
     values: list[bytes] = []
     ids: list[bytes] = []
     offsets: list[int] = []
     stamps: list[int] = []
     attempts: list[int] = []
+    headers: list[list[tuple[str, str]] | None] = []
+    priorities: list[int] = []
     unpack = READ_FRAME.unpack_from
     header = READ_FRAME.size
+    ext_length = READ_EXT_LENGTH.unpack_from
     pos = 0
     end = len(data)
     while pos < end:
         size, offset, ts, tries, msg_id = unpack(data, pos)
         stop = pos + 4 + size
-        values.append(data[pos + header : stop])
+        start = pos + header
+        if with_ext:
+            (length,) = ext_length(data, start)
+            start += 2
+            if length:
+                ext = decode_ext(data[start : start + length])
+                start += length
+                headers.append(list(ext.headers) or None)
+                priorities.append(ext.priority)
+            else:
+                headers.append(None)
+                priorities.append(0)
+        values.append(data[start:stop])
         ids.append(msg_id)
         offsets.append(offset)
         stamps.append(ts // 1000)
         attempts.append(tries)
         pos = stop
     count = len(values)
+    if not with_ext:
+        headers = [None] * count
+        priorities = [0] * count
     return pa.RecordBatch.from_arrays(
         [
             pa.array(values, pa.binary()),
@@ -296,6 +326,8 @@ def _record_batch(data: bytes, topic: str, node: str) -> pa.RecordBatch:
             pa.array(offsets, pa.int64()),
             pa.array(stamps, pa.timestamp("us", tz="UTC")),
             pa.array(attempts, pa.int32()),
+            pa.array(headers, pa.map_(pa.string(), pa.string())),
+            pa.array(priorities, pa.int32()),
         ],
         schema=ARROW_SCHEMA,
     )

@@ -13,9 +13,13 @@ of them exists in nsqd, and nsqd's own calls are unchanged (``/channel/create`` 
 * ``GET /topic/offsets?topic=T[&at=POS]``: ``{"topic", "earliest", "end", "pumped"[, "offset"]}``:
   the offsets a tool can read (``earliest`` .. ``end`` - 1), where the channels are handed the
   stream up to (``pumped``) and, with ``at``, the offset ``POS`` stands for.
-* ``GET /topic/read?topic=T&offset=N[&count=M][&end=E][&format=json]``: the messages from offset
-  ``N`` on, consuming nothing (the Spark source, ``lmqadmin tail --from``): binary frames by
-  default, JSON on request (layouts in docs/http.md).
+* ``GET /topic/read?topic=T&offset=N[&count=M][&end=E][&format=json][&ext=1]``: the messages
+  from offset ``N`` on, consuming nothing (the Spark source, ``lmqadmin tail --from``): binary
+  frames by default, JSON on request (layouts in docs/http.md). Messages' priority and headers
+  (lmq's extension) are keys of the JSON when set; in binary frames only with ``ext=1``, which
+  adds each frame's extension block and answers ``X-Lmq-Ext: 1``, so that a reader that does
+  not ask gets the frames it always got, and a reader that asks an older lmqd (which ignores
+  ``ext``) can tell.
 
 ``POS`` is ``earliest`` (the oldest message stored), ``latest`` (for a channel: what the topic
 hands on from now, nsqd's default; for ``/topic/offsets``: the end), an RFC 3339 time (the first
@@ -44,7 +48,7 @@ from lmqd.engine.stream import TopicStream
 from lmqd.engine.topic import Topic
 from lmqd.httpapi import args
 from lmqd.httpapi.asgi import HttpError, Query, Request, Response, json_response
-from lmqd.message import READ_CONTENT_TYPE, encode_read_frames
+from lmqd.message import READ_CONTENT_TYPE, Message, encode_read_frames
 from lmqd.names import is_ephemeral
 from lmqd.units import MiB
 
@@ -210,11 +214,12 @@ class ReplayApi:
         count = self._count(query, "count", DEFAULT_READ_COUNT, low=1)
         assert count is not None
         end = self._count(query, "end", None)
+        with_ext = query.get("ext") == "1"
         stream = topic.stream
         entries, following = stream.read_entries(
             start, min(count, MAX_READ_COUNT), end, MAX_READ_BYTES
         )
-        headers = (
+        headers: tuple[tuple[str, str], ...] = (
             ("X-Lmq-Next-Offset", str(following)),
             ("X-Lmq-Earliest-Offset", str(stream.earliest_offset)),
             ("X-Lmq-End-Offset", str(stream.next_offset)),
@@ -225,17 +230,30 @@ class ReplayApi:
                 "earliest": stream.earliest_offset,
                 "end": stream.next_offset,
                 "next": following,
-                "messages": [
-                    {
-                        "offset": offset,
-                        "id": m.id.decode("ascii", "replace"),
-                        "timestamp": m.timestamp,
-                        "attempts": m.attempts,
-                        "body": base64.b64encode(m.body).decode(),
-                    }
-                    for offset, m in entries
-                ],
+                "messages": [_json_entry(offset, m) for offset, m in entries],
             })
+        if with_ext:
+            headers += (("X-Lmq-Ext", "1"),)
         return Response(
-            200, encode_read_frames(entries), READ_CONTENT_TYPE, v1=False, headers=headers
-        )
+            200, encode_read_frames(entries, ext=with_ext), READ_CONTENT_TYPE, v1=False,
+            headers=headers,
+        )  # fmt: skip
+
+
+def _json_entry(offset: int, m: Message) -> dict[str, object]:
+    """One message of a JSON ``/topic/read``: ``priority`` and ``headers`` only when set, so
+    the answer for NSQ's messages is what it was before the extension."""
+    entry: dict[str, object] = {
+        "offset": offset,
+        "id": m.id.decode("ascii", "replace"),
+        "timestamp": m.timestamp,
+        "attempts": m.attempts,
+        "body": base64.b64encode(m.body).decode(),
+    }
+    ext = m.ext
+    if ext is not None:
+        if ext.priority:
+            entry["priority"] = ext.priority
+        if ext.headers:
+            entry["headers"] = dict(ext.headers)
+    return entry

@@ -7,8 +7,9 @@ import pytest
 
 from lmq_client.errors import LmqClientError
 from lmq_client.extension import message_ext, negotiated, require_extension, xpub_command
+from lmq_client.sync import Producer
 from lmqd.message_ext import MessageExt
-from lmqd.protocol.extension import parse_xpub_body
+from lmqd.protocol.extension import XpubMessage, parse_xpub_body
 
 
 def test_fields_become_one_extension() -> None:
@@ -41,3 +42,14 @@ def test_only_a_daemon_that_accepted_the_extension_gets_xpub() -> None:
         assert not negotiated(answer)
         with pytest.raises(LmqClientError, match="does not support lmq's message extension"):
             require_extension(answer, "127.0.0.1:4150")
+
+
+def test_blocking_xpub_refuses_bad_messages_before_connecting() -> None:
+    # Nothing listens on port 1: a refusal before sending cannot be a connection error.
+    producer = Producer("127.0.0.1:1")
+    with pytest.raises(ValueError, match="xpub needs at least one message"):
+        producer.xpub("t", [])
+    with pytest.raises(ValueError, match="priority 10 out of range"):
+        producer.xpub("t", [XpubMessage(b"x", MessageExt(priority=10))])
+    with pytest.raises(ValueError, match="topic"):
+        producer.xpub("bad name", [XpubMessage(b"x", MessageExt())])

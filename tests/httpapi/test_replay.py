@@ -18,7 +18,8 @@ import pytest
 import trio
 
 from lmqd.httpapi.replay import parse_position
-from lmqd.message import READ_CONTENT_TYPE, READ_FRAME
+from lmqd.message import READ_CONTENT_TYPE, READ_FRAME, decode_read_ext_frames
+from lmqd.message_ext import MessageExt
 from tests.support.daemon import RunningDaemon, StartDaemon
 from tests.support.http import http
 from tests.support.wire import Wire
@@ -211,3 +212,41 @@ async def test_replay_errors(start_daemon: StartDaemon) -> None:
         r = await http(base, "GET", "/topic/read?topic=t&offset=0")
         assert len(r.body) == READ_FRAME.size + 1
         assert struct.unpack_from(">I", r.body)[0] == READ_FRAME.size - 4 + 1
+
+
+@pytest.mark.parametrize("mem_queue_size", [0, 10_000])
+async def test_read_carries_priority_and_headers_when_asked(
+    start_daemon: StartDaemon, mem_queue_size: int
+) -> None:
+    with trio.fail_after(TIMEOUT):
+        # read from the topic's log (written at once), or from its memory
+        running = await start_daemon(http=True, mem_queue_size=mem_queue_size)
+        base = running.http
+        await publish(running, "t", [b"plain"])
+        r = await http(base, "POST", "/pub?topic=t&priority=7&dedup_id=d1", b"rich",
+                       headers=(("Lmq-Header-Trace", "t-1"), ("Lmq-Header-K", "v")))
+        assert r.status == 200
+        r = await http(base, "POST", "/pub?topic=t&ttl_ms=60000", b"ttl-only")
+        assert r.status == 200
+        # Without ext=1: the frames every reader got before, no X-Lmq-Ext.
+        r = await http(base, "GET", "/topic/read?topic=t&offset=0")
+        assert "x-lmq-ext" not in r.headers
+        assert [b for *_, b in frames(r.body)] == [b"plain", b"rich", b"ttl-only"]
+        r = await http(base, "GET", "/topic/read?topic=t&offset=0&ext=1")
+        assert r.headers["x-lmq-ext"] == "1"
+        got = decode_read_ext_frames(r.body)
+        assert [(o, m.body) for o, m in got] == [(0, b"plain"), (1, b"rich"), (2, b"ttl-only")]
+        # what a consumer sees: priority and headers; no TTL or dedup id
+        assert [m.ext for _, m in got] == [
+            None, MessageExt(priority=7, headers=(("trace", "t-1"), ("k", "v"))), None,
+        ]
+        # a message without a visible field has a 0-length block: 2 bytes more than before
+        assert struct.unpack_from(">I", r.body)[0] == READ_FRAME.size - 4 + 2 + len(b"plain")
+        r = await http(base, "GET", "/topic/read?topic=t&offset=0&format=json")
+        messages = r.json()["messages"]
+        assert [sorted(m) for m in messages] == [
+            ["attempts", "body", "id", "offset", "timestamp"],
+            ["attempts", "body", "headers", "id", "offset", "priority", "timestamp"],
+            ["attempts", "body", "id", "offset", "timestamp"],
+        ]
+        assert (messages[1]["priority"], messages[1]["headers"]) == (7, {"trace": "t-1", "k": "v"})

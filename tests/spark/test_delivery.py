@@ -28,6 +28,7 @@ from lmq_client.spark import LmqSinkError, SinkOptions
 from lmq_client.spark.pool import ProducerPool
 from lmq_client.spark.publish import MAX_PENDING_TOPICS, write_partition
 from lmq_client.spark.retry import RetryExhausted, RetryingProducer
+from lmqd.protocol.extension import XpubMessage
 from tests.support.process import LmqdProcess
 
 from .conftest import receive, restart_later
@@ -75,6 +76,11 @@ class ScriptedProducer:
 
     def dpub(self, topic: str, delay_ms: int, body: bytes) -> None:
         self._attempt("DPUB", topic, [body])
+
+    def xpub(
+        self, topic: str, messages: Sequence[XpubMessage], *, defer_ms: int | None = None
+    ) -> None:
+        self._attempt("XPUB", topic, [m.body for m in messages])
 
     def close(self) -> None:
         self.closed = True

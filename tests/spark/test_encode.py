@@ -10,6 +10,7 @@ import base64
 import datetime
 import decimal
 import json
+import re
 
 import pyarrow as pa  # type: ignore[import-untyped]
 import pytest
@@ -120,3 +121,96 @@ def test_json_default_for_what_json_lacks() -> None:
     assert json_default(memoryview(b"ab")) == base64.b64encode(b"ab").decode()
     with pytest.raises(TypeError, match="cannot write object as JSON"):
         json_default(object())
+
+
+# -- lmq's per-message fields: headers, priority, TTL, dedup ids ------------------------------
+
+
+def _headers_batch(headers: list[object], kind: object = None) -> pa.RecordBatch:
+    kind = kind or pa.map_(pa.string(), pa.string())
+    return pa.record_batch(
+        [pa.array([f"b{i}" for i in range(len(headers))]), pa.array(headers, type=kind)],
+        names=["v", "headers"],
+    )
+
+
+def test_a_headers_map_becomes_each_rows_headers() -> None:
+    batch = _headers_batch([[("k", "v"), ("trace", "abc")], None, []])
+    exts = _encoder(body_column="v", headers_column="headers").exts(batch)
+    assert exts is not None
+    assert [e.headers for e in exts] == [(("k", "v"), ("trace", "abc")), (), ()]
+    assert [e.dedup_id for e in exts] == [b"", b"", b""]
+
+
+def test_kafkas_headers_array_is_taken_too_with_utf8_values() -> None:
+    kind = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
+    batch = _headers_batch([[{"key": "k", "value": "é".encode()}], None], kind)
+    exts = _encoder(body_column="v", headers_column="headers").exts(batch)
+    assert exts is not None and [e.headers for e in exts] == [(("k", "é"),), ()]
+    bad = _headers_batch([None, [{"key": "k", "value": b"\xff"}]], kind)
+    with pytest.raises(BadRowError, match=r"^row 8: column 'headers': header 'k' is not UTF-8"):
+        _encoder(body_column="v", headers_column="headers").exts(bad, first_row=7)
+
+
+@pytest.mark.parametrize(
+    ("headers", "message"),
+    [
+        ([("", "v")], "a header key must be 1..255 bytes"),
+        ([(f"k{i}", "v") for i in range(65)], "more than 64 headers"),
+        ([("k", "x" * 20000)], "headers larger than 16384 bytes"),
+        ([("k\n", "v")], "header key 'k\\\\n' has a control character"),
+        ([("k", None)], "a header with a null value"),
+    ],
+)
+def test_bad_headers_name_the_row_and_the_column(headers: list[object], message: str) -> None:
+    batch = _headers_batch([[("ok", "1")], headers])
+    with pytest.raises(BadRowError, match=rf"^row 11: column 'headers': {message}"):
+        _encoder(body_column="v", headers_column="headers").exts(batch, first_row=10)
+
+
+def test_priority_and_ttl_columns_with_nulls_as_none() -> None:
+    batch = pa.record_batch(
+        [pa.array(["a", "b", "c"]), pa.array([9, None, 0], pa.int32()),
+         pa.array([None, 60000, 1], pa.int64())],
+        names=["v", "prio", "ttl"],
+    )  # fmt: skip
+    exts = _encoder(body_column="v", priority_column="prio", ttl_column="ttl").exts(batch)
+    assert exts is not None
+    assert [(e.priority, e.ttl_ms) for e in exts] == [(9, 0), (0, 60000), (0, 1)]
+
+
+@pytest.mark.parametrize(
+    ("column", "values", "message"),
+    [
+        ("prio", [1, 10], "row 6: column 'prio': 10 out of range 0..9"),
+        ("prio", [None, -1], "row 6: column 'prio': -1 out of range 0..9"),
+        ("ttl", [-5, 1], "row 5: column 'ttl': -5 out of range 0..4294967295"),
+    ],
+)
+def test_priority_or_ttl_out_of_range_names_the_row(
+    column: str, values: list[int | None], message: str
+) -> None:
+    batch = pa.record_batch([pa.array(["a", "b"]), pa.array(values, pa.int64())],
+                            names=["v", column])  # fmt: skip
+    encoder = _encoder(body_column="v", **{f"{'priority' if column == 'prio' else 'ttl'}_column":
+                                           column})  # fmt: skip
+    with pytest.raises(BadRowError, match=rf"^{re.escape(message)}$"):
+        encoder.exts(batch, first_row=5)
+
+
+def test_dedup_ids_number_the_rows_of_the_task() -> None:
+    batch = pa.record_batch([pa.array(["a", "b"])], names=["v"])
+    encoder = _encoder(body_column="v")
+    assert encoder.exts(batch) is None  # no column, no prefix: nsqd's MPUB
+    exts = encoder.exts(batch, first_row=998, dedup_prefix=b"Q:3:1:")
+    assert exts is not None and [e.dedup_id for e in exts] == [b"Q:3:1:998", b"Q:3:1:999"]
+
+
+def test_metadata_columns_are_left_out_of_json_rows() -> None:
+    batch = pa.record_batch(
+        [pa.array([1]), pa.array([[("k", "v")]], pa.map_(pa.string(), pa.string())),
+         pa.array([3])],
+        names=["n", "headers", "prio"],
+    )  # fmt: skip
+    bodies, _ = _encoder(headers_column="headers", priority_column="prio").encode(batch)
+    assert bodies == [b'{"n":1}']

@@ -6,10 +6,13 @@ import pickle
 
 import pytest
 from pyspark.sql.types import (
+    ArrayType,
     BinaryType,
+    DataType,
     DoubleType,
     IntegerType,
     LongType,
+    MapType,
     StringType,
     StructField,
     StructType,
@@ -109,9 +112,9 @@ def test_unknown_option_lists_the_known_ones_but_not_sparks() -> None:
         SinkOptions.parse({"address": "h:1", "topic": "t", "bodycol": "x"})
     assert str(info.value) == (
         "lmq sink: unknown option 'bodycol' (known: address, authSecret, batchBytes, batchSize, "
-        "bodyColumn, deferColumn, deferMs, deflate, deflateLevel, lookupdHttpAddress, "
-        "retryTimeoutMs, snappy, timeout, tls, tlsCert, tlsInsecureSkipVerify, tlsKey, "
-        "tlsRootCaFile, topic)"
+        "bodyColumn, dedupIds, deferColumn, deferMs, deflate, deflateLevel, headersColumn, "
+        "lookupdHttpAddress, priorityColumn, retryTimeoutMs, snappy, timeout, tls, tlsCert, "
+        "tlsInsecureSkipVerify, tlsKey, tlsRootCaFile, topic, ttlColumn)"
     )
 
 
@@ -201,3 +204,42 @@ def test_options_survive_pickling() -> None:
     # The writer holding them is pickled from the driver to every executor.
     options = SinkOptions.parse({"address": "h:1,h:2", "topic": "t", "deferMs": "5"})
     assert pickle.loads(pickle.dumps(options)) == options
+
+
+HEADERS = MapType(StringType(), StringType())
+KAFKA_HEADERS = ArrayType(StructType([StructField("key", StringType()),
+                                      StructField("value", BinaryType())]))  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", [HEADERS, KAFKA_HEADERS])
+def test_a_headers_column_of_a_headers_type_is_found_by_name(kind: DataType) -> None:
+    schema = StructType([StructField("value", StringType()), StructField("Headers", kind)])
+    resolved = SinkOptions(addresses=("h:1",), topic="t").resolve_columns(schema)
+    assert resolved.headers_column == "Headers"
+    assert resolved.has_extension and resolved.metadata_columns == {"Headers"}
+
+
+def test_a_headers_column_of_another_type_is_data_unless_named() -> None:
+    schema = StructType([StructField("headers", StringType()), StructField("n", LongType())])
+    options = SinkOptions(addresses=("h:1",), topic="t")
+    assert options.resolve_columns(schema).headers_column is None
+    named = SinkOptions(addresses=("h:1",), topic="t", headers_column="headers")
+    with pytest.raises(ValueError, match=r"headersColumn 'headers' must be a map<string,string> "
+                       r"column \(or Kafka's array<struct<key:string,value:binary>>\), not string"):
+        named.resolve_columns(schema)
+
+
+def test_extension_options_are_parsed_and_checked() -> None:
+    parsed = SinkOptions.parse({"address": "h:1", "topic": "t", "headersColumn": "h",
+                                "priorityColumn": "p", "ttlColumn": "ttl", "dedupIds": "false"})
+    assert (parsed.headers_column, parsed.priority_column, parsed.ttl_column,
+            parsed.dedup_ids) == ("h", "p", "ttl", False)  # fmt: skip
+    assert SinkOptions.parse({"address": "h:1", "topic": "t"}).dedup_ids is None
+    with pytest.raises(ValueError, match="option 'dedupIds' must be true or false, not 'yes'"):
+        SinkOptions.parse({"address": "h:1", "topic": "t", "dedupIds": "yes"})
+    with pytest.raises(ValueError, match="priorityColumn and ttlColumn must be different"):
+        SinkOptions.parse({"address": "h:1", "topic": "t", "priorityColumn": "x",
+                           "ttlColumn": "X"})  # fmt: skip
+    schema = StructType([StructField("value", StringType()), StructField("p", DoubleType())])
+    with pytest.raises(ValueError, match=r"priorityColumn 'p' must be an integer column \(0-9\)"):
+        SinkOptions(addresses=("h:1",), topic="t", priority_column="p").resolve_columns(schema)

@@ -16,15 +16,20 @@ from collections.abc import Iterator, Sequence
 import pyarrow as pa  # type: ignore[import-untyped]
 import pytest
 
-from lmq_client.errors import MpubFailedError
+from lmq_client.errors import LmqClientError, MpubFailedError
 from lmq_client.spark import LmqCommitMessage, LmqSinkError, SinkOptions
+from lmq_client.spark.datasource import LmqStreamWriter, query_scope
 from lmq_client.spark.publish import (
     BatchingPublisher,
     addresses_for_partition,
+    dedup_prefix,
+    ext_size,
     summarize,
     write_partition,
 )
 from lmq_client.sync import Consumer
+from lmqd.message_ext import MessageExt, encode_ext
+from lmqd.protocol.extension import XpubMessage, encode_xpub
 from tests.support.process import LmqdProcess, start_lmqd, stop_lmqd
 
 from .conftest import receive
@@ -40,6 +45,7 @@ class FakeProducer:
         self.fail_at = fail_at
         self.error = error
         self.closed = False
+        self.xpubs: list[list[XpubMessage]] = []
 
     @property
     def address(self) -> str | None:
@@ -58,6 +64,13 @@ class FakeProducer:
     def dpub(self, topic: str, delay_ms: int, body: bytes) -> None:
         assert topic == "t"
         self._record(("DPUB", delay_ms, [body]))
+
+    def xpub(
+        self, topic: str, messages: Sequence[XpubMessage], *, defer_ms: int | None = None
+    ) -> None:
+        assert topic == "t"
+        self.xpubs.append(list(messages))
+        self._record(("XPUB", defer_ms or 0, [m.body for m in messages]))
 
     def close(self) -> None:
         self.closed = True
@@ -295,3 +308,118 @@ def test_a_rejected_mpub_fails_with_the_daemons_error(
         "the task)"
     )
     assert receive(address, topic, 2) == [b"ok-1", b"ok-2"]
+
+
+# -- lmq's per-message fields ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "ext",
+    [
+        MessageExt(),
+        MessageExt(priority=3, ttl_ms=5, dedup_id=b"q:1:0:7"),
+        MessageExt(headers=(("k", "v"), ("é", "ü" * 10))),
+    ],
+)
+def test_ext_size_is_the_blocks_length(ext: MessageExt) -> None:
+    assert ext_size(ext) == len(encode_ext(ext))
+
+
+def test_rows_with_extensions_go_as_xpubs_within_the_byte_limit() -> None:
+    producer = FakeProducer()
+    exts = [MessageExt(dedup_id=b"id-%d" % i) for i in range(5)]
+    bodies = [b"x" * 10 for _ in range(5)]
+    one = [XpubMessage(bodies[0], exts[0])]
+    # room for exactly two messages: what the XPUB body (after its size) holds for two
+    limit = len(encode_xpub("t", one * 2)) - len("XPUB t\n") - 4
+    publisher = BatchingPublisher(producer, "t", batch_size=100, batch_bytes=limit)
+    publisher.add(bodies, None, 0, exts)
+    publisher.flush()
+    assert [(name, len(b)) for name, _, b in producer.commands] == [
+        ("XPUB", 2), ("XPUB", 2), ("XPUB", 1)
+    ]
+    assert [m.ext for batch in producer.xpubs for m in batch] == exts
+    assert publisher.published == 5
+
+
+def test_deferred_rows_with_extensions_are_deferred_xpubs() -> None:
+    producer = FakeProducer()
+    exts = [MessageExt(dedup_id=b"a"), MessageExt(dedup_id=b"b")]
+    publisher = BatchingPublisher(producer, "t", batch_size=100, batch_bytes=10**6)
+    publisher.add([b"now", b"later"], [0, 250], 0, exts)
+    publisher.flush()
+    assert producer.commands == [("XPUB", 250, [b"later"]), ("XPUB", 0, [b"now"])]
+    assert [m.ext for batch in producer.xpubs for m in batch] == [exts[1], exts[0]]
+    assert (publisher.mpubs, publisher.dpubs) == (1, 1)
+
+
+def test_headers_and_priority_reach_a_consumer(daemon: LmqdProcess, topic: str) -> None:
+    options = SinkOptions(addresses=(daemon.tcp_address,), topic=topic, body_column="v",
+                          headers_column="headers", priority_column="prio")  # fmt: skip
+    batch = pa.record_batch(
+        [pa.array(["a", "b"]), pa.array([[("trace", "t-1")], None], pa.map_(pa.string(),
+         pa.string())), pa.array([7, None], pa.int8())],
+        names=["v", "headers", "prio"],
+    )  # fmt: skip
+    assert write_partition(options, [batch]).rows == 2
+    with Consumer(topic, "check", daemon.tcp_address, max_in_flight=10) as consumer:
+        got: dict[bytes, tuple[dict[str, str], int]] = {}
+        while len(got) < 2:
+            message = consumer.get(10.0)
+            assert message is not None, got
+            got[message.body] = (message.headers, message.priority)
+            message.finish()
+    assert got == {b"a": ({"trace": "t-1"}, 7), b"b": ({}, 0)}
+
+
+def test_a_task_run_again_with_its_dedup_ids_is_stored_once(
+    daemon: LmqdProcess, topic: str
+) -> None:
+    options = SinkOptions(addresses=(daemon.tcp_address,), topic=topic, body_column="v",
+                          batch_size=3)  # fmt: skip
+    rows = [f"row-{i}" for i in range(10)]
+    # the first attempt published 4 rows and failed; the retry publishes all 10 again
+    write_partition(options, _batches(rows[:4]), partition_id=1, dedup_scope="Q:5")
+    second = write_partition(options, _batches(rows[:6], rows[6:]), partition_id=1,
+                             dedup_scope="Q:5")  # fmt: skip
+    assert second.rows == 10  # answered OK, the daemon dropped the 4 it had
+    # the same rows in another partition, batch or query are other rows
+    write_partition(options, _batches(rows[:1]), partition_id=2, dedup_scope="Q:5")
+    write_partition(options, _batches(rows[:1]), partition_id=1, dedup_scope="Q:6")
+    bodies = receive(daemon.tcp_address, topic, 12)
+    assert sorted(bodies) == sorted([r.encode() for r in rows] + [b"row-0", b"row-0"])
+
+
+def test_query_scope_is_short_and_stable() -> None:
+    query = "7bdd9b86-5447-4540-ab24-75b124c38030"
+    scope = query_scope(query, "17")
+    assert scope == query_scope(query, "17") and scope.endswith(":17")
+    assert len(scope.split(":")[0]) == 22  # the UUID's 16 bytes in base64url, unpadded
+    # the longest id a task can make stays far below the extension's 255 bytes
+    assert len(dedup_prefix(query_scope(query, str(2**63 - 1)), 2**31 - 1)) + 19 < 100
+
+
+def test_a_stream_task_without_spark_batch_ids_fails_unless_dedup_ids_are_off() -> None:
+    options = SinkOptions(addresses=("127.0.0.1:1",), topic="t", body_column="v")
+    # outside Spark there is no TaskContext, as in a task Spark runs without the properties
+    with pytest.raises(LmqSinkError, match=r"^lmq sink: topic 't': Spark gave this task no "
+                       r"query and batch id .* set option dedupIds=false for at-least-once$"):
+        LmqStreamWriter(options).write(iter([]))
+    off = SinkOptions(addresses=("127.0.0.1:1",), topic="t", body_column="v", dedup_ids=False)
+    assert LmqStreamWriter(off).write(iter([])).rows == 0
+
+
+def test_a_daemon_without_the_extension_fails_the_task_saying_what_to_change() -> None:
+    refusal = LmqClientError("b:1 does not support lmq's message extension (headers, priority, "
+                             "ttl, dedup_id): it is not lmqd, or an older one")  # fmt: skip
+    producer = FakeProducer("b:1", fail_at=1, error=refusal)
+    with pytest.raises(LmqSinkError) as info:
+        write_partition(_options(), _batches(["x"]), dedup_scope="Q:1",
+                        producer_factory=lambda addresses, timeout: producer)  # fmt: skip
+    assert str(info.value) == (
+        "lmq sink: publishing to topic 't' failed: b:1 does not support lmq's message extension "
+        "(headers, priority, ttl, dedup_id): it is not lmqd, or an older one; headers, priority, "
+        "TTL and dedup ids need lmqd (publish to nsqd with option dedupIds=false and no headers, "
+        "priority or TTL column) (partition 0, attempt 0)"
+    )
+    assert producer.closed

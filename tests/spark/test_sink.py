@@ -24,6 +24,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming.query import StreamingQuery
 
 from lmq_client.http import HTTPClient
+from lmq_client.sync import Consumer
 from tests.support.process import LmqdProcess, start_lmqd, stop_lmqd
 
 from .conftest import (
@@ -350,3 +351,43 @@ def test_bad_options_fail_before_any_task_runs(
     with spark_guard(spark), pytest.raises(PySparkException) as info:
         df.write.format("lmq").mode(mode).options(**options).save()
     assert message in str(info.value)
+
+
+def test_headers_and_priority_columns_reach_consumers(
+    spark: SparkSession, daemon: LmqdProcess, topic: str
+) -> None:
+    df = spark.sql(
+        """SELECT * FROM VALUES
+             ('a', map('trace', 't-1', 'tenant', 'x'), 7, 60000L),
+             ('b', NULL, NULL, NULL),
+             ('c', map(), 0, NULL)
+           AS t(value, headers, prio, ttl)"""
+    )
+    with spark_guard(spark):
+        (df.write.format("lmq").mode("append").option("address", daemon.tcp_address)
+         .option("topic", topic).option("priorityColumn", "prio").option("ttlColumn", "ttl")
+         .option("dedupIds", "true").save())  # fmt: skip
+    got: dict[bytes, tuple[dict[str, str], int]] = {}
+    with Consumer(topic, "check", daemon.tcp_address, max_in_flight=10) as consumer:
+        while len(got) < 3:
+            message = consumer.get(20.0)
+            assert message is not None, got
+            got[message.body] = (message.headers, message.priority)
+            message.finish()
+        assert consumer.get(0.5) is None
+    assert got == {b"a": ({"trace": "t-1", "tenant": "x"}, 7), b"b": ({}, 0), b"c": ({}, 0)}
+
+
+def test_a_bad_header_fails_the_write_naming_row_and_column(
+    spark: SparkSession, daemon: LmqdProcess, topic: str
+) -> None:
+    df = spark.sql("SELECT * FROM VALUES ('a', map('ok', '1')), ('b', map('', 'v')) "
+                   "AS t(value, headers)").coalesce(1)  # fmt: skip
+    with spark_guard(spark), pytest.raises(PySparkException) as info:
+        (df.write.format("lmq").mode("append").option("address", daemon.tcp_address)
+         .option("topic", topic).save())  # fmt: skip
+    assert re.search(
+        rf"LmqSinkError: lmq sink: topic '{topic}': row 1: column 'headers': a header key must "
+        r"be 1\.\.255 bytes \(partition 0; 0 of this task's rows were published before it\)",
+        str(info.value),
+    ), str(info.value)

@@ -141,7 +141,7 @@ def test_batch_read_of_an_offset_range(
     assert spark.read.format("lmq").option("address", nodes).option("topic", topic).load() \
         .schema.simpleString() == (
             "struct<value:binary,id:string,topic:string,node:string,offset:bigint,"
-            "timestamp:timestamp,attempts:int>"
+            "timestamp:timestamp,attempts:int,headers:map<string,string>,priority:int>"
         )
 
 
@@ -189,3 +189,22 @@ def test_a_stream_restarted_from_its_checkpoint_reads_exactly_the_new_messages(
     assert again == [(i, b"m%d" % i) for i in range(50, 80)]
     ids: Any = [batch_id for batch_id, _ in batches]
     assert ids == sorted(set(ids))  # no batch read twice
+
+
+def test_headers_and_priority_columns(
+    spark: SparkSession, daemon: LmqdProcess, topic: str
+) -> None:
+    with Producer(daemon.tcp_address) as producer:
+        producer.publish(topic, b"plain")
+        producer.publish(topic, b"rich", headers={"trace": "t-1", "k": "v"}, priority=7)
+        producer.publish(topic, b"high", priority=9)
+        producer.publish(topic, b"tagged", headers={"only": "headers"}, ttl=60.0)
+    reader = spark.read.format("lmq").option("httpAddress", http_address(daemon))
+    with spark_guard(spark):
+        rows = reader.option("topic", topic).load().orderBy("offset").collect()
+    assert [(r.value, r.headers, r.priority) for r in rows] == [
+        (b"plain", None, 0),
+        (b"rich", {"trace": "t-1", "k": "v"}, 7),
+        (b"high", None, 9),
+        (b"tagged", {"only": "headers"}, 0),
+    ]
