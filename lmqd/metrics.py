@@ -26,6 +26,7 @@ lmqd_topic_overflow_refused_messages_total            counter   topic
 lmqd_topic_rate_limited_messages_total                counter   topic
 lmqd_topic_deduplicated_messages_total                counter   topic
 lmqd_channel_depth / _backend_depth                   gauge     topic, channel
+lmqd_channel_priority_depth (of depth, per level)      gauge     topic, channel, priority
 lmqd_channel_in_flight / _deferred / _clients         gauge     topic, channel
 lmqd_channel_paused                                   gauge     topic, channel
 lmqd_channel_messages_total (put into the channel)    counter   topic, channel
@@ -217,11 +218,16 @@ class LmqCollector(Collector):
         messages = _counter("lmqd_channel_messages", "messages put into the channel", _CHANNEL)
         requeues = _counter("lmqd_channel_requeues", "messages requeued", _CHANNEL)
         timeouts = _counter("lmqd_channel_timeouts", "in-flight messages timed out", _CHANNEL)
+        ranked = _gauge("lmqd_channel_priority_depth",
+                        "ready messages waiting at a priority level (lmq's extension)",
+                        [*_CHANNEL, "priority"])
         latency, samples = _latency_families("channel", _CHANNEL)
         for t in topics:
             for c in t.channels:
                 key = [t.topic_name, c.channel_name]
                 depth.add_metric(key, c.depth)
+                for level, n in c.priority_depths:
+                    ranked.add_metric([*key, str(level)], n)
                 backend.add_metric(key, c.backend_depth)
                 in_flight.add_metric(key, c.in_flight_count)
                 deferred.add_metric(key, c.deferred_count)
@@ -231,8 +237,8 @@ class LmqCollector(Collector):
                 requeues.add_metric(key, c.requeue_count)
                 timeouts.add_metric(key, c.timeout_count)
                 _add_latency(latency, samples, key, c.e2e_processing_latency)
-        yield from (depth, backend, in_flight, deferred, clients, paused, messages, requeues,
-                    timeouts, latency, samples)
+        yield from (depth, backend, ranked, in_flight, deferred, clients, paused, messages,
+                    requeues, timeouts, latency, samples)
 
     def _client_metrics(
         self, topics: list[TopicStats], producers: list[ClientStats]

@@ -198,6 +198,9 @@ class ChannelStats:
     """Messages out of attempts dropped for want of a dead-letter topic."""
     storage_damage: StorageDamage = NO_DAMAGE
     """lmq's extra key: damage found in the channel's own and deferred stores."""
+    priority_depths: tuple[tuple[int, int], ...] = ()
+    """lmq's extra key: of ``depth``, the messages waiting at each priority level (highest
+    first; the levels with none left out)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -217,6 +220,7 @@ class ChannelStats:
             "expired_count": self.expired_count,
             "max_attempts_dropped_count": self.max_attempts_dropped_count,
             "storage_damage": self.storage_damage.to_dict(),
+            "priority_depths": {str(level): n for level, n in self.priority_depths},
         }
 
 

@@ -1606,6 +1606,7 @@ class Channel:
             expired_count=self.expired_count,
             max_attempts_dropped_count=self.max_attempts_dropped_count,
             storage_damage=storage_damage(q.damage for q in self.disk_queues),
+            priority_depths=tuple(self.priority_depths.items()),
         )
 
 

@@ -83,6 +83,13 @@ async def test_ranked_messages_overtake_a_backlog_on_disk(tmp_path: Path) -> Non
         server = await start(tmp_path, ["--mem-queue-size=10"])
         try:
             plain = await publish_all(server)
+            address = http_address(server)
+            stats = (await http(address, "GET", "/stats?format=json&topic=t")).json()
+            [channel] = stats["topics"][0]["channels"]
+            assert channel["priority_depths"] == {"9": 2, "5": 1, "2": 2}
+            assert channel["depth"] == len(ORDER) + len(plain)
+            metrics = (await http(address, "GET", "/metrics")).body.decode()
+            assert 'lmqd_channel_priority_depth{channel="c",priority="9",topic="t"} 2.0' in metrics
             got = await consume(server, len(ORDER) + 3)
             assert got == list(zip([*ORDER, *plain[:3]], levels([*ORDER, *plain[:3]]), strict=True))
         finally:

@@ -121,7 +121,7 @@ async def test_stats_json_has_nsqds_shape_and_counts(start_daemon: StartDaemon) 
 
         audit, ship = orders["channels"]  # sorted by name
         for channel in orders["channels"]:
-            assert list(channel) == CHANNEL_KEYS + LMQ_EXTRA_KEYS
+            assert list(channel) == CHANNEL_KEYS + LMQ_EXTRA_KEYS + ["priority_depths"]
         assert [audit["channel_name"], ship["channel_name"]] == ["audit", "ship"]
         assert {k: ship[k] for k in CHANNEL_KEYS[1:9]} == {
             "depth": 3, "backend_depth": 0, "in_flight_count": 1, "deferred_count": 1,
