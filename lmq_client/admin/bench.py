@@ -85,6 +85,9 @@ class BenchConfig:
     """lmq: this many small headers on every message (``h0: v0`` ...), published with XPUB."""
     dedup_ids: bool = False
     """lmq: a distinct dedup id on every message (writer, sequence), published with XPUB."""
+    priority: int = 0
+    """lmq: this priority (1-9) on every message, published with XPUB: each one goes through
+    every channel's priority lanes."""
 
 
 INCOMPRESSIBLE_POOL = 4096
@@ -177,8 +180,10 @@ async def _write(
     from lmqd.protocol import Mpub
 
     address = config.tcp[index % len(config.tcp)]
-    ext = message_ext(headers={f"h{k}": f"v{k}" for k in range(config.headers)}) \
-        if config.headers else None  # fmt: skip
+    ext = message_ext(
+        headers={f"h{k}": f"v{k}" for k in range(config.headers)} if config.headers else None,
+        priority=config.priority or None,
+    )
     pad = b"x" * (config.size - _STAMP.size)
     pool: list[bytes] = []
     if config.incompressible:

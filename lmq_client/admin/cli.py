@@ -743,6 +743,8 @@ async def _hint(settings: Settings, topic: str, channel: str) -> None:
               help="lmq: N small headers on every message (XPUB; lmqd only).")
 @click.option("--dedup-ids", is_flag=True,
               help="lmq: a distinct dedup id on every message (XPUB; lmqd only).")
+@click.option("--priority", default=0, show_default=True, type=click.IntRange(0, 9), metavar="N",
+              help="lmq: priority N on every message (XPUB; lmqd only; 0: none).")
 @click.option("--keep-topic", is_flag=True, help="Don't delete the bench topic afterwards.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress display.")
 @json_option
@@ -764,6 +766,7 @@ def bench(
     incompressible: bool,
     header_count: int,
     dedup_ids: bool,
+    priority: int,
     keep_topic: bool,
     quiet: bool,
 ) -> None:
@@ -786,7 +789,7 @@ def bench(
         writers=writers, readers=readers, batch_size=batch_size, rdy=rdy, size=size,
         duration=duration, count=count, pipeline=pipeline, timeout=settings.timeout,
         transport=settings.transport, lookupd=settings.lookupd, incompressible=incompressible,
-        headers=header_count, dedup_ids=dedup_ids,
+        headers=header_count, dedup_ids=dedup_ids, priority=priority,
     )
     console = make_console(err=True)
     report = run_bench(config, console=None if quiet or not console.is_terminal else console)

@@ -1,5 +1,6 @@
 """``lmqadmin bench --incompressible``: every message body differs and looks random, so a
-compressed transport has nothing to shrink (scripts/bench_transport.py measures with it).
+compressed transport has nothing to shrink (scripts/bench_transport.py measures with it); and
+lmq's per-message fields (``--priority``, ``--headers``) on every message.
 
 Rules for this module: the shared lmqd subprocess (``lmqd_module_server``, 127.0.0.1 port 0);
 messages are read back over a raw socket with a timeout.
@@ -7,8 +8,10 @@ messages are read back over a raw socket with a timeout.
 
 from __future__ import annotations
 
+import json
 import socket
 import struct
+import urllib.request
 import zlib
 from typing import TYPE_CHECKING
 
@@ -57,3 +60,26 @@ def test_incompressible_bodies_all_differ_and_do_not_compress(
     assert len(set(pads)) == COUNT
     joined = b"".join(pads)
     assert len(zlib.compress(joined, 6)) > 0.95 * len(joined)
+
+
+def test_priority_and_headers_go_on_every_message(lmqd_module_server: LmqdServer) -> None:
+    """``--priority N`` and ``--headers N`` publish with XPUB: ``/peek`` shows them on every
+    message the bench left in its topic."""
+    server = lmqd_module_server
+    result = CliRunner().invoke(
+        cli,
+        ["--tcp-address", server.tcp_address, "--json", "bench", "--topic", "ranked-bench",
+         "--writers", "1", "--readers", "0", "--count", "50", "--batch-size", "10",
+         "--priority", "7", "--headers", "2", "--keep-topic"],
+        catch_exceptions=False,
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert server.http_address is not None
+    with urllib.request.urlopen(
+        f"http://{server.http_address}/peek?topic=ranked-bench&n=100", timeout=10
+    ) as response:
+        peeked = json.load(response)["messages"]
+    assert len(peeked) == 50
+    assert {(m["priority"], tuple(sorted(m["headers"].items()))) for m in peeked} == {
+        (7, (("h0", "v0"), ("h1", "v1")))
+    }
