@@ -275,3 +275,21 @@ def test_drop_oldest_drops_the_plain_backlog_first_then_the_lowest_levels(engine
     channel = engine.topic.channels["a"]
     assert channel.drop_oldest(4, NOW) == 4  # p0, p1, then a1, a2 (level 1)
     assert [m.body for m in engine.drain("a")] == [b"c1", b"c2", b"b1", b"b2"]
+
+
+def test_deleting_a_channel_deletes_its_lane_stores() -> None:
+    with memory_dir() as base:
+        engine = Engine(base, durable=False)  # --mem-queue-size=0: the lanes are on disk
+        try:
+            engine.subscribe(engine.topic, "a")
+            publish_ranked(engine)
+            engine.pump()
+            engine.sync()
+            lanes = sorted(p.name for p in engine.root.glob("t%3Aa%23p*"))
+            assert {name.split(".lmq.")[0] for name in lanes} == {
+                "t%3Aa%23p1", "t%3Aa%23p5", "t%3Aa%23p9"
+            }
+            engine.topic.delete_channel("a")
+            assert list(engine.root.glob("t%3Aa%23p*")) == []
+        finally:
+            engine.close()
