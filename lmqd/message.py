@@ -177,46 +177,28 @@ def encode_read_frames(entries: Iterable[tuple[int, Message]], *, ext: bool = Fa
     return b"".join(parts)
 
 
-def decode_read_frames(data: bytes) -> list[tuple[int, Message]]:
-    """The ``(offset, message)`` pairs of ``encode_read_frames``; raises ``ValueError`` if the
-    data is not framed so."""
+def decode_read_frames(data: bytes, *, ext: bool = False) -> list[tuple[int, Message]]:
+    """The ``(offset, message)`` pairs of ``encode_read_frames`` (with ``ext``: of
+    ``encode_read_frames(..., ext=True)``, each message with its extension, None without one);
+    raises ``ValueError`` (``ExtError`` for a bad block) if the data is not framed so."""
     out: list[tuple[int, Message]] = []
-    header = READ_FRAME.size
+    header = READ_FRAME.size + (READ_EXT_LENGTH.size if ext else 0)
     unpack = READ_FRAME.unpack_from
     pos = 0
     end = len(data)
+    length = 0
     while pos < end:
         if pos + header > end:
             raise ValueError("truncated read frame")
         size, offset, ts, attempts, msg_id = unpack(data, pos)
-        stop = pos + 4 + size
-        if size < header - 4 or stop > end:
-            raise ValueError("malformed read frame")
-        out.append((offset, Message(msg_id, data[pos + header : stop], ts, attempts)))
-        pos = stop
-    return out
-
-
-def decode_read_ext_frames(data: bytes) -> list[tuple[int, Message]]:
-    """The ``(offset, message)`` pairs of ``encode_read_frames(..., ext=True)``, each message
-    with its extension (None without one); raises ``ValueError`` (``ExtError`` for a bad
-    block) if the data is not framed so."""
-    out: list[tuple[int, Message]] = []
-    header = READ_FRAME.size + READ_EXT_LENGTH.size
-    unpack = READ_FRAME.unpack_from
-    pos = 0
-    end = len(data)
-    while pos < end:
-        if pos + header > end:
-            raise ValueError("truncated read frame")
-        size, offset, ts, attempts, msg_id = unpack(data, pos)
-        (length,) = READ_EXT_LENGTH.unpack_from(data, pos + READ_FRAME.size)
+        if ext:
+            (length,) = READ_EXT_LENGTH.unpack_from(data, pos + READ_FRAME.size)
         stop = pos + 4 + size
         if size < header - 4 + length or stop > end:
             raise ValueError("malformed read frame")
-        ext = decode_ext(data[pos + header : pos + header + length]) if length else None
         message = Message(msg_id, data[pos + header + length : stop], ts, attempts)
-        message.ext = ext
+        if length:
+            message.ext = decode_ext(data[pos + header : pos + header + length])
         out.append((offset, message))
         pos = stop
     return out

@@ -5,9 +5,12 @@ plain-def entry points with ``now`` passed in."""
 
 from __future__ import annotations
 
+import os
 import random
 import shutil
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from lmqd.engine.stores import Stores, queues_to_open, restore_plan, stored_queue_names
 from lmqd.engine.syncer import Syncer
@@ -20,6 +23,48 @@ from .engine_fakes import FakeClient
 
 WALL0_NS = 1_750_000_000 * 10**9
 NOW = 1.0
+
+
+def open_restored_topic(
+    options: Options,
+    channels: list[str],
+    *,
+    guid: GuidFactory,
+    prepare: Callable[[Topic], None] | None = None,
+    **topic_options: Any,
+) -> Topic:
+    """Topic ``t`` in ``options.data_path`` with ``channels``, restored as the service restores
+    it (``lmqd.engine.stores``: the restore plan, the logs and queues opened first, then the
+    topic and its channels; ``prepare`` runs between the two, where the service restores the
+    policy). Stored deadlines use ``WALL0_NS`` as trio time 0."""
+    root = options.data_path
+    timebase = AnchoredTimeBase(0.0, WALL0_NS)
+    syncer = Syncer(
+        sync_every=10**9, sync_timeout=1.0, metadata_file=os.path.join(root, "lmqd.dat"),
+        metadata=Metadata,
+    )
+    stores = Stores(options, syncer, hold_data_dir=lambda: timebase, on_health=lambda e: None)
+    on_disk = stored_queue_names(root)
+    plan = restore_plan(
+        Metadata((TopicMetadata("t", False, tuple(ChannelMetadata(n) for n in channels)),)),
+        on_disk,
+    )
+    opened, failed = stores.open_stored(queues_to_open(plan, on_disk))
+    assert not failed
+    stores.preopen(opened)
+    topic = Topic(
+        "t", options, log=stores.topic_log("t"),
+        channel_backend_factory=stores.channel_backend,
+        deferred_store_factory=stores.deferred_store,
+        lane_backend_factory=stores.lane_backend, stored_lanes=stores.stored_lanes,
+        guid=guid, rng=random.Random(7), **topic_options,
+    )  # fmt: skip
+    if prepare is not None:
+        prepare(topic)
+    for name in channels:
+        topic.get_channel(name)
+    stores.close_unclaimed()
+    return topic
 
 
 class Engine:
@@ -42,30 +87,9 @@ class Engine:
             data_path=str(self.root), durable=self.durable, mem_queue_size=self.mem_queue_size,
             max_bytes_per_file=400,
         )
-        timebase = AnchoredTimeBase(0.0, WALL0_NS)
-        syncer = Syncer(
-            sync_every=10**9, sync_timeout=1.0, metadata_file=str(self.root / "lmqd.dat"),
-            metadata=Metadata,
-        )
-        stores = Stores(options, syncer, hold_data_dir=lambda: timebase, on_health=lambda e: None)
-        on_disk = stored_queue_names(str(self.root))
-        plan = restore_plan(
-            Metadata((TopicMetadata("t", False, tuple(ChannelMetadata(n) for n in channels)),)),
-            on_disk,
-        )
-        opened, failed = stores.open_stored(queues_to_open(plan, on_disk))
-        assert not failed
-        stores.preopen(opened)
-        topic = Topic(
-            "t", options, log=stores.topic_log("t"),
-            channel_backend_factory=stores.channel_backend,
-            deferred_store_factory=stores.deferred_store,
-            lane_backend_factory=stores.lane_backend, stored_lanes=stores.stored_lanes,
-            guid=self.guid, rng=random.Random(7), clock=lambda: NOW,
-        )
+        topic = open_restored_topic(options, channels, guid=self.guid, clock=lambda: NOW)
         for name in channels:
             self.subscribe(topic, name)
-        stores.close_unclaimed()
         return topic
 
     def subscribe(self, topic: Topic, name: str, ready: int = 0) -> FakeClient:

@@ -659,9 +659,10 @@ def test_statistics_snapshot_counts() -> None:
         "message_count", "requeue_count", "timeout_count", "client_count", "clients", "paused",
         "e2e_processing_latency",
         "dead_letter_count", "expired_count", "max_attempts_dropped_count",  # lmq's, after
-        "storage_damage",
+        "storage_damage", "priority_depths",
     ]  # fmt: skip
     assert d["e2e_processing_latency"] == {"count": 0, "percentiles": None}
+    assert d["priority_depths"] == {}
     assert "pub_counts" not in d["clients"][0]  # omitempty
 
 

@@ -16,7 +16,6 @@ Rules for this module:
 
 from __future__ import annotations
 
-import random
 import shutil
 from pathlib import Path
 from typing import Any
@@ -25,17 +24,14 @@ import trio
 import trio.testing
 
 from lmqd.engine.policy import PolicyValue
-from lmqd.engine.stores import Stores, queues_to_open, restore_plan, stored_queue_names
-from lmqd.engine.syncer import Syncer
 from lmqd.engine.topic import Topic
 from lmqd.message import GuidFactory
 from lmqd.message_ext import MessageExt
 from lmqd.options import Options
-from lmqd.storage import AnchoredTimeBase, ChannelMetadata, Metadata, TopicMetadata
 
 from .engine_fakes import FakeClient
+from .engine_restart import WALL0_NS, open_restored_topic
 
-WALL0_NS = 1_750_000_000 * 10**9
 TIMEOUT = 3600.0
 """Virtual seconds (the autojump clock): a test that hangs jumps there and fails at once."""
 
@@ -55,37 +51,18 @@ class Node:
         self.topic = self._open([])
 
     def _open(self, channels: list[str]) -> Topic:
-        options = Options.from_mapping({"data_path": str(self.root), **self.flags})
-        timebase = AnchoredTimeBase(0.0, WALL0_NS)
-        syncer = Syncer(
-            sync_every=10**9, sync_timeout=1.0, metadata_file=str(self.root / "lmqd.dat"),
-            metadata=Metadata,
-        )  # fmt: skip
-        stores = Stores(
-            options, syncer, hold_data_dir=lambda: timebase, on_health=lambda e: None
-        )
         self.root.mkdir(exist_ok=True)
-        on_disk = stored_queue_names(str(self.root))
-        plan = restore_plan(
-            Metadata((TopicMetadata("t", False, tuple(ChannelMetadata(n) for n in channels)),)),
-            on_disk,
+        options = Options.from_mapping({"data_path": str(self.root), **self.flags})
+
+        def prepare(topic: Topic) -> None:
+            # The service's order: the policy restored, then the dedup windows rebuilt.
+            if self.policy:
+                topic.set_policy(self.policy)
+            topic.recover_dedup(trio.current_time())
+
+        return open_restored_topic(
+            options, channels, guid=self.guid, prepare=prepare, wall_clock=wall
         )
-        opened, failed = stores.open_stored(queues_to_open(plan, on_disk))
-        assert not failed
-        stores.preopen(opened)
-        topic = Topic(
-            "t", options, log=stores.topic_log("t"),
-            channel_backend_factory=stores.channel_backend,
-            deferred_store_factory=stores.deferred_store,
-            guid=self.guid, rng=random.Random(7), wall_clock=wall,
-        )  # fmt: skip
-        if self.policy:
-            topic.set_policy(self.policy)
-        topic.recover_dedup(trio.current_time())
-        for name in channels:
-            topic.get_channel(name)
-        stores.close_unclaimed()
-        return topic
 
     def restart(self) -> Topic:
         names = list(self.topic.channels)

@@ -18,7 +18,7 @@ import pytest
 import trio
 
 from lmqd.httpapi.replay import parse_position
-from lmqd.message import READ_CONTENT_TYPE, READ_FRAME, decode_read_ext_frames
+from lmqd.message import READ_CONTENT_TYPE, READ_FRAME, decode_read_frames
 from lmqd.message_ext import MessageExt
 from tests.support.daemon import RunningDaemon, StartDaemon
 from tests.support.http import http
@@ -234,7 +234,7 @@ async def test_read_carries_priority_and_headers_when_asked(
         assert [b for *_, b in frames(r.body)] == [b"plain", b"rich", b"ttl-only"]
         r = await http(base, "GET", "/topic/read?topic=t&offset=0&ext=1")
         assert r.headers["x-lmq-ext"] == "1"
-        got = decode_read_ext_frames(r.body)
+        got = decode_read_frames(r.body, ext=True)
         assert [(o, m.body) for o, m in got] == [(0, b"plain"), (1, b"rich"), (2, b"ttl-only")]
         # what a consumer sees: priority and headers; no TTL or dedup id
         assert [m.ext for _, m in got] == [
