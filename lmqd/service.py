@@ -209,8 +209,6 @@ class LmqDaemon:
             async with trio.open_nursery() as nursery:
                 broker.attach(nursery)
                 await nursery.start(broker.syncer.run)
-                for topic in broker.topics.values():
-                    nursery.start_soon(topic.run)
                 tcp = await nursery.start(serve_tcp, broker, self.security)
                 http, https = await self._start_http(nursery)
                 broker.addresses = BoundAddresses(tcp=tcp, http=http, https=https)
