@@ -1,19 +1,19 @@
 """What an idle topic and an idle channel cost: GC-tracked objects, bytes, one full collection.
 
     .venv/bin/python scripts/bench_idle.py [--topics 2000] [--channels 1] [--types 15]
-        [--lines 0]         [--ephemeral] [--durable]
+        [--lines 0] [--ephemeral] [--durable]
 
 Deterministic (no throughput, no wall-clock rate): a ``Broker`` over a temporary data directory,
-started as the service starts it (its syncer running, topics started in its nursery, the data
+started as the service starts it (its syncer running, topics attached to its nursery, the data
 directory scanned so that new topics get fresh logs), creates ``--topics`` topics through
 ``Broker.get_topic`` and then ``--channels`` channels on each through ``Topic.get_channel``: the
 paths HTTP ``/topic/create``, ``/channel/create`` and a TCP ``SUB`` take. No client, no message.
 After each phase every task is let run until it blocks, then ``gc.collect()``; the script prints
 per topic and per channel the GC-tracked objects (``len(gc.get_objects())``) and the bytes
-(``tracemalloc``, Python allocations), the most numerous tracked types each added (``--types``),
-and the time of one full ``gc.collect()`` over the whole heap at the end (one call, timed with
-``time.perf_counter``: the pause a client of a daemon this size would see when CPython's
-generation 2 collection runs).
+(``tracemalloc``, Python allocations), the most numerous tracked types each added
+(``--types``) and the allocation sites by bytes (``--lines``), and the time of one full
+``gc.collect()`` over the whole heap at the end (one call, timed with ``time.perf_counter``:
+the pause a client of a daemon this size sees when CPython's generation 2 collection runs).
 
 The counts are exact and repeat from run to run; the collection's time depends on the machine
 (it is proportional to the objects the collector traverses). docs/benchmarks.md ("Admin floods")
@@ -83,10 +83,8 @@ class Phase:
 async def measure(args: argparse.Namespace, data_path: str) -> None:
     options = Options(data_path=data_path, durable=args.durable)
 
-    def hold_data_dir() -> AnchoredTimeBase:
-        return AnchoredTimeBase.now(trio.current_time())
-
-    broker = Broker(options, hold_data_dir=hold_data_dir)
+    timebase = AnchoredTimeBase.now(trio.current_time())  # one, as the service's data dir
+    broker = Broker(options, hold_data_dir=lambda: timebase)
     broker.stores.note_on_disk([])  # as the service's scan: new names get fresh logs
     suffix = "#ephemeral" if args.ephemeral else ""
     async with trio.open_nursery() as nursery:

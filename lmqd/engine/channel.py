@@ -36,7 +36,9 @@ queue, and requeues, timeouts and due deferred messages with a priority go back 
 channel's task sleeps in a ``trio.CancelScope`` whose deadline is the earliest of both queues
 (or now, when a delivery was asked for); pushing an earlier deadline lowers that scope's
 deadline directly (no per-message Event or task), and on wakeup everything due is processed at
-once, then ``deliver`` runs once.
+once, then ``deliver`` runs once. The task exists only while it has something to wait for: the
+first deadline or delivery request starts it in the nursery the topic attached (``attach``), and
+it ends once nothing is in flight, deferred or asked for, so an idle channel holds no task.
 
 With ``--durable`` every message not FIN'd keeps a copy on disk: in the topic's log (the cursor
 leaves it unsettled) or in one of the channel's stores. ``DurableAcks`` records which, and
@@ -213,7 +215,7 @@ class Channel:
         """The last error a backend write raised (None once a write succeeds again)."""
         self.policy_settings: dict[str, PolicyValue] = {}
         """The channel's own policy keys (``channel_policy.py``), persisted with the metadata."""
-        self.policy = ChannelPolicy.effective(options, {})
+        self.policy = _default_policy(options)
         """The effective policy: the daemon's defaults, then ``policy_settings``."""
         self.ttl_ns = 0
         """The topic's ``ttl_ms`` in ns (0: none); the topic sets it."""
@@ -1674,6 +1676,18 @@ class Channel:
             max_attempts_dropped_count=self.max_attempts_dropped_count,
             storage_damage=storage_damage(q.damage for q in self.disk_queues),
         )
+
+
+_DEFAULT_POLICY: list[tuple[Options, ChannelPolicy]] = []
+"""The last options' default policy (frozen): shared by the channels made with those options
+and no policy of their own, not one object each."""
+
+
+def _default_policy(options: Options) -> ChannelPolicy:
+    cached = _DEFAULT_POLICY
+    if not cached or cached[0][0] is not options:
+        cached[:] = [(options, ChannelPolicy.effective(options, {}))]
+    return cached[0][1]
 
 
 def _memory_lane(level: int) -> BackendQueue:

@@ -109,11 +109,15 @@ class _QueueState:
         self.queue = queue
         self.gen = 0
         """``prepare_sync`` calls made by the syncer for this queue."""
-        self.waiters: deque[tuple[int, DurableCallback]] = deque()
+        self.waiters: deque[tuple[int, DurableCallback]] | None = None
+        """Callbacks with the generation they wait for, made by the first one (an empty deque
+        is 760 bytes, and most topics' logs never have a waiter: only ``--durable`` ones)."""
 
     def resolve(self, gen: int, error: OSError | None) -> None:
         """Call back every waiter of generation ``gen`` or older, in order."""
         waiters = self.waiters
+        if waiters is None:
+            return
         done = []
         while waiters and waiters[0][0] <= gen:
             done.append(waiters.popleft()[1])
@@ -218,7 +222,10 @@ class Syncer:
         if state is None:
             self.register(queue)
             state = self._states[queue]
-        state.waiters.append((state.gen + 1, callback))
+        waiters = state.waiters
+        if waiters is None:
+            waiters = state.waiters = deque()
+        waiters.append((state.gen + 1, callback))
         if urgent:
             self._urgent.add(state)
             self._waiting += 1

@@ -26,8 +26,14 @@ the bodies of a ``dedup_window_ms``) are rebuilt from what the log holds of them
 a log whose messages carry their own TTL makes every channel screen for it from the start
 (``message_ttls``; a channel's own stores tell it the same, ``Channel``).
 
-``run`` owns a nursery holding the pump and every channel's timer task; channels created later
-are started into it, and each channel cancels its own task when deleted.
+**Tasks only while there is work.** ``attach(nursery)`` (the broker's, with the service's
+nursery) is where the pump and the channels' timer tasks run, and none of them runs while idle:
+the pump starts when there is something to hand on (a publish, a first channel, an unpause) and
+ends after ``PUMP_IDLE_S`` without a batch; a channel's task starts at its first deadline or
+delivery request and ends when nothing is in flight, deferred or asked for (``Channel._serve``).
+Tens of thousands of topics created and never used then cost no task each (a task is tens of
+objects the cyclic collector traverses). Closing or deleting a topic ends its tasks. ``run`` is
+for tests and tools: a nursery of the topic's own, until it is closed or deleted.
 """
 
 from __future__ import annotations
@@ -187,7 +193,7 @@ class Topic:
         """A message with its own ``ttl_ms`` (lmq's extension) was published in this run, or
         the log held one when it opened: every channel screens for it
         (``Channel.note_message_ttls``)."""
-        self.policy = TopicPolicy.effective(options, {})
+        self.policy = _default_policy(options)
         """The effective policy: the daemon's defaults, then ``policy_settings``."""
         self.publish_counters = PublishCounters()
         self._id_window: DedupWindow | None = None
@@ -935,6 +941,18 @@ class Topic:
             ),
             storage_damage=storage_damage([self.log.damage] if self.log is not None else []),
         )
+
+
+_DEFAULT_POLICY: list[tuple[Options, TopicPolicy]] = []
+"""The last options' default policy (frozen): shared by the topics made with those options
+and no policy of their own, not one object each."""
+
+
+def _default_policy(options: Options) -> TopicPolicy:
+    cached = _DEFAULT_POLICY
+    if not cached or cached[0][0] is not options:
+        cached[:] = [(options, TopicPolicy.effective(options, {}))]
+    return cached[0][1]
 
 
 def _kept_exts(
