@@ -1,7 +1,7 @@
 """What an idle topic and an idle channel cost: GC-tracked objects, bytes, one full collection.
 
     .venv/bin/python scripts/bench_idle.py [--topics 2000] [--channels 1] [--types 15]
-        [--lines 0] [--ephemeral] [--durable]
+        [--lines 0] [--freeze] [--ephemeral] [--durable]
 
 Deterministic (no throughput, no wall-clock rate): a ``Broker`` over a temporary data directory,
 started as the service starts it (its syncer running, topics attached to its nursery, the data
@@ -13,7 +13,8 @@ per topic and per channel the GC-tracked objects (``len(gc.get_objects())``) and
 (``tracemalloc``, Python allocations), the most numerous tracked types each added
 (``--types``) and the allocation sites by bytes (``--lines``), and the time of one full
 ``gc.collect()`` over the whole heap at the end (one call, timed with ``time.perf_counter``:
-the pause a client of a daemon this size sees when CPython's generation 2 collection runs).
+the pause a client of a daemon this size sees when CPython's generation 2 collection runs);
+``--freeze`` times one more after ``gc.freeze()``, as the CLI's daemon does after its restore.
 
 The counts are exact and repeat from run to run; the collection's time depends on the machine
 (it is proportional to the objects the collector traverses). docs/benchmarks.md ("Admin floods")
@@ -125,6 +126,18 @@ async def measure(args: argparse.Namespace, data_path: str) -> None:
             f"({len(broker.topics)} topics, "
             f"{sum(len(t.channels) for t in broker.topics.values())} channels)"
         )
+        if args.freeze:
+            # What the CLI's daemon does once its restore is done (``LmqDaemon``'s freeze_gc):
+            # the same topics, had they been restored, are then out of the collector's reach.
+            gc.freeze()
+            started = time.perf_counter()
+            gc.collect()
+            pause = time.perf_counter() - started
+            print(
+                f"after gc.freeze(): one full gc.collect(): {pause * 1000:.1f} ms over "
+                f"{len(gc.get_objects()):,} tracked objects ({gc.get_freeze_count():,} frozen)"
+            )
+            gc.unfreeze()
         broker.attach(None)
         nursery.cancel_scope.cancel()
     broker.close_topics()
@@ -137,6 +150,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--types", type=int, default=15, help="tracked types listed per phase")
     parser.add_argument(
         "--lines", type=int, default=0, help="allocation sites listed per phase (by bytes)"
+    )
+    parser.add_argument(
+        "--freeze", action="store_true", help="also time a collection after gc.freeze()"
     )
     parser.add_argument("--ephemeral", action="store_true", help="#ephemeral names")
     parser.add_argument("--durable", action="store_true", help="--durable mode")
