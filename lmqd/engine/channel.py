@@ -38,7 +38,8 @@ channel's task sleeps in a ``trio.CancelScope`` whose deadline is the earliest o
 deadline directly (no per-message Event or task), and on wakeup everything due is processed at
 once, then ``deliver`` runs once. The task exists only while it has something to wait for: the
 first deadline or delivery request starts it in the nursery the topic attached (``attach``), and
-it ends once nothing is in flight, deferred or asked for, so an idle channel holds no task.
+it ends once nothing is in flight, deferred or asked for and nothing was delivered for
+``TASK_IDLE_S``, so an idle channel holds no task.
 
 With ``--durable`` every message not FIN'd keeps a copy on disk: in the topic's log (the cursor
 leaves it unsettled) or in one of the channel's stores. ``DurableAcks`` records which, and
@@ -91,6 +92,7 @@ __all__ = [
     "DEAD_LETTER_RETRY_S",
     "SCREEN_BUDGET",
     "SCREEN_CHUNK",
+    "TASK_IDLE_S",
     "Channel",
     "ChannelError",
     "DeadLetterSink",
@@ -108,6 +110,13 @@ RELEASE_CHECK_S = 1.0
 keeps an older log segment than the one being written (``Channel._release_log``): a comparison
 of two offsets, so once a second costs nothing; a segment (100 MiB by default) takes longer
 than that to fill."""
+
+
+TASK_IDLE_S = 10.0
+"""A channel's task with nothing in flight, deferred or asked for waits this long before it
+ends (``_serve``): a channel whose messages come more often than that keeps one task (a
+delivery only moves its deadline) instead of starting one per message (tens of microseconds
+each); a channel idle longer holds no task."""
 
 
 SCREEN_BUDGET = 2048
@@ -165,14 +174,15 @@ class Channel:
     # Slots: no per-instance dict (a channel is one of tens of thousands, idle, in a big
     # daemon: ~1 KB and a GC-tracked object less each).
     __slots__ = (
-        "_acks", "_body_estimate", "_dead_letter_sink", "_deferred", "_deferred_store_factory",
-        "_dq", "_expired_seen", "_in_flight", "_lane_backend", "_lanes", "_mem_size",
-        "_message_ttls", "_nursery", "_on_health", "_on_last_client_removed", "_on_paused_changed",
-        "_paused", "_queue", "_release_check", "_rng", "_screening", "_sleep_scope", "_syncer",
-        "_task_running", "_unbuffered", "_wall_clock", "_want_delivery", "backend", "clients",
-        "cursor", "dead_letter_count", "e2e_stream", "ephemeral", "exiting", "expired_count",
-        "last_backend_error", "max_attempts_dropped_count", "message_count", "name", "options",
-        "policy", "policy_settings", "requeue_count", "timeout_count", "topic_name", "ttl_ns",
+        "_acks", "_body_estimate", "_busy_at", "_dead_letter_sink", "_deferred",
+        "_deferred_store_factory", "_dq", "_expired_seen", "_in_flight", "_lane_backend", "_lanes",
+        "_mem_size", "_message_ttls", "_nursery", "_on_health", "_on_last_client_removed",
+        "_on_paused_changed", "_paused", "_queue", "_release_check", "_rng", "_screening",
+        "_sleep_scope", "_syncer", "_task_running", "_unbuffered", "_wall_clock", "_want_delivery",
+        "backend", "clients", "cursor", "dead_letter_count", "e2e_stream", "ephemeral", "exiting",
+        "expired_count", "last_backend_error", "max_attempts_dropped_count", "message_count",
+        "name", "options", "policy", "policy_settings", "requeue_count", "timeout_count",
+        "topic_name", "ttl_ns",
     )
 
     def __init__(
@@ -272,6 +282,9 @@ class Channel:
         """Where the channel's task runs while it has something to wait for (``attach``)."""
         self._task_running = False
         """The channel's task is started (and not yet ended)."""
+        self._busy_at = -math.inf
+        """When the last delivery round handed messages on (or the task started): the task
+        ends ``TASK_IDLE_S`` after it, once it has nothing else to wait for."""
         self._sleep_scope: trio.CancelScope | None = None
         self._want_delivery = False
         self._body_estimate = max(options.max_msg_size, 1)
@@ -1056,6 +1069,7 @@ class Channel:
                 self._want_more()
                 break
         if earliest < math.inf:
+            self._busy_at = now
             self._wake_at(earliest)
             if self._acks is not None and self._release_check == math.inf:
                 self._release_check = now + RELEASE_CHECK_S
@@ -1416,16 +1430,21 @@ class Channel:
         """The channel's task: sleep until the earliest deadline or a delivery request, process
         everything due, deliver. Started by the first deadline or delivery request
         (``_wake_at``), it ends, unless ``keep``, once nothing is in flight, deferred or asked
-        for (an idle channel holds no task: the task's coroutines, cancel scopes and trio's
-        bookkeeping are ~20 objects the cyclic collector would traverse, per channel); and
-        when the channel is closed or deleted. A busy channel keeps its task: its in-flight
-        deadline stays ahead while messages flow, so the task ends at most once per
-        ``--msg-timeout`` of quiet."""
+        for and nothing was delivered (nor the task started) for ``TASK_IDLE_S`` (an idle
+        channel holds no task: the task's coroutines, cancel scopes and trio's bookkeeping are
+        ~20 objects the cyclic collector would traverse, per channel); and when the channel is
+        closed or deleted. A busy channel keeps its task: while messages flow an in-flight
+        deadline is ahead, and messages finished as fast as they come find it lingering."""
+        self._busy_at = trio.current_time()
         try:
             while not self.exiting:
                 deadline = -math.inf if self._want_delivery else self.next_deadline()
                 if deadline == math.inf and not keep:
-                    return
+                    # Nothing to wait for: linger until TASK_IDLE_S after the last delivery (a
+                    # delivery meanwhile sets a later deadline, which does not lower this one).
+                    deadline = self._busy_at + TASK_IDLE_S
+                    if trio.current_time() >= deadline:
+                        return
                 with trio.CancelScope(deadline=deadline) as sleep:
                     self._sleep_scope = sleep
                     try:

@@ -30,7 +30,8 @@ a log whose messages carry their own TTL makes every channel screen for it from 
 nursery) is where the pump and the channels' timer tasks run, and none of them runs while idle:
 the pump starts when there is something to hand on (a publish, a first channel, an unpause) and
 ends after ``PUMP_IDLE_S`` without a batch; a channel's task starts at its first deadline or
-delivery request and ends when nothing is in flight, deferred or asked for (``Channel._serve``).
+delivery request and ends when nothing is in flight, deferred or asked for and nothing was
+delivered for ``TASK_IDLE_S`` (``Channel._serve``).
 Tens of thousands of topics created and never used then cost no task each (a task is tens of
 objects the cyclic collector traverses). Closing or deleting a topic ends its tasks. ``run`` is
 for tests and tools: a nursery of the topic's own, until it is closed or deleted.
@@ -696,7 +697,8 @@ class Topic:
             name,
             self.options,
             backend=backend,
-            on_last_client_removed=self._on_last_client_removed,
+            # Only an ephemeral channel asks (a bound method less per durable channel).
+            on_last_client_removed=self._on_last_client_removed if ephemeral else None,
             rng=self._rng,
             syncer=self._syncer,
             on_health=self._on_health,

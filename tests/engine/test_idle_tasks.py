@@ -3,6 +3,7 @@
 Rules for this module:
 - Every test runs on pytest-trio's ``autojump_clock`` (virtual time starts at 0.0) and asserts
   exact virtual times; nothing sleeps on the real clock.
+- A task that finds nothing to do lingers (``PUMP_IDLE_S``, ``TASK_IDLE_S``) before it ends.
 - Topics are attached to the test's own nursery (``Topic.attach``, what the broker does with the
   service's nursery), so ``nursery.child_tasks`` is exactly the tasks the topic and its
   channels run at that moment.
@@ -21,6 +22,7 @@ import trio.testing
 
 from lmqd.broker import Broker
 from lmqd.engine.backend import BackendQueue, MemoryBackend
+from lmqd.engine.channel import TASK_IDLE_S
 from lmqd.engine.topic import PUMP_IDLE_S, Topic
 from lmqd.message import GuidFactory
 from lmqd.options import Options
@@ -81,7 +83,11 @@ async def test_message_starts_tasks_and_they_end_when_idle(autojump_clock: trio.
         await trio.sleep_until(PUMP_IDLE_S + 0.5)
         await settle()
         assert sorted(task.name for task in nursery.child_tasks) == ["channel t:c"]
-        # The channel's task wakes at the in-flight deadline, finds nothing due, and ends.
+        # The channel's task wakes at the in-flight deadline, finds nothing due and, its last
+        # delivery more than TASK_IDLE_S ago, ends.
+        await trio.sleep_until(MSG_TIMEOUT - 0.5)
+        await settle()
+        assert sorted(task.name for task in nursery.child_tasks) == ["channel t:c"]
         await trio.sleep_until(MSG_TIMEOUT + 0.5)
         await settle()
         assert nursery.child_tasks == frozenset()
@@ -93,6 +99,44 @@ async def test_message_starts_tasks_and_they_end_when_idle(autojump_clock: trio.
         assert len(nursery.child_tasks) == 2
         topic.close()
     assert nursery.child_tasks == frozenset()
+
+
+async def test_steady_traffic_keeps_the_same_tasks(autojump_clock: trio.abc.Clock) -> None:
+    """A topic published to more often than PUMP_IDLE_S, with its messages FIN'd at once, keeps
+    one pump task and one channel task: a publish wakes them, it does not start a task.
+
+    Messages come every 3 s: never at the same virtual time as a task's idle deadline (10 s
+    after a delivery), where the order of the wake-ups would decide whether the channel's task
+    sees the new message in flight (and then sleeps until its msg timeout)."""
+    interval = 3.0
+    topic = make_topic()
+    async with trio.open_nursery() as nursery:
+        topic.attach(nursery)
+        channel = topic.get_channel("c")
+        client = FakeClient(1, ready=10)
+        client.subscribe(channel)
+        tasks: frozenset[trio.lowlevel.Task] | None = None
+        for i in range(30):
+            topic.publish([b"m%d" % i], trio.current_time())
+            await client.wait_writes(i + 1)
+            [m] = client.writes[i]
+            channel.finish(client.sub, m.id, trio.current_time())  # type: ignore[arg-type]
+            await settle()
+            if tasks is None:
+                tasks = nursery.child_tasks
+            assert nursery.child_tasks == tasks
+            await trio.sleep(interval)
+        assert client.write_times == [i * interval for i in range(30)]
+        assert tasks is not None and len(tasks) == 2
+        # Both end once idle for their time after the last message.
+        last = 29 * interval
+        assert PUMP_IDLE_S == TASK_IDLE_S
+        await trio.sleep_until(last + PUMP_IDLE_S - 0.1)
+        assert nursery.child_tasks == tasks
+        await trio.sleep_until(last + PUMP_IDLE_S + 0.1)
+        await settle()
+        assert nursery.child_tasks == frozenset()
+        topic.close()
 
 
 async def test_timeout_redelivers_at_exactly_60s_with_lazy_tasks(
