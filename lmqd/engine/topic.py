@@ -538,12 +538,7 @@ class Topic:
         self.message_bytes += nbytes
         if stream.wrote_backend and self._syncer is not None:
             self._syncer.note_dirty(stream)
-        wakeup = self._wakeup
-        if wakeup is not None:
-            self._wakeup = None
-            wakeup.set()
-        elif not self._pump_running:
-            self._start_pump()
+        self._wake_pump()
 
     # -- the pump ----------------------------------------------------------------------------
 
