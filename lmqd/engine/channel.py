@@ -267,7 +267,9 @@ class Channel:
         # is unacknowledged on disk anyway.
         self._mem_size = 0 if self._acks is not None else options.mem_queue_size
         self._unbuffered = self.ephemeral and self._mem_size == 0
-        self._queue = SpillQueue(backend, self._mem_size, self._backend_changed)
+        self._queue = SpillQueue(
+            backend, self._mem_size, syncer.backend_changed if syncer is not None else None
+        )
         self._release_check = math.inf
         """``--durable``: when to look for in-flight messages holding an old log segment."""
         self._in_flight = InFlightQueue()
@@ -504,12 +506,6 @@ class Channel:
     def _stored_main(self) -> StoredQueue | None:
         return self.backend.stored
 
-    def _backend_changed(self) -> None:
-        # After each own-store write or read: the syncer counts them (``--sync-every``).
-        stored = self.backend.stored
-        if self._syncer is not None and stored is not None:
-            self._syncer.note_dirty(stored)
-
     def _open_deferred_store(self) -> BackendQueue | None:
         """The deferred store, opened if needed; None if this channel has none (not stored on
         disk). Raises ``BackendError`` if it cannot be opened."""
@@ -570,15 +566,12 @@ class Channel:
                 _memory_lane if factory is None else partial(factory, self.topic_name, self.name)
             )
             lanes = self._lanes = PriorityLanes(
-                open_backend, self._mem_size, self._lane_changed, stored
+                open_backend,
+                self._mem_size,
+                self._syncer.backend_changed if self._syncer is not None else None,
+                stored,
             )
         return lanes
-
-    def _lane_changed(self, backend: BackendQueue) -> None:
-        # After each write to or read from a lane's store: the syncer counts them.
-        stored = backend.stored
-        if self._syncer is not None and stored is not None:
-            self._syncer.note_dirty(stored)
 
     def _lane_read(self, backend: BackendQueue, messages: list[Message]) -> None:
         # Messages read back from a lane's store: a durable channel acknowledges them there.

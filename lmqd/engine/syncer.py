@@ -59,7 +59,7 @@ from collections.abc import Callable, Sequence
 import attrs
 import trio
 
-from lmqd.engine.backend import Syncable
+from lmqd.engine.backend import BackendQueue, Syncable
 from lmqd.storage import Metadata, SyncJob, run_sync_jobs, save_metadata
 from lmqd.storage.metadata import MetadataEncoder
 
@@ -164,6 +164,9 @@ class Syncer:
         self._metadata = metadata
         self._on_health = on_health
         self._states: dict[Syncable, _QueueState] = {}
+        self.backend_changed: Callable[[BackendQueue], None] = self._backend_changed
+        """``_backend_changed`` bound once: every channel's own store and priority lanes call
+        it after a write or read (one object for all of them, not one per channel)."""
         self._urgent: set[_QueueState] = set()
         self._due: set[_QueueState] = set()
         self._metadata_dirty = False
@@ -201,6 +204,12 @@ class Syncer:
         """Start looking after ``queue`` (a closed or deleted queue is dropped by itself)."""
         if queue not in self._states:
             self._states[queue] = _QueueState(queue)
+
+    def _backend_changed(self, backend: BackendQueue) -> None:
+        # A channel's store was written or read: if it is on disk, the syncer counts it.
+        stored = backend.stored
+        if stored is not None:
+            self.note_dirty(stored)
 
     def note_dirty(self, queue: Syncable) -> None:
         """A batch was written, read or acknowledged: sync at once past ``--sync-every``."""
