@@ -74,8 +74,12 @@ failing disk; ``lmqd.engine.salvage``): 1 and 2 already mean "could not start" a
 class LmqDaemon:
     """One lmqd: its broker, its data directory and the tasks that serve them."""
 
-    def __init__(self, options: Options) -> None:
+    def __init__(self, options: Options, *, freeze_gc: bool = False) -> None:
+        """``freeze_gc``: after the restore, move every object then alive out of the cyclic
+        collector's reach (``gc.freeze``; see ``_freeze_restored``). The CLI's daemon does;
+        in-process daemons (tests) leave the process's collector alone."""
         self.options = options
+        self._freeze_gc = freeze_gc
         # Built first: certificates or keys that cannot be used stop lmqd before anything
         # else happens (``lmqd.transport.tls.TLSConfigError``), rather than serving plaintext.
         self.security = ServerSecurity.from_options(options)
@@ -113,6 +117,28 @@ class LmqDaemon:
         if self._timebase is None:
             self._timebase = AnchoredTimeBase.now(trio.current_time())
         return self._timebase
+
+    def _freeze_restored(self) -> None:
+        """``gc.freeze()`` once the restore is done, before listening.
+
+        What it solves: every object alive then — the modules of lmqd and its libraries, and
+        the restored topics and channels (their logs, cursors, queues) — moves to CPython's
+        permanent generation, which no collection traverses: a full collection of a daemon
+        restarted with 20,000 topics then walks only what was made since. What it does not:
+        topics, channels and messages created after start-up are collected as before (lazy
+        tasks and fewer objects per topic are what shrink those, ``lmqd.engine.topic``); and a
+        frozen object that becomes cyclic garbage is never collected while frozen. So the
+        first deletion of a restored topic or channel (``_Thaw``) calls ``gc.unfreeze()``:
+        the next full collection walks (and frees) them as it would have without the freeze.
+        """
+        gc.collect()  # no garbage frozen for good
+        gc.freeze()
+        restored = frozenset(
+            [t.name for t in self.broker.topics.values()]
+            + [f"{t.name}:{c}" for t in self.broker.topics.values() for c in t.channels]
+        )
+        log.info("GC: %d objects frozen after the restore", gc.get_freeze_count())
+        self.broker.add_observer(_Thaw(restored))
 
     async def _restore(self) -> None:
         """Recreate the stored topics and channels (paused flags included) and their queues."""
@@ -206,11 +232,11 @@ class LmqDaemon:
         self._hold_data_dir()
         try:
             await self._restore()
+            if self._freeze_gc:
+                self._freeze_restored()
             async with trio.open_nursery() as nursery:
                 broker.attach(nursery)
                 await nursery.start(broker.syncer.run)
-                for topic in broker.topics.values():
-                    nursery.start_soon(topic.run)
                 tcp = await nursery.start(serve_tcp, broker, self.security)
                 http, https = await self._start_http(nursery)
                 broker.addresses = BoundAddresses(tcp=tcp, http=http, https=https)
@@ -336,8 +362,38 @@ def _restore_log_channels(topic: Topic) -> None:
             topic.get_channel(name)
 
 
+class _Thaw:
+    """A broker observer: ``gc.unfreeze()`` at the first deletion of a topic or channel that
+    was frozen with the restore (``LmqDaemon._freeze_restored``), so its cyclic garbage is
+    collected."""
+
+    def __init__(self, restored: frozenset[str]) -> None:
+        self._restored = restored
+
+    def _deleted(self, name: str) -> None:
+        if name in self._restored:
+            self._restored = frozenset()
+            log.info("GC: %d objects unfrozen (%s was deleted)", gc.get_freeze_count(), name)
+            gc.unfreeze()
+
+    def topic_created(self, topic: str) -> None:
+        pass
+
+    def topic_deleted(self, topic: str, channels: Sequence[str]) -> None:
+        self._deleted(topic)
+
+    def channel_created(self, topic: str, channel: str) -> None:
+        pass
+
+    def channel_deleted(self, topic: str, channel: str) -> None:
+        self._deleted(f"{topic}:{channel}")
+
+    def options_changed(self, options: Options) -> None:
+        pass
+
+
 async def _main(options: Options) -> LmqDaemon:
-    daemon = LmqDaemon(options)
+    daemon = LmqDaemon(options, freeze_gc=True)
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
 

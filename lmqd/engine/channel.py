@@ -36,7 +36,10 @@ queue, and requeues, timeouts and due deferred messages with a priority go back 
 channel's task sleeps in a ``trio.CancelScope`` whose deadline is the earliest of both queues
 (or now, when a delivery was asked for); pushing an earlier deadline lowers that scope's
 deadline directly (no per-message Event or task), and on wakeup everything due is processed at
-once, then ``deliver`` runs once.
+once, then ``deliver`` runs once. The task exists only while it has something to wait for: the
+first deadline or delivery request starts it in the nursery the topic attached (``attach``), and
+it ends once nothing is in flight, deferred or asked for and nothing was delivered for
+``TASK_IDLE_S``, so an idle channel holds no task.
 
 With ``--durable`` every message not FIN'd keeps a copy on disk: in the topic's log (the cursor
 leaves it unsettled) or in one of the channel's stores. ``DurableAcks`` records which, and
@@ -89,6 +92,7 @@ __all__ = [
     "DEAD_LETTER_RETRY_S",
     "SCREEN_BUDGET",
     "SCREEN_CHUNK",
+    "TASK_IDLE_S",
     "Channel",
     "ChannelError",
     "DeadLetterSink",
@@ -106,6 +110,13 @@ RELEASE_CHECK_S = 1.0
 keeps an older log segment than the one being written (``Channel._release_log``): a comparison
 of two offsets, so once a second costs nothing; a segment (100 MiB by default) takes longer
 than that to fill."""
+
+
+TASK_IDLE_S = 10.0
+"""A channel's task with nothing in flight, deferred or asked for waits this long before it
+ends (``_serve``): a channel whose messages come more often than that keeps one task (a
+delivery only moves its deadline) instead of starting one per message (tens of microseconds
+each); a channel idle longer holds no task."""
 
 
 SCREEN_BUDGET = 2048
@@ -137,6 +148,11 @@ topic (the broker's); returns what to wait for before they are durable there (No
 raises ``BackendError`` or ``TopicExiting`` having published none of them."""
 
 
+_SHARED_RNG = random.Random()
+"""The channels' random source unless they are given one (tests give a seeded one): delivery's
+shuffles and the backoff's jitter need no stream per channel, and a ``Random`` is 2.5 KB."""
+
+
 class TopicExiting(Exception):
     """The topic or channel is being deleted or closed: no publishing or subscribing on it."""
 
@@ -155,6 +171,20 @@ class Channel:
     timeouts.
     """
 
+    # Slots: no per-instance dict (a channel is one of tens of thousands, idle, in a big
+    # daemon: ~1 KB and a GC-tracked object less each).
+    __slots__ = (
+        "_acks", "_body_estimate", "_busy_at", "_dead_letter_sink", "_deferred",
+        "_deferred_store_factory", "_dq", "_expired_seen", "_in_flight", "_lane_backend", "_lanes",
+        "_mem_size", "_message_ttls", "_nursery", "_on_health", "_on_last_client_removed",
+        "_on_paused_changed", "_paused", "_queue", "_release_check", "_rng", "_screening",
+        "_sleep_scope", "_syncer", "_task_running", "_unbuffered", "_wall_clock", "_want_delivery",
+        "backend", "clients", "cursor", "dead_letter_count", "e2e_stream", "ephemeral", "exiting",
+        "expired_count", "last_backend_error", "max_attempts_dropped_count", "message_count",
+        "name", "options", "policy", "policy_settings", "requeue_count", "timeout_count",
+        "topic_name", "ttl_ns",
+    )
+
     def __init__(
         self,
         topic_name: str,
@@ -166,13 +196,13 @@ class Channel:
         rng: random.Random | None = None,
         syncer: Syncer | None = None,
         on_health: Callable[[str | None], None] | None = None,
-        deferred_store: Callable[[bool], BackendQueue | None] | None = None,
+        deferred_store: Callable[[str, str, bool], BackendQueue | None] | None = None,
         cursor: ChannelCursor | None = None,
         durable: bool | None = None,
         dead_letter: DeadLetterSink | None = None,
         wall_clock: Callable[[], int] = time.time_ns,
         on_paused_changed: Callable[[], None] | None = None,
-        lane_backend: Callable[[int], BackendQueue] | None = None,
+        lane_backend: Callable[[str, str, int], BackendQueue] | None = None,
         stored_lanes: Sequence[int] = (),
     ) -> None:
         self.topic_name = topic_name
@@ -195,7 +225,7 @@ class Channel:
         """The last error a backend write raised (None once a write succeeds again)."""
         self.policy_settings: dict[str, PolicyValue] = {}
         """The channel's own policy keys (``channel_policy.py``), persisted with the metadata."""
-        self.policy = ChannelPolicy.effective(options, {})
+        self.policy = _default_policy(options)
         """The effective policy: the daemon's defaults, then ``policy_settings``."""
         self.ttl_ns = 0
         """The topic's ``ttl_ms`` in ns (0: none); the topic sets it."""
@@ -215,14 +245,15 @@ class Channel:
         """A message taken had expired: the next take skips the expired backlog in the log."""
         self._on_last_client_removed = on_last_client_removed
         self._on_health = on_health
-        self._rng = rng if rng is not None else random.Random()
+        self._rng = rng if rng is not None else _SHARED_RNG
         disk = backend.stored
         if durable is None:
             durable = disk is not None and disk.ack_mode
         self._syncer = syncer
         self._deferred_store_factory = deferred_store
         self._dq: BackendQueue | None = None
-        """The deferred store, once opened (``deferred_store(create)`` opens it)."""
+        """The deferred store, once opened (``deferred_store(topic, channel, create)`` opens
+        it: the topic's factory, shared by its channels)."""
         self._acks: DurableAcks | None = (
             DurableAcks(self._stored_main, self._stored_deferred, syncer, cursor)
             if durable
@@ -236,7 +267,9 @@ class Channel:
         # is unacknowledged on disk anyway.
         self._mem_size = 0 if self._acks is not None else options.mem_queue_size
         self._unbuffered = self.ephemeral and self._mem_size == 0
-        self._queue = SpillQueue(backend, self._mem_size, self._backend_changed)
+        self._queue = SpillQueue(
+            backend, self._mem_size, syncer.backend_changed if syncer is not None else None
+        )
         self._release_check = math.inf
         """``--durable``: when to look for in-flight messages holding an old log segment."""
         self._in_flight = InFlightQueue()
@@ -247,7 +280,13 @@ class Channel:
             else None
         )
         """FIN latencies over nsqd's rolling window; None without configured percentiles."""
-        self._run_scope = trio.CancelScope()
+        self._nursery: trio.Nursery | None = None
+        """Where the channel's task runs while it has something to wait for (``attach``)."""
+        self._task_running = False
+        """The channel's task is started (and not yet ended)."""
+        self._busy_at = -math.inf
+        """When the last delivery round handed messages on (or the task started): the task
+        ends ``TASK_IDLE_S`` after it, once it has nothing else to wait for."""
         self._sleep_scope: trio.CancelScope | None = None
         self._want_delivery = False
         self._body_estimate = max(options.max_msg_size, 1)
@@ -260,7 +299,8 @@ class Channel:
         if stored_lanes:
             self._ensure_lanes(stored_lanes)
         if deferred_store is not None:
-            self._dq = deferred_store(False)  # an existing store: restore what it holds
+            # An existing store: restore what it holds.
+            self._dq = deferred_store(topic_name, name, False)
             if self._dq is not None and self._dq.depth:
                 self._load_deferred()
         if any(
@@ -466,17 +506,11 @@ class Channel:
     def _stored_main(self) -> StoredQueue | None:
         return self.backend.stored
 
-    def _backend_changed(self) -> None:
-        # After each own-store write or read: the syncer counts them (``--sync-every``).
-        stored = self.backend.stored
-        if self._syncer is not None and stored is not None:
-            self._syncer.note_dirty(stored)
-
     def _open_deferred_store(self) -> BackendQueue | None:
         """The deferred store, opened if needed; None if this channel has none (not stored on
         disk). Raises ``BackendError`` if it cannot be opened."""
         if self._dq is None and self._deferred_store_factory is not None:
-            self._dq = self._deferred_store_factory(True)
+            self._dq = self._deferred_store_factory(self.topic_name, self.name, True)
         return self._dq
 
     def _store_deferred(self, messages: Sequence[Message]) -> None:
@@ -527,19 +561,17 @@ class Channel:
         """The priority lanes, made when the first message with a priority comes."""
         lanes = self._lanes
         if lanes is None:
-            open_backend = self._lane_backend
-            if open_backend is None:
-                open_backend = _memory_lane
+            factory = self._lane_backend
+            open_backend = (
+                _memory_lane if factory is None else partial(factory, self.topic_name, self.name)
+            )
             lanes = self._lanes = PriorityLanes(
-                open_backend, self._mem_size, self._lane_changed, stored
+                open_backend,
+                self._mem_size,
+                self._syncer.backend_changed if self._syncer is not None else None,
+                stored,
             )
         return lanes
-
-    def _lane_changed(self, backend: BackendQueue) -> None:
-        # After each write to or read from a lane's store: the syncer counts them.
-        stored = backend.stored
-        if self._syncer is not None and stored is not None:
-            self._syncer.note_dirty(stored)
 
     def _lane_read(self, backend: BackendQueue, messages: list[Message]) -> None:
         # Messages read back from a lane's store: a durable channel acknowledges them there.
@@ -1030,6 +1062,7 @@ class Channel:
                 self._want_more()
                 break
         if earliest < math.inf:
+            self._busy_at = now
             self._wake_at(earliest)
             if self._acks is not None and self._release_check == math.inf:
                 self._release_check = now + RELEASE_CHECK_S
@@ -1257,8 +1290,11 @@ class Channel:
 
     def _wake_at(self, deadline: float) -> None:
         scope = self._sleep_scope
-        if scope is not None and deadline < scope.deadline:
-            scope.deadline = deadline
+        if scope is not None:
+            if deadline < scope.deadline:
+                scope.deadline = deadline
+        elif deadline < math.inf and not self._task_running:
+            self._start_task()
 
     def _has_ready(self) -> bool:
         cursor = self.cursor
@@ -1360,22 +1396,67 @@ class Channel:
             len(held),
         )
 
+    def attach(self, nursery: trio.Nursery | None) -> None:
+        """Run the channel's task in ``nursery`` whenever it has something to wait for (see
+        ``_serve``); None: no task any more (the service is stopping). The topic calls it."""
+        self._nursery = nursery
+        if nursery is not None and (self._want_delivery or self.next_deadline() < math.inf):
+            self._start_task()
+
+    def _start_task(self) -> None:
+        nursery = self._nursery
+        if nursery is not None and not self._task_running and not self.exiting:
+            self._task_running = True
+            nursery.start_soon(self._serve, False, name=f"channel {self.topic_name}:{self.name}")
+
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """The channel's task, kept here until the channel is closed or deleted, idle or not
+        (tests and tools that drive a channel without a topic; a topic starts the task only
+        while it has work, ``attach``). Call once, instead of ``attach``."""
+        if self._task_running:
+            raise RuntimeError(f"channel {self.topic_name}:{self.name}: its task already runs")
+        self._task_running = True
+        task_status.started()
+        await self._serve(True)
+
+    async def _serve(self, keep: bool) -> None:
         """The channel's task: sleep until the earliest deadline or a delivery request, process
-        everything due, deliver; returns when the channel is closed or deleted. Call once."""
-        with self._run_scope:
-            task_status.started()
+        everything due, deliver. Started by the first deadline or delivery request
+        (``_wake_at``), it ends, unless ``keep``, once nothing is in flight, deferred or asked
+        for and nothing was delivered (nor the task started) for ``TASK_IDLE_S`` (an idle
+        channel holds no task: the task's coroutines, cancel scopes and trio's bookkeeping are
+        ~20 objects the cyclic collector would traverse, per channel); and when the channel is
+        closed or deleted. A busy channel keeps its task: while messages flow an in-flight
+        deadline is ahead, and messages finished as fast as they come find it lingering."""
+        self._busy_at = trio.current_time()
+        try:
             while not self.exiting:
                 deadline = -math.inf if self._want_delivery else self.next_deadline()
+                if deadline == math.inf and not keep:
+                    # Nothing to wait for: linger until TASK_IDLE_S after the last delivery (a
+                    # delivery meanwhile sets a later deadline, which does not lower this one).
+                    deadline = self._busy_at + TASK_IDLE_S
+                    if trio.current_time() >= deadline:
+                        return
                 with trio.CancelScope(deadline=deadline) as sleep:
                     self._sleep_scope = sleep
                     try:
                         await trio.sleep_forever()
                     finally:
                         self._sleep_scope = None
+                if self.exiting:
+                    return
                 now = trio.current_time()
                 self.process_due(now)
                 self.deliver(now)
+        finally:
+            self._task_running = False
+
+    def _stop_task(self) -> None:
+        """Closed or deleted (``exiting`` is set): the task, if it sleeps, ends now."""
+        scope = self._sleep_scope
+        if scope is not None:
+            scope.cancel()
 
     # -- admin -------------------------------------------------------------------------------
 
@@ -1445,7 +1526,7 @@ class Channel:
         if self.exiting:
             return True
         self.exiting = True
-        self._run_scope.cancel()
+        self._stop_task()
         if salvage is None:
             salvage = Salvage()
         # After the backend's contents, as nsqd's flush: order across a restart is not kept.
@@ -1557,7 +1638,7 @@ class Channel:
         if self.exiting:
             return
         self.exiting = True
-        self._run_scope.cancel()
+        self._stop_task()
         for sub in list(self.clients.values()):
             sub.consumer.close()
         self._queue.clear_memory()
@@ -1608,6 +1689,18 @@ class Channel:
             storage_damage=storage_damage(q.damage for q in self.disk_queues),
             priority_depths=tuple(self.priority_depths.items()),
         )
+
+
+_DEFAULT_POLICY: list[tuple[Options, ChannelPolicy]] = []
+"""The last options' default policy (frozen): shared by the channels made with those options
+and no policy of their own, not one object each."""
+
+
+def _default_policy(options: Options) -> ChannelPolicy:
+    cached = _DEFAULT_POLICY
+    if not cached or cached[0][0] is not options:
+        cached[:] = [(options, ChannelPolicy.effective(options, {}))]
+    return cached[0][1]
 
 
 def _memory_lane(level: int) -> BackendQueue:

@@ -15,6 +15,10 @@ from collections.abc import Iterator
 
 from lmqd.message import Message
 
+_SEQUENCE = itertools.count()
+"""Insertion numbers, shared by every queue (increasing in each one, which is all the order
+needs): an idle channel holds no counter object of its own."""
+
 
 class DeferredQueue:
     """Messages waiting for their ``deliver_at`` time before they join the channel's queue."""
@@ -23,7 +27,7 @@ class DeferredQueue:
 
     def __init__(self) -> None:
         self._heap: list[tuple[float, int, Message]] = []
-        self._seq = itertools.count()
+        self._seq = _SEQUENCE
 
     def __len__(self) -> int:
         """O(1)."""

@@ -61,6 +61,11 @@ class NotOwner(ChannelError):
         super().__init__(CLIENT_DOES_NOT_OWN_MESSAGE)
 
 
+_SEQUENCE = itertools.count()
+"""Heap entries' sequence numbers, shared by every queue (unique and increasing in each one,
+which is all the heap needs): an idle channel holds no counter object of its own."""
+
+
 class InFlightQueue:
     """Messages delivered to a client and neither finished, requeued nor timed out."""
 
@@ -73,7 +78,7 @@ class InFlightQueue:
         self._refs = 0  # message references held by heap entries, live and stale
         self._ref_bytes = 0  # their bodies' bytes
         self._compact_bytes = COMPACT_FLOOR_BYTES  # rebuild past this many referenced bytes
-        self._seq = itertools.count()
+        self._seq = _SEQUENCE
 
     def __len__(self) -> int:
         """O(1)."""

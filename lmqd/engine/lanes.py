@@ -104,10 +104,7 @@ class PriorityLanes:
         lane = self.lanes.get(level)
         if lane is None:
             backend = self._open_backend(level)
-            notify = self._on_backend_change
-            lane = self.lanes[level] = SpillQueue(
-                backend, self._limit, None if notify is None else (lambda: notify(backend))
-            )
+            lane = self.lanes[level] = SpillQueue(backend, self._limit, self._on_backend_change)
             self._levels = sorted(self.lanes, reverse=True)
         return lane
 

@@ -32,14 +32,15 @@ class SpillQueue:
         self,
         backend: BackendQueue,
         limit: int,
-        on_backend_change: Callable[[], None] | None = None,
+        on_backend_change: Callable[[BackendQueue], None] | None = None,
     ) -> None:
         self.backend = backend
         self.limit = limit
         """Messages kept in memory before the backend takes the rest (``--mem-queue-size``)."""
         self._memory: deque[Message] = deque()
         self._on_backend_change = on_backend_change
-        """Called after each backend write or read (the syncer counts them as dirty)."""
+        """Called with the backend after each write or read to it (the syncer counts them as
+        dirty)."""
         self.wrote_backend = False
         """Whether the last put wrote to the backend (a success there clears bad health)."""
 
@@ -80,7 +81,7 @@ class SpillQueue:
             # The backend first: if it fails nothing has been queued yet.
             self.backend.put_many(tail)
             if self._on_backend_change is not None:
-                self._on_backend_change()
+                self._on_backend_change(self.backend)
         if head:
             self._memory.extend(head)
 
@@ -98,7 +99,7 @@ class SpillQueue:
                 self._memory.extend(tail)
                 return exc
             if self._on_backend_change is not None:
-                self._on_backend_change()
+                self._on_backend_change(self.backend)
         return None
 
     def hold(self, messages: Sequence[Message]) -> None:
@@ -124,7 +125,7 @@ class SpillQueue:
         """Remove and return up to ``count`` of the backend's oldest messages."""
         got = self.backend.read_many(count)
         if self._on_backend_change is not None:
-            self._on_backend_change()
+            self._on_backend_change(self.backend)
         return got
 
     def take(self, count: int) -> list[Message]:

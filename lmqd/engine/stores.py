@@ -38,7 +38,6 @@ import logging
 import os
 import re
 from collections.abc import Callable, Sequence
-from functools import partial
 
 import attrs
 
@@ -170,6 +169,8 @@ class Stores:
         self._preopened: dict[str, DiskQueue | TopicLog] = {}
         self._on_disk: set[str] | None = None
         """Names that had files at start-up; None until the service's scan (``note_on_disk``)."""
+        self._open_disk = self._disk
+        """``_disk`` bound once, shared by every channel's ``LazyBackend``."""
 
     def open_queue(self, name: str) -> DiskQueue:
         """Open (recover) the disk queue ``name``; blocking, raises ``OSError``."""
@@ -268,8 +269,8 @@ class Stores:
         existing = self._preopened.pop(name, None)
         if isinstance(existing, DiskQueue):
             self._syncer.register(existing)
-            return LazyBackend(partial(self._disk, name), existing)
-        return LazyBackend(partial(self._disk, name))
+            return LazyBackend(self._open_disk, name, existing)
+        return LazyBackend(self._open_disk, name)
 
     def deferred_store(self, topic_name: str, channel_name: str, create: bool) -> DiskQueue | None:
         """A channel's deferred store: opened when first needed (``create``), or at start-up if
@@ -293,8 +294,8 @@ class Stores:
         existing = self._preopened.pop(name, None)
         if isinstance(existing, DiskQueue):
             self._syncer.register(existing)
-            return LazyBackend(partial(self._disk, name), existing)
-        return LazyBackend(partial(self._disk, name))
+            return LazyBackend(self._open_disk, name, existing)
+        return LazyBackend(self._open_disk, name)
 
     def stored_lanes(self, topic_name: str, channel_name: str) -> list[int]:
         """The levels whose lane stores of the channel were opened at start-up (they have

@@ -59,7 +59,7 @@ from collections.abc import Callable, Sequence
 import attrs
 import trio
 
-from lmqd.engine.backend import Syncable
+from lmqd.engine.backend import BackendQueue, Syncable
 from lmqd.storage import Metadata, SyncJob, run_sync_jobs, save_metadata
 from lmqd.storage.metadata import MetadataEncoder
 
@@ -109,11 +109,15 @@ class _QueueState:
         self.queue = queue
         self.gen = 0
         """``prepare_sync`` calls made by the syncer for this queue."""
-        self.waiters: deque[tuple[int, DurableCallback]] = deque()
+        self.waiters: deque[tuple[int, DurableCallback]] | None = None
+        """Callbacks with the generation they wait for, made by the first one (an empty deque
+        is 760 bytes, and most topics' logs never have a waiter: only ``--durable`` ones)."""
 
     def resolve(self, gen: int, error: OSError | None) -> None:
         """Call back every waiter of generation ``gen`` or older, in order."""
         waiters = self.waiters
+        if waiters is None:
+            return
         done = []
         while waiters and waiters[0][0] <= gen:
             done.append(waiters.popleft()[1])
@@ -160,6 +164,9 @@ class Syncer:
         self._metadata = metadata
         self._on_health = on_health
         self._states: dict[Syncable, _QueueState] = {}
+        self.backend_changed: Callable[[BackendQueue], None] = self._backend_changed
+        """``_backend_changed`` bound once: every channel's own store and priority lanes call
+        it after a write or read (one object for all of them, not one per channel)."""
         self._urgent: set[_QueueState] = set()
         self._due: set[_QueueState] = set()
         self._metadata_dirty = False
@@ -198,6 +205,12 @@ class Syncer:
         if queue not in self._states:
             self._states[queue] = _QueueState(queue)
 
+    def _backend_changed(self, backend: BackendQueue) -> None:
+        # A channel's store was written or read: if it is on disk, the syncer counts it.
+        stored = backend.stored
+        if stored is not None:
+            self.note_dirty(stored)
+
     def note_dirty(self, queue: Syncable) -> None:
         """A batch was written, read or acknowledged: sync at once past ``--sync-every``."""
         if queue.dirty_count >= self._sync_every:
@@ -218,7 +231,10 @@ class Syncer:
         if state is None:
             self.register(queue)
             state = self._states[queue]
-        state.waiters.append((state.gen + 1, callback))
+        waiters = state.waiters
+        if waiters is None:
+            waiters = state.waiters = deque()
+        waiters.append((state.gen + 1, callback))
         if urgent:
             self._urgent.add(state)
             self._waiting += 1

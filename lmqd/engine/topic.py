@@ -26,13 +26,21 @@ the bodies of a ``dedup_window_ms``) are rebuilt from what the log holds of them
 a log whose messages carry their own TTL makes every channel screen for it from the start
 (``message_ttls``; a channel's own stores tell it the same, ``Channel``).
 
-``run`` owns a nursery holding the pump and every channel's timer task; channels created later
-are started into it, and each channel cancels its own task when deleted.
+**Tasks only while there is work.** ``attach(nursery)`` (the broker's, with the service's
+nursery) is where the pump and the channels' timer tasks run, and none of them runs while idle:
+the pump starts when there is something to hand on (a publish, a first channel, an unpause) and
+ends after ``PUMP_IDLE_S`` without a batch; a channel's task starts at its first deadline or
+delivery request and ends when nothing is in flight, deferred or asked for and nothing was
+delivered for ``TASK_IDLE_S`` (``Channel._serve``).
+Tens of thousands of topics created and never used then cost no task each (a task is tens of
+objects the cyclic collector traverses). Closing or deleting a topic ends its tasks. ``run`` is
+for tests and tools: a nursery of the topic's own, until it is closed or deleted.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -75,6 +83,12 @@ reader): the decoded messages of one step are all it holds at a time besides the
 # network tasks often (a batch of 2048 takes roughly a millisecond).
 PUMP_BATCH = 2048
 
+PUMP_IDLE_S = 10.0
+"""A pump with nothing to hand on for this long ends its task (the next publish starts it
+again: one task start, tens of microseconds). Long enough that a topic published to at any
+steady rate keeps its task (a publish finds it waiting: one ``Event.set``); short enough that
+topics gone quiet stop holding a task's ~40 objects for the cyclic collector to traverse."""
+
 
 DEDUP_ID_WINDOW_S = 300.0
 """How long a topic without a ``dedup_window_ms`` remembers a dedup id: five minutes, SQS FIFO's
@@ -98,6 +112,17 @@ class PublishOutcome:
 
 class Topic:
     """One topic: its stream, its channels and the pump between them."""
+
+    # Slots: no per-instance dict (~1 KB and a GC-tracked object less per topic).
+    __slots__ = (
+        "_channel_backend_factory", "_clock", "_dead_letter", "_deferred_store_factory", "_guid",
+        "_id_window", "_lane_backend_factory", "_metadata", "_nursery", "_on_change",
+        "_on_channel_created", "_on_channel_deleted", "_on_deleted_ephemeral", "_on_health",
+        "_paused", "_pump_active_at", "_pump_running", "_pump_scope", "_rng", "_run_scope",
+        "_stored_lanes", "_syncer", "_wakeup", "_wall_clock", "channels", "durable", "ephemeral",
+        "exiting", "gate", "message_bytes", "message_count", "message_ttls", "name", "options",
+        "policy", "policy_settings", "publish_counters", "stream",
+    )
 
     def __init__(
         self,
@@ -169,7 +194,7 @@ class Topic:
         """A message with its own ``ttl_ms`` (lmq's extension) was published in this run, or
         the log held one when it opened: every channel screens for it
         (``Channel.note_message_ttls``)."""
-        self.policy = TopicPolicy.effective(options, {})
+        self.policy = _default_policy(options)
         """The effective policy: the daemon's defaults, then ``policy_settings``."""
         self.publish_counters = PublishCounters()
         self._id_window: DedupWindow | None = None
@@ -180,9 +205,16 @@ class Topic:
         self._apply_policy()
         if syncer is not None and log is not None:
             syncer.register(self.stream)
-        self._wakeup = trio.Event()
+        self._wakeup: trio.Event | None = None
+        """What the pump waits on while it waits (None: it is busy, or has no task)."""
         self._nursery: trio.Nursery | None = None
-        self._run_scope = trio.CancelScope()
+        """Where the pump and the channels' tasks run while they have work (``attach``)."""
+        self._pump_running = False
+        self._pump_scope: trio.CancelScope | None = None
+        self._pump_active_at = -math.inf
+        """When the pump last handed a batch on (or was started): it ends ``PUMP_IDLE_S``
+        later if nothing came since."""
+        self._run_scope: trio.CancelScope | None = None
 
     def __repr__(self) -> str:
         return f"<Topic {self.name}>"
@@ -506,7 +538,7 @@ class Topic:
         self.message_bytes += nbytes
         if stream.wrote_backend and self._syncer is not None:
             self._syncer.note_dirty(stream)
-        self._wakeup.set()
+        self._wake_pump()
 
     # -- the pump ----------------------------------------------------------------------------
 
@@ -517,13 +549,49 @@ class Topic:
             and any(not c.exiting for c in self.channels.values())
         )
 
+    def _wake_pump(self) -> None:
+        """Something the pump may act on changed: wake it, or start its task."""
+        wakeup = self._wakeup
+        if wakeup is not None:
+            self._wakeup = None
+            wakeup.set()
+        elif not self._pump_running:
+            self._start_pump()
+
+    def _start_pump(self) -> None:
+        nursery = self._nursery
+        if nursery is not None and not self.exiting and self._pump_ready():
+            self._pump_running = True
+            self._pump_active_at = trio.current_time()
+            nursery.start_soon(self._pump, name=f"pump {self.name}")
+
     async def _pump(self) -> None:
+        """The messagePump task: started when there is something to pump (``_start_pump``),
+        it waits for more while it is busy and ends after ``PUMP_IDLE_S`` without a batch,
+        so an idle topic holds no task; ends at once when the topic is closed or deleted."""
+        try:
+            while not self.exiting:
+                with trio.CancelScope(deadline=self._pump_active_at + PUMP_IDLE_S) as scope:
+                    self._pump_scope = scope
+                    await self._pump_batches()
+                if self._pump_ready():
+                    self._pump_active_at = trio.current_time()
+                elif trio.current_time() >= self._pump_active_at + PUMP_IDLE_S:
+                    return
+        finally:
+            self._pump_scope = None
+            self._wakeup = None
+            self._pump_running = False
+
+    async def _pump_batches(self) -> None:
         while True:
             if not self._pump_ready():
-                self._wakeup = trio.Event()
-                await self._wakeup.wait()
+                self._wakeup = wakeup = trio.Event()
+                await wakeup.wait()
                 continue
-            self._pump_batch(trio.current_time())
+            now = trio.current_time()
+            self._pump_batch(now)
+            self._pump_active_at = now
             # One checkpoint per batch: lets the connections run between batches.
             await trio.lowlevel.checkpoint()
 
@@ -624,25 +692,18 @@ class Topic:
             name,
             self.options,
             backend=backend,
-            on_last_client_removed=self._on_last_client_removed,
+            # Only an ephemeral channel asks (a bound method less per durable channel).
+            on_last_client_removed=self._on_last_client_removed if ephemeral else None,
             rng=self._rng,
             syncer=self._syncer,
             on_health=self._on_health,
-            deferred_store=(
-                None
-                if self._deferred_store_factory is None
-                else partial(self._deferred_store_factory, self.name, name)
-            ),
+            deferred_store=self._deferred_store_factory,
             cursor=cursor,
             durable=durable,
             dead_letter=self._dead_letter,
             wall_clock=self._wall_clock,
             on_paused_changed=self._metadata_changed,
-            lane_backend=(
-                None
-                if self._lane_backend_factory is None
-                else partial(self._lane_backend_factory, self.name, name)
-            ),
+            lane_backend=self._lane_backend_factory,
             stored_lanes=(
                 self._stored_lanes(self.name, name) if self._stored_lanes is not None else ()
             ),
@@ -655,9 +716,8 @@ class Topic:
         log.info("TOPIC(%s): new channel(%s)", self.name, name)
         if not channel.ephemeral and self._on_change is not None:
             self._on_change()
-        if self._nursery is not None:
-            self._nursery.start_soon(channel.run)
-        self._wakeup.set()  # the first channel takes the backlog
+        channel.attach(self._nursery)
+        self._wake_pump()  # the first channel takes the backlog
         if self._on_channel_created is not None:
             self._on_channel_created(self.name, name)
         return channel
@@ -773,7 +833,7 @@ class Topic:
     def unpause(self) -> None:
         """Restart the pump."""
         self.paused = False
-        self._wakeup.set()
+        self._wake_pump()
         if self._on_change is not None:
             self._on_change()
 
@@ -791,7 +851,7 @@ class Topic:
         if self.exiting:
             return
         self.exiting = True
-        self._run_scope.cancel()
+        self._stop_tasks()
         if salvage is None:
             salvage = Salvage()
         closed_ok = [channel.close(salvage) for channel in self.channels.values()]
@@ -806,7 +866,7 @@ class Topic:
         if self.exiting:
             return
         self.exiting = True
-        self._run_scope.cancel()
+        self._stop_tasks()
         channels = list(self.channels.values())
         self.channels.clear()
         for channel in channels:
@@ -814,18 +874,38 @@ class Topic:
         self.stream.delete()
         log.info("TOPIC(%s): deleted", self.name)
 
+    def _stop_tasks(self) -> None:
+        # Closed or deleted (``exiting`` is set): the pump ends, as does ``run``; the channels
+        # end their own tasks as they are closed or deleted.
+        for scope in (self._pump_scope, self._run_scope):
+            if scope is not None:
+                scope.cancel()
+
+    def attach(self, nursery: trio.Nursery | None) -> None:
+        """Run the pump and the channels' tasks in ``nursery``, each only while it has work
+        (an idle topic or channel holds no task); None: no tasks any more (the service is
+        stopping). The broker attaches every topic to the service's nursery."""
+        self._nursery = nursery
+        for channel in self.channels.values():
+            channel.attach(nursery)
+        if nursery is not None:
+            self._wake_pump()
+
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Run the pump and every channel's timer until ``close`` or ``delete``. Call once."""
+        """Attach the topic to a nursery of its own and return once it is closed or deleted
+        (tests and tools; the daemon attaches its topics to its own nursery). Call once."""
+        scope = self._run_scope = trio.CancelScope()
+        if self.exiting:
+            scope.cancel()
         try:
-            with self._run_scope:
-                async with trio.open_nursery() as nursery:
-                    self._nursery = nursery
-                    for channel in self.channels.values():
-                        nursery.start_soon(channel.run)
-                    nursery.start_soon(self._pump)
-                    task_status.started()
+            async with trio.open_nursery() as nursery:
+                self.attach(nursery)
+                task_status.started()
+                with scope:
+                    await trio.sleep_forever()
         finally:
-            self._nursery = None
+            self._run_scope = None
+            self.attach(None)
 
     # -- statistics --------------------------------------------------------------------------
 
@@ -858,6 +938,18 @@ class Topic:
             ),
             storage_damage=storage_damage([self.log.damage] if self.log is not None else []),
         )
+
+
+_DEFAULT_POLICY: list[tuple[Options, TopicPolicy]] = []
+"""The last options' default policy (frozen): shared by the topics made with those options
+and no policy of their own, not one object each."""
+
+
+def _default_policy(options: Options) -> TopicPolicy:
+    cached = _DEFAULT_POLICY
+    if not cached or cached[0][0] is not options:
+        cached[:] = [(options, TopicPolicy.effective(options, {}))]
+    return cached[0][1]
 
 
 def _kept_exts(

@@ -55,7 +55,10 @@ class Cursor:
         self.name = name
         self._index = index
         self._reader = LogReader(index, cache, offset)
-        self._acks = AckTracker()
+        self._acks: AckTracker | None = None
+        """The unsettled messages (None until the first read that leaves some: a cursor read
+        with ``settle=True``, nsqd's default mode, never has any, and an idle one costs a set
+        and a deque less)."""
         self.dirty = 0
         """Reads, settles and seeks since the log's last ``prepare_sync``."""
         self.deleted = False
@@ -79,7 +82,8 @@ class Cursor:
     @property
     def low(self) -> int:
         """The low-water mark: the oldest offset read and not settled, else ``position``."""
-        oldest = self._acks.oldest()
+        acks = self._acks
+        oldest = acks.oldest() if acks is not None else None
         low = self._reader.position if oldest is None else oldest
         held = self._held
         if held is not None and held.order:
@@ -89,7 +93,9 @@ class Cursor:
     @property
     def unsettled_count(self) -> int:
         """Messages read and not yet settled."""
-        return len(self._acks) + (len(self._held) if self._held is not None else 0)
+        acks = self._acks
+        held = self._held
+        return (len(acks) if acks is not None else 0) + (len(held) if held is not None else 0)
 
     @property
     def lag(self) -> int:
@@ -111,14 +117,18 @@ class Cursor:
             self.dirty += len(got)
             if not settle:
                 offsets = list(map(_offset, got))
-                self._acks.outstanding.update(offsets)
-                self._acks.order.extend(offsets)
+                acks = self._acks
+                if acks is None:
+                    acks = self._acks = AckTracker()
+                acks.outstanding.update(offsets)
+                acks.order.extend(offsets)
         return got
 
     def settle(self, offset: int) -> bool:
         """Mark one message read as done; False if it is not unsettled."""
+        acks = self._acks
         held = self._held
-        if not self._acks.ack(offset) and not (held and held.ack(offset)):
+        if not (acks is not None and acks.ack(offset)) and not (held and held.ack(offset)):
             return False
         self.dirty += 1
         return True
@@ -128,13 +138,16 @@ class Cursor:
 
         A message read again after a ``seek(keep_unsettled=True)`` while its first reading was
         still unsettled has two claims on the mark: each settle of its offset ends one."""
+        acks = self._acks
         held = self._held
-        if not held:
-            known = self._acks.ack_many(offsets)
+        if acks is None:
+            known = held.ack_many(offsets) if held else 0
+        elif not held:
+            known = acks.ack_many(offsets)
         else:
             offsets = set(offsets)
-            current = offsets & self._acks.outstanding
-            known = self._acks.ack_many(current) + held.ack_many(offsets - current)
+            current = offsets & acks.outstanding
+            known = acks.ack_many(current) + held.ack_many(offsets - current)
         self.dirty += known
         return known
 
@@ -144,7 +157,7 @@ class Cursor:
         ``keep_unsettled``, keep holding the mark until settled (a channel's messages in flight
         across a seek). Returns the new position."""
         acks = self._acks
-        if keep_unsettled and acks.outstanding:
+        if keep_unsettled and acks is not None and acks.outstanding:
             held = self._held
             if held is None:
                 held = self._held = AckTracker()
@@ -154,7 +167,7 @@ class Cursor:
             held.order.extend(order)
         elif not keep_unsettled:
             self._held = None
-        acks.clear()
+        self._acks = None
         self.dirty += 1
         return self._reader.seek(offset)
 

@@ -17,7 +17,7 @@ from .engine_fakes import FailingBackend, bodies, make_messages
 def test_memory_up_to_the_limit_then_the_backend_in_order() -> None:
     backend = MemoryBackend()
     writes: list[int] = []
-    queue = SpillQueue(backend, 3, lambda: writes.append(backend.depth))
+    queue = SpillQueue(backend, 3, lambda b: writes.append(b.depth))
     queue.put_many(make_messages(5))
     assert queue.memory_count == 3 and backend.depth == 2 and len(queue) == 5
     assert queue.wrote_backend and writes == [2]
