@@ -68,7 +68,7 @@ from lmqd.engine.backend import (
 from lmqd.engine.channel_policy import ChannelPolicy, PolicyError, PolicyValue
 from lmqd.engine.cursor import ChannelCursor
 from lmqd.engine.deferred import DeferredQueue
-from lmqd.engine.delivery import body_bytes, fit_bytes, split_batch
+from lmqd.engine.delivery import body_bytes, fit_bytes, fits_unsummed, largest_body, split_batch
 from lmqd.engine.durable import DurableAcks
 from lmqd.engine.e2e import E2eLatencyStream, new_stream
 from lmqd.engine.inflight import ChannelError, InFlightQueue, NotInFlight, NotOwner
@@ -254,6 +254,11 @@ class Channel:
         """The mean body size of the last delivery round (before the first: the largest
         allowed): ``deliver`` takes no more messages than the consumers' byte rooms hold at
         that size, so big messages are not read from the log only to be put back."""
+        self._body_bound = 0
+        """No message this channel holds or reads has a bigger body: raised where messages come
+        in (``_note_bodies``; the cursor's by its stream's ``max_body``), never lowered, so a
+        message requeued or timed out is still under it. ``deliver`` skips summing a round's
+        bodies when this bound alone shows the round fits (``delivery.fits_unsummed``)."""
         self._lane_backend = lane_backend
         self._lanes: PriorityLanes | None = None
         """The priority lanes, once a message with a priority came (or stored ones exist)."""
@@ -369,6 +374,7 @@ class Channel:
         """
         if self.exiting:
             return
+        self._note_bodies(messages)
         if self._acks is not None:
             self._put_durable(messages, now)
             self.message_count += len(messages)
@@ -394,6 +400,7 @@ class Channel:
         """
         if self.exiting or not messages:
             return []
+        self._note_bodies(messages)
         if self._lanes is None and any(map(priority_of, messages)):
             self._ensure_lanes()
         if self._acks is not None:
@@ -503,6 +510,7 @@ class Channel:
             got = dq.read_many(dq.depth)
             if not got:
                 break  # unreadable bytes were set aside or reading paused: see the storage log
+            self._note_bodies(got)  # an earlier run's, possibly
             for m in got:
                 held = in_flight.pop(m.id, None) if in_flight else None
                 if held is not None and acks is not None:
@@ -542,7 +550,9 @@ class Channel:
             self._syncer.note_dirty(stored)
 
     def _lane_read(self, backend: BackendQueue, messages: list[Message]) -> None:
-        # Messages read back from a lane's store: a durable channel acknowledges them there.
+        # Messages read back from a lane's store (an earlier run's, possibly): a durable
+        # channel acknowledges them there.
+        self._note_bodies(messages)
         stored = backend.stored
         if self._acks is not None and stored is not None:
             self._acks.from_lane(stored, messages)
@@ -665,6 +675,7 @@ class Channel:
             got = queue.read_backend(count - len(out))
             if not got:
                 break
+            self._note_bodies(got)  # an earlier run's, possibly
             if seen is None:
                 seen = {m.id for m in out}
             # Messages written to disk while deferred (shutdown flush, restart) keep their time.
@@ -719,9 +730,17 @@ class Channel:
         self, cursor: ChannelCursor, count: int, now: float, out: list[Message]
     ) -> None:
         """Read from the cursor into ``out`` up to ``count`` messages."""
+        stream = cursor.stream
+        start = cursor.position
         got = cursor.read(count - len(out))
         if not got:
             return
+        # What the stream took in this run is under its max_body; an earlier run's messages
+        # (a backlog in the log, a replay) are measured.
+        if stream.max_body > self._body_bound:
+            self._body_bound = stream.max_body
+        if start < stream.known_from:
+            self._note_bodies(got)
         if self._acks is None and not cursor.replay_until:
             out += got
             return
@@ -756,6 +775,12 @@ class Channel:
                 self._acks.ack_when_copied((m,), self._stored_deferred())
                 return
         self._deferred.push(m)
+
+    def _note_bodies(self, messages: Sequence[Message]) -> None:
+        """Raise the body bound (``_body_bound``) to cover ``messages``, coming in."""
+        largest = largest_body(messages)
+        if largest > self._body_bound:
+            self._body_bound = largest
 
     def _drop_duplicate(self, m: Message) -> None:
         log.debug(
@@ -964,12 +989,18 @@ class Channel:
                         break
                     continue
             n = len(msgs)
-            nbytes = body_bytes(msgs)
-            self._body_estimate = max(nbytes // n, 1)
-            tight = nbytes > min(byte_rooms[s.id] for s, _ in ready)
-            if not tight:
-                for s, _ in ready:  # none gets more than the whole round
-                    byte_rooms[s.id] -= nbytes
+            least = min(byte_rooms[s.id] for s, _ in ready)
+            bound = self._body_bound
+            nbytes: int | None = None
+            if fits_unsummed(n, bound, least):
+                # No body is over the bound: the whole round fits every room, unsummed.
+                tight = False
+                if bound < self._body_estimate:
+                    self._body_estimate = max(bound, 1)  # the mean is no bigger
+            else:
+                nbytes = body_bytes(msgs)
+                self._body_estimate = max(nbytes // n, 1)
+                tight = nbytes > least
             leftovers: list[Message] = []
             start = 0
             for sub, take in split_batch(ready, n, room, rng):
@@ -977,8 +1008,13 @@ class Channel:
                 start += take
                 # The chunk's bytes for the in-flight heap's compaction rule: exact when it is
                 # the whole round (or cut to fit below), else its share of the round (a
-                # heuristic's input: no second pass over the bodies).
-                size: int | None = nbytes if take == n else nbytes * take // n
+                # heuristic's input: no second pass over the bodies); unsummed, its upper
+                # bound (the heap rebuilds early, never late).
+                size: int | None
+                if nbytes is None:
+                    size = take * bound
+                else:
+                    size = nbytes if take == n else nbytes * take // n
                 if tight:
                     # This consumer's share may be more than its byte room: it keeps a prefix
                     # that fits (one message at least); the rest goes back to the queue.
@@ -1020,15 +1056,22 @@ class Channel:
                 # consumers still with room (those cut short have none left) or a later round.
                 self._put_back(leftovers)
                 continue
-            if n == asked < room and len(taken) == want:
-                continue  # the size estimate kept the take short: the rooms may hold more
-            # Another round only if sampling (or the policy) left room unused and messages may
-            # remain.
-            if not dropped or len(taken) < want:
-                break
-            if screened >= SCREEN_BUDGET:
-                self._want_more()
-                break
+            # Another round if the size estimate kept the take short (the rooms may hold
+            # more), or if sampling (or the policy) left room unused and messages may remain.
+            if not (n == asked < room and len(taken) == want):
+                if not dropped or len(taken) < want:
+                    break
+                if screened >= SCREEN_BUDGET:
+                    self._want_more()
+                    break
+            if not tight:
+                # None gets more than the whole round: its bytes come off every room before
+                # the next (summed now if the bound let this round skip it: rarely needed).
+                if nbytes is None:
+                    nbytes = body_bytes(msgs)
+                    self._body_estimate = max(nbytes // n, 1)
+                for s, _ in ready:
+                    byte_rooms[s.id] -= nbytes
         if earliest < math.inf:
             self._wake_at(earliest)
             if self._acks is not None and self._release_check == math.inf:

@@ -131,6 +131,10 @@ class TopicStream:
         self.known_from = start
         """Offsets from here on were taken in this run (their pushed ones are in ``pushed``);
         older ones came from the log as an earlier run left it."""
+        self.max_body = 0
+        """The largest body taken in this run (``append``): every message at an offset from
+        ``known_from`` on has a body no bigger, so a delivery round of those need not sum its
+        bodies to know it fits a consumer's byte room (``Channel.deliver``)."""
         self.tail = MemoryTail(start)
         self.cursors: list[StreamCursor] = []
         """The channels' cursors (``cursor.py``): what ``trim`` and ``prepare_sync`` look at."""
@@ -239,12 +243,16 @@ class TopicStream:
 
     # -- taking messages ---------------------------------------------------------------------
 
-    def append(self, messages: Sequence[Message]) -> None:
-        """Take ``messages``, whose offsets are ``next_offset`` on, in order. All or none:
-        raises ``BackendError`` having kept none (a log write failed)."""
+    def append(self, messages: Sequence[Message], largest_body: int) -> None:
+        """Take ``messages``, whose offsets are ``next_offset`` on, in order; ``largest_body``:
+        the size of their biggest body (the caller has the bodies: one C-level pass). All or
+        none: raises ``BackendError`` having kept none (a log write failed)."""
         n = len(messages)
         if not n:
             return
+        if largest_body > self.max_body:
+            # Raised before the write: a failed one leaves the bound a little high, never low.
+            self.max_body = largest_body
         log = self.log
         tail = self.tail
         if log is None:
