@@ -25,8 +25,10 @@ more than the byte rooms hold at the last round's mean body size, then splits th
 ready consumers (``lmqd.engine.delivery.split_batch``: random order, evenly); when the round's
 bodies add up to more than the smallest byte room, each share is cut to its consumer's room
 (``fit_bytes``, one message at least) and the rest goes back to the own store, not in flight,
-for the consumers still with room. Every consumer gets at most one ``write_messages`` call per
-round, so its writer wakes once.
+for the consumers still with room. The bodies are summed only when the round may come near a
+room: what the round read from the cursor is bounded by its topic stream's byte marks
+(``bytemarks.py``: no look at the messages), so a round of small messages costs no sum. Every
+consumer gets at most one ``write_messages`` call per round, so its writer wakes once.
 
 Delivered messages sit in the ``InFlightQueue`` until FIN, REQ, TOUCH or their deadline;
 deferred ones (REQ with a delay, DPUB) in the ``DeferredQueue``. Messages with an lmq priority
@@ -68,7 +70,7 @@ from lmqd.engine.backend import (
 from lmqd.engine.channel_policy import ChannelPolicy, PolicyError, PolicyValue
 from lmqd.engine.cursor import ChannelCursor
 from lmqd.engine.deferred import DeferredQueue
-from lmqd.engine.delivery import body_bytes, fit_bytes, fits_unsummed, largest_body, split_batch
+from lmqd.engine.delivery import body_bytes, fit_bytes, split_batch
 from lmqd.engine.durable import DurableAcks
 from lmqd.engine.e2e import E2eLatencyStream, new_stream
 from lmqd.engine.inflight import ChannelError, InFlightQueue, NotInFlight, NotOwner
@@ -254,11 +256,6 @@ class Channel:
         """The mean body size of the last delivery round (before the first: the largest
         allowed): ``deliver`` takes no more messages than the consumers' byte rooms hold at
         that size, so big messages are not read from the log only to be put back."""
-        self._body_bound = 0
-        """No message this channel holds or reads has a bigger body: raised where messages come
-        in (``_note_bodies``; the cursor's by its stream's ``max_body``), never lowered, so a
-        message requeued or timed out is still under it. ``deliver`` skips summing a round's
-        bodies when this bound alone shows the round fits (``delivery.fits_unsummed``)."""
         self._lane_backend = lane_backend
         self._lanes: PriorityLanes | None = None
         """The priority lanes, once a message with a priority came (or stored ones exist)."""
@@ -374,7 +371,6 @@ class Channel:
         """
         if self.exiting:
             return
-        self._note_bodies(messages)
         if self._acks is not None:
             self._put_durable(messages, now)
             self.message_count += len(messages)
@@ -400,7 +396,6 @@ class Channel:
         """
         if self.exiting or not messages:
             return []
-        self._note_bodies(messages)
         if self._lanes is None and any(map(priority_of, messages)):
             self._ensure_lanes()
         if self._acks is not None:
@@ -510,7 +505,6 @@ class Channel:
             got = dq.read_many(dq.depth)
             if not got:
                 break  # unreadable bytes were set aside or reading paused: see the storage log
-            self._note_bodies(got)  # an earlier run's, possibly
             for m in got:
                 held = in_flight.pop(m.id, None) if in_flight else None
                 if held is not None and acks is not None:
@@ -550,9 +544,7 @@ class Channel:
             self._syncer.note_dirty(stored)
 
     def _lane_read(self, backend: BackendQueue, messages: list[Message]) -> None:
-        # Messages read back from a lane's store (an earlier run's, possibly): a durable
-        # channel acknowledges them there.
-        self._note_bodies(messages)
+        # Messages read back from a lane's store: a durable channel acknowledges them there.
         stored = backend.stored
         if self._acks is not None and stored is not None:
             self._acks.from_lane(stored, messages)
@@ -655,6 +647,14 @@ class Channel:
     def _take(self, count: int, now: float, *, ranked: bool = True) -> list[Message]:
         """Remove up to ``count`` ready messages: the own store (memory, then its backend),
         then the cursor; the priority lanes before all of them (unless not ``ranked``)."""
+        return self._take_measured(count, now, ranked=ranked)[0]
+
+    def _take_measured(
+        self, count: int, now: float, *, ranked: bool = True
+    ) -> tuple[list[Message], int, int | None]:
+        """``_take``, and what is known of the bodies' size without summing them:
+        ``(messages, k, bound)``, the last ``k`` messages (read from the cursor) having at
+        most ``bound`` bytes of bodies (None: unknown)."""
         queue = self._queue
         lanes = self._lanes
         if ranked and lanes is not None and lanes:
@@ -670,12 +670,11 @@ class Channel:
             # or it was read again from a store): one id is in flight only once.
             out, seen = self._unique(out, count)
         if len(out) == count:
-            return out
+            return out, 0, 0
         while len(out) < count and self.backend.depth > 0:
             got = queue.read_backend(count - len(out))
             if not got:
                 break
-            self._note_bodies(got)  # an earlier run's, possibly
             if seen is None:
                 seen = {m.id for m in out}
             # Messages written to disk while deferred (shutdown flush, restart) keep their time.
@@ -691,13 +690,15 @@ class Channel:
                     seen.add(msg_id)
                     out.append(m)
         cursor = self.cursor
+        own = len(out)
+        bound: int | None = 0
         if cursor is not None and len(out) < count and cursor.has_unread:
             if self._expired_seen:
                 self._skip_expired(cursor)
-            self._take_cursor(cursor, count, now, out)
+            bound = self._take_cursor(cursor, count, now, out)
         if self._deferred:
             self._wake_at(self._deferred.next_deadline())
-        return out
+        return out, len(out) - own, bound
 
     def peek_queued(self, count: int) -> list[tuple[int, Message]]:
         """Up to ``count`` ready messages in the order ``_take`` would take them (the own
@@ -728,22 +729,20 @@ class Channel:
 
     def _take_cursor(
         self, cursor: ChannelCursor, count: int, now: float, out: list[Message]
-    ) -> None:
-        """Read from the cursor into ``out`` up to ``count`` messages."""
-        stream = cursor.stream
+    ) -> int | None:
+        """Read from the cursor into ``out`` up to ``count`` messages. Returns at least their
+        bodies' bytes, from the stream's marks (None: not known without summing them)."""
+        marks = cursor.stream.byte_marks
         start = cursor.position
+        before = marks.bytes_before(start)
         got = cursor.read(count - len(out))
         if not got:
-            return
-        # What the stream took in this run is under its max_body; an earlier run's messages
-        # (a backlog in the log, a replay) are measured.
-        if stream.max_body > self._body_bound:
-            self._body_bound = stream.max_body
-        if start < stream.known_from:
-            self._note_bodies(got)
+            return 0
+        # The range read: what it holds is at least what is kept of it below.
+        bound = marks.bound(start, before, cursor.position)
         if self._acks is None and not cursor.replay_until:
             out += got
-            return
+            return bound
         # Durable (a restart may read again what the own store also had) or a replay (which
         # reads deferred messages): look at each one.
         in_flight = self._in_flight
@@ -757,6 +756,7 @@ class Channel:
             else:
                 seen.add(msg_id)
                 out.append(m)
+        return bound
 
     def _defer_read(self, m: Message) -> None:
         """A deferred message read from the cursor (a replay): held until it is due."""
@@ -775,12 +775,6 @@ class Channel:
                 self._acks.ack_when_copied((m,), self._stored_deferred())
                 return
         self._deferred.push(m)
-
-    def _note_bodies(self, messages: Sequence[Message]) -> None:
-        """Raise the body bound (``_body_bound``) to cover ``messages``, coming in."""
-        largest = largest_body(messages)
-        if largest > self._body_bound:
-            self._body_bound = largest
 
     def _drop_duplicate(self, m: Message) -> None:
         log.debug(
@@ -969,7 +963,8 @@ class Channel:
             # backlog is given up in batches however small the consumers' room (what is left
             # over goes back in front); until then, exactly what is asked (no cost without one).
             want = max(asked, SCREEN_CHUNK) if giving_up else asked
-            msgs = taken = self._take(want, now)
+            taken, unsummed, bound = self._take_measured(want, now)
+            msgs = taken
             if not msgs:
                 break
             dropped = False
@@ -990,13 +985,19 @@ class Channel:
                     continue
             n = len(msgs)
             least = min(byte_rooms[s.id] for s, _ in ready)
-            bound = self._body_bound
+            # What the stream's marks bound (the messages read from the cursor), plus the sum
+            # of the others (requeued, stored, pushed: few, unless the channel has no cursor),
+            # is at least the round's bytes (the policy may have given some up): below every
+            # room, the round is not tight and its bodies need no sum.
+            upper = None
+            if bound is not None:
+                others = len(taken) - unsummed
+                upper = bound + body_bytes(taken[:others]) if others else bound
             nbytes: int | None = None
-            if fits_unsummed(n, bound, least):
-                # No body is over the bound: the whole round fits every room, unsummed.
+            if upper is not None and upper < least:
                 tight = False
-                if bound < self._body_estimate:
-                    self._body_estimate = max(bound, 1)  # the mean is no bigger
+                if upper // n < self._body_estimate:
+                    self._body_estimate = max(upper // n, 1)  # the mean is no bigger
             else:
                 nbytes = body_bytes(msgs)
                 self._body_estimate = max(nbytes // n, 1)
@@ -1008,13 +1009,11 @@ class Channel:
                 start += take
                 # The chunk's bytes for the in-flight heap's compaction rule: exact when it is
                 # the whole round (or cut to fit below), else its share of the round (a
-                # heuristic's input: no second pass over the bodies); unsummed, its upper
+                # heuristic's input: no second pass over the bodies); unsummed, from the upper
                 # bound (the heap rebuilds early, never late).
-                size: int | None
-                if nbytes is None:
-                    size = take * bound
-                else:
-                    size = nbytes if take == n else nbytes * take // n
+                total = upper if nbytes is None else nbytes
+                assert total is not None
+                size: int | None = total if take == n else total * take // n
                 if tight:
                     # This consumer's share may be more than its byte room: it keeps a prefix
                     # that fits (one message at least); the rest goes back to the queue.
@@ -1065,8 +1064,8 @@ class Channel:
                     self._want_more()
                     break
             if not tight:
-                # None gets more than the whole round: its bytes come off every room before
-                # the next (summed now if the bound let this round skip it: rarely needed).
+                # None gets more than the whole round: its bytes, exact, come off every room
+                # before the next one (summed now if the bound let this round skip it).
                 if nbytes is None:
                     nbytes = body_bytes(msgs)
                     self._body_estimate = max(nbytes // n, 1)

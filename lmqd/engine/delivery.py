@@ -12,14 +12,9 @@ Rounds are bounded in bytes too: each consumer has a *byte room* (what its outpu
 still take, ``Consumer.byte_room``) and gets messages only while the bodies given so far are
 below it, so it holds at most its room plus one message. ``fit_bytes`` cuts a consumer's share
 to its room; it runs only when a round is *tight* (its bodies add up to more than the smallest
-room).
-
-Whether a round is tight needs the sum of its bodies (``body_bytes``: ~380 instructions a
-message, 4 % of the engine's cost per message), unless a cheaper answer does: the channel keeps
-an upper bound of its messages' body sizes (``Channel._body_bound``), and a round of ``n``
-messages under a bound ``b`` with ``n * b`` within the smallest room cannot be tight, whatever
-its bodies (``fits_unsummed``). That is how rounds of small messages skip the sum; a round that
-may come near a room is summed exactly as before.
+room). Whether it is needs the round's bytes: the channel sums the bodies (``body_bytes``) only
+when the bound its topic stream gives for the messages read from the cursor (``bytemarks.py``)
+does not already show the round below every room.
 """
 
 from __future__ import annotations
@@ -28,41 +23,17 @@ import random
 from bisect import bisect_left
 from collections.abc import Sequence
 from itertools import accumulate
-from operator import attrgetter
 from typing import TypeVar
 
 from lmqd.message import Message
-from lmqd.units import KiB
 
 T = TypeVar("T")
-
-_BODY = attrgetter("body")
-
-SMALL_BODY = 4 * KiB
-"""The largest body bound under which a round may skip summing its bodies. A round that skips
-it gives the in-flight heap ``count * bound`` as its bytes (an upper bound: the heap's byte rule
-then rebuilds early, never late, ``lmqd.engine.inflight``); with a bound that overstates small
-bodies (one 4 KiB message once, then 100-byte ones) those early rebuilds cost at most about
-``in_flight * bound / COMPACT_FLOOR_BYTES`` rebuild steps a message (~2.5 for 10,000 in
-flight: about what the sum costs, and only in that case). Bigger bodies are summed: next to
-moving their bytes, the sum costs little."""
-
-
-def fits_unsummed(count: int, bound: int, least_room: int) -> bool:
-    """Whether ``count`` messages, none with a body over ``bound``, certainly fit the smallest
-    byte room ``least_room`` without being summed (see the module docstring). O(1)."""
-    return bound <= SMALL_BODY and count * bound <= least_room
 
 
 def body_bytes(messages: Sequence[Message]) -> int:
     """The bodies' total size: one ``len`` and one addition per message, in a comprehension
     (measured ~20 ns a message, cheaper than ``map`` over an ``attrgetter``)."""
     return sum([len(m.body) for m in messages])
-
-
-def largest_body(messages: Sequence[Message]) -> int:
-    """The biggest body's size (0 for none): in C, no Python loop per message."""
-    return max(map(len, map(_BODY, messages)), default=0)
 
 
 def split_batch(

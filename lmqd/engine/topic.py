@@ -385,10 +385,7 @@ class Topic:
             ranked = any(e is not None and e.priority for e in exts)
         else:
             ranked = False
-        # Both in C over the bodies: the sum for the counters, the largest for the stream's
-        # bound on body sizes (what lets delivery rounds of small messages skip their sum).
-        nbytes = sum(map(len, bodies))
-        self._put(messages, nbytes, max(map(len, bodies), default=0), deliver_at > 0 or ranked)
+        self._put(messages, sum(map(len, bodies)), deliver_at > 0 or ranked)
         return messages
 
     def publish_run(
@@ -491,20 +488,17 @@ class Topic:
         ``TopicExiting``, or ``BackendError`` having stored none of them."""
         if self.exiting:
             raise TopicExiting(f"topic {self.name} is exiting")
-        sizes = [len(m.body) for m in messages]
-        self._put(messages, sum(sizes), max(sizes, default=0), any(map(pushed, messages)))
+        self._put(messages, sum(len(m.body) for m in messages), any(map(pushed, messages)))
 
     @property
     def wrote_backend(self) -> bool:
         """Whether the last publish wrote to the log (a success there clears bad health)."""
         return self.stream.wrote_backend
 
-    def _put(
-        self, messages: Sequence[Message], nbytes: int, largest: int, some_pushed: bool
-    ) -> None:
+    def _put(self, messages: Sequence[Message], nbytes: int, some_pushed: bool) -> None:
         stream = self.stream
         first = stream.next_offset
-        stream.append(messages, largest)  # raises BackendError having stored none
+        stream.append(messages, nbytes)  # raises BackendError having stored none
         if some_pushed:
             kept = stream.next_offset - first  # an ephemeral topic may have dropped the rest
             stream.note_pushed([first + k for k, m in enumerate(messages[:kept]) if pushed(m)])

@@ -15,6 +15,7 @@ import trio
 import trio.testing
 
 from lmqd.engine.backend import MemoryBackend
+from lmqd.engine.bytemarks import MARK_EVERY, ByteMarks
 from lmqd.engine.channel import Channel
 from lmqd.engine.topic import Topic
 from lmqd.message import Message
@@ -137,10 +138,11 @@ async def test_timeouts_of_capped_deliveries_requeue_and_wait_for_room(
         ch.close()
 
 
-# -- the body bound: rounds of small messages skip summing their bodies -------------------------
-# ``Channel`` keeps an upper bound of its messages' body sizes and skips the exact sum when
-# ``count * bound`` fits every room. These tests fail if a way in forgets to raise the bound:
-# the round would then look small and pass the room.
+# -- rounds that skip summing their bodies ------------------------------------------------------
+# A round sums its bodies only when it may come near a room: what it read from its cursor is
+# bounded by the topic stream's byte marks (``lmqd.engine.bytemarks``), the rest is summed. These
+# tests fail if a way in is taken for small when it is not (an earlier run's messages, a
+# channel's own stores, pushed ones): the round would pass the room.
 
 
 def test_big_messages_after_small_ones_are_held_to_the_room() -> None:
@@ -224,10 +226,11 @@ MODES = pytest.mark.parametrize("durable", [False, True], ids=["default", "durab
 
 
 def restarted_with_a_lower_max_msg_size(engine: Engine) -> FakeClient:
-    """Restart ``engine`` with ``--max-msg-size`` below the 1 KiB bodies it holds, and make
-    channel ``c``'s consumer ready with room for four of them."""
+    """Restart ``engine`` with ``--max-msg-size`` far below the 1 KiB bodies it holds (so the
+    first round takes all it can), and make channel ``c``'s consumer ready with room for four
+    of them."""
     engine.sync()
-    engine.max_msg_size = 100
+    engine.max_msg_size = 10
     engine.restart()
     client = engine.clients["c"]
     client.output_limit = 4 * KiB
@@ -243,11 +246,11 @@ def test_an_earlier_runs_big_messages_in_the_topic_log_are_held_to_the_room(
         engine = Engine(base, durable=durable)
         try:
             engine.subscribe(engine.topic, "c")
-            engine.topic.publish([b"b" * KiB] * 10, NOW)
+            engine.topic.publish([b"b" * KiB] * 100, NOW)  # more than MARK_EVERY
             engine.pump()  # handed to "c", which has not read them (RDY 0)
             client = restarted_with_a_lower_max_msg_size(engine)
             engine.topic.channels["c"].deliver(NOW)
-            # Read from the log below what this run took: measured, so cut to the room.
+            # Read from the log below what this run took: summed, so cut to the room.
             assert [len(w) for w in client.writes] == [4]
         finally:
             engine.close()
@@ -310,13 +313,68 @@ def test_an_earlier_runs_deferred_big_messages_are_held_to_the_room() -> None:
             engine.close()
 
 
-def test_an_unsummed_round_gives_the_in_flight_heap_an_upper_bound() -> None:
-    ch = make_channel()
-    client = FakeClient(1, ready=300)
-    client.subscribe(ch)
-    messages = [Message(b"%016x" % i, b"m" * (1000 if i == 0 else 100), 0) for i in range(10)]
-    ch.put_many(messages, 0.0)
-    ch.deliver(0.0)
-    assert [len(w) for w in client.writes] == [10]
-    # Never below the bodies' bytes (the heap must not rebuild late), at most count * bound.
-    assert 1000 + 9 * 100 <= ch.in_flight.ref_bytes <= 10 * 1000
+def test_a_round_bounded_by_the_marks_gives_the_in_flight_heap_an_upper_bound() -> None:
+    topic = Topic("t", Options(), channel_backend_factory=lambda t, c: MemoryBackend())
+    channel = topic.get_channel("c")
+    client = FakeClient(1, ready=100)
+    client.subscribe(channel)
+    sizes = [100 + (i % 7) * 10 for i in range(300)]
+    for start in range(0, 300, 10):  # MPUBs of 10
+        topic.publish([b"m" * n for n in sizes[start : start + 10]], 0.0)
+    topic._pump_batch(0.0)
+    assert [len(w) for w in client.writes] == [100]
+    # Never below the bodies' bytes (the heap must not rebuild late), above by what lies
+    # between the round's end and the next mark at most.
+    assert sum(sizes[:100]) <= channel.in_flight.ref_bytes <= sum(sizes[: 100 + 2 * MARK_EVERY])
+    topic.close()
+
+
+def test_a_round_is_cut_to_the_room_between_marks() -> None:
+    # 100 messages of 100 bytes: the marks bound a read of them by at most two stretches of
+    # MARK_EVERY; a room just above their bytes is not enough to skip the sum, and the exact
+    # sum then lets them all through.
+    topic = Topic("t", Options(), channel_backend_factory=lambda t, c: MemoryBackend())
+    channel = topic.get_channel("c")
+    client = FakeClient(1, ready=1000, output_limit=100 * 100 + 1)
+    client.subscribe(channel)
+    for _ in range(10):
+        topic.publish([b"s" * 100] * 10, 0.0)
+    topic._pump_batch(0.0)
+    assert [len(w) for w in client.writes] == [100]
+    client.drain()
+    client.output_limit = 250
+    topic.publish([b"s" * 100] * 10, 0.0)
+    topic._pump_batch(0.0)
+    assert [len(w) for w in client.writes] == [100, 3]  # 0, 100, 200 below 250
+    topic.close()
+
+
+def test_byte_marks_bound_any_range_from_above() -> None:
+    marks = ByteMarks(10)
+    sizes: dict[int, int] = {}
+    offset = 10
+    rng = random.Random(3)
+    for _ in range(200):
+        batch = [rng.randrange(1, 500) for _ in range(rng.choice([1, 1, 5, 100]))]
+        for size in batch:
+            sizes[offset] = size
+            offset += 1
+        marks.note(offset, sum(batch))
+    assert len(marks) < offset // MARK_EVERY + 2  # a mark per MARK_EVERY offsets, at most
+    for _ in range(500):
+        start = rng.randrange(10, offset)
+        end = rng.randrange(start, offset + 1)
+        exact = sum(sizes[o] for o in range(start, end))
+        bound = marks.bound(start, marks.bytes_before(start), end)
+        if end - start < MARK_EVERY:
+            assert bound is None  # cheaper summed than bounded loosely
+        else:
+            assert bound is not None and exact <= bound
+    # From the first mark to the end: exact.
+    assert marks.bound(10, marks.bytes_before(10), offset) == sum(sizes.values())
+    assert marks.bytes_before(9) is None  # before this run: unknown
+    before = marks.bytes_before(4000)
+    marks.forget_below(5000)  # what a read to 5000 may do: the bound asked before still holds
+    bound = marks.bound(4000, before, 5000)
+    assert bound is not None and bound >= sum(sizes[o] for o in range(4000, 5000))
+    assert marks.bytes_before(4000) is None  # its marks were dropped: unknown
