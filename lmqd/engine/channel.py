@@ -993,13 +993,14 @@ class Channel:
             if bound is not None:
                 others = len(taken) - unsummed
                 upper = bound + body_bytes(taken[:others]) if others else bound
-            nbytes: int | None = None
+            nbytes: int | None = None  # the exact sum, once made
             if upper is not None and upper < least:
                 tight = False
+                total = upper
                 if upper // n < self._body_estimate:
                     self._body_estimate = max(upper // n, 1)  # the mean is no bigger
             else:
-                nbytes = body_bytes(msgs)
+                nbytes = total = body_bytes(msgs)
                 self._body_estimate = max(nbytes // n, 1)
                 tight = nbytes > least
             leftovers: list[Message] = []
@@ -1007,12 +1008,10 @@ class Channel:
             for sub, take in split_batch(ready, n, room, rng):
                 chunk = msgs if take == n else msgs[start : start + take]
                 start += take
-                # The chunk's bytes for the in-flight heap's compaction rule: exact when it is
-                # the whole round (or cut to fit below), else its share of the round (a
-                # heuristic's input: no second pass over the bodies); unsummed, from the upper
-                # bound (the heap rebuilds early, never late).
-                total = upper if nbytes is None else nbytes
-                assert total is not None
+                # The chunk's bytes for the in-flight heap's compaction rule: the round's
+                # (exact, or its upper bound when not summed: the heap then rebuilds early,
+                # never late) when it is the whole round (or cut to fit below), else its share
+                # of the round (a heuristic's input: no second pass over the bodies).
                 size: int | None = total if take == n else total * take // n
                 if tight:
                     # This consumer's share may be more than its byte room: it keeps a prefix
