@@ -89,7 +89,7 @@ class ByteMarks:
         """Drop the marks no range from ``offset`` on needs (the last one at or below it stays).
         Amortised O(1) per mark."""
         offsets = self._offsets
-        k = bisect_right(offsets, offset) - 1
-        if k > 0:
+        if len(offsets) > 1 and offsets[1] <= offset:  # the stream trims often, mostly for none
+            k = bisect_right(offsets, offset) - 1
             del offsets[:k]
             del self._bytes[:k]
