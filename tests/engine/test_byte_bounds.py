@@ -1,9 +1,10 @@
 """Delivery rounds bounded in bytes: a consumer gets no more than its byte room plus one message.
 
-Rules for this module (STYLE.md): the channel through its public interface with ``FakeClient``s
-that model an output buffer (``output_limit``; ``drain`` empties it); timer tests on the
-``autojump_clock`` with exact virtual times. Bodies share one ``bytes`` object per size, so big
-messages cost no memory here.
+Rules for this module (STYLE.md): the channel (or its topic) through its public interface with
+``FakeClient``s that model an output buffer (``output_limit``; ``drain`` empties it); timer
+tests on the ``autojump_clock`` with exact virtual times; restarts through the daemon's own
+restore path on tmpfs (``engine_restart.Engine``, plain-def entry points). Bodies share one
+``bytes`` object per size, so big messages cost no memory here.
 """
 
 from __future__ import annotations
