@@ -990,7 +990,7 @@ class Channel:
             # is at least the round's bytes (the policy may have given some up): below every
             # room, the round is not tight and its bodies need no sum.
             upper = None
-            if bound is not None:
+            if bound is not None and unsummed:  # else one exact sum below, not two
                 others = len(taken) - unsummed
                 upper = bound + body_bytes(taken[:others]) if others else bound
             nbytes: int | None = None  # the exact sum, once made
