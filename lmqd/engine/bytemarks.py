@@ -14,11 +14,11 @@ at the messages. A round whose bound is below every consumer's room is not *tigh
 sum; one that may come near a room is summed exactly, as before.
 
 The bound is loose by what lies between a range's ends and the marks around them: at most two
-stretches of ``MARK_EVERY`` offsets (and a publish batch: marks fall only between batches), so
-a range shorter than ``MARK_EVERY`` gets none (summing it is cheap, and a bound many times its
-bytes would make the in-flight heap rebuild early for nothing). It
-counts what the range holds but the round does not take (deferred and priority messages the
-cursor steps over, a range emptied by topic empty), so it never falls below the truth. Only
+stretches of ``MARK_EVERY`` offsets (or of a publish batch: marks fall only between batches),
+so a range shorter than ``MARK_EVERY`` gets none (summing it is cheap, and a bound many times
+its bytes would make the in-flight heap rebuild early for nothing). It counts what the range
+holds but the round does not take (deferred and priority messages the cursor steps over, a
+range emptied by topic empty), so it never falls below the truth. Only
 offsets taken in this run are covered (``start``, the stream's ``known_from``): an earlier run's
 messages, read from the log, are summed. Marks below every cursor are dropped (``forget_below``),
 so a replay further back is summed too.
