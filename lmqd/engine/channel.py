@@ -25,8 +25,10 @@ more than the byte rooms hold at the last round's mean body size, then splits th
 ready consumers (``lmqd.engine.delivery.split_batch``: random order, evenly); when the round's
 bodies add up to more than the smallest byte room, each share is cut to its consumer's room
 (``fit_bytes``, one message at least) and the rest goes back to the own store, not in flight,
-for the consumers still with room. Every consumer gets at most one ``write_messages`` call per
-round, so its writer wakes once.
+for the consumers still with room. The bodies are summed only when the round may come near a
+room: what the round read from the cursor is bounded by its topic stream's byte marks
+(``bytemarks.py``: no look at the messages), so a round of small messages costs no sum. Every
+consumer gets at most one ``write_messages`` call per round, so its writer wakes once.
 
 Delivered messages sit in the ``InFlightQueue`` until FIN, REQ, TOUCH or their deadline;
 deferred ones (REQ with a delay, DPUB) in the ``DeferredQueue``. Messages with an lmq priority
@@ -677,6 +679,14 @@ class Channel:
     def _take(self, count: int, now: float, *, ranked: bool = True) -> list[Message]:
         """Remove up to ``count`` ready messages: the own store (memory, then its backend),
         then the cursor; the priority lanes before all of them (unless not ``ranked``)."""
+        return self._take_measured(count, now, ranked=ranked)[0]
+
+    def _take_measured(
+        self, count: int, now: float, *, ranked: bool = True
+    ) -> tuple[list[Message], int, int | None]:
+        """``_take``, and what is known of the bodies' size without summing them:
+        ``(messages, k, bound)``, the last ``k`` messages (read from the cursor) having at
+        most ``bound`` bytes of bodies (None: unknown)."""
         queue = self._queue
         lanes = self._lanes
         if ranked and lanes is not None and lanes:
@@ -692,7 +702,7 @@ class Channel:
             # or it was read again from a store): one id is in flight only once.
             out, seen = self._unique(out, count)
         if len(out) == count:
-            return out
+            return out, 0, 0
         while len(out) < count and self.backend.depth > 0:
             got = queue.read_backend(count - len(out))
             if not got:
@@ -712,13 +722,15 @@ class Channel:
                     seen.add(msg_id)
                     out.append(m)
         cursor = self.cursor
+        own = len(out)
+        bound: int | None = 0
         if cursor is not None and len(out) < count and cursor.has_unread:
             if self._expired_seen:
                 self._skip_expired(cursor)
-            self._take_cursor(cursor, count, now, out)
+            bound = self._take_cursor(cursor, count, now, out)
         if self._deferred:
             self._wake_at(self._deferred.next_deadline())
-        return out
+        return out, len(out) - own, bound
 
     def peek_queued(self, count: int) -> list[tuple[int, Message]]:
         """Up to ``count`` ready messages in the order ``_take`` would take them (the own
@@ -749,14 +761,20 @@ class Channel:
 
     def _take_cursor(
         self, cursor: ChannelCursor, count: int, now: float, out: list[Message]
-    ) -> None:
-        """Read from the cursor into ``out`` up to ``count`` messages."""
+    ) -> int | None:
+        """Read from the cursor into ``out`` up to ``count`` messages. Returns at least their
+        bodies' bytes, from the stream's marks (None: not known without summing them)."""
+        marks = cursor.stream.byte_marks
+        start = cursor.position
+        before = marks.bytes_before(start)
         got = cursor.read(count - len(out))
         if not got:
-            return
+            return 0
+        # The range read: what it holds is at least what is kept of it below.
+        bound = marks.bound(start, before, cursor.position)
         if self._acks is None and not cursor.replay_until:
             out += got
-            return
+            return bound
         # Durable (a restart may read again what the own store also had) or a replay (which
         # reads deferred messages): look at each one.
         in_flight = self._in_flight
@@ -770,6 +788,7 @@ class Channel:
             else:
                 seen.add(msg_id)
                 out.append(m)
+        return bound
 
     def _defer_read(self, m: Message) -> None:
         """A deferred message read from the cursor (a replay): held until it is due."""
@@ -976,7 +995,8 @@ class Channel:
             # backlog is given up in batches however small the consumers' room (what is left
             # over goes back in front); until then, exactly what is asked (no cost without one).
             want = max(asked, SCREEN_CHUNK) if giving_up else asked
-            msgs = taken = self._take(want, now)
+            taken, unsummed, bound = self._take_measured(want, now)
+            msgs = taken
             if not msgs:
                 break
             dropped = False
@@ -996,21 +1016,35 @@ class Channel:
                         break
                     continue
             n = len(msgs)
-            nbytes = body_bytes(msgs)
-            self._body_estimate = max(nbytes // n, 1)
-            tight = nbytes > min(byte_rooms[s.id] for s, _ in ready)
-            if not tight:
-                for s, _ in ready:  # none gets more than the whole round
-                    byte_rooms[s.id] -= nbytes
+            least = min(byte_rooms[s.id] for s, _ in ready)
+            # What the stream's marks bound (the messages read from the cursor), plus the sum
+            # of the others (requeued, stored, pushed: few, unless the channel has no cursor),
+            # is at least the round's bytes (the policy may have given some up): below every
+            # room, the round is not tight and its bodies need no sum.
+            upper = None
+            if bound is not None and unsummed:  # else one exact sum below, not two
+                others = len(taken) - unsummed
+                upper = bound + body_bytes(taken[:others]) if others else bound
+            nbytes: int | None = None  # the exact sum, once made
+            if upper is not None and upper < least:
+                tight = False
+                total = upper
+                if upper // n < self._body_estimate:
+                    self._body_estimate = max(upper // n, 1)  # the mean is no bigger
+            else:
+                nbytes = total = body_bytes(msgs)
+                self._body_estimate = max(nbytes // n, 1)
+                tight = nbytes > least
             leftovers: list[Message] = []
             start = 0
             for sub, take in split_batch(ready, n, room, rng):
                 chunk = msgs if take == n else msgs[start : start + take]
                 start += take
-                # The chunk's bytes for the in-flight heap's compaction rule: exact when it is
-                # the whole round (or cut to fit below), else its share of the round (a
-                # heuristic's input: no second pass over the bodies).
-                size: int | None = nbytes if take == n else nbytes * take // n
+                # The chunk's bytes for the in-flight heap's compaction rule: the round's
+                # (exact, or its upper bound when not summed: the heap then rebuilds early,
+                # never late) when it is the whole round (or cut to fit below), else its share
+                # of the round (a heuristic's input: no second pass over the bodies).
+                size: int | None = total if take == n else total * take // n
                 if tight:
                     # This consumer's share may be more than its byte room: it keeps a prefix
                     # that fits (one message at least); the rest goes back to the queue.
@@ -1052,15 +1086,22 @@ class Channel:
                 # consumers still with room (those cut short have none left) or a later round.
                 self._put_back(leftovers)
                 continue
-            if n == asked < room and len(taken) == want:
-                continue  # the size estimate kept the take short: the rooms may hold more
-            # Another round only if sampling (or the policy) left room unused and messages may
-            # remain.
-            if not dropped or len(taken) < want:
-                break
-            if screened >= SCREEN_BUDGET:
-                self._want_more()
-                break
+            # Another round if the size estimate kept the take short (the rooms may hold
+            # more), or if sampling (or the policy) left room unused and messages may remain.
+            if not (n == asked < room and len(taken) == want):
+                if not dropped or len(taken) < want:
+                    break
+                if screened >= SCREEN_BUDGET:
+                    self._want_more()
+                    break
+            if not tight:
+                # None gets more than the whole round: its bytes, exact, come off every room
+                # before the next one (summed now if the bound let this round skip it).
+                if nbytes is None:
+                    nbytes = body_bytes(msgs)
+                    self._body_estimate = max(nbytes // n, 1)
+                for s, _ in ready:
+                    byte_rooms[s.id] -= nbytes
         if earliest < math.inf:
             self._busy_at = now
             self._wake_at(earliest)

@@ -12,7 +12,9 @@ Rounds are bounded in bytes too: each consumer has a *byte room* (what its outpu
 still take, ``Consumer.byte_room``) and gets messages only while the bodies given so far are
 below it, so it holds at most its room plus one message. ``fit_bytes`` cuts a consumer's share
 to its room; it runs only when a round is *tight* (its bodies add up to more than the smallest
-room), so small messages pay one sum of their lengths per round (``body_bytes``).
+room). Whether it is needs the round's bytes: the channel sums the bodies (``body_bytes``) only
+when the bound its topic stream gives for the messages read from the cursor (``bytemarks.py``)
+does not already show the round below every room.
 """
 
 from __future__ import annotations

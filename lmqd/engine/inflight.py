@@ -15,10 +15,11 @@ heap is rebuilt from the dict: memory stays within a constant factor of what is 
 flight, at an amortised O(1) cost per message. The check runs when entries are pushed, so FIN
 itself is just a dict lookup and delete.
 
-The same rule holds in bytes: each entry carries its bodies' size (one sum per batch, or the
-delivery round's, passed in), and the heap is also rebuilt when the bytes it references pass
-three times the live bytes at the last rebuild plus ``COMPACT_FLOOR_BYTES``. Counting alone let
-1024 finished messages live on, which for 1 MiB bodies is a gigabyte.
+The same rule holds in bytes: each entry carries its bodies' size (one sum per batch, or its
+share of the delivery round's, passed in: an upper bound from the stream's byte marks when the
+round was not summed, ``bytemarks.py``), and the heap is also rebuilt when the bytes it
+references pass three times the live bytes at the last rebuild plus ``COMPACT_FLOOR_BYTES``.
+Counting alone let 1024 finished messages live on, which for 1 MiB bodies is a gigabyte.
 """
 
 from __future__ import annotations

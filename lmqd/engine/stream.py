@@ -50,6 +50,7 @@ from bisect import bisect_left, insort
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
+from lmqd.engine.bytemarks import ByteMarks
 from lmqd.engine.salvage import Salvage
 from lmqd.engine.tail import MemoryTail
 from lmqd.message import Message
@@ -131,6 +132,9 @@ class TopicStream:
         self.known_from = start
         """Offsets from here on were taken in this run (their pushed ones are in ``pushed``);
         older ones came from the log as an earlier run left it."""
+        self.byte_marks = ByteMarks(start)
+        """Body bytes taken from ``known_from`` on, by offset (``bytemarks.py``): a bound on
+        the bytes of a range a cursor read, without summing its bodies."""
         self.tail = MemoryTail(start)
         self.cursors: list[StreamCursor] = []
         """The channels' cursors (``cursor.py``): what ``trim`` and ``prepare_sync`` look at."""
@@ -239,9 +243,14 @@ class TopicStream:
 
     # -- taking messages ---------------------------------------------------------------------
 
-    def append(self, messages: Sequence[Message]) -> None:
-        """Take ``messages``, whose offsets are ``next_offset`` on, in order. All or none:
-        raises ``BackendError`` having kept none (a log write failed)."""
+    def append(self, messages: Sequence[Message], nbytes: int) -> None:
+        """Take ``messages``, whose offsets are ``next_offset`` on, in order; ``nbytes``: their
+        bodies' size. All or none: raises ``BackendError`` having kept none (a log write
+        failed)."""
+        self._store(messages)
+        self.byte_marks.note(self.next_offset, nbytes)
+
+    def _store(self, messages: Sequence[Message]) -> None:
         n = len(messages)
         if not n:
             return
@@ -396,6 +405,7 @@ class TopicStream:
         pushed = self.pushed
         if pushed and pushed[0] < low:
             del pushed[: bisect_left(pushed, low)]
+        self.byte_marks.forget_below(low)
 
     def reset_unpumped(self) -> None:
         """Topic empty (nsqd): drop the messages not yet handed to the channels. Their offsets

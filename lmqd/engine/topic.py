@@ -530,7 +530,7 @@ class Topic:
     def _put(self, messages: Sequence[Message], nbytes: int, some_pushed: bool) -> None:
         stream = self.stream
         first = stream.next_offset
-        stream.append(messages)  # raises BackendError having stored none
+        stream.append(messages, nbytes)  # raises BackendError having stored none
         if some_pushed:
             kept = stream.next_offset - first  # an ephemeral topic may have dropped the rest
             stream.note_pushed([first + k for k, m in enumerate(messages[:kept]) if pushed(m)])

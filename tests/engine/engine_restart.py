@@ -78,6 +78,8 @@ class Engine:
         self.generation = 0
         self.durable = durable
         self.mem_queue_size = mem_queue_size
+        self.max_msg_size = 1024 * 1024
+        """``--max-msg-size`` of the next open (a restart may lower it below stored bodies)."""
         self.guid = GuidFactory(1)
         self.clients: dict[str, FakeClient] = {}
         self.topic = self._open([])
@@ -85,7 +87,7 @@ class Engine:
     def _open(self, channels: list[str]) -> Topic:
         options = Options(
             data_path=str(self.root), durable=self.durable, mem_queue_size=self.mem_queue_size,
-            max_bytes_per_file=400,
+            max_bytes_per_file=400, max_msg_size=self.max_msg_size,
         )
         topic = open_restored_topic(options, channels, guid=self.guid, clock=lambda: NOW)
         for name in channels:
