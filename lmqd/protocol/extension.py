@@ -22,7 +22,7 @@ import struct
 
 import attrs
 
-from lmqd.message_ext import ExtError, MessageExt, decode_ext, encode_ext
+from lmqd.message_ext import NO_EXT, ExtError, MessageExt, decode_ext, encode_ext
 
 __all__ = [
     "EXT_VERSION",
@@ -31,6 +31,7 @@ __all__ = [
     "XpubMessage",
     "encode_xpub",
     "parse_xpub_body",
+    "parse_xpub_columns",
 ]
 
 IDENTIFY_KEY = "lmq_ext"
@@ -71,6 +72,20 @@ def parse_xpub_body(body: bytes, *, max_msg_size: int) -> list[XpubMessage]:
     """The messages of an XPUB body (what follows its 4-byte size); raises ``ExtError`` for
     anything malformed: a count that is not what follows, a message size of 0 or over
     ``max_msg_size``, a bad block, trailing bytes."""
+    bodies, exts = parse_xpub_columns(body, max_msg_size=max_msg_size)
+    return [XpubMessage(b, e or NO_EXT) for b, e in zip(bodies, exts, strict=True)]
+
+
+def parse_xpub_columns(
+    body: bytes, *, max_msg_size: int
+) -> tuple[list[bytes], list[MessageExt | None]]:
+    """``parse_xpub_body`` as the daemon takes it: the bodies, and each one's extension as a
+    message holds it (None for the empty block ``b"\x00"``), in two lists.
+
+    No object per message beyond its body: identical blocks (an XPUB whose messages share
+    their fields, the common case) are decoded once and share one ``MessageExt``, a block equal
+    to the one before it is recognised in place (``startswith``, no slice).
+    """
     end = len(body)
     if end < 4:
         raise ExtError("no message count")
@@ -78,32 +93,55 @@ def parse_xpub_body(body: bytes, *, max_msg_size: int) -> list[XpubMessage]:
     # Each message takes at least 2 + 1 + 4 + 1 bytes.
     if count <= 0 or count > (end - 4) // 8:
         raise ExtError(f"invalid message count {count}")
-    out: list[XpubMessage] = []
-    decoded: dict[bytes, MessageExt] = {}  # identical blocks (an MPUB's) decoded once
+    bodies: list[bytes] = []
+    exts: list[MessageExt | None] = []
+    add_body = bodies.append
+    add_ext = exts.append
+    decoded: dict[bytes, MessageExt | None] = {_NO_EXT_BLOCK: None}
+    startswith = body.startswith
+    unpack_u16 = _U16.unpack_from
+    unpack_i32 = _I32.unpack_from
+    last = b""  # the previous message's length-prefixed block
+    ext: MessageExt | None = None
     p = 4
     for i in range(count):
-        if p + 2 > end:
-            raise ExtError(f"message {i}: truncated")
-        n = _U16.unpack_from(body, p)[0]
-        p += 2
-        if p + n + 4 > end:
-            raise ExtError(f"message {i}: truncated")
-        raw = body[p : p + n]
-        ext = decoded.get(raw)
-        if ext is None:
-            try:
-                ext = decoded[raw] = decode_ext(raw)
-            except ExtError as exc:
-                raise ExtError(f"message {i}: {exc}") from None
-        p += n
-        size = _I32.unpack_from(body, p)[0]
+        if last and startswith(last, p):
+            p += len(last)
+            if p + 4 > end:
+                raise ExtError(f"message {i}: truncated")
+        else:
+            if p + 2 > end:
+                raise ExtError(f"message {i}: truncated")
+            n = unpack_u16(body, p)[0]
+            if p + 2 + n + 4 > end:
+                raise ExtError(f"message {i}: truncated")
+            raw = body[p + 2 : p + 2 + n]
+            if raw in decoded:
+                ext = decoded[raw]
+            else:
+                try:
+                    ext = decoded[raw] = _decoded(raw)
+                except ExtError as exc:
+                    raise ExtError(f"message {i}: {exc}") from None
+            last = body[p : p + 2 + n]
+            p += 2 + n
+        size = unpack_i32(body, p)[0]
         p += 4
         if size <= 0 or size > max_msg_size:
             raise ExtError(f"message {i}: invalid body size {size}")
         if p + size > end:
             raise ExtError(f"message {i}: truncated body")
-        out.append(XpubMessage(body[p : p + size], ext))
+        add_body(body[p : p + size])
+        add_ext(ext)
         p += size
     if p != end:
         raise ExtError(f"{end - p} bytes after the last message")
-    return out
+    return bodies, exts
+
+
+_NO_EXT_BLOCK = b"\x00"
+
+
+def _decoded(raw: bytes) -> MessageExt | None:
+    ext = decode_ext(raw)
+    return None if ext == NO_EXT else ext

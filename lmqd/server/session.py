@@ -53,7 +53,7 @@ from lmqd.engine.backend import BackendError
 from lmqd.engine.channel import Channel, NotInFlight, NotOwner, TooManyConsumers, TopicExiting
 from lmqd.engine.subscription import Subscription
 from lmqd.message import Message
-from lmqd.message_ext import NO_EXT, MessageExt
+from lmqd.message_ext import MessageExt
 from lmqd.net import split_address
 from lmqd.protocol import (
     CLOSE_WAIT_FRAME,
@@ -475,9 +475,7 @@ class Session:
         if isinstance(event, Dpub):
             self._publish(kind, topic, [event.body], event.defer_ms / 1000)
         else:
-            bodies = [m.body for m in event.messages]
-            exts = _exts(event)
-            self._publish(kind, topic, bodies, event.defer_ms / 1000, exts)
+            self._publish(kind, topic, event.bodies, event.defer_ms / 1000, event.exts)
         self._write_oks(kind, topic, 1)
         return True
 
@@ -533,8 +531,8 @@ class Session:
                     bodies += command.bodies
                 elif isinstance(command, Xpub):
                     # An XPUB is always alone in its run (the event loop gates it by itself).
-                    bodies += [m.body for m in command.messages]
-                    exts = _exts(command)
+                    bodies += command.bodies
+                    exts = command.exts
                 else:
                     bodies.append(command.body)
             first = batch[0]
@@ -664,10 +662,5 @@ def _size(command: Pub | Mpub | Dpub | Xpub) -> int:
     if isinstance(command, Mpub):
         return len(command.bodies)
     if isinstance(command, Xpub):
-        return len(command.messages)
+        return len(command.bodies)
     return 1
-
-
-def _exts(command: Xpub) -> list[MessageExt | None]:
-    """Each message's extension as a message holds it: None for an empty block."""
-    return [m.ext if m.ext != NO_EXT else None for m in command.messages]

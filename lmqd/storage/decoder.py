@@ -43,6 +43,7 @@ from lmqd.storage.record import (
     RECORD_PREFIX_SIZE,
     RECORD_TYPES,
     TYPE_MESSAGE,
+    U32,
     Buffer,
     FormatError,
     Record,
@@ -78,6 +79,16 @@ def decode_batch(
     _, _, flags, count = BATCH_HEADER.unpack_from(buf, i)
     crc_at = rec_end - 4
     at = i + header_size + count * BATCH_ENTRY_SIZE
+    exts: list[MessageExt | None] | None = None
+    if flags == BATCH_FLAG_OPTIONS and 1 <= count <= MAX_BATCH_COUNT and at <= crc_at:
+        # Option blocks that are only extension blocks (what lmqd writes): read here, each
+        # distinct block decoded once; anything else takes the general path.
+        with view[i + header_size : at] as entry_view:
+            options_at = at + sum(map(_first, _ENTRY_LENGTHS.iter_unpack(entry_view)))
+        exts = _option_exts(buf, options_at, crc_at, count)
+        if exts is not None:
+            flags = 0
+            crc_at = options_at
     if flags or not 1 <= count <= MAX_BATCH_COUNT or at > crc_at:
         try:
             records = decode_batch_records(buf, i, rec_end)
@@ -120,7 +131,57 @@ def decode_batch(
             at = end
     # Slices stop at the buffer's end, so a lying length shows here (only a writer bug can
     # make one: the CRC matched).
-    return msgs if at == crc_at else None
+    if at != crc_at:
+        return None
+    if exts is not None:
+        for m, ext in zip(msgs, exts[skip:], strict=True):
+            if ext is not None:
+                m.ext = ext
+    return msgs
+
+
+def _option_exts(buf: bytes, at: int, end: int, count: int) -> list[MessageExt | None] | None:
+    """Each message's extension from the ``count`` option blocks at ``buf[at:end]``, if they
+    are all ``b"\x00"`` or an extension block alone (``FLAG_HEADERS``) and end exactly at
+    ``end``; None otherwise (the general path decides). A block equal to the one before it is
+    recognised in place (``startswith``) and shares its ``MessageExt``; a block that does not
+    decode (only a writer bug could store one under a matching CRC) gives None, as in
+    ``_messages``."""
+    exts: list[MessageExt | None] = []
+    add = exts.append
+    startswith = buf.startswith
+    decoded: dict[bytes, MessageExt | None] = {}
+    last = b""
+    ext: MessageExt | None = None
+    for _ in range(count):
+        if last and startswith(last, at):
+            at += len(last)
+        elif at < end and buf[at] == 0:
+            last = _NO_OPTIONS
+            ext = None
+            at += 1
+        elif at + 5 <= end and buf[at] == FLAG_HEADERS:
+            stop = at + 5 + U32.unpack_from(buf, at + 1)[0]
+            if stop > end:
+                return None
+            raw = buf[at + 5 : stop]
+            if raw in decoded:
+                ext = decoded[raw]
+            else:
+                try:
+                    ext = decode_ext(raw)
+                except ExtError:
+                    ext = None
+                decoded[raw] = ext
+            last = buf[at:stop]
+            at = stop
+        else:
+            return None
+        add(ext)
+    return exts if at == end else None
+
+
+_NO_OPTIONS = b"\x00"
 
 
 def decode_message(
