@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import pstats
+import struct
 import tempfile
 from collections.abc import Sequence
 
@@ -88,18 +89,31 @@ class FrameConsumer:
 
 
 def commands(mode: str, messages: int, batch: int) -> list[bytes]:
+    """The publisher's commands, built at a cost per message that does not count: ``plain`` and
+    ``headers`` repeat one encoded command; ``dedup`` (a distinct id per message) joins
+    ready-made pieces, and ``--build-only`` counts what that costs, to be subtracted."""
     body = b"x" * 100
-    out = []
-    for first in range(0, messages, batch):
-        n = min(batch, messages - first)
-        if mode == "plain":
-            out.append(Mpub(topic=TOPIC, bodies=[body] * n).encode())
-        elif mode == "headers":
-            out.append(encode_xpub(TOPIC, [XpubMessage(body, HEADERS)] * n))
-        else:
-            ids = [MessageExt(dedup_id=b"0-%d" % (first + k)) for k in range(n)]
-            out.append(encode_xpub(TOPIC, [XpubMessage(body, e) for e in ids]))
+    if mode == "plain":
+        full = Mpub(topic=TOPIC, bodies=[body] * batch).encode()
+    elif mode == "headers":
+        full = encode_xpub(TOPIC, [XpubMessage(body, HEADERS)] * batch)
+    else:
+        return [_dedup_command(first, min(batch, messages - first), body)
+                for first in range(0, messages, batch)]  # fmt: skip
+    out = [full] * (messages // batch)
+    if messages % batch:
+        out.append(commands(mode, messages % batch, messages % batch)[0])
     return out
+
+
+def _dedup_command(first: int, n: int, body: bytes) -> bytes:
+    # Each message: [2 block length][block: flags 0x04, id length, id][4 body size][body], the
+    # id "0-<number>" as wide as every other (the same command size for every batch).
+    tail = struct.pack(">I", len(body)) + body
+    ids = [b"0-%010d" % k for k in range(first, first + n)]
+    head = struct.pack(">HBB", 2 + len(ids[0]), 0x04, len(ids[0]))
+    payload = struct.pack(">i", n) + b"".join([head + i + tail for i in ids])
+    return b"XPUB %s\n" % TOPIC.encode() + struct.pack(">I", len(payload)) + payload
 
 
 async def run(args: argparse.Namespace, data_path: str) -> int:
@@ -107,6 +121,8 @@ async def run(args: argparse.Namespace, data_path: str) -> int:
     broker = Broker(options, hold_data_dir=lambda: AnchoredTimeBase.now(trio.current_time()))
     consumer = FrameConsumer(0 if args.backlog else 2500)
     cmds = commands(args.mode, args.messages, args.batch)
+    if args.build_only:
+        return 0
     reads = [
         b"".join(cmds[k : k + args.commands_per_read])
         for k in range(0, len(cmds), args.commands_per_read)
@@ -167,6 +183,9 @@ def main() -> None:
         help="the consumer takes nothing until everything is published (past the log's cache, "
         "it reads the log's files back)",
     )  # fmt: skip
+    parser.add_argument(
+        "--build-only", action="store_true", help="build the commands and stop (what to subtract)"
+    )
     parser.add_argument("--profile", action="store_true", help="cProfile the run")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:

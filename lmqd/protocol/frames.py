@@ -94,21 +94,21 @@ def ext_message_frame_parts(msgs: Iterable[Message], parts: list[bytes]) -> int:
     for msg in msgs:
         body = msg.body
         ext = msg.ext
-        tail = b"" if ext is None else tails.get(id(ext))
-        if tail is None:
-            assert ext is not None
-            tail = tails[id(ext)] = _visible_tail(ext)
-        if tail:
-            frame_size = len(body) + _MESSAGE_OVERHEAD + len(tail)
-            append(
-                pack(frame_size, FRAME_TYPE_EXT_MESSAGE, msg.timestamp, msg.attempts & 0xFFFF,
-                     msg.id) + tail
-            )  # fmt: skip
-        else:
-            frame_size = len(body) + _MESSAGE_OVERHEAD
-            append(
-                pack(frame_size, FRAME_TYPE_MESSAGE, msg.timestamp, msg.attempts & 0xFFFF, msg.id)
-            )
+        if ext is not None:
+            tail = tails.get(id(ext))
+            if tail is None:
+                tail = tails[id(ext)] = _visible_tail(ext)
+            if tail:
+                frame_size = len(body) + _MESSAGE_OVERHEAD + len(tail)
+                append(
+                    pack(frame_size, FRAME_TYPE_EXT_MESSAGE, msg.timestamp,
+                         msg.attempts & 0xFFFF, msg.id) + tail
+                )  # fmt: skip
+                append(body)
+                size += 4 + frame_size
+                continue
+        frame_size = len(body) + _MESSAGE_OVERHEAD
+        append(pack(frame_size, FRAME_TYPE_MESSAGE, msg.timestamp, msg.attempts & 0xFFFF, msg.id))
         append(body)
         size += 4 + frame_size
     return size
