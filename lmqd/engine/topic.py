@@ -255,17 +255,20 @@ class Topic:
             return bodies, exts, []
         window = self._ids_window()
         window.expire(now)
-        pending: set[bytes] = set()
+        keys = [_ID_NAMESPACE + e.dedup_id if e is not None and e.dedup_id else b"" for e in exts]
+        with_ids = list(filter(None, keys))
+        new, digests = window.unseen(with_ids, set())
+        if len(new) == len(with_ids):
+            return bodies, exts, digests  # nothing repeated: the common case
+        self.publish_counters.deduplicated += len(with_ids) - len(new)
+        first = set(new)  # each kept once: at its first occurrence
         kept_bodies: list[bytes] = []
         kept_exts: list[MessageExt | None] = []
-        digests: list[bytes] = []
-        for body, ext in zip(bodies, exts, strict=True):
-            if ext is not None and ext.dedup_id:
-                new, new_digests = window.unseen([_ID_NAMESPACE + ext.dedup_id], pending)
-                if not new:
-                    self.publish_counters.deduplicated += 1
+        for body, ext, key in zip(bodies, exts, keys, strict=True):
+            if key:
+                if key not in first:
                     continue
-                digests += new_digests
+                first.discard(key)
             kept_bodies.append(body)
             kept_exts.append(ext)
         return kept_bodies, kept_exts, digests

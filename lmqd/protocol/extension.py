@@ -120,7 +120,8 @@ def parse_xpub_columns(
                 ext = decoded[raw]
             else:
                 try:
-                    ext = decoded[raw] = _decoded(raw)
+                    # Not the empty block (found above): never NO_EXT.
+                    ext = decoded[raw] = decode_ext(raw)
                 except ExtError as exc:
                     raise ExtError(f"message {i}: {exc}") from None
             last = body[p : p + 2 + n]
@@ -140,8 +141,3 @@ def parse_xpub_columns(
 
 
 _NO_EXT_BLOCK = b"\x00"
-
-
-def _decoded(raw: bytes) -> MessageExt | None:
-    ext = decode_ext(raw)
-    return None if ext == NO_EXT else ext

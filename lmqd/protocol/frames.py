@@ -85,7 +85,7 @@ def ext_message_frame_parts(msgs: Iterable[Message], parts: list[bytes]) -> int:
     nsqd's frame type 2.
 
     Per extension object (a publish's messages share one), what follows the id is built once
-    per call: its length-prefixed block, or nothing for an extension a consumer does not see.
+    per call: its length-prefixed block.
     """
     append = parts.append
     pack = _MESSAGE_HEAD.pack
@@ -94,19 +94,18 @@ def ext_message_frame_parts(msgs: Iterable[Message], parts: list[bytes]) -> int:
     for msg in msgs:
         body = msg.body
         ext = msg.ext
-        if ext is not None:
+        if ext is not None and (ext.priority or ext.headers):
             tail = tails.get(id(ext))
             if tail is None:
                 tail = tails[id(ext)] = _visible_tail(ext)
-            if tail:
-                frame_size = len(body) + _MESSAGE_OVERHEAD + len(tail)
-                append(
-                    pack(frame_size, FRAME_TYPE_EXT_MESSAGE, msg.timestamp,
-                         msg.attempts & 0xFFFF, msg.id) + tail
-                )  # fmt: skip
-                append(body)
-                size += 4 + frame_size
-                continue
+            frame_size = len(body) + _MESSAGE_OVERHEAD + len(tail)
+            append(
+                pack(frame_size, FRAME_TYPE_EXT_MESSAGE, msg.timestamp, msg.attempts & 0xFFFF,
+                     msg.id) + tail
+            )  # fmt: skip
+            append(body)
+            size += 4 + frame_size
+            continue
         frame_size = len(body) + _MESSAGE_OVERHEAD
         append(pack(frame_size, FRAME_TYPE_MESSAGE, msg.timestamp, msg.attempts & 0xFFFF, msg.id))
         append(body)
@@ -115,10 +114,8 @@ def ext_message_frame_parts(msgs: Iterable[Message], parts: list[bytes]) -> int:
 
 
 def _visible_tail(ext: MessageExt) -> bytes:
-    """What a frame type 3 carries of ``ext`` after the id (its length-prefixed block of the
-    priority and headers); b"" if a consumer sees nothing of it (frame type 2)."""
-    if not ext.visible:
-        return b""
+    """What a frame type 3 carries of ``ext`` after the id: its length-prefixed block of the
+    priority and headers (``ext.visible``)."""
     block = encode_ext(MessageExt(priority=ext.priority, headers=ext.headers), check=False)
     return _U16.pack(len(block)) + block
 
