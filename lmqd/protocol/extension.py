@@ -28,6 +28,7 @@ __all__ = [
     "EXT_VERSION",
     "FRAME_TYPE_EXT_MESSAGE",
     "IDENTIFY_KEY",
+    "XpubBlockCache",
     "XpubMessage",
     "encode_xpub",
     "parse_xpub_body",
@@ -61,8 +62,10 @@ def encode_xpub(topic: str, messages: list[XpubMessage], defer_ms: int | None = 
         parts += (_U16.pack(len(block)), block, _U32.pack(len(m.body)), m.body)
     parts[1] = _U32.pack(len(messages))
     size = sum(map(len, parts))
-    line = b"XPUB %s\n" % topic.encode() if defer_ms is None else (
-        b"XPUB %s %d\n" % (topic.encode(), defer_ms)
+    line = (
+        b"XPUB %s\n" % topic.encode()
+        if defer_ms is None
+        else (b"XPUB %s %d\n" % (topic.encode(), defer_ms))
     )
     parts[0] = line + _U32.pack(size)
     return b"".join(parts)
@@ -77,14 +80,15 @@ def parse_xpub_body(body: bytes, *, max_msg_size: int) -> list[XpubMessage]:
 
 
 def parse_xpub_columns(
-    body: bytes, *, max_msg_size: int
+    body: bytes, *, max_msg_size: int, decoded: dict[bytes, MessageExt | None] | None = None
 ) -> tuple[list[bytes], list[MessageExt | None]]:
     """``parse_xpub_body`` as the daemon takes it: the bodies, and each one's extension as a
     message holds it (None for the empty block ``b"\x00"``), in two lists.
 
     No object per message beyond its body: identical blocks (an XPUB whose messages share
     their fields, the common case) are decoded once and share one ``MessageExt``, a block equal
-    to the one before it is recognised in place (``startswith``, no slice).
+    to the one before it is recognised by one comparison. ``decoded``: blocks decoded before
+    (``XpubBlockCache``), used and added to.
     """
     end = len(body)
     if end < 4:
@@ -97,16 +101,17 @@ def parse_xpub_columns(
     exts: list[MessageExt | None] = []
     add_body = bodies.append
     add_ext = exts.append
-    decoded: dict[bytes, MessageExt | None] = {_NO_EXT_BLOCK: None}
-    startswith = body.startswith
+    if decoded is None:
+        decoded = {}
     unpack_u16 = _U16.unpack_from
     unpack_i32 = _I32.unpack_from
     last = b""  # the previous message's length-prefixed block
+    span = 0
     ext: MessageExt | None = None
     p = 4
     for i in range(count):
-        if last and startswith(last, p):
-            p += len(last)
+        if last and body[p : p + span] == last:
+            p += span
             if p + 4 > end:
                 raise ExtError(f"message {i}: truncated")
         else:
@@ -116,7 +121,9 @@ def parse_xpub_columns(
             if p + 2 + n + 4 > end:
                 raise ExtError(f"message {i}: truncated")
             raw = body[p + 2 : p + 2 + n]
-            if raw in decoded:
+            if raw == _NO_EXT_BLOCK:
+                ext = None
+            elif raw in decoded:
                 ext = decoded[raw]
             else:
                 try:
@@ -124,8 +131,9 @@ def parse_xpub_columns(
                     ext = decoded[raw] = decode_ext(raw)
                 except ExtError as exc:
                     raise ExtError(f"message {i}: {exc}") from None
-            last = body[p : p + 2 + n]
-            p += 2 + n
+            span = 2 + n
+            last = body[p : p + span]
+            p += span
         size = unpack_i32(body, p)[0]
         p += 4
         if size <= 0 or size > max_msg_size:
@@ -141,3 +149,36 @@ def parse_xpub_columns(
 
 
 _NO_EXT_BLOCK = b"\x00"
+
+
+class XpubBlockCache:
+    """The extension blocks of a connection's last XPUB and their ``MessageExt``, for the next
+    one to use (a producer usually sends the same fields command after command): a block seen
+    there is not decoded again.
+
+    Bounded: once a command is parsed the cache is emptied unless it holds at most
+    ``MAX_BLOCKS`` blocks of at most ``MAX_BLOCK_BYTES`` each (an XPUB with a dedup id per
+    message has one block per message: those are not kept), so between commands a connection
+    holds at most 16 KiB of blocks; checking costs a loop over at most 16 keys per command.
+    """
+
+    MAX_BLOCKS = 16
+    MAX_BLOCK_BYTES = 1024
+
+    __slots__ = ("blocks",)
+
+    def __init__(self) -> None:
+        self.blocks: dict[bytes, MessageExt | None] = {}
+
+    def parse(
+        self, body: bytes, *, max_msg_size: int
+    ) -> tuple[list[bytes], list[MessageExt | None]]:
+        """``parse_xpub_columns`` with the blocks kept from the last XPUB."""
+        blocks = self.blocks
+        try:
+            return parse_xpub_columns(body, max_msg_size=max_msg_size, decoded=blocks)
+        finally:
+            if len(blocks) > self.MAX_BLOCKS or any(
+                len(raw) > self.MAX_BLOCK_BYTES for raw in blocks
+            ):
+                self.blocks = {}

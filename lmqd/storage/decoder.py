@@ -6,9 +6,12 @@ Two forms of output, from the same layout rules:
   ``Message`` objects (``StoredMessage`` in acknowledgement mode, with their tokens), deadlines
   converted back to trio time. ``decode_batch`` is the read hot path: for a batch without option
   blocks, one ``iter_unpack`` for all the entries (a C loop), then per message one slice and one
-  object. Anything else (option blocks, an implausible count, a single-message record) goes
-  through the general form below and is converted, the headers field becoming the message's
-  extension (``Message.ext``, ``lmqd.message_ext``).
+  object. A batch whose option blocks are only extension blocks (what lmqd writes for messages
+  with lmq fields) takes the same path, its blocks walked in place (``_option_exts``: a block
+  equal to the one before it costs one ``startswith``, each distinct one is decoded once and
+  its ``MessageExt`` shared). Anything else (other optional fields, an implausible count, a
+  single-message record) goes through the general form below and is converted, the headers
+  field becoming the message's extension (``Message.ext``, ``lmqd.message_ext``).
 * **extension blocks** (``extension_blocks``): each message's extension block and timestamp,
   for start-up's look at what is stored (``ext_notes.py``): no message made, no body copied.
 * **records** (``decode_batch_records``, ``decode_message_record`` and the verifying

@@ -33,6 +33,7 @@ from lmqd.protocol import (
     ext_message_frame_parts,
 )
 from lmqd.protocol.extension import (
+    XpubBlockCache,
     XpubMessage,
     encode_xpub,
     parse_xpub_body,
@@ -456,3 +457,22 @@ def test_an_xpub_cut_after_a_repeated_block_is_refused() -> None:
     cut = body[: -len(b"b") - 3]  # the second message: its block, then 1 byte of its size
     with pytest.raises(ExtError, match="message 1: truncated"):
         parse_xpub_columns(cut, max_msg_size=MAX_MSG)
+
+
+def test_a_connection_reuses_the_blocks_of_its_last_xpub_and_bounds_them() -> None:
+    cache = XpubBlockCache()
+    shared = MessageExt(headers=(("h0", "v0"),))
+    body = encode_xpub("t", [XpubMessage(b"a", shared)])[len(b"XPUB t\n") + 4 :]
+    _, [first] = cache.parse(body, max_msg_size=MAX_MSG)
+    _, [second] = cache.parse(body, max_msg_size=MAX_MSG)
+    assert first == shared and second is first  # decoded once, for both commands
+    count = XpubBlockCache.MAX_BLOCKS + 1
+    ids = [XpubMessage(b"m", MessageExt(dedup_id=b"%d" % k)) for k in range(count)]
+    many = encode_xpub("t", ids)[len(b"XPUB t\n") + 4 :]
+    _, exts = cache.parse(many, max_msg_size=MAX_MSG)
+    assert [e.dedup_id for e in exts if e is not None] == [m.ext.dedup_id for m in ids]
+    assert cache.blocks == {}  # more blocks than it keeps: emptied
+    big = MessageExt(headers=(("k", "v" * XpubBlockCache.MAX_BLOCK_BYTES),))
+    cache.parse(encode_xpub("t", [XpubMessage(b"b", big)])[len(b"XPUB t\n") + 4 :],
+                max_msg_size=MAX_MSG)  # fmt: skip
+    assert cache.blocks == {}
