@@ -8,8 +8,8 @@ Two forms of output, from the same layout rules:
   blocks, one ``iter_unpack`` for all the entries (a C loop), then per message one slice and one
   object. A batch whose option blocks are only extension blocks (what lmqd writes for messages
   with lmq fields) takes the same path, its blocks walked in place (``_option_exts``: a block
-  equal to the one before it costs one ``startswith``, each distinct one is decoded once and
-  its ``MessageExt`` shared). Anything else (other optional fields, an implausible count, a
+  equal to the one before it costs one comparison, each distinct one is decoded once and its
+  ``MessageExt`` shared). Anything else (other optional fields, an implausible count, a
   single-message record) goes through the general form below and is converted, the headers
   field becoming the message's extension (``Message.ext``, ``lmqd.message_ext``).
 * **extension blocks** (``extension_blocks``): each message's extension block and timestamp,
@@ -122,6 +122,19 @@ def decode_batch(
             )
             token += 1
             at = end
+    elif exts is not None:
+        # The fields between deliver_at and ext: their defaults (``Message``).
+        for (n, msg_id, timestamp, attempts, deliver), ext in zip(
+            entries, exts[skip:], strict=True
+        ):
+            end = at + n
+            add(
+                Message(
+                    msg_id, buf[at:end], timestamp, attempts,
+                    from_wall_ns(deliver) if deliver else 0.0, 0, 0.0, 0.0, -1, ext,
+                )
+            )  # fmt: skip
+            at = end
     else:
         for n, msg_id, timestamp, attempts, deliver in entries:
             end = at + n
@@ -136,7 +149,7 @@ def decode_batch(
     # make one: the CRC matched).
     if at != crc_at:
         return None
-    if exts is not None:
+    if exts is not None and ack_mode:
         for m, ext in zip(msgs, exts[skip:], strict=True):
             if ext is not None:
                 m.ext = ext
@@ -147,20 +160,21 @@ def _option_exts(buf: bytes, at: int, end: int, count: int) -> list[MessageExt |
     """Each message's extension from the ``count`` option blocks at ``buf[at:end]``, if they
     are all ``b"\x00"`` or an extension block alone (``FLAG_HEADERS``) and end exactly at
     ``end``; None otherwise (the general path decides). A block equal to the one before it is
-    recognised in place (``startswith``) and shares its ``MessageExt``; a block that does not
+    recognised by one comparison and shares its ``MessageExt``; a block that does not
     decode (only a writer bug could store one under a matching CRC) gives None, as in
     ``_messages``."""
     exts: list[MessageExt | None] = []
     add = exts.append
-    startswith = buf.startswith
     decoded: dict[bytes, MessageExt | None] = {}
     last = b""
+    span = 0
     ext: MessageExt | None = None
     for _ in range(count):
-        if last and startswith(last, at):
-            at += len(last)
+        if last and buf[at : at + span] == last:
+            at += span
         elif at < end and buf[at] == 0:
             last = _NO_OPTIONS
+            span = 1
             ext = None
             at += 1
         elif at + 5 <= end and buf[at] == FLAG_HEADERS:
@@ -177,6 +191,7 @@ def _option_exts(buf: bytes, at: int, end: int, count: int) -> list[MessageExt |
                     ext = None
                 decoded[raw] = ext
             last = buf[at:stop]
+            span = stop - at
             at = stop
         else:
             return None

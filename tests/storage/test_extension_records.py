@@ -112,10 +112,11 @@ def test_the_reader_decodes_option_blocks_as_the_general_form() -> None:
         ]  # fmt: skip
         data = encode_batch(records)
         for skip in (0, 1, 3):
-            got = decode_batch(data, memoryview(data), 0, len(data), 0, TB.from_wall_ns, False,
-                               skip=skip)  # fmt: skip
-            assert got is not None
-            assert [(m.id, m.body, m.ext) for m in got] == expected[skip:]
+            for ack_mode in (False, True):
+                got = decode_batch(data, memoryview(data), 0, len(data), 0, TB.from_wall_ns,
+                                   ack_mode, skip=skip)  # fmt: skip
+                assert got is not None
+                assert [(m.id, m.body, m.ext) for m in got] == expected[skip:]
         whole = decode_batch(data, memoryview(data), 0, len(data), 0, TB.from_wall_ns, False)
         assert whole is not None and whole[0].ext is whole[1].ext is whole[4].ext
 
