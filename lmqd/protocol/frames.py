@@ -116,7 +116,10 @@ def ext_message_frame_parts(msgs: Iterable[Message], parts: list[bytes]) -> int:
 def _visible_tail(ext: MessageExt) -> bytes:
     """What a frame type 3 carries of ``ext`` after the id: its length-prefixed block of the
     priority and headers (``ext.visible``)."""
-    block = encode_ext(MessageExt(priority=ext.priority, headers=ext.headers), check=False)
+    if ext.block is not None and not ext.ttl_ms and not ext.dedup_id:
+        block = ext.block  # decoded from a block holding only what a consumer sees
+    else:
+        block = encode_ext(MessageExt(priority=ext.priority, headers=ext.headers), check=False)
     return _U16.pack(len(block)) + block
 
 

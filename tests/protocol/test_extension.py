@@ -476,3 +476,12 @@ def test_a_connection_reuses_the_blocks_of_its_last_xpub_and_bounds_them() -> No
     cache.parse(encode_xpub("t", [XpubMessage(b"b", big)])[len(b"XPUB t\n") + 4 :],
                 max_msg_size=MAX_MSG)  # fmt: skip
     assert cache.blocks == {}
+
+
+def test_a_decoded_extension_keeps_its_block_outside_its_value() -> None:
+    for ext in (EXT_ALL, MessageExt(dedup_id=b"only-id"), MessageExt(headers=(("k", "v"),))):
+        raw = encode_ext(ext)
+        decoded = decode_ext(raw)
+        assert decoded.block == raw and encode_ext(decoded) is decoded.block
+        assert decoded == ext and hash(decoded) == hash(ext) and ext.block is None
+        assert repr(decoded) == repr(ext)
