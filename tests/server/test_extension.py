@@ -23,7 +23,7 @@ from tests.support.wire import OK, Wire
 
 TIMEOUT = 10
 EXT = MessageExt(priority=4, ttl_ms=60_000, dedup_id=b"d-1", headers=(("trace", "abc"),))
-NEGOTIATE = {"feature_negotiation": True, "lmq_ext": 1}
+NEGOTIATE: dict[str, object] = {"feature_negotiation": True, "lmq_ext": 1}
 
 
 async def _xpub(address: tuple[str, int], topic: str, messages: list[XpubMessage]) -> None:
