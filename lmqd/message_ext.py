@@ -81,6 +81,10 @@ class MessageExt:
     ttl_ms: int = 0
     dedup_id: bytes = b""
     headers: tuple[tuple[str, str], ...] = ()
+    block: bytes | None = attrs.field(default=None, init=False, eq=False, repr=False)
+    """The block it was decoded from (``decode_ext``), which ``encode_ext`` returns instead of
+    encoding again: the daemon writes to its log the blocks it read from XPUBs. Not part of
+    its value (equality, hash); None for an extension made from fields."""
 
     @property
     def visible(self) -> bool:
@@ -135,6 +139,8 @@ def validate(ext: MessageExt) -> MessageExt:
 def encode_ext(ext: MessageExt, *, check: bool = True) -> bytes:
     """The block for ``ext``, validated first (raises ``ExtError``) unless ``check`` is false:
     for an extension the daemon already holds (it was checked when it came in)."""
+    if ext.block is not None:
+        return ext.block  # decoded, so valid
     if check:
         validate(ext)
     flags = 0
@@ -163,6 +169,10 @@ def decode_ext(data: bytes) -> MessageExt:
     """The block ``data`` holds, exactly (trailing bytes are an error); raises ``ExtError``."""
     if not data:
         raise ExtError("empty extension block")
+    if data[0] == DEDUP_ID and len(data) > 2 and data[1] == len(data) - 2:
+        # A dedup id alone (one block per message with ``--dedup-ids``): nothing to validate
+        # beyond its length, which one byte cannot make too long.
+        return _with_dedup_id(data[2:], data)
     if len(data) > MAX_EXT_SIZE:
         raise ExtError(f"extension block larger than {MAX_EXT_SIZE} bytes")
     flags = data[0]
@@ -216,7 +226,29 @@ def decode_ext(data: bytes) -> MessageExt:
         raise ExtError("truncated extension block") from None
     if p != end:
         raise ExtError(f"{end - p} bytes after the extension block")
-    return validate(MessageExt(priority, ttl_ms, dedup_id, tuple(headers)))
+    ext = validate(MessageExt(priority, ttl_ms, dedup_id, tuple(headers)))
+    _set_block(ext, bytes(data))
+    return ext
+
+
+# attrs' frozen __init__ sets each field through object.__setattr__; a block with a dedup id
+# alone is decoded once per message, so its extension is made by setting the slots directly.
+_set_priority = MessageExt.__dict__["priority"].__set__
+_set_ttl_ms = MessageExt.__dict__["ttl_ms"].__set__
+_set_dedup_id = MessageExt.__dict__["dedup_id"].__set__
+_set_headers = MessageExt.__dict__["headers"].__set__
+_set_block = MessageExt.__dict__["block"].__set__
+
+
+def _with_dedup_id(dedup_id: bytes, block: bytes) -> MessageExt:
+    """``MessageExt(dedup_id=dedup_id)`` decoded from ``block``, faster."""
+    ext: MessageExt = object.__new__(MessageExt)
+    _set_priority(ext, 0)
+    _set_ttl_ms(ext, 0)
+    _set_dedup_id(ext, dedup_id)
+    _set_headers(ext, ())
+    _set_block(ext, bytes(block))
+    return ext
 
 
 def ttl_and_dedup_id(block: bytes) -> tuple[int, bytes]:

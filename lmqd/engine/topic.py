@@ -43,7 +43,7 @@ import logging
 import math
 import random
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import partial
 from itertools import repeat
 from typing import TYPE_CHECKING
@@ -283,21 +283,24 @@ class Topic:
         window (``dedup_window_ms``, else ``DEDUP_ID_WINDOW_S``), or that repeat one earlier in
         the same publish, are left out and counted (``deduplicated``); returns the rest and the
         digests to remember once they are stored (``_remember_ids``)."""
-        if not any(e is not None and e.dedup_id for e in exts):
+        if not any(e is not None and e.dedup_id for e in _distinct(exts)):
             return bodies, exts, []
         window = self._ids_window()
         window.expire(now)
-        pending: set[bytes] = set()
+        keys = [_ID_NAMESPACE + e.dedup_id if e is not None and e.dedup_id else b"" for e in exts]
+        with_ids = list(filter(None, keys))
+        new, digests = window.unseen(with_ids, set())
+        if len(new) == len(with_ids):
+            return bodies, exts, digests  # nothing repeated: the common case
+        self.publish_counters.deduplicated += len(with_ids) - len(new)
+        first = set(new)  # each kept once: at its first occurrence
         kept_bodies: list[bytes] = []
         kept_exts: list[MessageExt | None] = []
-        digests: list[bytes] = []
-        for body, ext in zip(bodies, exts, strict=True):
-            if ext is not None and ext.dedup_id:
-                new, new_digests = window.unseen([_ID_NAMESPACE + ext.dedup_id], pending)
-                if not new:
-                    self.publish_counters.deduplicated += 1
+        for body, ext, key in zip(bodies, exts, keys, strict=True):
+            if key:
+                if key not in first:
                     continue
-                digests += new_digests
+                first.discard(key)
             kept_bodies.append(body)
             kept_exts.append(ext)
         return kept_bodies, kept_exts, digests
@@ -406,17 +409,23 @@ class Topic:
         # map() calls the constructor without a Python-level loop: ~25% less per message. The
         # offsets are not set on the objects (~20% more per message): the stream knows them,
         # and the copies channels read from the log carry theirs.
-        messages = list(map(Message, ids, bodies, repeat(ts), repeat(0), repeat(deliver_at)))
-        if exts is not None:
-            for m, ext in zip(messages, exts, strict=True):
-                m.ext = ext
-            if not self.message_ttls and any(e is not None and e.ttl_ms for e in exts):
+        if exts is None:
+            messages = list(map(Message, ids, bodies, repeat(ts), repeat(0), repeat(deliver_at)))
+            ranked = False
+        else:
+            if len(exts) != len(bodies):
+                raise ValueError("one extension per body")
+            # The same with each one's extension (the fields after deliver_at: their defaults).
+            messages = list(
+                map(Message, ids, bodies, repeat(ts), repeat(0), repeat(deliver_at), repeat(0),
+                    repeat(0.0), repeat(0.0), repeat(-1), exts)
+            )  # fmt: skip
+            distinct = _distinct(exts)
+            if not self.message_ttls and any(e is not None and e.ttl_ms for e in distinct):
                 self.message_ttls = True
                 for channel in self.channels.values():
                     channel.note_message_ttls()
-            ranked = any(e is not None and e.priority for e in exts)
-        else:
-            ranked = False
+            ranked = any(e is not None and e.priority for e in distinct)
         self._put(messages, sum(map(len, bodies)), deliver_at > 0 or ranked)
         return messages
 
@@ -950,6 +959,12 @@ def _default_policy(options: Options) -> TopicPolicy:
     if not cached or cached[0][0] is not options:
         cached[:] = [(options, TopicPolicy.effective(options, {}))]
     return cached[0][1]
+
+
+def _distinct(exts: Sequence[MessageExt | None]) -> Iterable[MessageExt | None]:
+    """The distinct extension objects of ``exts`` (a publish's messages often share one),
+    found with C loops: no bytecode per message."""
+    return dict(zip(map(id, exts), exts, strict=True)).values()
 
 
 def _kept_exts(

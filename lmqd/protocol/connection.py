@@ -59,7 +59,7 @@ from lmqd.protocol.events import (
     make_mpub,
     make_pub,
 )
-from lmqd.protocol.extension import EXT_VERSION, parse_xpub_body
+from lmqd.protocol.extension import EXT_VERSION, XpubBlockCache
 from lmqd.protocol.identify import IdentifySettings, decode_identify_body, negotiate
 from lmqd.protocol.limits import Limits
 from lmqd.protocol.state import IGNORED_STATES, LEGAL_STATES, TRANSITIONS, ClientState
@@ -126,6 +126,7 @@ class ServerConnection:
         self.state = ClientState.INIT
         self.identify = None
         self.closed = False
+        self._xpub_blocks = XpubBlockCache()
         self._auth_seen = False
         self._buf = b""
         self._pos = 0
@@ -538,10 +539,12 @@ class ServerConnection:
         if end > len(buf):
             return -end
         try:
-            messages = parse_xpub_body(buf[p + 4 : end], max_msg_size=limits.max_msg_size)
+            bodies, exts = self._xpub_blocks.parse(
+                buf[p + 4 : end], max_msg_size=limits.max_msg_size
+            )
         except ExtError as exc:
             raise errors.bad_extension(str(exc)) from None
-        events.append(Xpub(topic=topic, messages=messages, defer_ms=defer_ms))
+        events.append(Xpub(topic=topic, bodies=bodies, exts=exts, defer_ms=defer_ms))
         return end
 
     def _identify(self, params: list[bytes], buf: bytes, p: int, events: list[Event]) -> int:

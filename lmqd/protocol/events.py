@@ -14,6 +14,7 @@ from typing import Any, TypeAlias
 
 import attrs
 
+from lmqd.message_ext import NO_EXT, MessageExt
 from lmqd.protocol.extension import XpubMessage, encode_xpub
 from lmqd.protocol.identify import IdentifySettings
 
@@ -120,8 +121,22 @@ class Xpub:
     ``defer_ms`` (0: not deferred); all or none, one ``OK``."""
 
     topic: str
-    messages: list[XpubMessage] = attrs.field(hash=False)
+    bodies: list[bytes] = attrs.field(hash=False)
+    exts: list[MessageExt | None] = attrs.field(hash=False)
+    """Each body's extension as a message holds it: None for the empty block."""
     defer_ms: int = 0
+
+    @classmethod
+    def of(cls, topic: str, messages: Iterable[XpubMessage], defer_ms: int = 0) -> Xpub:
+        """The command publishing ``messages``."""
+        pairs = [(m.body, m.ext if m.ext != NO_EXT else None) for m in messages]
+        return cls(topic=topic, bodies=[b for b, _ in pairs], exts=[e for _, e in pairs],
+                   defer_ms=defer_ms)  # fmt: skip
+
+    @property
+    def messages(self) -> list[XpubMessage]:
+        """The messages, each with its extension (``NO_EXT`` for none)."""
+        return [XpubMessage(b, e or NO_EXT) for b, e in zip(self.bodies, self.exts, strict=True)]
 
     def encode(self) -> bytes:
         """The command on the wire."""

@@ -22,15 +22,17 @@ import struct
 
 import attrs
 
-from lmqd.message_ext import ExtError, MessageExt, decode_ext, encode_ext
+from lmqd.message_ext import NO_EXT, ExtError, MessageExt, decode_ext, encode_ext
 
 __all__ = [
     "EXT_VERSION",
     "FRAME_TYPE_EXT_MESSAGE",
     "IDENTIFY_KEY",
+    "XpubBlockCache",
     "XpubMessage",
     "encode_xpub",
     "parse_xpub_body",
+    "parse_xpub_columns",
 ]
 
 IDENTIFY_KEY = "lmq_ext"
@@ -60,8 +62,10 @@ def encode_xpub(topic: str, messages: list[XpubMessage], defer_ms: int | None = 
         parts += (_U16.pack(len(block)), block, _U32.pack(len(m.body)), m.body)
     parts[1] = _U32.pack(len(messages))
     size = sum(map(len, parts))
-    line = b"XPUB %s\n" % topic.encode() if defer_ms is None else (
-        b"XPUB %s %d\n" % (topic.encode(), defer_ms)
+    line = (
+        b"XPUB %s\n" % topic.encode()
+        if defer_ms is None
+        else (b"XPUB %s %d\n" % (topic.encode(), defer_ms))
     )
     parts[0] = line + _U32.pack(size)
     return b"".join(parts)
@@ -71,6 +75,21 @@ def parse_xpub_body(body: bytes, *, max_msg_size: int) -> list[XpubMessage]:
     """The messages of an XPUB body (what follows its 4-byte size); raises ``ExtError`` for
     anything malformed: a count that is not what follows, a message size of 0 or over
     ``max_msg_size``, a bad block, trailing bytes."""
+    bodies, exts = parse_xpub_columns(body, max_msg_size=max_msg_size)
+    return [XpubMessage(b, e or NO_EXT) for b, e in zip(bodies, exts, strict=True)]
+
+
+def parse_xpub_columns(
+    body: bytes, *, max_msg_size: int, decoded: dict[bytes, MessageExt | None] | None = None
+) -> tuple[list[bytes], list[MessageExt | None]]:
+    """``parse_xpub_body`` as the daemon takes it: the bodies, and each one's extension as a
+    message holds it (None for the empty block ``b"\x00"``), in two lists.
+
+    No object per message beyond its body: identical blocks (an XPUB whose messages share
+    their fields, the common case) are decoded once and share one ``MessageExt``, a block equal
+    to the one before it is recognised by one comparison. ``decoded``: blocks decoded before
+    (``XpubBlockCache``), used and added to.
+    """
     end = len(body)
     if end < 4:
         raise ExtError("no message count")
@@ -78,32 +97,88 @@ def parse_xpub_body(body: bytes, *, max_msg_size: int) -> list[XpubMessage]:
     # Each message takes at least 2 + 1 + 4 + 1 bytes.
     if count <= 0 or count > (end - 4) // 8:
         raise ExtError(f"invalid message count {count}")
-    out: list[XpubMessage] = []
-    decoded: dict[bytes, MessageExt] = {}  # identical blocks (an MPUB's) decoded once
+    bodies: list[bytes] = []
+    exts: list[MessageExt | None] = []
+    add_body = bodies.append
+    add_ext = exts.append
+    if decoded is None:
+        decoded = {}
+    unpack_u16 = _U16.unpack_from
+    unpack_i32 = _I32.unpack_from
+    last = b""  # the previous message's length-prefixed block
+    span = 0
+    ext: MessageExt | None = None
     p = 4
     for i in range(count):
-        if p + 2 > end:
-            raise ExtError(f"message {i}: truncated")
-        n = _U16.unpack_from(body, p)[0]
-        p += 2
-        if p + n + 4 > end:
-            raise ExtError(f"message {i}: truncated")
-        raw = body[p : p + n]
-        ext = decoded.get(raw)
-        if ext is None:
-            try:
-                ext = decoded[raw] = decode_ext(raw)
-            except ExtError as exc:
-                raise ExtError(f"message {i}: {exc}") from None
-        p += n
-        size = _I32.unpack_from(body, p)[0]
+        if last and body[p : p + span] == last:
+            p += span
+            if p + 4 > end:
+                raise ExtError(f"message {i}: truncated")
+        else:
+            if p + 2 > end:
+                raise ExtError(f"message {i}: truncated")
+            n = unpack_u16(body, p)[0]
+            if p + 2 + n + 4 > end:
+                raise ExtError(f"message {i}: truncated")
+            raw = body[p + 2 : p + 2 + n]
+            if raw == _NO_EXT_BLOCK:
+                ext = None
+            elif raw in decoded:
+                ext = decoded[raw]
+            else:
+                try:
+                    # Not the empty block (found above): never NO_EXT.
+                    ext = decoded[raw] = decode_ext(raw)
+                except ExtError as exc:
+                    raise ExtError(f"message {i}: {exc}") from None
+            span = 2 + n
+            last = body[p : p + span]
+            p += span
+        size = unpack_i32(body, p)[0]
         p += 4
         if size <= 0 or size > max_msg_size:
             raise ExtError(f"message {i}: invalid body size {size}")
         if p + size > end:
             raise ExtError(f"message {i}: truncated body")
-        out.append(XpubMessage(body[p : p + size], ext))
+        add_body(body[p : p + size])
+        add_ext(ext)
         p += size
     if p != end:
         raise ExtError(f"{end - p} bytes after the last message")
-    return out
+    return bodies, exts
+
+
+_NO_EXT_BLOCK = b"\x00"
+
+
+class XpubBlockCache:
+    """The extension blocks of a connection's last XPUB and their ``MessageExt``, for the next
+    one to use (a producer usually sends the same fields command after command): a block seen
+    there is not decoded again.
+
+    Bounded: once a command is parsed the cache is emptied unless it holds at most
+    ``MAX_BLOCKS`` blocks of at most ``MAX_BLOCK_BYTES`` each (an XPUB with a dedup id per
+    message has one block per message: those are not kept), so between commands a connection
+    holds at most 16 KiB of blocks; checking costs a loop over at most 16 keys per command.
+    """
+
+    MAX_BLOCKS = 16
+    MAX_BLOCK_BYTES = 1024
+
+    __slots__ = ("blocks",)
+
+    def __init__(self) -> None:
+        self.blocks: dict[bytes, MessageExt | None] = {}
+
+    def parse(
+        self, body: bytes, *, max_msg_size: int
+    ) -> tuple[list[bytes], list[MessageExt | None]]:
+        """``parse_xpub_columns`` with the blocks kept from the last XPUB."""
+        blocks = self.blocks
+        try:
+            return parse_xpub_columns(body, max_msg_size=max_msg_size, decoded=blocks)
+        finally:
+            if len(blocks) > self.MAX_BLOCKS or any(
+                len(raw) > self.MAX_BLOCK_BYTES for raw in blocks
+            ):
+                self.blocks = {}

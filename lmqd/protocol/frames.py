@@ -82,39 +82,45 @@ def ext_message_frame_parts(msgs: Iterable[Message], parts: list[bytes]) -> int:
     """``message_frame_parts`` for a consumer that negotiated lmq's extension: a message with
     a priority or headers in frame type 3 (``lmqd.protocol.extension``: the message header, a
     2-byte block length, the block with its priority and headers, the body), any other in
-    nsqd's frame type 2."""
+    nsqd's frame type 2.
+
+    Per extension object (a publish's messages share one), what follows the id is built once
+    per call: its length-prefixed block.
+    """
     append = parts.append
     pack = _MESSAGE_HEAD.pack
     size = 0
-    blocks: dict[int, bytes] = {}  # per extension object: a batch's messages often share one
+    tails: dict[int, bytes] = {}
     for msg in msgs:
         body = msg.body
         ext = msg.ext
-        if ext is None or not ext.visible:
-            frame_size = len(body) + _MESSAGE_OVERHEAD
+        if ext is not None and (ext.priority or ext.headers):
+            tail = tails.get(id(ext))
+            if tail is None:
+                tail = tails[id(ext)] = _visible_tail(ext)
+            frame_size = len(body) + _MESSAGE_OVERHEAD + len(tail)
             append(
-                pack(frame_size, FRAME_TYPE_MESSAGE, msg.timestamp, msg.attempts & 0xFFFF, msg.id)
-            )
-        else:
-            block = blocks.get(id(ext))
-            if block is None:
-                visible = MessageExt(priority=ext.priority, headers=ext.headers)
-                block = blocks[id(ext)] = encode_ext(visible, check=False)
-            frame_size = len(body) + _MESSAGE_OVERHEAD + 2 + len(block)
-            append(
-                pack(
-                    frame_size,
-                    FRAME_TYPE_EXT_MESSAGE,
-                    msg.timestamp,
-                    msg.attempts & 0xFFFF,
-                    msg.id,
-                )
-                + _U16.pack(len(block))
-                + block
-            )
+                pack(frame_size, FRAME_TYPE_EXT_MESSAGE, msg.timestamp, msg.attempts & 0xFFFF,
+                     msg.id) + tail
+            )  # fmt: skip
+            append(body)
+            size += 4 + frame_size
+            continue
+        frame_size = len(body) + _MESSAGE_OVERHEAD
+        append(pack(frame_size, FRAME_TYPE_MESSAGE, msg.timestamp, msg.attempts & 0xFFFF, msg.id))
         append(body)
         size += 4 + frame_size
     return size
+
+
+def _visible_tail(ext: MessageExt) -> bytes:
+    """What a frame type 3 carries of ``ext`` after the id: its length-prefixed block of the
+    priority and headers (``ext.visible``)."""
+    if ext.block is not None and not ext.ttl_ms and not ext.dedup_id:
+        block = ext.block  # decoded from a block holding only what a consumer sees
+    else:
+        block = encode_ext(MessageExt(priority=ext.priority, headers=ext.headers), check=False)
+    return _U16.pack(len(block)) + block
 
 
 def encode_messages(msgs: Iterable[Message]) -> bytes:

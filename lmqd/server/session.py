@@ -2,7 +2,9 @@
 
 Trio-free. ``apply`` takes every event parsed from one receive buffer (``ServerConnection``) and
 applies them with plain calls: runs of consecutive PUB/MPUBs to one topic become one
-``broker.publish`` (their ``OK``s written once it succeeded), runs of FINs one ``finish_many``;
+``broker.publish`` (their ``OK``s written once it succeeded), and so do runs of XPUBs to one
+topic that are not deferred and carry no dedup id (``_joins_runs``), runs of FINs one
+``finish_many``;
 everything else in order between the runs. Responses go to the connection's ``OutputBuffer``;
 the connection's I/O loops (``lmqd.server.connection``) only move bytes.
 
@@ -42,7 +44,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from functools import partial
 
 import attrs
@@ -53,7 +55,7 @@ from lmqd.engine.backend import BackendError
 from lmqd.engine.channel import Channel, NotInFlight, NotOwner, TooManyConsumers, TopicExiting
 from lmqd.engine.subscription import Subscription
 from lmqd.message import Message
-from lmqd.message_ext import NO_EXT, MessageExt
+from lmqd.message_ext import MessageExt
 from lmqd.net import split_address
 from lmqd.protocol import (
     CLOSE_WAIT_FRAME,
@@ -370,6 +372,7 @@ class Session:
         pub_topic: str | None = None
         pub_kind = "PUB"
         pub_bodies: list[bytes] = []
+        pub_exts: list[MessageExt | None] = []  # an XPUB run's (``_joins_runs``)
         pub_count = 0
         pub_gate: PublishGate | None = None
         pub_commands: list[Pub | Mpub | Dpub] = []
@@ -388,7 +391,11 @@ class Session:
                     commands = pub_commands[:]
                     pub_commands.clear()
                     return self._publish_gated(gate, topic, commands, events, now)
-                self._publish(pub_kind, topic, pub_bodies, 0.0)
+                if pub_kind == "XPUB":
+                    self._publish(pub_kind, topic, pub_bodies, 0.0, pub_exts)
+                    pub_exts.clear()
+                else:
+                    self._publish(pub_kind, topic, pub_bodies, 0.0)
                 pub_bodies.clear()
                 self._write_oks(pub_kind, topic, count)
             return True
@@ -399,14 +406,17 @@ class Session:
                     return
                 fins += event.ids
                 continue
-            if isinstance(event, Pub | Mpub):
-                if fins or event.topic != pub_topic:
+            if isinstance(event, Pub | Mpub) or (
+                isinstance(event, Xpub) and self._joins_runs(event)
+            ):
+                xpub = isinstance(event, Xpub)
+                if fins or event.topic != pub_topic or xpub != (pub_kind == "XPUB"):
                     if not flush():
                         return
                     if self.hold_publishes:
                         self._wait(events, event, BACKPRESSURE, after=False)
                         return
-                    kind = "PUB" if isinstance(event, Pub) else "MPUB"
+                    kind = _kind(event)
                     if self.auth_enabled and not self._auth_checked(kind, event.topic, None, now):
                         self._wait(events, event, self._refresh(kind, event.topic), after=False)
                         return
@@ -414,11 +424,14 @@ class Session:
                     pub_kind = kind
                     pub_gate = self.broker.publish_gate(event.topic)
                 if pub_gate is not None:
+                    assert not isinstance(event, Xpub)  # a gated topic's XPUB is alone
                     pub_commands.append(event)
                 elif isinstance(event, Pub):
                     pub_bodies.append(event.body)
                 else:
-                    pub_bodies.extend(event.bodies)
+                    pub_bodies += event.bodies
+                    if isinstance(event, Xpub):
+                        pub_exts += event.exts
                 pub_count += 1
                 continue
             if not flush():
@@ -458,9 +471,22 @@ class Session:
                     raise AssertionError(f"unhandled event {event!r}")
         flush()
 
+    def _joins_runs(self, event: Xpub) -> bool:
+        """Whether an XPUB is coalesced with the XPUBs around it to the same topic, as runs of
+        PUB/MPUB are (one ``broker.publish`` for the run, its ``OK``s written once it
+        succeeded): one not deferred, without dedup ids, to a topic without publish policies.
+        Any other is applied alone (``_publish_alone``): a deferral is per command, dedup ids
+        and policies count per command."""
+        return (
+            event.defer_ms == 0
+            and not any(e is not None and e.dedup_id for e in _distinct(event.exts))
+            and self.broker.publish_gate(event.topic) is None
+        )
+
     def _publish_alone(self, event: Dpub | Xpub, events: Sequence[Event], now: float) -> bool:
-        """A DPUB or an XPUB, applied by itself (runs of PUB/MPUB are coalesced elsewhere);
-        False once the session waits (backpressure, auth, a rate limit's tokens)."""
+        """A DPUB or an XPUB, applied by itself (runs of PUB/MPUB, and of XPUBs that
+        ``_joins_runs``, are coalesced elsewhere); False once the session waits (backpressure,
+        auth, a rate limit's tokens)."""
         kind = _kind(event)
         topic = event.topic
         if self.hold_publishes:
@@ -475,9 +501,7 @@ class Session:
         if isinstance(event, Dpub):
             self._publish(kind, topic, [event.body], event.defer_ms / 1000)
         else:
-            bodies = [m.body for m in event.messages]
-            exts = _exts(event)
-            self._publish(kind, topic, bodies, event.defer_ms / 1000, exts)
+            self._publish(kind, topic, event.bodies, event.defer_ms / 1000, event.exts)
         self._write_oks(kind, topic, 1)
         return True
 
@@ -533,8 +557,8 @@ class Session:
                     bodies += command.bodies
                 elif isinstance(command, Xpub):
                     # An XPUB is always alone in its run (the event loop gates it by itself).
-                    bodies += [m.body for m in command.messages]
-                    exts = _exts(command)
+                    bodies += command.bodies
+                    exts = command.exts
                 else:
                     bodies.append(command.body)
             first = batch[0]
@@ -664,10 +688,11 @@ def _size(command: Pub | Mpub | Dpub | Xpub) -> int:
     if isinstance(command, Mpub):
         return len(command.bodies)
     if isinstance(command, Xpub):
-        return len(command.messages)
+        return len(command.bodies)
     return 1
 
 
-def _exts(command: Xpub) -> list[MessageExt | None]:
-    """Each message's extension as a message holds it: None for an empty block."""
-    return [m.ext if m.ext != NO_EXT else None for m in command.messages]
+def _distinct(exts: list[MessageExt | None]) -> Iterable[MessageExt | None]:
+    """The distinct extension objects of a command's messages (they often share one), found
+    with C loops."""
+    return dict(zip(map(id, exts), exts, strict=True)).values()

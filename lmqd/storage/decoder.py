@@ -6,9 +6,12 @@ Two forms of output, from the same layout rules:
   ``Message`` objects (``StoredMessage`` in acknowledgement mode, with their tokens), deadlines
   converted back to trio time. ``decode_batch`` is the read hot path: for a batch without option
   blocks, one ``iter_unpack`` for all the entries (a C loop), then per message one slice and one
-  object. Anything else (option blocks, an implausible count, a single-message record) goes
-  through the general form below and is converted, the headers field becoming the message's
-  extension (``Message.ext``, ``lmqd.message_ext``).
+  object. A batch whose option blocks are only extension blocks (what lmqd writes for messages
+  with lmq fields) takes the same path, its blocks walked in place (``_option_exts``: a block
+  equal to the one before it costs one comparison, each distinct one is decoded once and its
+  ``MessageExt`` shared). Anything else (other optional fields, an implausible count, a
+  single-message record) goes through the general form below and is converted, the headers
+  field becoming the message's extension (``Message.ext``, ``lmqd.message_ext``).
 * **extension blocks** (``extension_blocks``): each message's extension block and timestamp,
   for start-up's look at what is stored (``ext_notes.py``): no message made, no body copied.
 * **records** (``decode_batch_records``, ``decode_message_record`` and the verifying
@@ -43,6 +46,7 @@ from lmqd.storage.record import (
     RECORD_PREFIX_SIZE,
     RECORD_TYPES,
     TYPE_MESSAGE,
+    U32,
     Buffer,
     FormatError,
     Record,
@@ -78,6 +82,16 @@ def decode_batch(
     _, _, flags, count = BATCH_HEADER.unpack_from(buf, i)
     crc_at = rec_end - 4
     at = i + header_size + count * BATCH_ENTRY_SIZE
+    exts: list[MessageExt | None] | None = None
+    if flags == BATCH_FLAG_OPTIONS and 1 <= count <= MAX_BATCH_COUNT and at <= crc_at:
+        # Option blocks that are only extension blocks (what lmqd writes): read here, each
+        # distinct block decoded once; anything else takes the general path.
+        with view[i + header_size : at] as entry_view:
+            options_at = at + sum(map(_first, _ENTRY_LENGTHS.iter_unpack(entry_view)))
+        exts = _option_exts(buf, options_at, crc_at, count)
+        if exts is not None:
+            flags = 0
+            crc_at = options_at
     if flags or not 1 <= count <= MAX_BATCH_COUNT or at > crc_at:
         try:
             records = decode_batch_records(buf, i, rec_end)
@@ -108,6 +122,19 @@ def decode_batch(
             )
             token += 1
             at = end
+    elif exts is not None:
+        # The fields between deliver_at and ext: their defaults (``Message``).
+        for (n, msg_id, timestamp, attempts, deliver), ext in zip(
+            entries, exts[skip:], strict=True
+        ):
+            end = at + n
+            add(
+                Message(
+                    msg_id, buf[at:end], timestamp, attempts,
+                    from_wall_ns(deliver) if deliver else 0.0, 0, 0.0, 0.0, -1, ext,
+                )
+            )  # fmt: skip
+            at = end
     else:
         for n, msg_id, timestamp, attempts, deliver in entries:
             end = at + n
@@ -120,7 +147,59 @@ def decode_batch(
             at = end
     # Slices stop at the buffer's end, so a lying length shows here (only a writer bug can
     # make one: the CRC matched).
-    return msgs if at == crc_at else None
+    if at != crc_at:
+        return None
+    if exts is not None and ack_mode:
+        for m, ext in zip(msgs, exts[skip:], strict=True):
+            if ext is not None:
+                m.ext = ext
+    return msgs
+
+
+def _option_exts(buf: bytes, at: int, end: int, count: int) -> list[MessageExt | None] | None:
+    """Each message's extension from the ``count`` option blocks at ``buf[at:end]``, if they
+    are all ``b"\x00"`` or an extension block alone (``FLAG_HEADERS``) and end exactly at
+    ``end``; None otherwise (the general path decides). A block equal to the one before it is
+    recognised by one comparison and shares its ``MessageExt``; a block that does not
+    decode (only a writer bug could store one under a matching CRC) gives None, as in
+    ``_messages``."""
+    exts: list[MessageExt | None] = []
+    add = exts.append
+    decoded: dict[bytes, MessageExt | None] = {}
+    last = b""
+    span = 0
+    ext: MessageExt | None = None
+    for _ in range(count):
+        if last and buf[at : at + span] == last:
+            at += span
+        elif at < end and buf[at] == 0:
+            last = _NO_OPTIONS
+            span = 1
+            ext = None
+            at += 1
+        elif at + 5 <= end and buf[at] == FLAG_HEADERS:
+            stop = at + 5 + U32.unpack_from(buf, at + 1)[0]
+            if stop > end:
+                return None
+            raw = buf[at + 5 : stop]
+            if raw in decoded:
+                ext = decoded[raw]
+            else:
+                try:
+                    ext = decode_ext(raw)
+                except ExtError:
+                    ext = None
+                decoded[raw] = ext
+            last = buf[at:stop]
+            span = stop - at
+            at = stop
+        else:
+            return None
+        add(ext)
+    return exts if at == end else None
+
+
+_NO_OPTIONS = b"\x00"
 
 
 def decode_message(

@@ -128,22 +128,19 @@ def encode_entries(
 
 def encode_options(messages: Sequence[Message]) -> list[bytes] | None:
     """Each message's option block, or None when no message has an extension (the common
-    case, found without a Python-level loop)."""
+    case, found without a Python-level loop). Each distinct extension object (a publish's
+    messages share one) is encoded once; the list is then built with C loops."""
     if not any(map(_ext, messages)):
         return None
-    out: list[bytes] = []
-    blocks: dict[int, bytes] = {}  # per extension object: a publish's messages often share one
-    for m in messages:
-        ext = m.ext
+    exts = list(map(_ext, messages))
+    options: dict[int, bytes] = {}
+    for key, ext in dict(zip(map(id, exts), exts, strict=True)).items():
         if ext is None:
-            out.append(_NO_OPTIONS)
-            continue
-        option = blocks.get(id(ext))
-        if option is None:
+            options[key] = _NO_OPTIONS
+        else:
             block = encode_ext(ext, check=False)
-            option = blocks[id(ext)] = _EXT_OPTION + U32.pack(len(block)) + block
-        out.append(option)
-    return out
+            options[key] = _EXT_OPTION + U32.pack(len(block)) + block
+    return list(map(options.__getitem__, map(id, exts)))
 
 
 def plan_batches(

@@ -191,6 +191,25 @@ async def test_no_policy_no_gate_no_extra_stats() -> None:
     ]  # fmt: skip
 
 
+async def test_a_publish_mixing_ids_and_none_keeps_the_rest_in_order(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """Messages without an id, with headers only, and ids new, seen before and repeated in the
+    same publish: the repeats are left out, everything else kept in order with its fields."""
+    topic = make_topic()
+    now = trio.current_time()
+    assert topic.publish([b"seen"], now, exts=[MessageExt(dedup_id=b"s")]) != []
+    headers = MessageExt(headers=(("k", "v"),))
+    exts = [None, MessageExt(dedup_id=b"n"), headers, MessageExt(dedup_id=b"s"),
+            MessageExt(dedup_id=b"n"), MessageExt(dedup_id=b"m"), None]  # fmt: skip
+    got = topic.publish([b"0", b"1", b"2", b"3", b"4", b"5", b"6"], now, exts=exts)
+    assert [(m.body, m.ext) for m in got] == [
+        (b"0", None), (b"1", exts[1]), (b"2", headers), (b"5", exts[5]), (b"6", None),
+    ]  # fmt: skip
+    assert topic.publish_counters.deduplicated == 2
+    topic.close()
+
+
 async def test_dedup_ids_within_the_window_are_enqueued_once(
     autojump_clock: trio.abc.Clock,
 ) -> None:

@@ -32,7 +32,13 @@ from lmqd.protocol import (
     encode_message,
     ext_message_frame_parts,
 )
-from lmqd.protocol.extension import XpubMessage, encode_xpub, parse_xpub_body
+from lmqd.protocol.extension import (
+    XpubBlockCache,
+    XpubMessage,
+    encode_xpub,
+    parse_xpub_body,
+    parse_xpub_columns,
+)
 
 from .feeding import MODES, MSG_ID, client_feed, feed, server, size
 
@@ -221,7 +227,7 @@ def test_the_server_parses_xpub_in_every_mode(mode: str, defer_ms: int | None) -
     messages = [XpubMessage(b"first", EXT_ALL), XpubMessage(b"second", MessageExt())]
     events, error = feed(server(NEGOTIATED), encode_xpub("t", messages, defer_ms), mode)
     assert error is None
-    assert events == [Xpub(topic="t", messages=messages, defer_ms=defer_ms or 0)]
+    assert events == [Xpub.of("t", messages, defer_ms or 0)]
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -257,7 +263,7 @@ def test_the_server_parses_a_single_message_xpub_in_every_mode(mode: str) -> Non
     events, error = feed(server(NEGOTIATED), data, mode)
     assert error is None
     ext = MessageExt(priority=3, headers=(("k", "vv"),))
-    assert events == [Xpub(topic="t", messages=[XpubMessage(b"body", ext)], defer_ms=250)]
+    assert events == [Xpub.of("t", [XpubMessage(b"body", ext)], 250)]
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -268,8 +274,8 @@ def test_two_xpubs_in_one_buffer_are_two_commands(mode: str) -> None:
     events, error = feed(server(NEGOTIATED), data, mode)
     assert error is None
     assert events == [
-        Xpub(topic="t", messages=first, defer_ms=0),
-        Xpub(topic="u", messages=second, defer_ms=5),
+        Xpub.of("t", first),
+        Xpub.of("u", second, 5),
     ]
 
 
@@ -430,3 +436,52 @@ def test_xpub_garbage_only_ever_raises_protocol_error(garbage: bytes, cuts: list
         assert exc.fatal
         with pytest.raises(ProtocolError):  # errored for good
             conn.next_events()
+
+
+def test_xpub_messages_that_share_a_block_share_one_extension() -> None:
+    shared = MessageExt(headers=(("h0", "v0"), ("h1", "v1")))
+    exts = [shared, shared, MessageExt(), shared, EXT_ALL, EXT_ALL]
+    bodies = [b"a", b"b", b"c", b"d", b"e", b"f"]
+    messages = [XpubMessage(b, e) for b, e in zip(bodies, exts, strict=True)]
+    body = encode_xpub("t", messages)[len(b"XPUB t\n") + 4 :]
+    got_bodies, got_exts = parse_xpub_columns(body, max_msg_size=MAX_MSG)
+    assert got_bodies == bodies
+    assert got_exts == [shared, shared, None, shared, EXT_ALL, EXT_ALL]
+    assert got_exts[0] is got_exts[1] is got_exts[3] and got_exts[4] is got_exts[5]
+    assert parse_xpub_body(body, max_msg_size=MAX_MSG) == messages
+
+
+def test_an_xpub_cut_after_a_repeated_block_is_refused() -> None:
+    messages = [XpubMessage(b"a", EXT_ALL), XpubMessage(b"b", EXT_ALL)]
+    body = encode_xpub("t", messages)[len(b"XPUB t\n") + 4 :]
+    cut = body[: -len(b"b") - 3]  # the second message: its block, then 1 byte of its size
+    with pytest.raises(ExtError, match="message 1: truncated"):
+        parse_xpub_columns(cut, max_msg_size=MAX_MSG)
+
+
+def test_a_connection_reuses_the_blocks_of_its_last_xpub_and_bounds_them() -> None:
+    cache = XpubBlockCache()
+    shared = MessageExt(headers=(("h0", "v0"),))
+    body = encode_xpub("t", [XpubMessage(b"a", shared)])[len(b"XPUB t\n") + 4 :]
+    _, [first] = cache.parse(body, max_msg_size=MAX_MSG)
+    _, [second] = cache.parse(body, max_msg_size=MAX_MSG)
+    assert first == shared and second is first  # decoded once, for both commands
+    count = XpubBlockCache.MAX_BLOCKS + 1
+    ids = [XpubMessage(b"m", MessageExt(dedup_id=b"%d" % k)) for k in range(count)]
+    many = encode_xpub("t", ids)[len(b"XPUB t\n") + 4 :]
+    _, exts = cache.parse(many, max_msg_size=MAX_MSG)
+    assert [e.dedup_id for e in exts if e is not None] == [m.ext.dedup_id for m in ids]
+    assert cache.blocks == {}  # more blocks than it keeps: emptied
+    big = MessageExt(headers=(("k", "v" * XpubBlockCache.MAX_BLOCK_BYTES),))
+    cache.parse(encode_xpub("t", [XpubMessage(b"b", big)])[len(b"XPUB t\n") + 4 :],
+                max_msg_size=MAX_MSG)  # fmt: skip
+    assert cache.blocks == {}
+
+
+def test_a_decoded_extension_keeps_its_block_outside_its_value() -> None:
+    for ext in (EXT_ALL, MessageExt(dedup_id=b"only-id"), MessageExt(headers=(("k", "v"),))):
+        raw = encode_ext(ext)
+        decoded = decode_ext(raw)
+        assert decoded.block == raw and encode_ext(decoded) is decoded.block
+        assert decoded == ext and hash(decoded) == hash(ext) and ext.block is None
+        assert repr(decoded) == repr(ext)
