@@ -83,10 +83,6 @@ class PriorityLanes:
         return any(len(lane) for lane in self.lanes.values())
 
     @property
-    def memory_count(self) -> int:
-        return sum(lane.memory_count for lane in self.lanes.values())
-
-    @property
     def backend_depth(self) -> int:
         """Messages in the lanes' backends (on disk)."""
         return sum(lane.backend.depth for lane in self.lanes.values())
