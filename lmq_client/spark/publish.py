@@ -28,7 +28,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 from pyspark.sql.datasource import WriterCommitMessage
 
@@ -38,7 +38,7 @@ from lmq_client.spark.encode import BadRowError, RowEncoder
 from lmq_client.spark.errors import LmqSinkError
 from lmq_client.spark.options import SinkOptions
 from lmq_client.spark.pool import PRODUCERS, ProducerPool
-from lmq_client.spark.retry import RetryExhausted, RetryingProducer
+from lmq_client.spark.retry import MessageProducer, RetryExhausted, RetryingProducer
 from lmq_client.sync import Producer
 from lmq_client.transport import PLAIN, TransportOptions
 from lmqd.message_ext import MessageExt
@@ -64,23 +64,6 @@ log = logging.getLogger("lmq_client.spark")
 _MPUB_HEADER = 4
 _MPUB_PER_MESSAGE = 4
 _XPUB_PER_MESSAGE = 6
-
-
-class MessageProducer(Protocol):
-    """What the sink needs of a producer (``lmq_client.sync.Producer``, or a test's fake)."""
-
-    @property
-    def address(self) -> str | None: ...
-
-    def mpub(self, topic: str, bodies: Sequence[bytes]) -> None: ...
-
-    def dpub(self, topic: str, delay_ms: int, body: bytes) -> None: ...
-
-    def xpub(
-        self, topic: str, messages: Sequence[XpubMessage], *, defer_ms: int | None = None
-    ) -> None: ...
-
-    def close(self) -> None: ...
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -30,7 +30,7 @@ from lmq_client.backoff import Backoff
 from lmq_client.errors import ConnectionFailed, LmqClientError, NSQError
 from lmqd.protocol.extension import XpubMessage
 
-__all__ = ["RETRY_BACKOFF", "RetryExhausted", "RetryingProducer", "retryable"]
+__all__ = ["RETRY_BACKOFF", "MessageProducer", "RetryExhausted", "RetryingProducer", "retryable"]
 
 log = logging.getLogger("lmq_client.spark")
 
@@ -63,8 +63,8 @@ class RetryExhausted(LmqClientError):
         self.attempts = attempts
 
 
-class _Producer(Protocol):
-    """``publish.MessageProducer`` (restated: ``publish`` imports this module)."""
+class MessageProducer(Protocol):
+    """What the sink needs of a producer (``lmq_client.sync.Producer``, or a test's fake)."""
 
     @property
     def address(self) -> str | None: ...
@@ -89,7 +89,7 @@ class RetryingProducer:
 
     def __init__(
         self,
-        producer: _Producer,
+        producer: MessageProducer,
         *,
         retry_timeout_s: float,
         backoff: Backoff = RETRY_BACKOFF,

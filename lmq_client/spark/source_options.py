@@ -196,26 +196,22 @@ def _bound(
     return dict(doc)
 
 
-def _positive(raw: str, name: str) -> int:
+def _integer(raw: str, name: str, minimum: int) -> int:
     try:
         value = int(raw)
     except ValueError:
         raise ValueError(f"lmq source: option {name!r} must be an integer, not {raw!r}") from None
-    if value < 1:
-        raise ValueError(f"lmq source: option {name!r} must be at least 1, not {value}")
+    if value < minimum:
+        raise ValueError(f"lmq source: option {name!r} must be at least {minimum}, not {value}")
     return value
+
+
+def _positive(raw: str, name: str) -> int:
+    return _integer(raw, name, 1)
 
 
 def _milliseconds(raw: str | None, name: str, default: int) -> int:
-    if raw is None:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError(f"lmq source: option {name!r} must be an integer, not {raw!r}") from None
-    if value < 0:
-        raise ValueError(f"lmq source: option {name!r} must be at least 0, not {value}")
-    return value
+    return default if raw is None else _integer(raw, name, 0)
 
 
 def _seconds(raw: str | None, default: float) -> float:

@@ -78,6 +78,7 @@ from lmqd.engine.durable import DurableAcks
 from lmqd.engine.e2e import E2eLatencyStream, new_stream
 from lmqd.engine.inflight import ChannelError, InFlightQueue, NotInFlight, NotOwner
 from lmqd.engine.lanes import LANE_SUFFIX, PriorityLanes, by_level, priority_of
+from lmqd.engine.policy import shared_default
 from lmqd.engine.salvage import Salvage
 from lmqd.engine.spill import SpillQueue
 from lmqd.engine.subscription import Consumer, Subscription
@@ -227,7 +228,9 @@ class Channel:
         """The last error a backend write raised (None once a write succeeds again)."""
         self.policy_settings: dict[str, PolicyValue] = {}
         """The channel's own policy keys (``channel_policy.py``), persisted with the metadata."""
-        self.policy = _default_policy(options)
+        self.policy = shared_default(
+            ChannelPolicy, options, lambda: ChannelPolicy.effective(options, {})
+        )
         """The effective policy: the daemon's defaults, then ``policy_settings``."""
         self.ttl_ns = 0
         """The topic's ``ttl_ms`` in ns (0: none); the topic sets it."""
@@ -1124,7 +1127,7 @@ class Channel:
     def _requeue_front(self, messages: list[Message]) -> None:
         """Messages taken but not delivered back at the head of their queues, in order."""
         lanes = self._lanes
-        if lanes is not None and by_level(messages):
+        if lanes is not None and any(map(priority_of, messages)):
             lanes.requeue_front(messages)
             messages = [m for m in messages if not priority_of(m)]
         self._queue.requeue_front(messages)
@@ -1638,7 +1641,7 @@ class Channel:
             # Not stored on time: kept with the others (nsqd's way: due at once after a restart).
             ready += deferred
         lanes = self._lanes
-        if lanes is not None and by_level(ready):
+        if lanes is not None and any(map(priority_of, ready)):
             # In flight with a priority: back to their lanes (written by ``_flush_lanes``).
             lanes.hold(ready)
             ready = [m for m in ready if not priority_of(m)]
@@ -1730,18 +1733,6 @@ class Channel:
             storage_damage=storage_damage(q.damage for q in self.disk_queues),
             priority_depths=tuple(self.priority_depths.items()),
         )
-
-
-_DEFAULT_POLICY: list[tuple[Options, ChannelPolicy]] = []
-"""The last options' default policy (frozen): shared by the channels made with those options
-and no policy of their own, not one object each."""
-
-
-def _default_policy(options: Options) -> ChannelPolicy:
-    cached = _DEFAULT_POLICY
-    if not cached or cached[0][0] is not options:
-        cached[:] = [(options, ChannelPolicy.effective(options, {}))]
-    return cached[0][1]
 
 
 def _memory_lane(level: int) -> BackendQueue:

@@ -28,8 +28,8 @@ unknown keys and bad values are refused whole, with a message saying which and w
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 import attrs
 
@@ -44,10 +44,27 @@ __all__ = [
     "PolicyValue",
     "TopicPolicy",
     "parse_update",
+    "shared_default",
 ]
 
 PolicyValue = int | str
 """A key's value: ``overflow`` is a string, every other key an integer."""
+
+_T = TypeVar("_T")
+
+_SHARED_DEFAULTS: dict[type, tuple[Options, Any]] = {}
+"""Per policy class, the last options and their default policy."""
+
+
+def shared_default(kind: type[_T], options: Options, make: Callable[[], _T]) -> _T:
+    """The default policy of ``kind`` for ``options`` (``make()``), one object shared by every
+    topic or channel made with those options and no key of its own (policies are frozen), not
+    one each: an idle topic or channel holds as little as it can."""
+    held = _SHARED_DEFAULTS.get(kind)
+    if held is None or held[0] is not options:
+        held = _SHARED_DEFAULTS[kind] = (options, make())
+    result: _T = held[1]
+    return result
 
 PUBLISH_KEYS = ("max_depth", "overflow", "publish_rate", "publish_burst", "dedup_window_ms")
 """The keys the publish path applies (``lmqd.engine.admission``)."""

@@ -415,14 +415,7 @@ class TopicStream:
         if len(tail) and old < tail.end:
             tail.truncate(max(old, tail.start))
             self.next_offset = tail.end
-        skip_to = self.next_offset
-        self.pumped = skip_to
-        for cursor in self.cursors:
-            cursor.skip(old, skip_to)
-        pushed = self.pushed
-        if pushed:
-            lo = bisect_left(pushed, old)
-            del pushed[lo : bisect_left(pushed, skip_to, lo)]
+        self._skip_unpumped(old, self.next_offset)
 
     def drop_unpumped(self, count: int) -> int:
         """``overflow="drop_oldest"``: drop the oldest ``count`` messages not yet handed to the
@@ -431,6 +424,13 @@ class TopicStream:
         new = min(old + count, self.next_offset)
         if new <= old:
             return 0
+        self._skip_unpumped(old, new)
+        self.trim()
+        return new - old
+
+    def _skip_unpumped(self, old: int, new: int) -> None:
+        """``[old, new)``, not handed on yet, is dropped: ``pumped`` moves past it, every
+        cursor steps over it, and its pushed offsets are forgotten."""
         self.pumped = new
         for cursor in self.cursors:
             cursor.skip(old, new)
@@ -438,8 +438,6 @@ class TopicStream:
         if pushed:
             lo = bisect_left(pushed, old)
             del pushed[lo : bisect_left(pushed, new, lo)]
-        self.trim()
-        return new - old
 
     # -- durable pushed copies ----------------------------------------------------------------
 

@@ -57,7 +57,7 @@ from lmqd.engine.channel import Channel, DeadLetterSink, TopicExiting
 from lmqd.engine.cursor import ChannelCursor, pushed
 from lmqd.engine.dedup import DedupWindow, body_digest
 from lmqd.engine.e2e import E2eLatencyStream
-from lmqd.engine.policy import PolicyValue, TopicPolicy
+from lmqd.engine.policy import PolicyValue, TopicPolicy, shared_default
 from lmqd.engine.salvage import Salvage
 from lmqd.engine.stream import TOPIC_CURSOR, TopicStream
 from lmqd.message import GuidFactory, Message, copies
@@ -194,7 +194,9 @@ class Topic:
         """A message with its own ``ttl_ms`` (lmq's extension) was published in this run, or
         the log held one when it opened: every channel screens for it
         (``Channel.note_message_ttls``)."""
-        self.policy = _default_policy(options)
+        self.policy = shared_default(
+            TopicPolicy, options, lambda: TopicPolicy.effective(options, {})
+        )
         """The effective policy: the daemon's defaults, then ``policy_settings``."""
         self.publish_counters = PublishCounters()
         self._id_window: DedupWindow | None = None
@@ -947,18 +949,6 @@ class Topic:
             ),
             storage_damage=storage_damage([self.log.damage] if self.log is not None else []),
         )
-
-
-_DEFAULT_POLICY: list[tuple[Options, TopicPolicy]] = []
-"""The last options' default policy (frozen): shared by the topics made with those options
-and no policy of their own, not one object each."""
-
-
-def _default_policy(options: Options) -> TopicPolicy:
-    cached = _DEFAULT_POLICY
-    if not cached or cached[0][0] is not options:
-        cached[:] = [(options, TopicPolicy.effective(options, {}))]
-    return cached[0][1]
 
 
 def _distinct(exts: Sequence[MessageExt | None]) -> Iterable[MessageExt | None]:

@@ -527,25 +527,15 @@ class ServerConnection:
             if parsed > self.limits.max_req_timeout_ms:
                 raise errors.dpub_out_of_range(parsed, self.limits.max_req_timeout_ms)
             defer_ms = parsed
-        if len(buf) - p < 4:
-            return -(p + 4)
-        limits = self.limits
-        body_size: int = _unpack_size(buf, p)[0]
-        if body_size <= 0:
-            raise errors.invalid_body_size("XPUB", body_size)
-        if body_size > limits.max_body_size:
-            raise errors.body_too_big("XPUB", body_size, limits.max_body_size)
-        end = p + 4 + body_size
-        if end > len(buf):
-            return -end
+        body = self._read_body("XPUB", buf, p)
+        if isinstance(body, int):
+            return body
         try:
-            bodies, exts = self._xpub_blocks.parse(
-                buf[p + 4 : end], max_msg_size=limits.max_msg_size
-            )
+            bodies, exts = self._xpub_blocks.parse(body, max_msg_size=self.limits.max_msg_size)
         except ExtError as exc:
             raise errors.bad_extension(str(exc)) from None
         events.append(Xpub(topic=topic, bodies=bodies, exts=exts, defer_ms=defer_ms))
-        return end
+        return p + 4 + len(body)
 
     def _identify(self, params: list[bytes], buf: bytes, p: int, events: list[Event]) -> int:
         if self.identify is not None:
@@ -575,7 +565,7 @@ class ServerConnection:
         return p + 4 + len(body)
 
     def _read_body(self, cmd: str, buf: bytes, p: int) -> bytes | int:
-        """IDENTIFY's and AUTH's ``[size][body]``: the body, or -(offset needed)."""
+        """IDENTIFY's, AUTH's and XPUB's ``[size][body]``: the body, or -(offset needed)."""
         if len(buf) - p < 4:
             return -(p + 4)
         size: int = _unpack_size(buf, p)[0]

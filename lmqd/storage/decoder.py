@@ -181,15 +181,7 @@ def _option_exts(buf: bytes, at: int, end: int, count: int) -> list[MessageExt |
             stop = at + 5 + U32.unpack_from(buf, at + 1)[0]
             if stop > end:
                 return None
-            raw = buf[at + 5 : stop]
-            if raw in decoded:
-                ext = decoded[raw]
-            else:
-                try:
-                    ext = decode_ext(raw)
-                except ExtError:
-                    ext = None
-                decoded[raw] = ext
+            ext = _cached_ext(buf[at + 5 : stop], decoded)
             last = buf[at:stop]
             span = stop - at
             at = stop
@@ -200,6 +192,20 @@ def _option_exts(buf: bytes, at: int, end: int, count: int) -> list[MessageExt |
 
 
 _NO_OPTIONS = b"\x00"
+
+
+def _cached_ext(raw: bytes, decoded: dict[bytes, MessageExt | None]) -> MessageExt | None:
+    """The extension of block ``raw``, decoded once per batch (``decoded``: its messages often
+    share one block). A block that does not decode, which only a writer bug could store under
+    a matching CRC, gives None: the message is kept without it."""
+    if raw in decoded:
+        return decoded[raw]
+    try:
+        ext: MessageExt | None = decode_ext(raw)
+    except ExtError:
+        ext = None
+    decoded[raw] = ext
+    return ext
 
 
 def decode_message(
@@ -229,17 +235,7 @@ def _messages(
     decoded: dict[bytes, MessageExt | None] = {}  # a batch's messages often share one block
     for k, r in enumerate(records):
         deliver_at = from_wall_ns(r.deliver_after_ns) if r.deliver_after_ns else 0.0
-        ext: MessageExt | None = None
-        raw = r.headers
-        if raw is not None:
-            if raw in decoded:
-                ext = decoded[raw]
-            else:
-                try:
-                    ext = decode_ext(raw)
-                except ExtError:
-                    ext = None
-                decoded[raw] = ext
+        ext = _cached_ext(r.headers, decoded) if r.headers is not None else None
         if ack_mode:
             m: Message = StoredMessage(
                 r.id, r.body, r.timestamp, r.attempts, deliver_at, token=token + k
