@@ -1,7 +1,8 @@
 """The daemon's side of a message with lmq fields, without sockets: XPUB in, frame type 3 out.
 
     .venv/bin/python scripts/bench_xpub.py [--mode plain|headers|dedup] [--messages 20000]
-        [--batch 200] [--commands-per-read 4] [--spill] [--profile]
+        [--batch 200] [--commands-per-read 4] [--spill | --mem-queue-size N] [--backlog]
+        [--nsq] [--daemon-gc] [--profile]
 
 What ``lmqadmin bench --headers 3`` (or ``--dedup-ids``) makes the daemon do, minus the
 sockets: a publisher's bytes go through a real ``ServerConnection`` and ``Session`` into a
@@ -14,7 +15,9 @@ the bench's), ``dedup`` XPUB with a distinct dedup id on every message. ``--spil
 topic's memory queue 0 (``--mem-queue-size 0``): every message is written to the topic's log;
 with ``--backlog`` the consumer takes nothing until everything is published, so past the log's
 cache (``LOG_CACHE_BYTES``) it reads the messages back from the files and decodes them, as a
-consumer that lags behind the bench's load does.
+consumer that lags behind the bench's load does. ``--mem-queue-size 10000 --backlog`` is what
+NSQ's own benchmark (bench_writer, then bench_reader) makes a default daemon do: the messages
+past the memory tail go to the log, and the consumer reads them back.
 
 Made to be counted, not timed (the machine is shared): run it under callgrind twice with
 different ``--messages`` and divide the difference of the instruction totals by the difference
@@ -23,13 +26,17 @@ of the message counts (start-up cancels out)::
     PYTHONHASHSEED=0 valgrind --tool=callgrind --callgrind-out-file=/dev/null \\
         .venv/bin/python scripts/bench_xpub.py --mode headers --messages 6000 2>&1 | grep refs
 
-``--profile`` prints cProfile's call counts (deterministic) and the functions with most own time.
+``--daemon-gc`` sets the cyclic GC thresholds lmqd sets (``lmqd.service.GC_THRESHOLDS``): the
+interpreter's own make the collector a large part of a run that holds tens of thousands of
+messages, which the daemon's do not. ``--profile`` prints cProfile's call counts
+(deterministic) and the functions with most own time.
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import gc
 import pstats
 import struct
 import tempfile
@@ -43,11 +50,18 @@ from lmqd.engine.subscription import Subscription
 from lmqd.message import Message
 from lmqd.message_ext import MessageExt
 from lmqd.options import Options
-from lmqd.protocol import Limits, Mpub, ServerConnection, ext_message_frame_parts
+from lmqd.protocol import (
+    Limits,
+    Mpub,
+    ServerConnection,
+    ext_message_frame_parts,
+    message_frame_parts,
+)
 from lmqd.protocol.events import encode_identify
 from lmqd.protocol.extension import XpubMessage, encode_xpub
 from lmqd.server.output import OutputBuffer
 from lmqd.server.session import Session
+from lmqd.service import GC_THRESHOLDS
 from lmqd.stats import ClientStats
 from lmqd.storage import AnchoredTimeBase
 
@@ -56,10 +70,11 @@ HEADERS = MessageExt(headers=tuple((f"h{k}", f"v{k}") for k in range(3)))
 
 
 class FrameConsumer:
-    """A consumer that negotiated the extension: encodes its messages as the session does and
-    joins them as the connection's writer does; FINs them later."""
+    """A consumer that negotiated the extension (unless ``nsq``): encodes its messages as the
+    session does and joins them as the connection's writer does; FINs them later."""
 
-    def __init__(self, ready: int) -> None:
+    def __init__(self, ready: int, *, nsq: bool = False) -> None:
+        self.frame_parts = message_frame_parts if nsq else ext_message_frame_parts
         self.id = 1
         self.ready_count = ready
         self.msg_timeout = 60.0
@@ -72,7 +87,7 @@ class FrameConsumer:
 
     def write_messages(self, messages: Sequence[Message]) -> None:
         parts: list[bytes] = []
-        self.sent_bytes += ext_message_frame_parts(messages, parts)
+        self.sent_bytes += self.frame_parts(messages, parts)
         b"".join(parts)
         self.pending += [m.id for m in messages]
 
@@ -117,9 +132,10 @@ def _dedup_command(first: int, n: int, body: bytes) -> bytes:
 
 
 async def run(args: argparse.Namespace, data_path: str) -> int:
-    options = Options(data_path=data_path, mem_queue_size=0 if args.spill else 10_000_000)
+    memory = 0 if args.spill else args.mem_queue_size
+    options = Options(data_path=data_path, mem_queue_size=memory)
     broker = Broker(options, hold_data_dir=lambda: AnchoredTimeBase.now(trio.current_time()))
-    consumer = FrameConsumer(0 if args.backlog else 2500)
+    consumer = FrameConsumer(0 if args.backlog else 2500, nsq=args.nsq)
     cmds = commands(args.mode, args.messages, args.batch)
     if args.build_only:
         return 0
@@ -136,7 +152,8 @@ async def run(args: argparse.Namespace, data_path: str) -> int:
             broker, ServerConnection(Limits.from_options(options)), output, "127.0.0.1:2",
             on_close=lambda: None, on_heartbeat_interval=lambda interval, now: None,
         )  # fmt: skip
-        identify = encode_identify({"feature_negotiation": True, "lmq_ext": 1})
+        features = {"feature_negotiation": True} if args.nsq else {"lmq_ext": 1}
+        identify = encode_identify({"feature_negotiation": True, **features})
         session.receive(b"  V2" + identify, trio.current_time())
         profile = cProfile.Profile() if args.profile else None
         if profile is not None:
@@ -179,6 +196,10 @@ def main() -> None:
     parser.add_argument("--commands-per-read", type=int, default=4)
     parser.add_argument("--spill", action="store_true", help="--mem-queue-size 0")
     parser.add_argument(
+        "--mem-queue-size", type=int, default=10_000_000,
+        help="the topic's memory tail (default: everything in memory)",
+    )  # fmt: skip
+    parser.add_argument(
         "--backlog", action="store_true",
         help="the consumer takes nothing until everything is published (past the log's cache, "
         "it reads the log's files back)",
@@ -186,8 +207,19 @@ def main() -> None:
     parser.add_argument(
         "--build-only", action="store_true", help="build the commands and stop (what to subtract)"
     )
+    parser.add_argument(
+        "--nsq", action="store_true",
+        help="an NSQ consumer: no extension negotiated, nsqd's frames (plain mode only)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--daemon-gc", action="store_true", help="use lmqd's GC thresholds (as the daemon runs)"
+    )
     parser.add_argument("--profile", action="store_true", help="cProfile the run")
     args = parser.parse_args()
+    if args.nsq and args.mode != "plain":
+        parser.error("--nsq takes --mode plain (an NSQ client publishes no lmq fields)")
+    if args.daemon_gc:
+        gc.set_threshold(*GC_THRESHOLDS)
     with tempfile.TemporaryDirectory() as tmp:
         sent = trio.run(run, args, tmp)
     print(f"{args.mode}{' spill' if args.spill else ''}: {args.messages} messages, {sent} B sent")

@@ -24,7 +24,8 @@ what keeps the log's segments from deletion (its low-water mark).
 **Copies.** The messages in the stream are shared (the log's tail cache and the memory tail
 hold one object per message for every channel), so a cursor hands out copies
 (``Message.copy``: same id, timestamp and body object, own attempts and flight fields; from the
-log, carrying their offset). The one exception: the last channel to read a message from the
+log, carrying their offset: ``Cursor.read_messages`` copies what the tail cache shares, and a
+record decoded from the files is decoded into the channel's own objects, not copied again). The one exception: the last channel to read a message from the
 memory tail (every other cursor is past it) takes the object itself, and the tail forgets it at
 once, so no other reader can see it changed; a topic with one channel copies nothing.
 
@@ -55,7 +56,7 @@ from collections.abc import Iterable
 
 from lmqd.engine.stream import TopicStream
 from lmqd.message import Message, copies
-from lmqd.storage import Cursor, LogEntry
+from lmqd.storage import Cursor
 
 __all__ = ["ChannelCursor", "pushed"]
 
@@ -175,8 +176,8 @@ class ChannelCursor:
                 lc.skip_to(self.position)  # keeps what is unsettled
             else:
                 lc.seek(self.position, keep_unsettled=not self._settle)
-        entries = lc.read_many(want, settle=self._settle, until=until)
-        if not entries:
+        got = lc.read_messages(want, settle=self._settle, until=until)
+        if not got:
             if lc.position >= until:
                 self.position = lc.position  # a gap (damage) up to there
             elif lc.position >= log.next_offset:
@@ -185,19 +186,23 @@ class ChannelCursor:
                 return None
             return []
         self.position = lc.position
-        first = entries[0][0]
+        first = got[0].offset
         if first < lc.read_before:
-            entries = _redelivered(entries, lc.read_before)
+            # Read before a crash, they were delivered then: count that delivery.
+            below = lc.read_before
+            for m in got:
+                if m.offset < below:
+                    m.attempts += 1
         if first >= stream.known_from and not stream.pushed_between(first, self.position):
-            return list(map(_copy_entry, entries))
+            return got
         replay = self.replay_until
         out: list[Message] = []
         passed: list[int] = []
-        for offset, m in entries:
-            if offset >= replay and pushed(m):
-                passed.append(offset)  # the pump pushed it to the channel
+        for m in got:
+            if m.offset >= replay and pushed(m):
+                passed.append(m.offset)  # the pump pushed it to the channel
             else:
-                out.append(_copy_entry((offset, m)))
+                out.append(m)
         if passed and not self._settle:
             lc.settle_many(passed)
         return out
@@ -339,19 +344,3 @@ def pushed(m: Message) -> bool:
     """Whether the topic's pump pushes ``m`` to its channels (``stream.py``): deferred, or with
     an lmq priority."""
     return bool(m.deliver_at or (m.ext is not None and m.ext.priority))
-
-
-def _redelivered(entries: list[LogEntry], below: int) -> list[LogEntry]:
-    """``entries`` with the attempts of those below ``below`` counted one up: read before a
-    crash, they were delivered then (the copies made from these carry it)."""
-    out: list[LogEntry] = []
-    for offset, m in entries:
-        if offset < below:
-            m = Message(m.id, m.body, m.timestamp, m.attempts + 1, m.deliver_at, ext=m.ext)
-        out.append((offset, m))
-    return out
-
-
-def _copy_entry(entry: LogEntry) -> Message:
-    offset, m = entry
-    return Message(m.id, m.body, m.timestamp, m.attempts, m.deliver_at, 0, 0.0, 0.0, offset, m.ext)

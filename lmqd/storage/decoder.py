@@ -72,13 +72,16 @@ def decode_batch(
     ack_mode: bool,
     header_size: int = BATCH_HEADER_SIZE,
     skip: int = 0,
+    first_offset: int = -1,
 ) -> list[Message] | None:
     """The messages of the batch at ``buf[i:rec_end]`` (CRC already checked; ``view`` is
     ``memoryview(buf)``); None if its structure is inconsistent. ``token``: the token of its
     first message (acknowledgement mode); ``header_size``: ``OFFSET_BATCH_HEADER_SIZE`` for an
     offset batch; ``skip``: leave out that many messages at the start (a read from the middle
-    of a batch: their bodies are stepped over, not copied). The hot path: one ``iter_unpack``
-    for all the entries, then per message one slice and one message object."""
+    of a batch: their bodies are stepped over, not copied); ``first_offset``: the topic offset
+    of the first message returned (an offset batch read by a topic log's reader), set on each
+    message (``Message.offset``) as it is made. The hot path: one ``iter_unpack`` for all the
+    entries, then per message one slice and one message object."""
     _, _, flags, count = BATCH_HEADER.unpack_from(buf, i)
     crc_at = rec_end - 4
     at = i + header_size + count * BATCH_ENTRY_SIZE
@@ -97,7 +100,11 @@ def decode_batch(
             records = decode_batch_records(buf, i, rec_end)
         except FormatError:
             return None
-        return _messages(records[skip:], token + skip, from_wall_ns, ack_mode)
+        msgs = _messages(records[skip:], token + skip, from_wall_ns, ack_mode)
+        if first_offset >= 0:
+            for k, m in enumerate(msgs, first_offset):
+                m.offset = k
+        return msgs
     entries_at = i + header_size
     if skip:
         skipped_at = entries_at + min(skip, count) * BATCH_ENTRY_SIZE
@@ -123,7 +130,9 @@ def decode_batch(
             token += 1
             at = end
     elif exts is not None:
-        # The fields between deliver_at and ext: their defaults (``Message``).
+        # The fields between deliver_at and offset: their defaults (``Message``).
+        offset = first_offset
+        step = 1 if first_offset >= 0 else 0
         for (n, msg_id, timestamp, attempts, deliver), ext in zip(
             entries, exts[skip:], strict=True
         ):
@@ -131,10 +140,23 @@ def decode_batch(
             add(
                 Message(
                     msg_id, buf[at:end], timestamp, attempts,
-                    from_wall_ns(deliver) if deliver else 0.0, 0, 0.0, 0.0, -1, ext,
+                    from_wall_ns(deliver) if deliver else 0.0, 0, 0.0, 0.0, offset, ext,
                 )
             )  # fmt: skip
             at = end
+            offset += step
+    elif first_offset >= 0:
+        offset = first_offset
+        for n, msg_id, timestamp, attempts, deliver in entries:
+            end = at + n
+            add(
+                Message(
+                    msg_id, buf[at:end], timestamp, attempts,
+                    from_wall_ns(deliver) if deliver else 0.0, 0, 0.0, 0.0, offset,
+                )
+            )  # fmt: skip
+            at = end
+            offset += 1
     else:
         for n, msg_id, timestamp, attempts, deliver in entries:
             end = at + n

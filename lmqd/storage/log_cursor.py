@@ -16,21 +16,23 @@ The unsettled offsets are kept as an ``acks.AckTracker`` keyed by offset (a set 
 order), so settling a batch is one C loop and the mark is the order's head after the settled
 ones are popped from it: O(1) amortised per message.
 
-Messages returned may be the very objects another cursor gets (the log's tail cache shares
-them): a cursor's caller treats them as read-only and copies what it changes (``Message.copy``).
+``read_many``'s messages may be the very objects another cursor gets (the log's tail cache
+shares them): read-only. ``read_messages`` returns the caller's own objects, with their offsets.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from operator import itemgetter
+from operator import attrgetter, itemgetter
 
+from lmqd.message import Message
 from lmqd.storage.acks import AckTracker
 from lmqd.storage.log_cache import TailCache
 from lmqd.storage.log_index import LogIndex
 from lmqd.storage.log_reader import LogEntry, LogReader
 
 _offset = itemgetter(0)
+_message_offset = attrgetter("offset")
 
 
 class Cursor:
@@ -113,16 +115,31 @@ class Cursor:
             return []
         got = self._reader.read_many(max_count, until)
         if got:
-            # Counted either way: the read position is persisted too (``read_before``).
-            self.dirty += len(got)
-            if not settle:
-                offsets = list(map(_offset, got))
-                acks = self._acks
-                if acks is None:
-                    acks = self._acks = AckTracker()
-                acks.outstanding.update(offsets)
-                acks.order.extend(offsets)
+            self._note_read(len(got), settle, map(_offset, got))
         return got
+
+    def read_messages(
+        self, max_count: int, *, settle: bool = False, until: int | None = None
+    ) -> list[Message]:
+        """``read_many``'s messages as the caller's own objects, each carrying its offset
+        (``LogReader.read_messages``): what a channel's cursor reads."""
+        if self.deleted or max_count <= 0:
+            return []
+        got = self._reader.read_messages(max_count, until)
+        if got:
+            self._note_read(len(got), settle, map(_message_offset, got))
+        return got
+
+    def _note_read(self, count: int, settle: bool, offsets: Iterable[int]) -> None:
+        # Counted either way: the read position is persisted too (``read_before``).
+        self.dirty += count
+        if not settle:
+            read = list(offsets)
+            acks = self._acks
+            if acks is None:
+                acks = self._acks = AckTracker()
+            acks.outstanding.update(read)
+            acks.order.extend(read)
 
     def settle(self, offset: int) -> bool:
         """Mark one message read as done; False if it is not unsettled."""

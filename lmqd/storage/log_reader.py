@@ -5,7 +5,9 @@ Theory of operation
 A ``LogReader`` has one position: the next offset it returns (``position``), and where that
 offset is: a segment, the file position of a record boundary, and the end of the previous
 record's offsets (``_running``, which gives the next record its first offset:
-``log_index.first_offset``). ``read_many`` returns ``(offset, message)`` pairs in offset order.
+``log_index.first_offset``). ``read_many`` returns ``(offset, message)`` pairs in offset order;
+``read_messages`` returns the messages alone, as the caller's own objects carrying their offsets
+(what a channel's cursor takes: the decoder makes them so, a cached record's are copied).
 
 To get its next record, a reader first asks the log's tail cache (``log_cache.py``): if the
 offset is there, it takes that record's message objects as they were appended, shared with every
@@ -31,6 +33,7 @@ from __future__ import annotations
 import logging
 import os
 from operator import or_
+from typing import Any
 
 from crc32c import crc32c
 
@@ -82,6 +85,7 @@ class LogReader:
         "_pending",
         "_pending_end",
         "_pending_first",
+        "_pending_shared",
         "_pos",
         "_running",
         "_seg",
@@ -100,6 +104,8 @@ class LogReader:
         """The offset of ``_pending[0]``."""
         self._pending_end = 0
         """File position after the record ``_pending`` came from."""
+        self._pending_shared = False
+        """``_pending`` is the tail cache's (shared with every reader), not decoded here."""
         self._seg = index.segments[-1]
         self._pos = SEGMENT_HEADER_SIZE
         self._running = 0
@@ -136,8 +142,23 @@ class LogReader:
 
     def read_many(self, max_count: int, until: int | None = None) -> list[LogEntry]:
         """Up to ``max_count`` messages from the position on, with their offsets (below
-        ``until`` if given); the position moves past them."""
+        ``until`` if given); the position moves past them. The messages may be shared with
+        other readers (the tail cache's): read-only."""
         out: list[LogEntry] = []
+        self._read(max_count, until, out, True)
+        return out
+
+    def read_messages(self, max_count: int, until: int | None = None) -> list[Message]:
+        """``read_many``'s messages as the caller's own: each one a fresh object carrying its
+        offset (``Message.offset``), which the caller may change. A record decoded from the
+        files is made so by the decoder; a cached record's shared messages are copied."""
+        out: list[Message] = []
+        self._read(max_count, until, out, False)
+        return out
+
+    def _read(self, max_count: int, until: int | None, out: list[Any], pairs: bool) -> None:
+        """Up to ``max_count`` messages into ``out``: ``(offset, message)`` pairs
+        (``read_many``) or the caller's own messages (``read_messages``)."""
         index = self._index
         if self._next < index.earliest_offset:
             # Only a tool's reader gets here (a cursor's mark keeps its segments): what it was
@@ -156,11 +177,17 @@ class LogReader:
             take = min(max_count - len(out), len(pending) - start, limit - self._next)
             if take <= 0:
                 break
-            out.extend(
-                zip(
-                    range(self._next, self._next + take), pending[start : start + take], strict=True
-                )
-            )
+            offsets = range(self._next, self._next + take)
+            if pairs:
+                out.extend(zip(offsets, pending[start : start + take], strict=True))
+            elif self._pending_shared:
+                new = Message
+                out += [
+                    new(m.id, m.body, m.timestamp, m.attempts, m.deliver_at, 0, 0.0, 0.0, k, m.ext)
+                    for k, m in zip(offsets, pending[start : start + take], strict=True)
+                ]
+            else:
+                out += pending[start : start + take]  # decoded for this reader, offsets set
             self._next += take
             if start + take == len(pending):
                 self._pending = None
@@ -169,7 +196,6 @@ class LogReader:
                 if self._buf_seg is not self._seg or self._pos >= self._buf_start + len(self._buf):
                     self._buf = b""  # an idle reader should not pin its read-ahead
                     self._buf_seg = None
-        return out
 
     def find_time(self, ts_ns: int) -> int:
         """The offset of the first message whose timestamp is at or after ``ts_ns`` (the log's
@@ -285,6 +311,7 @@ class LogReader:
                 self._seg = seg
                 self._pos = pos
                 self._pending = messages if isinstance(messages, list) else list(messages)
+                self._pending_shared = True
                 self._pending_first = first
                 self._pending_end = end
                 if self._next < first:
@@ -376,6 +403,8 @@ class LogReader:
         skip = self._next - first if self._next > first else 0
         if kind == TYPE_MESSAGE:
             msgs = decode_message(buf, i, rec_end, 0, from_wall_ns, False)
+            if msgs is not None:
+                msgs[0].offset = first
         else:
             # A read from the middle of a batch (a seek) leaves out the messages before it.
             msgs = decode_batch(
@@ -388,12 +417,14 @@ class LogReader:
                 False,
                 header_offset_size(kind),
                 skip,
+                first + skip,
             )
         if kind == TYPE_MESSAGE or msgs is None:
             skip = 0
         if msgs is None or len(msgs) != count - skip:
             raise _BadRecord
         self._pending = msgs
+        self._pending_shared = False
         self._pending_first = first + skip
         self._pending_end = self._pos + rec_end - i
         if self._next < first:

@@ -91,18 +91,25 @@ def load_average() -> str:
 
 
 class DaemonProcess:
-    """A daemon subprocess (``args``, run in the checkout) and everything it has logged so far.
+    """A daemon subprocess (``args``, run in the checkout unless ``cwd`` says where) and
+    everything it has logged so far.
 
     Construction starts the process and returns at once; ``wait_started()`` waits until it has
     logged a ``<KIND>: listening on <address>`` line for every kind in ``wanted`` (lmqd and
     lmqlookupd log them as nsqd does).
     """
 
-    def __init__(self, args: Sequence[str], *, wanted: Sequence[str] = ("TCP", "HTTP")) -> None:
+    def __init__(
+        self,
+        args: Sequence[str],
+        *,
+        wanted: Sequence[str] = ("TCP", "HTTP"),
+        cwd: str | os.PathLike[str] = REPO_ROOT,
+    ) -> None:
         self.args = list(args)
         self.process = subprocess.Popen(
             self.args,
-            cwd=REPO_ROOT,
+            cwd=cwd,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
