@@ -25,9 +25,10 @@ what keeps the log's segments from deletion (its low-water mark).
 hold one object per message for every channel), so a cursor hands out copies
 (``Message.copy``: same id, timestamp and body object, own attempts and flight fields; from the
 log, carrying their offset: ``Cursor.read_messages`` copies what the tail cache shares, and a
-record decoded from the files is decoded into the channel's own objects, not copied again). The one exception: the last channel to read a message from the
-memory tail (every other cursor is past it) takes the object itself, and the tail forgets it at
-once, so no other reader can see it changed; a topic with one channel copies nothing.
+record decoded from the files is decoded into the channel's own objects, not copied again).
+The one exception: the last channel to read a message from the memory tail (every other cursor
+is past it) takes the object itself, and the tail forgets it at once, so no other reader can see
+it changed; a topic with one channel copies nothing.
 
 **After a crash** (``--durable``), the messages a cursor reads again below its persisted read
 position (``Cursor.read_before``) were delivered before the crash: their copies count that

@@ -12,11 +12,11 @@ entry, or it was requeued and delivered again); stale messages are skipped when 
 due. ``next_deadline`` looks for the top entry's first live message from where its last look
 stopped (the entry keeps that index): a consumer FINs its batch in order, so asking for the next
 deadline after every delivery round costs O(1) amortised, not a scan of the finished prefix of
-a batch of thousands each time. Stale references would keep finished messages (and their bodies) alive until their old
-deadline, so when the references held by the heap exceed about three times the live messages the
-heap is rebuilt from the dict: memory stays within a constant factor of what is really in
-flight, at an amortised O(1) cost per message. The check runs when entries are pushed, so FIN
-itself is just a dict lookup and delete.
+a batch of thousands each time. Stale references would keep finished messages (and their
+bodies) alive until their old deadline, so when the references held by the heap exceed about
+three times the live messages the heap is rebuilt from the dict: memory stays within a constant
+factor of what is really in flight, at an amortised O(1) cost per message. The check runs when
+entries are pushed, so FIN itself is just a dict lookup and delete.
 
 The same rule holds in bytes: each entry carries its bodies' size (one sum per batch, or its
 share of the delivery round's, passed in: an upper bound from the stream's byte marks when the
@@ -218,6 +218,8 @@ class InFlightQueue:
         """
         heap = self._heap
         messages = self._messages
+        deadline: float
+        batch: list[Message]
         while heap:
             entry = heap[0]
             deadline, _, batch, nbytes, start = entry
@@ -242,6 +244,8 @@ class InFlightQueue:
         heap = self._heap
         messages = self._messages
         due: list[Message] = []
+        deadline: float
+        batch: list[Message]
         while heap and heap[0][0] <= now:
             deadline, _, batch, nbytes, _ = heapq.heappop(heap)
             self._refs -= len(batch)

@@ -100,11 +100,11 @@ def decode_batch(
             records = decode_batch_records(buf, i, rec_end)
         except FormatError:
             return None
-        msgs = _messages(records[skip:], token + skip, from_wall_ns, ack_mode)
+        general = _messages(records[skip:], token + skip, from_wall_ns, ack_mode)
         if first_offset >= 0:
-            for k, m in enumerate(msgs, first_offset):
+            for k, m in enumerate(general, first_offset):
                 m.offset = k
-        return msgs
+        return general
     entries_at = i + header_size
     if skip:
         skipped_at = entries_at + min(skip, count) * BATCH_ENTRY_SIZE
