@@ -2,7 +2,7 @@
 
     .venv/bin/python scripts/bench_xpub.py [--mode plain|headers|dedup] [--messages 20000]
         [--batch 200] [--commands-per-read 4] [--spill | --mem-queue-size N] [--backlog]
-        [--nsq] [--daemon-gc] [--profile]
+        [--nsq] [--publish-only] [--daemon-gc] [--profile]
 
 What ``lmqadmin bench --headers 3`` (or ``--dedup-ids``) makes the daemon do, minus the
 sockets: a publisher's bytes go through a real ``ServerConnection`` and ``Session`` into a
@@ -170,10 +170,10 @@ async def run(args: argparse.Namespace, data_path: str) -> int:
                 channel.finish_many(sub, consumer.pending, trio.current_time())
                 finished += len(consumer.pending)
                 consumer.pending = []
-        if args.backlog:
+        if args.backlog and not args.publish_only:
             consumer.ready_count = 2500
             channel.consumer_ready()
-        while finished < args.messages:
+        while finished < args.messages and not args.publish_only:
             await trio.lowlevel.checkpoint()
             if consumer.pending:
                 channel.finish_many(sub, consumer.pending, trio.current_time())
@@ -212,12 +212,18 @@ def main() -> None:
         help="an NSQ consumer: no extension negotiated, nsqd's frames (plain mode only)",
     )  # fmt: skip
     parser.add_argument(
+        "--publish-only", action="store_true",
+        help="with --backlog: stop once everything is published (count the publishing side)",
+    )  # fmt: skip
+    parser.add_argument(
         "--daemon-gc", action="store_true", help="use lmqd's GC thresholds (as the daemon runs)"
     )
     parser.add_argument("--profile", action="store_true", help="cProfile the run")
     args = parser.parse_args()
     if args.nsq and args.mode != "plain":
         parser.error("--nsq takes --mode plain (an NSQ client publishes no lmq fields)")
+    if args.publish_only and not args.backlog:
+        parser.error("--publish-only takes --backlog (a consumer that takes nothing meanwhile)")
     if args.daemon_gc:
         gc.set_threshold(*GC_THRESHOLDS)
     with tempfile.TemporaryDirectory() as tmp:
