@@ -4,7 +4,8 @@ Theory of operation
 -------------------
 A channel reads its topic's messages in offset order from ``position`` up to the topic's
 ``pumped`` offset (``stream.py``): from the log while ``position`` is below the memory tail,
-then from the tail. It takes what it may deliver (``read``), never more, so a channel holds in
+then from the tail, then from the log again if the tail overflowed (what followed it went to
+the log). It takes what it may deliver (``read``), never more, so a channel holds in
 memory only its in-flight, requeued and deferred messages; everything else it has not read yet
 is the topic's, stored once.
 
@@ -124,10 +125,14 @@ class ChannelCursor:
         if stream.log is None:
             return 0
         pos = self.position
-        end = min(stream.pumped, stream.tail.start)
-        if pos >= end:
-            return 0
-        return max(end - pos - stream.pushed_between(max(pos, self.replay_until), end), 0)
+        pumped = stream.pumped
+        tail = stream.tail
+        n = 0
+        # Below the memory tail, and after it (the tail overflowed, ``stream.py``).
+        for start, end in ((pos, min(pumped, tail.start)), (max(pos, tail.end), pumped)):
+            if start < end:
+                n += end - start - stream.pushed_between(max(start, self.replay_until), end)
+        return max(n, 0)
 
     @property
     def low(self) -> int:
@@ -158,13 +163,16 @@ class ChannelCursor:
                     continue
                 end = min(end, start)
             want = count - len(out)
-            if self.position < stream.tail.start and stream.log is not None:
-                got = self._read_log(want, min(end, stream.tail.start))
+            tail = stream.tail
+            if stream.log is not None and not tail.start <= self.position < tail.end:
+                # The log: below the tail, or after it (the tail overflowed, ``stream.py``).
+                until = min(end, tail.start) if self.position < tail.start else end
+                got = self._read_log(want, until)
                 if got is None:
                     break  # unreadable for now (see the storage log); tried again later
                 out += got
             else:
-                out += self._read_tail(want, end)
+                out += self._read_tail(want, min(end, tail.end))
         return out
 
     def _read_log(self, want: int, until: int) -> list[Message] | None:
@@ -281,7 +289,8 @@ class ChannelCursor:
     def skip_older_than(self, ts_ns: int) -> int:
         """Step over the messages in the log, from the position on, published before
         ``ts_ns`` (expired: the topic's ``ttl_ms``), found by the log's time index without
-        reading them; returns how many (pushed ones, which the channel has already, not counted).
+        reading them (below the memory tail, or after it); returns how many (pushed ones,
+        which the channel has already, not counted).
 
         The index finds the first message at or after ``ts_ns`` in offset order, so every
         message below it is older even if the wall clock stepped back. Only the log: the memory
@@ -290,9 +299,11 @@ class ChannelCursor:
         stream = self.stream
         log = stream.log
         pos = self.position
-        if log is None or pos >= stream.tail.start:
+        tail = stream.tail
+        if log is None or tail.start <= pos < tail.end:
             return 0
-        end = min(log.offset_for_time(ts_ns), stream.tail.start, stream.pumped)
+        limit = tail.start if pos < tail.start else stream.pumped
+        end = min(log.offset_for_time(ts_ns), limit, stream.pumped)
         if end <= pos:
             return 0
         n = end - pos - stream.pushed_between(max(pos, self.replay_until), end)

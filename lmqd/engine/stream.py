@@ -2,10 +2,10 @@
 
 Theory of operation
 -------------------
-Every message a topic takes gets the topic's next **offset**. Offsets below ``tail.start`` are
-in the topic's ``TopicLog`` (``lmqd.storage.log``), the ones from there on in its memory tail
-(``tail.py``); either way there is one copy of each message, whatever the number of channels.
-Each channel reads the stream through its own cursor (``cursor.py``).
+Every message a topic takes gets the topic's next **offset**. The messages from ``tail.start``
+to ``tail.end`` are in its memory tail (``tail.py``), the others in its ``TopicLog``
+(``lmqd.storage.log``); either way there is one copy of each message, whatever the number of
+channels. Each channel reads the stream through its own cursor (``cursor.py``), in offset order.
 
 ``pumped`` splits the stream in two: the messages below it were handed to the channels (they
 may read them), the ones from it on are still the topic's (``depth``). The topic's pump moves it
@@ -17,17 +17,34 @@ keeps the log's segments from being deleted before they are pumped.
 
 Where messages go (``append``):
 
-* **Memory first** (nsqd's ``--mem-queue-size``, once per topic): the tail holds up to
-  ``limit`` messages; when it would grow past that, its oldest messages are appended to the log.
-  A message every channel has read leaves the tail from the front (``trim``) without ever being
-  written: the log has gaps there (offsets are never reused; storage handles gaps as it handles
-  damage). At shutdown the tail goes to the log (``close``), as much of it as a full disk
+* **Memory first** (nsqd's ``--mem-queue-size``, once per topic): the tail takes new messages
+  while it holds fewer than ``limit``. A message every channel has read leaves the tail from the
+  front (``trim``) without ever being written: the log has gaps there (offsets are never reused;
+  storage handles gaps as it handles damage).
+* **Past the bound**: when the tail would grow past ``limit``, its oldest messages go to the
+  log (a burst: the channels read them back soon, from the log's tail cache).
+* **Overflow** (a backlog; nsqd: a full memory queue sends new messages to the disk queue):
+  once the tail has turned over (as many messages left it for the log as it holds) since it was
+  last empty, a full tail keeps what it holds -- the oldest, which the channels read first --
+  and the messages past its bound go to the log, after it, as does everything published until
+  every channel has read the tail; then the tail, empty, starts again at the end. So under a
+  backlog each message is written once as it arrives, while it is fresh in the CPU's caches,
+  and freed at once, instead of waiting in memory for ``limit`` newer ones before being written
+  (docs/benchmarks.md, "The speed back"). The log's offsets must grow, so when the tail
+  overflows it is written too (once, as it is: it stays in memory for its readers), and the
+  tail's messages at or after ``log.next_offset`` are the only ones not on disk
+  (``_unwritten``). At shutdown those go to the log (``close``), as much of them as a full disk
   takes (``salvage.py``).
 * **Write-through** (``--durable``, ``--mem-queue-size=0``, or a retention policy, which needs
   every message on disk): every message is appended at once and the tail stays empty; channels
   that keep up read the log's tail cache, the same objects, without decoding.
 * **No log** (ephemeral topics): the tail holds what the pump has not handed on yet, up to
   ``limit``; past that new messages are dropped and counted (nsqd's dummy backend).
+
+What the log appends after an overflowing tail, or in write-through, stays in its tail cache
+(as the objects given) only while some reader is near its end (``_cache_wanted``): a backlog
+that no channel is about to read is not held in memory a second time, and its messages are
+freed as soon as they are written.
 
 **Pushed messages**: deferred ones (DPUB) and those with an lmq priority are in the stream like
 the others, but channels do not read them in order: the pump pushes each one, as it pumps it,
@@ -62,6 +79,11 @@ log = logging.getLogger("lmqd.topic")
 
 TOPIC_CURSOR = "#topic"
 """The log cursor holding the topic's ``pumped`` offset (``#`` is in no valid channel name)."""
+
+CACHE_REACH = 4096
+"""A channel whose read position is at most this many messages behind the stream's end reads
+what the log appends next from the log's tail cache (1 MiB: ~7,500 messages of 100 bytes), so
+the log keeps the messages it appends as objects while one is (``_cache_wanted``)."""
 
 READ_CHUNK = 256
 """Messages ``read_entries`` takes from the log per step while it watches its byte budget: a
@@ -148,6 +170,12 @@ class TopicStream:
         self._pins: dict[int, int] = {}
         """Deferred messages whose durable channel copies are not fsynced yet: ``#topic`` may
         not pass them (offset -> copies pending)."""
+        self._spilled = 0
+        """Messages that left the full tail for the log since it was last empty: once they
+        are as many as it holds, the tail overflows instead (see the module docstring)."""
+        self.feeds = 0
+        """Channels without a cursor (ephemeral ones) the pump puts copies into: they read what
+        it hands on, at the end of the stream (the topic keeps this up to date)."""
         self._topic_cursor = None
         if log is not None:
             cursor = log.cursor(TOPIC_CURSOR)
@@ -175,10 +203,13 @@ class TopicStream:
 
     @property
     def backend_depth(self) -> int:
-        """Of ``depth``, the messages in the log."""
+        """Of ``depth``, the messages not in the memory tail (in the log)."""
         if self.log is None:
             return 0
-        return max(min(self.tail.start, self.next_offset) - self.pumped, 0)
+        tail = self.tail
+        pumped = self.pumped
+        in_tail = max(min(self.next_offset, tail.end) - max(pumped, tail.start), 0)
+        return max(self.next_offset - pumped - in_tail, 0)
 
     @property
     def earliest_offset(self) -> int:
@@ -191,13 +222,15 @@ class TopicStream:
         """The offset of the first message stored whose timestamp is at or after ``ts_ns``
         (the log's index, then the memory tail); ``next_offset`` if there is none."""
         tail = self.tail
+        start = tail.start
         if self.log is not None:
             found = self.log.offset_for_time(ts_ns)
-            if found < self.log.next_offset and found < tail.start:
+            if found < self.log.next_offset:
                 return found
-        for k, m in enumerate(tail.slice(tail.start, len(tail))):
+            start = max(start, self.log.next_offset)
+        for k, m in enumerate(tail.slice(start, tail.end - start), start):
             if m.timestamp >= ts_ns:
-                return tail.start + k
+                return k
         return self.next_offset
 
     def read_entries(
@@ -213,27 +246,39 @@ class TopicStream:
         budget = max_bytes if max_bytes is not None else -1
         tail = self.tail
         log = self.log
-        if log is not None and position < tail.start and position < stop:
-            reader = log.open_reader(position)
-            try:
-                while len(out) < count and budget != 0:
-                    got = reader.read_many(min(count - len(out), READ_CHUNK), min(stop, tail.start))
-                    if not got:
-                        break
-                    budget = _take_within(out, got, budget)
-                position = max(reader.position, position)
-                if out:
-                    position = out[-1][0] + 1
-                elif position >= log.next_offset:
-                    position = min(tail.start, stop)  # never written: read from memory
-            finally:
-                reader.close()
-        if tail.start <= position < stop and len(out) < count and budget != 0:
-            msgs = tail.slice(position, min(count - len(out), stop - position))
-            _take_within(out, list(enumerate(msgs, position)), budget)
-            if out:
-                position = max(position, out[-1][0] + 1)
+        while position < stop and len(out) < count and budget != 0:
+            if log is not None and not tail.start <= position < tail.end:
+                until = min(stop, tail.start) if position < tail.start else stop
+                position, budget = self._read_log_entries(position, until, count, budget, out)
+            else:
+                msgs = tail.slice(position, min(count - len(out), min(stop, tail.end) - position))
+                budget = _take_within(out, list(enumerate(msgs, position)), budget)
+                position = out[-1][0] + 1 if out else position + len(msgs)
         return out, position
+
+    def _read_log_entries(
+        self, position: int, until: int, count: int, budget: int, out: list[tuple[int, Message]]
+    ) -> tuple[int, int]:
+        """``read_entries`` of the log from ``position`` up to ``until``; returns where to read
+        on and the budget left."""
+        log = self.log
+        assert log is not None
+        before = len(out)
+        reader = log.open_reader(position)
+        try:
+            while len(out) < count and budget != 0:
+                got = reader.read_many(min(count - len(out), READ_CHUNK), until)
+                if not got:
+                    break
+                budget = _take_within(out, got, budget)
+            position = max(reader.position, position)
+        finally:
+            reader.close()
+        if len(out) > before:
+            return out[-1][0] + 1, budget
+        if position >= log.next_offset or position >= until:
+            return until, budget  # never written, or a gap: go on past it
+        return position, 0  # unreadable for now: stop here
 
     def pushed_between(self, start: int, end: int) -> int:
         """Pushed messages known in ``[start, end)`` (``pushed``)."""
@@ -267,37 +312,78 @@ class TopicStream:
             tail.extend(messages)
             self.next_offset += n
             return
+        self.trim()
         if self.write_through:
-            if len(tail):  # a switch to write-through could not write the tail then
-                self.trim()
-                log.append_many([*tail.front(len(tail)), *messages], tail.start)
+            unwritten = self._unwritten()
+            if unwritten:  # a switch to write-through could not write the tail then
+                log.append_many([*unwritten, *messages], self.next_offset - len(unwritten))
             else:
-                log.append_many(messages, self.next_offset)
+                log.append_many(messages, self.next_offset, cache=self._cache_wanted())
             self.next_offset += n
             tail.reset(self.next_offset)
             self.wrote_backend = True
             return
-        self.trim()
-        excess = len(tail) + n - self.limit
-        if excess <= 0:
+        if not len(tail):
+            self._spilled = 0
+            if tail.start != self.next_offset:
+                tail.reset(self.next_offset)  # read by every channel: memory first again
+        if log.next_offset > tail.end:
+            # The tail overflowed: until every channel has read it, new messages follow it in
+            # the log (their offsets are past it).
+            log.append_many(messages, self.next_offset, cache=self._cache_wanted())
+            self.next_offset += n
+            self.wrote_backend = True
+            return
+        room = max(self.limit - len(tail), 0)
+        if n <= room:
             self.wrote_backend = False
             tail.extend(messages)
             self.next_offset += n
             return
-        # The oldest go to the log: the tail's, then (past those) the new messages' first ones.
-        from_tail = min(excess, len(tail))
-        direct = excess - from_tail
-        spill = tail.front(from_tail)
-        if direct:
-            spill += messages[:direct]
-        log.append_many(spill, tail.start)
-        self.wrote_backend = True
-        tail.drop_front(from_tail)
-        if direct:
-            tail.reset(self.next_offset + direct)
-            messages = messages[direct:]
-        tail.extend(messages)
+        if self._spilled < self.limit:
+            # Past the bound, but the tail has not turned over since it was empty: its oldest go
+            # to the log, the tail's, then (past those) the new messages' first ones.
+            excess = len(tail) + n - self.limit
+            from_tail = min(excess, len(tail))
+            direct = excess - from_tail
+            spill = tail.front(from_tail)
+            if direct:
+                spill += messages[:direct]
+            log.append_many(spill, tail.start)
+            self.wrote_backend = True
+            self._spilled += excess
+            tail.drop_front(from_tail)
+            if direct:
+                tail.reset(self.next_offset + direct)
+                messages = messages[direct:]
+            tail.extend(messages)
+            self.next_offset += n
+            return
+        # Overflow: the tail has turned over once already (a backlog, not a burst). It keeps the
+        # oldest (filled up to its bound) and is written to the log as well, once (its readers
+        # may take its objects for their own: not cached); the rest goes to the log alone.
+        unwritten = self._unwritten()
+        first = self.next_offset - len(unwritten)
+        log.append_many([*unwritten, *messages], first, cache=False)
+        if room:
+            tail.extend(messages[:room])
         self.next_offset += n
+        self.wrote_backend = True
+
+    def _unwritten(self) -> list[Message]:
+        """The tail's messages not in the log yet: those at or after the log's end."""
+        tail = self.tail
+        assert self.log is not None
+        start = max(tail.start, self.log.next_offset)
+        return tail.slice(start, tail.end - start) if start < tail.end else []
+
+    def _cache_wanted(self) -> bool:
+        """Whether what the log appends now should stay in its tail cache: some channel reads
+        near the stream's end (``CACHE_REACH``), or the pump copies what it hands on."""
+        if self.feeds:
+            return True
+        reach = self.next_offset - CACHE_REACH
+        return any(c.position >= reach for c in self.cursors)
 
     def note_pushed(self, offsets: Sequence[int]) -> None:
         """Offsets just appended whose messages are pushed (deferred, or with a priority)."""
@@ -315,15 +401,17 @@ class TopicStream:
             self.flush_tail()
 
     def flush_tail(self) -> None:
-        """Write the whole tail to the log (shutdown, write-through); raises ``BackendError``."""
+        """Write what the tail holds only in memory to the log and empty the tail (a switch to
+        write-through); raises ``BackendError``."""
         log = self.log
         tail = self.tail
         if log is None:
             return
         self.trim()
-        if len(tail):
-            log.append_many(tail.front(len(tail)), tail.start)
-            tail.reset(self.next_offset)
+        unwritten = self._unwritten()
+        if unwritten:
+            log.append_many(unwritten, tail.end - len(unwritten))
+        tail.reset(self.next_offset)
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -332,11 +420,16 @@ class TopicStream:
         objects, read-only. For channels that take copies of everything (ephemeral ones)."""
         out: list[Message] = []
         tail = self.tail
-        if start < tail.start and self.log is not None:
-            out = [m for _, m in self.log.read_range(start, end_offset=min(end, tail.start))]
-            start = tail.start
-        if start < end:
-            out += tail.slice(max(start, tail.start), end - max(start, tail.start))
+        log = self.log
+        if log is not None and start < tail.start:
+            out = [m for _, m in log.read_range(start, end_offset=min(end, tail.start))]
+        low = max(start, tail.start)
+        high = min(end, tail.end)
+        if low < high:
+            out += tail.slice(low, high - low)
+        low = max(start, tail.end)
+        if log is not None and low < end:
+            out += [m for _, m in log.read_range(low, end_offset=end)]
         return out
 
     def peek(self, start: int, end: int, count: int) -> list[tuple[int, Message]]:
@@ -344,12 +437,16 @@ class TopicStream:
         read-only), changing nothing: ``/peek``."""
         out: list[tuple[int, Message]] = []
         tail = self.tail
-        if start < tail.start and self.log is not None:
-            out = self.log.read_range(start, count, end_offset=min(end, tail.start))
+        log = self.log
+        if log is not None and start < tail.start:
+            out = log.read_range(start, count, end_offset=min(end, tail.start))
         start = max(start, tail.start)
-        if len(out) < count and start < end:
-            msgs = tail.slice(start, min(count - len(out), end - start))
+        if len(out) < count and start < min(end, tail.end):
+            msgs = tail.slice(start, min(count - len(out), min(end, tail.end) - start))
             out += zip(range(start, start + len(msgs)), msgs, strict=True)
+        start = max(start, tail.end)
+        if log is not None and len(out) < count and start < end:
+            out += log.read_range(start, count - len(out), end_offset=end)
         return out
 
     def messages_at(self, offsets: Sequence[int]) -> list[Message]:
@@ -358,7 +455,9 @@ class TopicStream:
         log for the range they span (a pump batch at most)."""
         out: list[Message] = []
         tail = self.tail
-        on_disk = [o for o in offsets if o < tail.start] if self.log is not None else []
+        on_disk = (
+            [o for o in offsets if not tail.start <= o < tail.end] if self.log is not None else []
+        )
         if on_disk:
             wanted = set(on_disk)
             assert self.log is not None
@@ -412,9 +511,12 @@ class TopicStream:
         in memory are given again (nobody saw them); the log's are skipped by every cursor."""
         old = self.pumped
         tail = self.tail
-        if len(tail) and old < tail.end:
-            tail.truncate(max(old, tail.start))
-            self.next_offset = tail.end
+        # Offsets only in memory are given again; those in the log (the tail's, once it
+        # overflowed, and what followed it) never are.
+        written = self.log.next_offset if self.log is not None else 0
+        if len(tail) and max(old, written) < tail.end:
+            tail.truncate(max(old, tail.start, written))
+            self.next_offset = max(tail.end, written)
         self._skip_unpumped(old, self.next_offset)
 
     def drop_unpumped(self, count: int) -> int:
@@ -518,15 +620,16 @@ class TopicStream:
             salvage = Salvage()
         self.trim()
         tail = self.tail
-        if len(tail):
-            start = tail.start
+        unwritten = self._unwritten()
+        if unwritten:
+            start = tail.end - len(unwritten)
 
             def write(chunk: Sequence[Message], index: int) -> None:
                 log_.append_many(chunk, start + index)
 
-            salvage.write(f"TOPIC({self.name})", self.name, write, tail.front(len(tail)))
+            salvage.write(f"TOPIC({self.name})", self.name, write, unwritten)
             # What was not written leaves a gap in the log's offsets, as a consumed tail does.
-            tail.reset(self.next_offset)
+        tail.reset(self.next_offset)
         log_.advance_to(self.next_offset)
         self.refresh_cursors()
         log_.close()

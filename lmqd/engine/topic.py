@@ -613,6 +613,7 @@ class Topic:
         start, end, pushed_at = stream.take_pump_batch(PUMP_BATCH)
         readers = [c for c in channels if c.cursor is not None]
         fed = [c for c in channels if c.cursor is None]
+        stream.feeds = len(fed)
         for channel in readers:
             channel.message_count += end - start
         if pushed_at and readers:

@@ -234,14 +234,20 @@ class TopicLog:
         ids, self._recovered_ids = self._recovered_ids, []
         return ids
 
-    def append_many(self, messages: Sequence[Message], first_offset: int | None = None) -> int:
+    def append_many(
+        self, messages: Sequence[Message], first_offset: int | None = None, *, cache: bool = True
+    ) -> int:
         """Append ``messages`` in order; returns the offset of the first (the others follow).
 
         ``first_offset`` (at or after ``next_offset``) gives the first message a later offset
         than the next one: the offsets skipped are a gap, as damage leaves (a topic that kept
         messages in memory and never wrote the ones every channel had read). All or nothing:
         raises ``BackendError`` having stored none of them. The message objects are kept (the
-        tail cache) and handed to cursors as they are: do not change them after.
+        tail cache) and handed to cursors as they are: do not change them after. Without
+        ``cache`` they are not kept (the cache is emptied instead, so that it stays
+        contiguous): the caller keeps them (a topic's memory tail, whose readers may take them
+        for their own) or no reader is near enough the end to read them from the cache, and
+        they are freed as soon as the caller lets them go.
         """
         if self._closed:
             raise BackendError(f"TOPICLOG({self.name}): closed")
@@ -262,7 +268,9 @@ class TopicLog:
         placed = self._writer.write(listed, first)
         segs = index.segments
         live = self._segments.live
-        cache = self._cache
+        tail_cache = self._cache
+        if not cache and len(tail_cache):
+            tail_cache.clear()
         whole = len(listed)
         for number, pos, batches in placed:
             seg = segs[-1]
@@ -275,7 +283,8 @@ class TopicLog:
                 end = pos + OFFSET_BATCH_OVERHEAD + payload
                 chunk = listed if b_end - b_first == whole else listed[b_first:b_end]
                 seg.add_record(pos, first + b_first, b_end - b_first, max(map(_timestamp, chunk)))
-                cache.add(seg, pos, end, first + b_first, chunk)
+                if cache:
+                    tail_cache.add(seg, pos, end, first + b_first, chunk)
                 pos = end
         index.next_offset = first + whole
         self._dirty += whole
