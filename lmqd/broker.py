@@ -19,13 +19,15 @@ import attrs
 import trio
 
 from lmqd.engine.admission import PublishGate
-from lmqd.engine.backend import BackendError, BackendQueue, Syncable
-from lmqd.engine.channel import Channel, DeadLetterSink
+from lmqd.engine.backend import BackendError, Syncable
+from lmqd.engine.channel import Channel
 from lmqd.engine.channel_policy import REDRIVE_CHANNEL
+from lmqd.engine.context import DeadLetterSource, EngineContext, Named
+from lmqd.engine.publish import PublishOutcome
 from lmqd.engine.salvage import Salvage
 from lmqd.engine.stores import Stores
 from lmqd.engine.syncer import DurableCallback, Syncer
-from lmqd.engine.topic import PublishOutcome, Topic
+from lmqd.engine.topic import Topic
 from lmqd.message import GuidFactory, Message
 from lmqd.message_ext import MessageExt, dead_letter_ext
 from lmqd.options import Options
@@ -96,22 +98,6 @@ class BrokerObserver(Protocol):
         ...
 
 
-@attrs.frozen(kw_only=True)
-class _TopicHooks:
-    """The callbacks every topic gets from its broker (see ``Topic``)."""
-
-    channel_backend_factory: Callable[[str, str], BackendQueue]
-    deferred_store_factory: Callable[[str, str, bool], BackendQueue | None]
-    lane_backend_factory: Callable[[str, str, int], BackendQueue]
-    stored_lanes: Callable[[str, str], list[int]]
-    on_deleted_ephemeral: Callable[[Topic], None]
-    on_change: Callable[[], None]
-    on_health: Callable[[str | None], None]
-    on_channel_created: Callable[[str, str], None]
-    on_channel_deleted: Callable[[str, str], None]
-    dead_letter: DeadLetterSink
-
-
 class Broker:
     """One lmqd's topics, connections, health and publish paths."""
 
@@ -137,7 +123,14 @@ class Broker:
         self.stores = Stores(
             options, self.syncer, hold_data_dir=hold_data_dir, on_health=self.set_health
         )
-        self._guid = GuidFactory(options.node_id)
+        self.engine = EngineContext(
+            options=options,
+            stores=self.stores,
+            events=self,
+            syncer=self.syncer,
+            guid=GuidFactory(options.node_id),
+        )
+        """What every topic and channel shares; the broker is its events (``EngineEvents``)."""
         self._nursery: trio.Nursery | None = None
         self._health_error: str | None = None
         self._health_error_at = -math.inf
@@ -147,39 +140,40 @@ class Broker:
         so a failure between two scrapes of ``lmqd_healthy`` is not missed."""
         self._next_client_id = 0
         self._observers: list[BrokerObserver] = []
-        stores = self.stores
-        self._topic_hooks = _TopicHooks(
-            channel_backend_factory=stores.channel_backend,
-            deferred_store_factory=stores.deferred_store,
-            lane_backend_factory=stores.lane_backend,
-            stored_lanes=stores.stored_lanes,
-            on_deleted_ephemeral=self._forget_topic,
-            on_change=self.syncer.metadata_changed,
-            on_health=self.set_health,
-            on_channel_created=self._channel_created,
-            on_channel_deleted=self._channel_deleted,
-            dead_letter=self._dead_letter,
-        )
-        """Every topic's callbacks, bound once: each access to ``self.method`` makes a new bound
-        method object, and ten per topic were a fifth of an idle topic's objects."""
 
     def add_observer(self, observer: BrokerObserver) -> None:
         """Tell ``observer`` about topic and channel creation and deletion from now on."""
         self._observers.append(observer)
 
     def update_options(self, options: Options) -> None:
-        """Replace the options at run time (``PUT /config/...``) and tell the observers."""
+        """Replace the options at run time (``PUT /config/...``) and tell the observers (topics
+        and channels made from now on use them)."""
         self.options = options
+        self.engine.options = options
         for observer in self._observers:
             observer.options_changed(options)
 
-    def _channel_created(self, topic: str, channel: str) -> None:
+    # -- the engine's events (``lmqd.engine.context.EngineEvents``) ----------------------------
+
+    takes_dead_letters = True
+
+    def metadata_changed(self) -> None:
+        self.syncer.metadata_changed()
+
+    def channel_created(self, topic: str, channel: str) -> None:
         for observer in self._observers:
             observer.channel_created(topic, channel)
 
-    def _channel_deleted(self, topic: str, channel: str) -> None:
+    def channel_deleted(self, topic: str, channel: str) -> None:
         for observer in self._observers:
             observer.channel_deleted(topic, channel)
+
+    def ephemeral_topic_emptied(self, topic: Named) -> None:
+        # An ephemeral topic whose last channel went away deleted itself (nsqd does).
+        if self.topics.get(topic.name) is topic:
+            del self.topics[topic.name]
+            log.info("TOPIC(%s): deleted (ephemeral, no channels left)", topic.name)
+            self._topic_deleted(topic.name, [])
 
     def _topic_deleted(self, topic: str, channels: Sequence[str]) -> None:
         for observer in self._observers:
@@ -255,24 +249,7 @@ class Broker:
         """
         topic = self.topics.get(name)
         if topic is None:
-            hooks = self._topic_hooks
-            topic = Topic(
-                name,
-                self.options,
-                log=self.stores.topic_log(name),
-                channel_backend_factory=hooks.channel_backend_factory,
-                deferred_store_factory=hooks.deferred_store_factory,
-                lane_backend_factory=hooks.lane_backend_factory,
-                stored_lanes=hooks.stored_lanes,
-                on_deleted_ephemeral=hooks.on_deleted_ephemeral,
-                guid=self._guid,
-                syncer=self.syncer,
-                on_change=hooks.on_change,
-                on_health=hooks.on_health,
-                on_channel_created=hooks.on_channel_created,
-                on_channel_deleted=hooks.on_channel_deleted,
-                dead_letter=hooks.dead_letter,
-            )
+            topic = Topic(self.engine, name, log=self.stores.topic_log(name))
             self.topics[name] = topic
             log.info("TOPIC(%s): created", name)
             for observer in self._observers:
@@ -296,15 +273,6 @@ class Broker:
         if not topic.ephemeral:
             self.syncer.metadata_changed()
         self._topic_deleted(name, channels)
-
-    def _forget_topic(self, topic: Topic) -> None:
-        # An ephemeral topic whose last channel went away (nsqd deletes it then).
-        if self.topics.get(topic.name) is topic:
-            del self.topics[topic.name]
-            channels = list(topic.channels)
-            topic.delete()
-            log.info("TOPIC(%s): deleted (ephemeral, no channels left)", topic.name)
-            self._topic_deleted(topic.name, channels)
 
     def close_topics(self, salvage: Salvage | None = None) -> None:
         """Shutdown, blocking: close every topic (channels first; each flushes to disk, as far
@@ -432,11 +400,11 @@ class Broker:
 
     # -- channel policies: dead letters and redrive ------------------------------------------
 
-    def _dead_letter(
-        self, channel: Channel, messages: Sequence[Message], reason: str
+    def dead_letter(
+        self, channel: DeadLetterSource, messages: Sequence[Message], reason: str
     ) -> Syncable | None:
-        """A channel's ``DeadLetterSink``: publish copies of ``messages`` (id, body and
-        timestamp kept; attempts from 0 again, the count they had in their
+        """The engine's dead letters (``EngineEvents``): publish copies of ``messages`` (id,
+        body and timestamp kept; attempts from 0 again, the count they had in their
         ``lmq-dead-letter-attempts`` header, so that the dead-letter topic's own channels,
         under a daemon-wide ``--max-attempts``, deliver them instead of giving them up at once)
         to its dead-letter topic, created if needed with its ``REDRIVE_CHANNEL``. Returns what
@@ -469,22 +437,22 @@ class Broker:
 
     def redrive(self, channel: Channel, source: Topic, max_count: int) -> int:
         """Move up to ``max_count`` ready messages from ``source``'s ``REDRIVE_CHANNEL`` into
-        ``channel`` (attempts reset, see ``Channel.accept_redriven``); returns how many.
+        ``channel`` (attempts reset, see ``Retry.accept_redriven``); returns how many.
 
         Raises ``KeyError`` if ``source`` has no redrive channel (nothing was ever
         dead-lettered there), ``BackendError`` if ``channel`` could not store them (then they
         stay in the dead-letter topic: the redrive channel gets them back at once)."""
         dead = source.channels[REDRIVE_CHANNEL]
         now = trio.current_time()
-        taken = dead.take_for_redrive(max_count, now)
+        taken = dead.retry.take_for_redrive(max_count, now)
         if not taken:
             return 0
         try:
-            stored = channel.accept_redriven(taken, now)
+            stored = channel.retry.accept_redriven(taken, now)
         except BackendError:
-            dead.put_back(taken)
+            dead.retry.put_back(taken)
             raise
-        dead.redriven(taken, stored)
+        dead.retry.redriven(taken, stored)
         log.info(
             "CHANNEL(%s:%s): %d messages redriven from %s",
             channel.topic_name,
@@ -506,8 +474,9 @@ class Broker:
         """Snapshots of the topics (sorted by name), filtered as nsqd's /stats filters them."""
         names = sorted(self.topics) if topic is None else [topic] if topic in self.topics else []
         result = []
+        now = trio.current_time()
         for name in names:
-            stats = self.topics[name].statistics(include_clients=include_clients)
+            stats = self.topics[name].statistics(now, include_clients=include_clients)
             if channel is not None:
                 stats = attrs.evolve(
                     stats,

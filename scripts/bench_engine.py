@@ -90,6 +90,17 @@ class Result:
 
 def _topic(options: Options, data_path: str | None) -> Topic:
     kwargs: dict[str, Any] = {}
+    try:
+        from lmqd.engine.context import EngineContext
+    except ImportError:  # a checkout from before the engine context
+        pass
+    else:
+        log = None
+        if data_path is not None:
+            timebase = AnchoredTimeBase.now(trio.current_time())
+            log = TopicLog("bench", data_path, timebase=timebase)
+        ctx = EngineContext(options=options, guid=GuidFactory(1))
+        return Topic(ctx, "bench", log=log)  # type: ignore[call-arg, arg-type]
     if "log" in inspect.signature(Topic).parameters:  # a checkout with topic logs
         if data_path is not None:
             timebase = AnchoredTimeBase.now(trio.current_time())
@@ -98,7 +109,7 @@ def _topic(options: Options, data_path: str | None) -> Topic:
         kwargs["backend"] = MemoryBackend()
     return Topic(
         "bench", options, channel_backend_factory=_backend, guid=GuidFactory(1), **kwargs
-    )
+    )  # type: ignore[call-arg, arg-type]
 
 
 async def run(

@@ -116,7 +116,7 @@ class PublishGate:
         self.bucket: TokenBucket | None = None
         self.dedup: DedupWindow | None = None
 
-    def configure(self, policy: TopicPolicy, now: float) -> None:
+    def configure(self, policy: TopicPolicy) -> None:
         """Apply ``policy``'s publish keys. A bucket whose rate and burst are unchanged keeps
         its tokens; a dedup window that stays on keeps what it remembers."""
         self.max_depth = policy.max_depth
@@ -126,7 +126,7 @@ class PublishGate:
             burst = policy.publish_burst or rate
             bucket = self.bucket
             if bucket is None or (bucket.rate, bucket.burst) != (rate, burst):
-                self.bucket = TokenBucket(rate, burst, now)
+                self.bucket = TokenBucket(rate, burst)  # full: from its first use
         else:
             self.bucket = None
         window = policy.dedup_window_ms / 1000

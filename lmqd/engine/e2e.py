@@ -40,7 +40,7 @@ from collections.abc import Iterable, Sequence
 from lmqd.options import Options
 from lmqd.stats import NO_E2E_LATENCY, E2eLatency, Percentile
 
-__all__ = ["DEFAULT_SAMPLE_SIZE", "E2eLatencyStream", "new_stream"]
+__all__ = ["DEFAULT_SAMPLE_SIZE", "E2eLatencyStream", "empty_latency", "new_stream"]
 
 DEFAULT_SAMPLE_SIZE = 512
 """Samples kept per half-window: 2 x 512 x 8 bytes = 8 KiB per channel (only when percentiles
@@ -269,3 +269,14 @@ def new_stream(
         now,
         rng=rng,
     )
+
+
+def empty_latency(options: Options) -> E2eLatency:
+    """What a channel reports before its first FIN (it makes its stream then, ``new_stream``):
+    an empty window (every configured percentile 0, as perks reports it), or
+    ``NO_E2E_LATENCY`` when no percentile is configured."""
+    percentiles = options.e2e_processing_latency_percentiles
+    if not percentiles:
+        return NO_E2E_LATENCY
+    zeros = tuple(Percentile(quantile=q, value=0.0) for q in percentiles)
+    return E2eLatency(count=0, percentiles=zeros)

@@ -171,6 +171,18 @@ class InFlightQueue:
         """Take the message out of flight (``KeyError`` if absent). O(1)."""
         return self._messages.pop(msg_id)
 
+    def owned(self, msg_id: bytes, client_id: int) -> Message:
+        """The in-flight message with ``msg_id`` if ``client_id`` holds it. O(1).
+
+        Raises ``NotInFlight`` or ``NotOwner``.
+        """
+        msg = self._messages.get(msg_id)
+        if msg is None:
+            raise NotInFlight()
+        if msg.client_id != client_id:
+            raise NotOwner()
+        return msg
+
     def remove_owned(self, msg_id: bytes, client_id: int) -> Message:
         """Take the message out of flight if ``client_id`` holds it. O(1).
 

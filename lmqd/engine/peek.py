@@ -55,7 +55,7 @@ def peek_channel(channel: Channel, state: str, count: int) -> list[Peeked]:
     """The channel's messages in ``state`` (one of ``PEEK_STATES``): ready ones in delivery
     order, deferred ones by due time, in-flight ones by deadline."""
     if state == "queued":
-        return [Peeked(m, offset, 0.0, 0.0) for offset, m in channel.peek_queued(count)]
+        return [Peeked(m, offset, 0.0, 0.0) for offset, m in channel.sources.peek_queued(count)]
     if state == "deferred":
         return [
             Peeked(m, m.offset, m.deliver_at, 0.0)

@@ -16,6 +16,7 @@ per publish command (``lmqd.server.session``'s ``Throttle``, the HTTP handler's 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 __all__ = ["TokenBucket"]
@@ -26,7 +27,8 @@ class TokenBucket:
 
     __slots__ = ("_at", "_tokens", "burst", "rate")
 
-    def __init__(self, rate: float, burst: float, now: float) -> None:
+    def __init__(self, rate: float, burst: float, now: float = -math.inf) -> None:
+        """A full bucket at ``now`` (by default: at its first use, full all the same)."""
         if rate <= 0 or burst <= 0:
             raise ValueError("a token bucket needs a positive rate and burst")
         self.rate = rate

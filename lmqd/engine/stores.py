@@ -34,6 +34,7 @@ Opening a log or a queue runs its recovery, which blocks:
 
 from __future__ import annotations
 
+import enum
 import logging
 import os
 import re
@@ -72,6 +73,30 @@ _LANE_NAME = re.compile(r"(.+)" + re.escape(LANE_SUFFIX) + r"([1-9])")
 """A lane store's name: the channel's queue name, the suffix, the level."""
 
 _QUEUE_FILE = re.compile(r"(.+)\.lmq\.(?:pos\.json|log\.json|\d+\.dat)")
+
+
+class Backing(enum.Enum):
+    """What keeps a topic's or channel's messages past memory (``backing``)."""
+
+    DISK = "disk"
+    """Its log or disk queues in ``--data-path``."""
+    MEMORY = "memory"
+    """A ``MemoryBackend``: nothing of an ephemeral topic touches disk, not even the overflow
+    of its durable-named channels."""
+    NONE = "none"
+    """Nothing: the overflow is dropped and counted (ephemeral names, nsqd's dummy backend)."""
+
+
+def backing(topic: str, channel: str | None = None) -> Backing:
+    """THE rule for which store backs a topic (``channel`` None) or one of its channels: an
+    ephemeral name keeps nothing past memory; a channel of an ephemeral topic keeps its overflow
+    in memory; every other topic and channel is on disk. Each store a channel has (own, deferred,
+    priority lanes) follows its channel's."""
+    if channel is None:
+        return Backing.NONE if is_ephemeral(topic) else Backing.DISK
+    if is_ephemeral(channel):
+        return Backing.NONE
+    return Backing.MEMORY if is_ephemeral(topic) else Backing.DISK
 
 
 def deferred_store_name(topic: str, channel: str) -> str:
@@ -245,7 +270,7 @@ class Stores:
     def topic_log(self, name: str) -> TopicLog | None:
         """A topic's log (None for an ephemeral topic). Raises ``BackendError`` if it cannot
         be opened. The topic registers it with the syncer."""
-        if is_ephemeral(name):
+        if backing(name) is not Backing.DISK:
             return None
         opened = self._preopened.pop(name, None)
         if isinstance(opened, TopicLog):
@@ -261,11 +286,19 @@ class Stores:
     def channel_backend(self, topic_name: str, channel_name: str) -> BackendQueue:
         """A channel's own store: its disk queue, opened when first written to (or now, if it
         has files from before). Never raises: a failure to open shows when it is written to."""
-        if is_ephemeral(channel_name):
+        return self._backend(f"{topic_name}:{channel_name}", backing(topic_name, channel_name))
+
+    def lane_backend(self, topic_name: str, channel_name: str, level: int) -> BackendQueue:
+        """A channel's priority lane's store for ``level``, as ``channel_backend``."""
+        return self._backend(
+            lane_store_name(topic_name, channel_name, level), backing(topic_name, channel_name)
+        )
+
+    def _backend(self, name: str, kind: Backing) -> BackendQueue:
+        if kind is Backing.NONE:
             return DummyBackend()
-        if is_ephemeral(topic_name):
-            return MemoryBackend()  # nothing of an ephemeral topic goes to disk
-        name = f"{topic_name}:{channel_name}"
+        if kind is Backing.MEMORY:
+            return MemoryBackend()
         existing = self._preopened.pop(name, None)
         if isinstance(existing, DiskQueue):
             self._syncer.register(existing)
@@ -274,28 +307,13 @@ class Stores:
 
     def deferred_store(self, topic_name: str, channel_name: str, create: bool) -> DiskQueue | None:
         """A channel's deferred store: opened when first needed (``create``), or at start-up if
-        it has files; None for queues that are not stored on disk."""
-        if is_ephemeral(topic_name) or is_ephemeral(channel_name):
+        it has files; None for channels not stored on disk."""
+        if backing(topic_name, channel_name) is not Backing.DISK:
             return None
         name = deferred_store_name(topic_name, channel_name)
         if not create and name not in self._preopened:
             return None
         return self._disk(name)
-
-    def lane_backend(self, topic_name: str, channel_name: str, level: int) -> BackendQueue:
-        """A channel's priority lane's store for ``level``: its disk queue, opened when first
-        written to (or now, if it has files from before); as ``channel_backend`` for
-        ephemeral names."""
-        if is_ephemeral(channel_name):
-            return DummyBackend()
-        if is_ephemeral(topic_name):
-            return MemoryBackend()
-        name = lane_store_name(topic_name, channel_name, level)
-        existing = self._preopened.pop(name, None)
-        if isinstance(existing, DiskQueue):
-            self._syncer.register(existing)
-            return LazyBackend(self._open_disk, name, existing)
-        return LazyBackend(self._open_disk, name)
 
     def stored_lanes(self, topic_name: str, channel_name: str) -> list[int]:
         """The levels whose lane stores of the channel were opened at start-up (they have
@@ -306,3 +324,28 @@ class Stores:
             for name in self._preopened
             if name.startswith(prefix) and _LANE_NAME.fullmatch(name)
         )
+
+
+class MemoryStores:
+    r"""Stores for an engine without a data directory (tests, tools): ``backing``'s rule with
+    memory in place of disk. No log, no deferred store; what would be on disk is kept in
+    ``MemoryBackend``\ s, what ephemeral names drop is dropped."""
+
+    def topic_log(self, name: str) -> TopicLog | None:
+        return None
+
+    def channel_backend(self, topic_name: str, channel_name: str) -> BackendQueue:
+        if backing(topic_name, channel_name) is Backing.NONE:
+            return DummyBackend()
+        return MemoryBackend()
+
+    def lane_backend(self, topic_name: str, channel_name: str, level: int) -> BackendQueue:
+        return self.channel_backend(topic_name, channel_name)
+
+    def deferred_store(
+        self, topic_name: str, channel_name: str, create: bool
+    ) -> BackendQueue | None:
+        return None
+
+    def stored_lanes(self, topic_name: str, channel_name: str) -> list[int]:
+        return []

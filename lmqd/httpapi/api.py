@@ -34,7 +34,8 @@ from prometheus_client.exposition import choose_encoder
 from lmqd import NSQD_COMPAT_VERSION
 from lmqd.engine.admission import RateLimited, TopicFull
 from lmqd.engine.backend import BackendError
-from lmqd.engine.topic import Topic, TopicExiting
+from lmqd.engine.errors import TopicExiting
+from lmqd.engine.topic import Topic
 from lmqd.httpapi import args
 from lmqd.httpapi.asgi import (
     EMPTY,

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING
 import attrs
 
 from lmqd.engine.backend import BackendError
-from lmqd.engine.channel import TopicExiting
+from lmqd.engine.errors import TopicExiting
 from lmqd.engine.stream import TopicStream
 from lmqd.engine.topic import Topic
 from lmqd.httpapi import args

@@ -172,7 +172,7 @@ class TcpConnection:
                 self._wake_writer.set()
         finally:
             broker.clients.pop(self.id, None)
-            self.session.leave()
+            self.session.leave(trio.current_time())
             self.output.discard()
             self.budget.release(self._input_bytes)
             self._input_bytes = 0

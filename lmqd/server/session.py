@@ -52,7 +52,9 @@ import attrs
 from lmqd.broker import Broker
 from lmqd.engine.admission import PublishGate, PublishRefused
 from lmqd.engine.backend import BackendError
-from lmqd.engine.channel import Channel, NotInFlight, NotOwner, TooManyConsumers, TopicExiting
+from lmqd.engine.channel import Channel
+from lmqd.engine.errors import TooManyConsumers, TopicExiting
+from lmqd.engine.inflight import NotInFlight, NotOwner
 from lmqd.engine.subscription import Subscription
 from lmqd.message import Message
 from lmqd.message_ext import MessageExt
@@ -245,12 +247,12 @@ class Session:
             if self.channel is not None:
                 self.channel.consumer_ready()
 
-    def leave(self) -> None:
+    def leave(self, now: float) -> None:
         """The connection ended: unsubscribe (in-flight messages are requeued at once)."""
         channel, subscription = self.channel, self.subscription
         if channel is not None and subscription is not None:
             self.channel = self.subscription = None
-            channel.remove_consumer(subscription)
+            channel.remove_consumer(subscription, now)
 
     def statistics(self) -> ClientStats:
         sub = self.subscription

@@ -241,7 +241,8 @@ async def test_clean_restart_delivers_exactly_the_unfinished_messages(
 
         second = await durable(start_daemon, tmp_path)
         channel = second.broker.topics["t"].channels["c"]
-        assert isinstance(channel.backend.stored, DiskQueue)  # the in-flight one, at shutdown
+        # The in-flight one, at shutdown:
+        assert isinstance(channel.sources.backend.stored, DiskQueue)
         assert channel.deferred_count == 2  # read back from the deferred store at start-up
         consumer = await connect(second.tcp)
         await consumer.sub("t", "c", rdy=20)
@@ -269,8 +270,8 @@ async def test_a_requeue_the_store_refuses_stays_in_the_log_for_that_channel_onl
         bad_reader = await connect(running.tcp, heartbeat_interval=30000)
         await bad_reader.sub("t", "bad", rdy=10)
         bad = daemon.topics["t"].channels["bad"]
-        assert bad.cursor is not None and isinstance(bad.backend, LazyBackend)
-        store = bad.backend.opened()  # its own store: opened when first written, here now
+        assert bad.cursor is not None and isinstance(bad.sources.backend, LazyBackend)
+        store = bad.sources.backend.opened()  # its own store: opened when first written, here now
         real_put = store.put_many
         failing = True
 

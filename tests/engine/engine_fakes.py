@@ -6,15 +6,90 @@ Not a test module (no ``test_`` prefix); the engine tests import it relatively
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import random
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import trio
 
-from lmqd.engine.backend import BackendError, MemoryBackend
+from lmqd.engine.backend import BackendError, BackendQueue, DummyBackend, MemoryBackend
 from lmqd.engine.channel import Channel
+from lmqd.engine.context import EngineContext, EngineEvents, Named, NoEvents, StoreSource
+from lmqd.engine.stores import Backing, MemoryStores, backing
 from lmqd.engine.subscription import Subscription
 from lmqd.message import Message
+from lmqd.options import Options
 from lmqd.stats import ClientStats
+
+
+def engine(options: Options | None = None, **parts: Any) -> EngineContext:
+    """An engine context for a test: ``options`` (default ``Options()``), nothing on disk
+    (``MemoryStores``) and no broker (``NoEvents``) unless ``parts`` say otherwise (``stores``,
+    ``events``, ``syncer``, ``rng``, ``clock``, ``wall_clock``, ``guid``)."""
+    return EngineContext(options=options if options is not None else Options(), **parts)
+
+
+class RecordingEvents(NoEvents):
+    """Events a test looks at: ephemeral topics that deleted themselves, health reports."""
+
+    def __init__(self) -> None:
+        self.emptied: list[Named] = []
+        self.health: list[str | None] = []
+
+    def set_health(self, error: str | None) -> None:
+        self.health.append(error)
+
+    def ephemeral_topic_emptied(self, topic: Named) -> None:
+        self.emptied.append(topic)
+
+
+class GivenBackends(MemoryStores):
+    """``MemoryStores`` whose channels' own stores are made by ``make(topic, channel)`` (a
+    test's failing or pre-filled backend), but for those that keep nothing (``backing``)."""
+
+    def __init__(self, make: Callable[[str, str], BackendQueue]) -> None:
+        self._make = make
+
+    def channel_backend(self, topic_name: str, channel_name: str) -> BackendQueue:
+        if backing(topic_name, channel_name) is Backing.NONE:
+            return DummyBackend()
+        return self._make(topic_name, channel_name)
+
+
+class OneBackend(MemoryStores):
+    """``MemoryStores`` giving ``backend`` to the (one) channel made, whatever its name."""
+
+    def __init__(self, backend: BackendQueue) -> None:
+        self._backend = backend
+
+    def channel_backend(self, topic_name: str, channel_name: str) -> BackendQueue:
+        return self._backend
+
+
+def given_backend(backend: BackendQueue) -> StoreSource:
+    """Stores giving ``backend`` to the (one) channel made."""
+    return OneBackend(backend)
+
+
+def lone_channel(
+    options: Options | None = None,
+    name: str = "c",
+    *,
+    backend: BackendQueue | None = None,
+    rng: random.Random | None = None,
+    events: EngineEvents | None = None,
+    **kwargs: Any,
+) -> Channel:
+    """A channel of topic ``t`` made on its own (no topic), its own store ``backend`` (memory
+    by default)."""
+    parts: dict[str, Any] = {}
+    if backend is not None:
+        parts["stores"] = given_backend(backend)
+    if rng is not None:
+        parts["rng"] = rng
+    if events is not None:
+        parts["events"] = events
+    return Channel(engine(options, **parts), "t", name, **kwargs)
 
 
 def now_or_none() -> float | None:

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from lmqd.engine.context import EngineContext
 from lmqd.engine.stores import Stores, queues_to_open, restore_plan, stored_queue_names
 from lmqd.engine.syncer import Syncer
 from lmqd.engine.topic import Topic
@@ -31,7 +32,7 @@ def open_restored_topic(
     *,
     guid: GuidFactory,
     prepare: Callable[[Topic], None] | None = None,
-    **topic_options: Any,
+    **context_parts: Any,
 ) -> Topic:
     """Topic ``t`` in ``options.data_path`` with ``channels``, restored as the service restores
     it (``lmqd.engine.stores``: the restore plan, the logs and queues opened first, then the
@@ -52,13 +53,10 @@ def open_restored_topic(
     opened, failed = stores.open_stored(queues_to_open(plan, on_disk))
     assert not failed
     stores.preopen(opened)
-    topic = Topic(
-        "t", options, log=stores.topic_log("t"),
-        channel_backend_factory=stores.channel_backend,
-        deferred_store_factory=stores.deferred_store,
-        lane_backend_factory=stores.lane_backend, stored_lanes=stores.stored_lanes,
-        guid=guid, rng=random.Random(7), **topic_options,
-    )  # fmt: skip
+    ctx = EngineContext(
+        options=options, stores=stores, guid=guid, rng=random.Random(7), **context_parts
+    )
+    topic = Topic(ctx, "t", log=stores.topic_log("t"))
     if prepare is not None:
         prepare(topic)
     for name in channels:

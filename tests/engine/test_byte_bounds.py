@@ -25,7 +25,7 @@ from lmqd.options import Options
 from lmqd.units import KiB
 
 from ..storage.storage_helpers import memory_dir
-from .engine_fakes import FakeClient
+from .engine_fakes import FakeClient, engine, lone_channel
 from .engine_restart import NOW, Engine
 
 BIG = 64 * KiB
@@ -33,9 +33,7 @@ ROOM = 4 * BIG  # the fake's output limit: four big messages
 
 
 def make_channel(**options: object) -> Channel:
-    return Channel(
-        "t", "c", Options.from_mapping(options), backend=MemoryBackend(), rng=random.Random(7)
-    )
+    return lone_channel(Options.from_mapping(options), rng=random.Random(7))
 
 
 def big_messages(count: int, size: int = BIG) -> list[Message]:
@@ -185,7 +183,7 @@ def test_big_messages_an_earlier_run_left_in_the_channels_store_are_held_to_the_
     # This run's --max-msg-size is below what the earlier run stored: only the bodies read
     # tell how big they are.
     options = Options(max_msg_size=1 * KiB)
-    ch = Channel("t", "c", options, backend=stored, rng=random.Random(7))
+    ch = lone_channel(options, backend=stored, rng=random.Random(7))
     client = FakeClient(1, ready=300, output_limit=ROOM)
     client.subscribe(ch)
     ch.deliver(0.0)
@@ -194,7 +192,7 @@ def test_big_messages_an_earlier_run_left_in_the_channels_store_are_held_to_the_
 
 
 def test_a_topics_big_messages_reach_a_consumer_within_its_room() -> None:
-    topic = Topic("t", Options(), channel_backend_factory=lambda t, c: MemoryBackend())
+    topic = Topic(engine(), "t")
     channel = topic.get_channel("c")
     client = FakeClient(1, ready=300, output_limit=ROOM)
     client.subscribe(channel)
@@ -209,7 +207,7 @@ def test_a_topics_big_messages_reach_a_consumer_within_its_room() -> None:
 
 
 def test_big_messages_with_a_priority_are_held_to_the_room() -> None:
-    topic = Topic("t", Options(), channel_backend_factory=lambda t, c: MemoryBackend())
+    topic = Topic(engine(), "t")
     channel = topic.get_channel("c")
     client = FakeClient(1, ready=300, output_limit=ROOM)
     client.subscribe(channel)
@@ -315,7 +313,7 @@ def test_an_earlier_runs_deferred_big_messages_are_held_to_the_room() -> None:
 
 
 def test_a_round_bounded_by_the_marks_gives_the_in_flight_heap_an_upper_bound() -> None:
-    topic = Topic("t", Options(), channel_backend_factory=lambda t, c: MemoryBackend())
+    topic = Topic(engine(), "t")
     channel = topic.get_channel("c")
     client = FakeClient(1, ready=100)
     client.subscribe(channel)
@@ -334,7 +332,7 @@ def test_a_round_is_cut_to_the_room_between_marks() -> None:
     # 100 messages of 100 bytes: the marks bound a read of them by at most two stretches of
     # MARK_EVERY; a room just above their bytes is not enough to skip the sum, and the exact
     # sum then lets them all through.
-    topic = Topic("t", Options(), channel_backend_factory=lambda t, c: MemoryBackend())
+    topic = Topic(engine(), "t")
     channel = topic.get_channel("c")
     client = FakeClient(1, ready=1000, output_limit=100 * 100 + 1)
     client.subscribe(channel)

@@ -13,26 +13,34 @@ import pytest
 import trio
 
 from lmqd.engine.backend import DummyBackend, MemoryBackend
-from lmqd.engine.channel import (
-    Channel,
-    NotInFlight,
-    NotOwner,
-    TooManyConsumers,
-    TopicExiting,
-    is_ephemeral,
-)
+from lmqd.engine.channel import Channel
+from lmqd.engine.errors import TooManyConsumers, TopicExiting
+from lmqd.engine.inflight import NotInFlight, NotOwner
+from lmqd.names import is_ephemeral
 from lmqd.options import Options
 
-from .engine_fakes import FailingBackend, FakeClient, bodies, make_messages
+from .engine_fakes import FailingBackend, FakeClient, bodies, lone_channel, make_messages
+
+
+class Unused:
+    """A channel's owner that records the channels that asked to be deleted."""
+
+    def __init__(self, asked: list[Channel]) -> None:
+        self.asked = asked
+
+    def entry_changed(self) -> None:
+        pass
+
+    def channel_unused(self, channel: Channel) -> None:
+        self.asked.append(channel)
 
 
 def make_channel(
     name: str = "c", *, backend: MemoryBackend | DummyBackend | None = None, **options: object
 ) -> Channel:
-    return Channel(
-        "t",
-        name,
+    return lone_channel(
         Options.from_mapping(options),
+        name,
         backend=backend if backend is not None else MemoryBackend(),
         rng=random.Random(1234),
     )
@@ -404,7 +412,7 @@ def test_disconnect_requeues_in_flight_at_once() -> None:
     ch.put_many(make_messages(3), 0.0)
     ch.deliver(0.0)
     assert len(leaver.received) == 3
-    ch.remove_consumer(leaver.sub)
+    ch.remove_consumer(leaver.sub, 0.0)
     assert ch.in_flight_count == 0
     assert leaver.in_flight_count == 0
     assert ch.depth == 3
@@ -414,7 +422,7 @@ def test_disconnect_requeues_in_flight_at_once() -> None:
     ch.deliver(5.0)
     assert bodies(stayer.received) == [b"m0", b"m1", b"m2"]
     assert [m.attempts for m in stayer.received] == [2, 2, 2]
-    ch.remove_consumer(leaver.sub)  # unknown client: nothing happens
+    ch.remove_consumer(leaver.sub, 0.0)  # unknown client: nothing happens
 
 
 def test_too_many_consumers() -> None:
@@ -446,15 +454,13 @@ def test_deleting_a_channel_closes_its_clients() -> None:
 
 def test_ephemeral_channel_asks_to_be_deleted_when_its_last_client_leaves() -> None:
     asked: list[Channel] = []
-    ch = Channel(
-        "t", "c#ephemeral", Options(), backend=DummyBackend(), on_last_client_removed=asked.append
-    )
+    ch = lone_channel(name="c#ephemeral", backend=DummyBackend(), owner=Unused(asked))
     a, b = FakeClient(1), FakeClient(2)
     a.subscribe(ch)
     b.subscribe(ch)
-    ch.remove_consumer(a.sub)
+    ch.remove_consumer(a.sub, 0.0)
     assert asked == []
-    ch.remove_consumer(b.sub)
+    ch.remove_consumer(b.sub, 0.0)
     assert asked == [ch]
 
 
@@ -587,7 +593,7 @@ def test_pause_and_unpause() -> None:
     ch.deliver(0.0)
     assert client.writes == []
     assert ch.depth == 3
-    assert ch.statistics().paused
+    assert ch.statistics(0.0).paused
     ch.unpause()
     assert client.writes == []  # unpause does not deliver by itself
     ch.deliver(1.0)
@@ -622,7 +628,7 @@ def test_close_flushes_memory_in_flight_and_deferred_to_the_backend() -> None:
     stored = backend.read_many(10)
     assert bodies(stored) == [b"m1", b"m0", b"m2"]  # memory, in flight, deferred
     assert stored[2].deliver_at == 50.0
-    ch.remove_consumer(client.sub)  # after close: no requeue into the closed backend
+    ch.remove_consumer(client.sub, 0.0)  # after close: no requeue into the closed backend
     assert backend.depth == 0
     ch.close()  # idempotent
 
@@ -639,7 +645,7 @@ def test_statistics_snapshot_counts() -> None:
     x, y = a.received
     ch.finish(a.sub, x.id, 1.0)
     ch.requeue(a.sub, y.id, 5.0, 1.0)
-    s = ch.statistics()
+    s = ch.statistics(0.0)
     assert s.channel_name == "c"
     assert (s.depth, s.backend_depth, s.in_flight_count, s.deferred_count) == (3, 3, 0, 2)
     assert (s.message_count, s.requeue_count, s.timeout_count) == (6, 1, 0)
@@ -650,7 +656,7 @@ def test_statistics_snapshot_counts() -> None:
     assert s.clients[0].requeue_count == 1
     assert s.e2e_processing_latency.count == 0
     assert s.e2e_processing_latency.percentiles is None
-    brief = ch.statistics(include_clients=False)
+    brief = ch.statistics(0.0, include_clients=False)
     assert brief.clients is None
     assert brief.client_count == 2
     d = s.to_dict()
@@ -675,7 +681,7 @@ async def test_fin_feeds_the_e2e_stream_when_percentiles_are_configured() -> Non
     ch.deliver(0.0)
     for m in client.received[:2]:
         ch.finish(client.sub, m.id, 1.0)
-    assert ch.statistics().e2e_processing_latency.count == 2
+    assert ch.statistics(0.0).e2e_processing_latency.count == 2
 
 
 def test_shares_respect_windows_and_stay_even() -> None:
@@ -720,5 +726,5 @@ async def test_finish_many_matches_finish_and_reports_failures_in_order() -> Non
     ]
     assert (a.in_flight_count, a.finish_count) == (1, 2)
     assert ch.in_flight_count == 2
-    assert ch.statistics().e2e_processing_latency.count == 2
+    assert ch.statistics(0.0).e2e_processing_latency.count == 2
     assert z.id in ch.in_flight

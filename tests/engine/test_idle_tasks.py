@@ -28,7 +28,7 @@ from lmqd.message import GuidFactory
 from lmqd.options import Options
 from lmqd.storage import AnchoredTimeBase
 
-from .engine_fakes import FakeClient
+from .engine_fakes import FakeClient, engine
 
 MSG_TIMEOUT = 60.0  # FakeClient's default msg_timeout
 
@@ -38,13 +38,8 @@ def memory_backend(topic: str, channel: str) -> BackendQueue:
 
 
 def make_topic(**options: object) -> Topic:
-    return Topic(
-        "t",
-        Options.from_mapping(options),
-        channel_backend_factory=memory_backend,
-        guid=GuidFactory(1),
-        rng=random.Random(7),
-    )
+    ctx = engine(Options.from_mapping(options), guid=GuidFactory(1), rng=random.Random(7))
+    return Topic(ctx, "t")
 
 
 async def settle() -> None:

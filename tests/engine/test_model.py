@@ -36,6 +36,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
 from lmqd.engine.channel import Channel
+from lmqd.engine.context import EngineContext
 from lmqd.engine.stores import Stores, queues_to_open, restore_plan, stored_queue_names
 from lmqd.engine.syncer import Syncer
 from lmqd.engine.topic import Topic
@@ -111,16 +112,11 @@ class EngineMachine(RuleBasedStateMachine):
         opened, failed = stores.open_stored(queues_to_open(plan, on_disk))
         assert not failed
         stores.preopen(opened)
-        topic = Topic(
-            "t",
-            options,
-            log=stores.topic_log("t"),
-            channel_backend_factory=stores.channel_backend,
-            deferred_store_factory=stores.deferred_store,
-            guid=self.guid,
-            rng=random.Random(7),
+        ctx = EngineContext(
+            options=options, stores=stores, guid=self.guid, rng=random.Random(7),
             clock=lambda: self.now,
-        )
+        )  # fmt: skip
+        topic = Topic(ctx, "t", log=stores.topic_log("t"))
         topic.paused = self.paused
         for channel in plan[0].channels:
             self._attach(topic.get_channel(channel.name))

@@ -21,15 +21,17 @@ from typing import Any
 import trio
 import trio.testing
 
-from lmqd.engine.backend import BackendError, MemoryBackend, Syncable
-from lmqd.engine.channel import DEAD_LETTER_RETRY_S, SCREEN_BUDGET, SCREEN_CHUNK, Channel
+from lmqd.engine.backend import BackendError, Syncable
+from lmqd.engine.channel import Channel
+from lmqd.engine.context import DeadLetterSource, NoEvents
+from lmqd.engine.retry import DEAD_LETTER_RETRY_S, SCREEN_BUDGET, SCREEN_CHUNK
 from lmqd.engine.topic import Topic
 from lmqd.message import GuidFactory, Message
 from lmqd.message_ext import MessageExt
 from lmqd.options import Options
 from lmqd.storage import AnchoredTimeBase, TopicLog
 
-from .engine_fakes import FakeClient
+from .engine_fakes import FakeClient, engine
 
 WALL0_NS = 1_750_000_000 * 10**9
 TIMEOUT = 3600.0
@@ -40,15 +42,18 @@ def wall() -> int:
     return WALL0_NS + round(trio.current_time() * 1e9)
 
 
-class DeadLetters:
-    """A ``DeadLetterSink`` that records ``(time, topic, channel, copies, reason)``."""
+class DeadLetters(NoEvents):
+    """The engine's events with a dead-letter topic that records ``(time, topic, channel,
+    copies, reason)``."""
+
+    takes_dead_letters = True
 
     def __init__(self) -> None:
         self.got: list[tuple[float, str, str, list[Message], str]] = []
         self.failing = False
 
-    def __call__(
-        self, channel: Channel, messages: Sequence[Message], reason: str
+    def dead_letter(
+        self, channel: DeadLetterSource, messages: Sequence[Message], reason: str
     ) -> Syncable | None:
         if self.failing:
             raise BackendError("disk full")
@@ -82,16 +87,14 @@ def make_topic(
         if path is not None
         else None
     )
-    return Topic(
-        "t",
+    ctx = engine(
         Options.from_mapping(options),
-        log=log,
-        channel_backend_factory=lambda t, c: MemoryBackend(),
         guid=GuidFactory(1),
         rng=random.Random(3),
         wall_clock=wall,
-        dead_letter=sink,
+        events=sink if sink is not None else NoEvents(),
     )
+    return Topic(ctx, "t", log=log)
 
 
 async def settle() -> None:
@@ -131,11 +134,11 @@ async def test_each_message_is_seen_max_attempts_times_then_dropped(
             ]  # fmt: skip
             assert channel.max_attempts_dropped_count == 2
             assert (channel.dead_letter_count, channel.expired_count) == (0, 0)
-            stats = channel.statistics()
+            stats = channel.statistics(trio.current_time())
             assert (stats.max_attempts_dropped_count, stats.depth, stats.in_flight_count) == (
                 2, 0, 0,
             )
-            assert topic.statistics().max_attempts_dropped_count == 2
+            assert topic.statistics(trio.current_time()).max_attempts_dropped_count == 2
             topic.close()
 
 
@@ -194,7 +197,7 @@ async def test_a_consumer_leaving_does_not_redeliver_a_message_out_of_attempts(
             topic.publish([b"x"], trio.current_time())
             await settle()
             assert len(client.received) == 1
-            channel.remove_consumer(sub)
+            channel.remove_consumer(sub, trio.current_time())
             other = Client(2, ready=1)
             other.subscribe(channel)
             await settle()
@@ -327,7 +330,7 @@ async def test_ttl_drops_what_was_not_delivered_in_time(autojump_clock: trio.abc
             assert client.write_times == [5.0, 5.0 + 4.001]
             assert channel.expired_count == 1
             assert other.expired_count == 0
-            assert topic.statistics().expired_count == 1
+            assert topic.statistics(trio.current_time()).expired_count == 1
             topic.close()
 
 
@@ -493,9 +496,9 @@ async def test_a_messages_own_ttl_and_the_topics_the_shorter_wins(
 async def test_without_message_ttls_nothing_is_screened(autojump_clock: trio.abc.Clock) -> None:
     topic = make_topic()
     channel = topic.get_channel("c")
-    assert not channel._screening
+    assert not channel.retry.screening
     topic.publish([b"x"], trio.current_time(), exts=[MessageExt(priority=3)])
-    assert not channel._screening  # a priority is no TTL
+    assert not channel.retry.screening  # a priority is no TTL
     topic.publish([b"y"], trio.current_time(), exts=[MessageExt(ttl_ms=1)])
-    assert channel._screening and topic.get_channel("d")._screening
+    assert channel.retry.screening and topic.get_channel("d").retry.screening
     topic.close()

@@ -12,14 +12,13 @@ from collections.abc import Iterator
 
 import pytest
 
-from lmqd.engine.backend import MemoryBackend
 from lmqd.engine.topic import Topic
 from lmqd.message import GuidFactory, Message
 from lmqd.message_ext import MessageExt
-from lmqd.options import Options
 
 from ..storage.storage_helpers import memory_dir
 from .engine_fakes import FakeClient
+from .engine_fakes import engine as engine_context
 from .engine_restart import NOW, Engine
 
 BACKLOG = 300
@@ -194,7 +193,7 @@ def test_peek_shows_the_order_delivery_takes(engine: Engine) -> None:
     publish_backlog(engine)
     publish_ranked(engine)
     engine.pump()
-    peeked = engine.topic.channels["a"].peek_queued(len(RANKED) + 1)
+    peeked = engine.topic.channels["a"].sources.peek_queued(len(RANKED) + 1)
     assert [m.body for _, m in peeked] == [*IN_ORDER, b"plain000"]
     assert [m.body for m in one_by_one(engine, "a", len(RANKED) + 1)] == [
         *IN_ORDER,
@@ -248,10 +247,7 @@ def test_finished_ranked_messages_stay_finished_after_a_crash() -> None:
 def test_channels_without_a_cursor_rank_too(topic_name: str) -> None:
     """An ephemeral topic (no log) and an ephemeral channel get copies from the pump, not
     through a cursor: the ranked ones still go first."""
-    topic = Topic(
-        topic_name, Options(), channel_backend_factory=lambda t, c: MemoryBackend(),
-        guid=GuidFactory(1), rng=random.Random(3),
-    )  # fmt: skip
+    topic = Topic(engine_context(guid=GuidFactory(1), rng=random.Random(3)), topic_name)
     client = FakeClient(1)
     channel = topic.get_channel("c#ephemeral")
     client.subscribe(channel)

@@ -23,7 +23,7 @@ from lmqd.options import Options
 from lmqd.stats import PublishPolicyStats
 from lmqd.storage import AnchoredTimeBase, TopicLog
 
-from .engine_fakes import FakeClient
+from .engine_fakes import FakeClient, engine
 
 TIMEBASE = AnchoredTimeBase(0.0, 1_700_000_000 * 10**9)
 
@@ -34,14 +34,8 @@ def memory_backend(topic: str, channel: str) -> BackendQueue:
 
 def make_topic(path: Path | None = None, **options: object) -> Topic:
     log = TopicLog("t", path, timebase=TIMEBASE) if path is not None else None
-    return Topic(
-        "t",
-        Options.from_mapping(options),
-        log=log,
-        channel_backend_factory=memory_backend,
-        guid=GuidFactory(1),
-        rng=random.Random(5),
-    )
+    ctx = engine(Options.from_mapping(options), guid=GuidFactory(1), rng=random.Random(5))
+    return Topic(ctx, "t", log=log)
 
 
 def bodies(*numbers: int) -> list[bytes]:
@@ -57,7 +51,7 @@ async def drain(topic: Topic, client: FakeClient, channel: str = "c") -> list[by
 
 
 def counters(topic: Topic) -> PublishPolicyStats | None:
-    return topic.statistics().publish_policy
+    return topic.statistics(0.0).publish_policy
 
 
 async def test_reject_refuses_whole_commands_and_keeps_what_was_accepted(
@@ -180,12 +174,12 @@ async def test_no_policy_no_gate_no_extra_stats() -> None:
     topic = make_topic()
     assert topic.gate is None
     assert counters(topic) is None
-    assert "deduplicated_count" not in topic.statistics().to_dict()
+    assert "deduplicated_count" not in topic.statistics(0.0).to_dict()
     topic.set_policy({"overflow": "drop_oldest"})  # without max_depth: nothing to apply
     assert topic.gate is None
     topic.set_policy({"publish_rate": 10})
     assert topic.gate is not None and topic.gate.bucket is not None
-    assert list(topic.statistics().to_dict())[-4:] == [
+    assert list(topic.statistics(0.0).to_dict())[-4:] == [
         "overflow_dropped_count", "overflow_refused_count", "rate_limited_count",
         "deduplicated_count",
     ]  # fmt: skip

@@ -200,7 +200,7 @@ async def test_a_topic_without_ids_has_no_id_window_after_a_restart(
     node = Node(tmp_path / "d", durable=True)
     node.topic.publish([b"a", b"b"], trio.current_time(), exts=[MessageExt(priority=1), None])
     topic = node.restart()
-    assert topic._id_window is None and topic.gate is None
+    assert topic.publishing.id_window is None and topic.gate is None
     log_ = topic.log
     assert log_ is not None and log_.keep_recent_ms is None  # nothing kept longer
     topic.close()
@@ -306,5 +306,5 @@ async def test_stored_messages_without_a_ttl_cost_no_screening(
     node.topic._pump_batch(trio.current_time())
     topic = node.restart()  # one in the channel's own store, one in the log
     assert not topic.message_ttls
-    assert not topic.channels["c"]._screening
+    assert not topic.channels["c"].retry.screening
     topic.close()

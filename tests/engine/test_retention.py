@@ -17,14 +17,13 @@ from typing import Any
 import pytest
 import trio
 
-from lmqd.engine.backend import MemoryBackend
 from lmqd.engine.policy import PolicyError, TopicPolicy, parse_update
 from lmqd.engine.topic import Topic
 from lmqd.message import GuidFactory
 from lmqd.options import Options
 from lmqd.storage import AnchoredTimeBase, TopicLog
 
-from .engine_fakes import FakeClient
+from .engine_fakes import FakeClient, engine
 
 WALL0_NS = 1_750_000_000 * 10**9
 BODY = b"x" * 100
@@ -38,31 +37,22 @@ PUBLISH_OFF = {
 """The TTL and publish policy keys, all off (``lmqd.engine.policy``)."""
 
 
-class VirtualWall:
-    """``time`` for ``lmqd.engine.topic``: message timestamps on the virtual clock."""
-
-    @staticmethod
-    def time_ns() -> int:
-        return WALL0_NS + round(trio.current_time() * 1e9)
-
-
-@pytest.fixture
-def virtual_wall(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("lmqd.engine.topic.time", VirtualWall)
+def virtual_wall_ns() -> int:
+    """The engine's wall clock: message timestamps on the virtual clock."""
+    return WALL0_NS + round(trio.current_time() * 1e9)
 
 
 def make_topic(path: Path, **options: Any) -> Topic:
     log = TopicLog(
         "t", path, timebase=AnchoredTimeBase(0.0, WALL0_NS), max_bytes_per_file=SEGMENT
     )
-    return Topic(
-        "t",
+    ctx = engine(
         Options.from_mapping({"mem_queue_size": 0, **options}),
-        log=log,
-        channel_backend_factory=lambda t, c: MemoryBackend(),
         guid=GuidFactory(1),
         rng=random.Random(3),
+        wall_clock=virtual_wall_ns,
     )
+    return Topic(ctx, "t", log=log)
 
 
 def sync(topic: Topic) -> None:
@@ -111,7 +101,7 @@ def test_policy_updates_are_checked_whole() -> None:
 
 
 async def test_without_retention_passed_segments_go_at_the_next_sync(
-    tmp_path: Path, autojump_clock: trio.abc.Clock, virtual_wall: None
+    tmp_path: Path, autojump_clock: trio.abc.Clock
 ) -> None:
     topic = make_topic(tmp_path)
     async with trio.open_nursery() as nursery:
@@ -124,7 +114,7 @@ async def test_without_retention_passed_segments_go_at_the_next_sync(
 
 
 async def test_time_retention_keeps_passed_segments_exactly_that_long(
-    tmp_path: Path, autojump_clock: trio.abc.Clock, virtual_wall: None
+    tmp_path: Path, autojump_clock: trio.abc.Clock
 ) -> None:
     topic = make_topic(tmp_path, retention_ms=10_000)  # the daemon's default
     assert topic.policy.retention_ms == 10_000
@@ -145,7 +135,7 @@ async def test_time_retention_keeps_passed_segments_exactly_that_long(
 
 
 async def test_size_retention_keeps_the_newest_bytes(
-    tmp_path: Path, autojump_clock: trio.abc.Clock, virtual_wall: None
+    tmp_path: Path, autojump_clock: trio.abc.Clock
 ) -> None:
     topic = make_topic(tmp_path)
     topic.set_policy({"retention_bytes": 2 * SEGMENT})
@@ -165,7 +155,7 @@ async def test_size_retention_keeps_the_newest_bytes(
 
 
 async def test_retention_writes_every_message_to_the_log(
-    tmp_path: Path, autojump_clock: trio.abc.Clock, virtual_wall: None
+    tmp_path: Path, autojump_clock: trio.abc.Clock
 ) -> None:
     topic = make_topic(tmp_path, mem_queue_size=100)
     async with trio.open_nursery() as nursery:

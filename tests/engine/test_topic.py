@@ -18,12 +18,20 @@ import trio
 
 from lmqd.engine.backend import BackendError, BackendQueue, DummyBackend, MemoryBackend
 from lmqd.engine.channel import Channel
-from lmqd.engine.topic import Topic, TopicExiting
+from lmqd.engine.errors import TopicExiting
+from lmqd.engine.topic import Topic
 from lmqd.message import GuidFactory, Message
 from lmqd.options import Options
 from lmqd.storage import AnchoredTimeBase, ChannelMetadata, TopicLog, TopicMetadata
 
-from .engine_fakes import FakeClient, bodies, make_messages
+from .engine_fakes import (
+    FakeClient,
+    GivenBackends,
+    RecordingEvents,
+    bodies,
+    engine,
+    make_messages,
+)
 
 TIMEBASE = AnchoredTimeBase(0.0, 1_700_000_000 * 10**9)
 
@@ -48,15 +56,17 @@ def make_topic(
     backends: Backends | None = None,
     **options: object,
 ) -> Topic:
-    return Topic(
-        name,
+    events = RecordingEvents()
+    if deleted is not None:
+        events.emptied = deleted  # type: ignore[assignment]
+    ctx = engine(
         Options.from_mapping(options),
-        log=log,
-        channel_backend_factory=backends if backends is not None else Backends(),
-        on_deleted_ephemeral=deleted.append if deleted is not None else None,
+        stores=GivenBackends(backends if backends is not None else Backends()),
+        events=events,
         guid=GuidFactory(1),
         rng=random.Random(99),
     )
+    return Topic(ctx, name, log=log)
 
 
 def open_log(path: Path, **kwargs: Any) -> TopicLog:
@@ -246,7 +256,7 @@ async def test_pause_and_unpause_topic(autojump_clock: trio.abc.Clock) -> None:
         await trio.sleep(5.0)
         assert client.writes == []
         assert topic.depth == 2
-        assert topic.statistics().paused
+        assert topic.statistics(trio.current_time()).paused
         late = FakeClient(2, ready=10)
         subscribe(topic, "late", late)  # created while paused: gets what the pause held
         topic.unpause()
@@ -362,14 +372,14 @@ def test_ephemeral_channel_and_topic_are_deleted_with_their_last_user() -> None:
     a, b = FakeClient(1), FakeClient(2)
     ch1 = subscribe(topic, "c1#ephemeral", a)
     subscribe(topic, "c2", b)  # durable channel keeps the topic alive
-    assert isinstance(ch1.backend, DummyBackend)
+    assert isinstance(ch1.sources.backend, DummyBackend)
     assert ch1.cursor is None  # nothing of an ephemeral topic is read from a log
-    ch1.remove_consumer(a.sub)  # type: ignore[arg-type]
+    ch1.remove_consumer(a.sub, 0.0)  # type: ignore[arg-type]
     assert ch1.exiting
     assert "c1#ephemeral" not in topic.channels
     assert deleted == []
     b_channel = topic.channels["c2"]
-    b_channel.remove_consumer(b.sub)  # type: ignore[arg-type]
+    b_channel.remove_consumer(b.sub, 0.0)  # type: ignore[arg-type]
     assert "c2" in topic.channels  # not ephemeral: stays without clients
     topic.delete_channel("c2")
     assert deleted == [topic]
@@ -484,14 +494,14 @@ def test_topic_statistics_snapshot(tmp_path: Path) -> None:
     zc.add_consumer(FakeClient(7, ready=0))
     topic.pause()
     topic.publish([b"abc", b"de"], 0.0)
-    s = topic.statistics()
+    s = topic.statistics(0.0)
     assert s.topic_name == "t"
     assert [c.channel_name for c in s.channels] == ["a", "z"]  # sorted by name
     assert (s.depth, s.backend_depth, s.message_count, s.message_bytes) == (2, 1, 2, 5)
     assert s.paused
     assert s.channels[1].client_count == 1
     assert s.channels[1].clients is not None
-    assert topic.statistics(include_clients=False).channels[1].clients is None
+    assert topic.statistics(0.0, include_clients=False).channels[1].clients is None
     d = s.to_dict()
     assert list(d) == [
         "topic_name", "channels", "depth", "backend_depth", "message_count", "message_bytes",

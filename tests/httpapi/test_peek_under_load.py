@@ -234,7 +234,7 @@ async def test_consumers_get_the_same_with_and_without_peeks(
                     b.decode() for b in bodies + deferred
                 )
             # Before the consumers leave (the held messages go back then).
-            t_stats = running.broker.topics["t"].statistics()
+            t_stats = running.broker.topics["t"].statistics(trio.current_time())
             stats = {c.channel_name: c for c in t_stats.channels}
             nursery.cancel_scope.cancel()
 

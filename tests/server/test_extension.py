@@ -161,7 +161,7 @@ async def test_a_repeated_dedup_id_is_answered_ok_and_enqueued_once(
             assert await producer.frame() == OK
         topic = running.broker.topics["t"]
         assert topic.depth == 1
-        assert topic.statistics().to_dict()["topic_name"] == "t"
+        assert topic.statistics(trio.current_time()).to_dict()["topic_name"] == "t"
         assert topic.publish_counters.deduplicated == 1
         await producer.aclose()
 

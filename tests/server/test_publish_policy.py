@@ -95,7 +95,7 @@ async def test_over_the_rate_beyond_the_wait_bound_is_refused_with_the_commands_
         assert await producer.closed()  # E_MPUB_FAILED is fatal (nsqd)
         topic = daemon.topics["t"]
         assert topic.message_count == 0
-        stats = topic.statistics().publish_policy
+        stats = topic.statistics(trio.current_time()).publish_policy
         assert stats is not None and stats.rate_limited_count == 7
 
 
@@ -125,7 +125,7 @@ async def test_max_depth_reject_answers_the_exact_error_after_the_oks_due(
         )
         topic = daemon.topics["t"]
         assert topic.message_count == 3
-        stats = topic.statistics().publish_policy
+        stats = topic.statistics(trio.current_time()).publish_policy
         assert stats is not None and stats.overflow_refused_count == 3
 
 
@@ -143,7 +143,7 @@ async def test_duplicates_are_answered_ok_and_enqueued_once(
         assert await producer.response() == b"OK"
         topic = daemon.topics["t"]
         assert topic.message_count == 3  # same, other, and same again after the window
-        stats = topic.statistics().publish_policy
+        stats = topic.statistics(trio.current_time()).publish_policy
         assert stats is not None and stats.deduplicated_count == 2
 
 
