@@ -11,7 +11,6 @@ extension, uPlot, the console's own CSS and script) are read from the package on
 from __future__ import annotations
 
 import logging
-import math
 import time
 import urllib.parse
 from collections.abc import Callable
@@ -49,6 +48,9 @@ log = logging.getLogger("lmq_client.admin.web")
 
 FLASH_COOKIE = "lmq_console_flash"
 
+NONE = "\u2013"
+"""An en dash: what a figure the daemons did not give shows."""
+
 STATIC_TYPES = {
     ".js": "text/javascript; charset=utf-8",
     ".css": "text/css; charset=utf-8",
@@ -59,14 +61,14 @@ STATIC_TYPES = {
 
 def _number(value: float | int | None) -> str:
     if value is None:
-        return "–"
+        return NONE
     if isinstance(value, float) and not value.is_integer():
         return f"{value:,.1f}"
     return f"{int(value):,}"
 
 
 def _rate(value: float | None) -> str:
-    return "–" if value is None else f"{value:,.1f}/s"
+    return NONE if value is None else f"{value:,.1f}/s"
 
 
 def nanoseconds(value: float) -> str:
@@ -95,7 +97,7 @@ def duration(seconds: float) -> str:
 def wall_time(value: float | int | None, unit: str = "s") -> str:
     """A time since the epoch in ``unit`` (s, ms, ns) as UTC ISO 8601, to the millisecond."""
     if value is None:
-        return "–"
+        return NONE
     seconds = value / {"s": 1, "ms": 1e3, "ns": 1e9}[unit]
     stamp = datetime.fromtimestamp(seconds, UTC).isoformat(timespec="milliseconds")
     return stamp.replace("+00:00", "Z")
@@ -267,7 +269,3 @@ class Console:
         body, content_type = found
         return Response(body, content_type=content_type,
                         headers=(("cache-control", "public, max-age=3600"),))
-
-
-def finite(value: float) -> float | None:
-    return value if math.isfinite(value) else None

@@ -8,16 +8,17 @@ body), finds the route (a regular expression per path, segments percent-decoded 
 
 from __future__ import annotations
 
+import contextlib
 import re
 import urllib.parse
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, MutableMapping
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from http.cookies import SimpleCookie
 from typing import Any
 
 import attrs
 import trio
 
-__all__ = ["EventStream", "HTTPException", "Request", "Response", "Router"]
+__all__ = ["EventSender", "EventStream", "HTTPException", "Request", "Response", "Router"]
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -102,11 +103,23 @@ class Response:
     headers: tuple[tuple[str, str], ...] = ()
 
 
+EventSender = Callable[[str, str], Awaitable[None]]
+"""``send(event, data)``: one server-sent event."""
+
+
 @attrs.frozen
 class EventStream:
-    """A ``text/event-stream`` response: each item of ``events`` is sent as it comes."""
+    """A ``text/event-stream`` response: ``produce(send)`` sends events until it returns, or is
+    cancelled when the browser goes. (A callable rather than an async generator: the producer
+    may hold a nursery, which must not stay open across a generator's yield.)"""
 
-    events: Callable[[], AsyncIterator[bytes]]
+    produce: Callable[[EventSender], Awaitable[None]]
+
+
+def encode_event(event: str, data: str) -> bytes:
+    """One server-sent event (every line of ``data`` as its own ``data:`` field)."""
+    lines = [f"event: {event}", *(f"data: {line}" for line in data.splitlines() or [""])]
+    return ("\n".join(lines) + "\n\n").encode()
 
 
 Handler = Callable[[Request], Awaitable[Response | EventStream]]
@@ -183,11 +196,12 @@ async def send_stream(
                 pass
             nursery.cancel_scope.cancel()
 
-        nursery.start_soon(watch)
-        async for chunk in stream.events():
+        async def send_event(event: str, data: str) -> None:
+            chunk = encode_event(event, data)
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
+
+        nursery.start_soon(watch)
+        await stream.produce(send_event)
         nursery.cancel_scope.cancel()
-    try:
+    with contextlib.suppress(Exception):  # the browser is gone: nothing to finish
         await send({"type": "http.response.body", "body": b"", "more_body": False})
-    except Exception:  # the browser is gone: nothing to finish
-        pass

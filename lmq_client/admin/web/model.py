@@ -252,7 +252,7 @@ class Snapshot:
     ) -> ChannelRow:
         total = StatRow()
         rows = []
-        clients = []
+        clients: list[ClientRow] = []
         for node, doc in per_node:
             row = channel_row(doc, self.rates.get((node.http_address, topic, name)))
             rows.append((node, row))

@@ -55,7 +55,8 @@ class Notifier:
         forwarded = request.headers.get("x-forwarded-for", "").split(",")[0].strip()
         doc["remote_ip"] = request.headers.get("x-real-ip") or forwarded or request.client
         doc["user_agent"] = request.headers.get("user-agent", "")
-        doc["url"] = self.config.base_path + request.path + (f"?{request.raw_query}" if request.raw_query else "")
+        query = f"?{request.raw_query}" if request.raw_query else ""
+        doc["url"] = self.config.base_path + request.path + query
         doc["via"] = self.via
         self.nursery.start_soon(self._post, endpoint, json.dumps(doc).encode())
 
