@@ -139,7 +139,10 @@ def register(console: Console) -> None:
             failed += await on_lookupds(f"/{'channel' if channel else 'topic'}/delete", params)
         what = f"{topic}/{channel}" if channel else topic
         kind = "channel" if channel else "topic"
-        console.notifier.action(request, user, f"{action}_{kind}", topic, channel)
+        if action == "create":  # nsqadmin: the topic's notification, then the channel's
+            console.notifier.action(request, user, "create_topic", topic)
+        if action == "delete" or channel:
+            console.notifier.action(request, user, f"{action}_{kind}", topic, channel)
         lookupds = list(console.config.lookupd_http_addresses)
         done = lookupds if not failed else []
         return console.redirect(request, "/lookup?fresh=1",

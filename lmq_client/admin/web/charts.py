@@ -1,7 +1,7 @@
 """The charts' data: ``GET /charts/data?topic=T[&channel=C]``, a topic's or channel's last hour
 from the sampler's ``History`` as JSON columns (``t``: seconds since the epoch, then one list
 per metric), which ``static/console.js`` draws with uPlot. It reads memory only: any number of
-open charts adds no load on the daemons."""
+open charts adds no load on the daemons. ``GET /debug/vars``: the console's own counters."""
 
 from __future__ import annotations
 
@@ -26,3 +26,15 @@ def register(console: Console) -> None:
         data = console.sampler.history.read((topic, channel))
         return Response(json.dumps(data, separators=(",", ":")).encode(),
                         content_type="application/json")
+
+    @console.route("GET", "/debug/vars")
+    async def debug_vars(request: Request) -> Response:
+        """The console's own counters: sampling rounds, the last one's time and length, and
+        the requests it has made to daemons and lookupds (the benchmark reads them)."""
+        sampler = console.sampler
+        data = {
+            "rounds": sampler.rounds, "sampled_at": sampler.latest.at,
+            "last_round_s": sampler.last_round_s, "upstream_requests": console.upstream.requests,
+            "nodes": len(sampler.latest.nodes), "history_series": len(sampler.history),
+        }  # fmt: skip
+        return Response(json.dumps(data).encode(), content_type="application/json")

@@ -45,6 +45,8 @@ class Sampler:
         self.history = History(config.history_slots)
         self.latest = Snapshot(at=time.time(), nodes=())
         self.rounds = 0
+        self.last_round_s = 0.0
+        """How long the last round took (its requests and the aggregation), in seconds."""
         self._infos: dict[str, dict[str, Any]] = {}
         self._lock = trio.Lock()
 
@@ -64,6 +66,7 @@ class Sampler:
     async def sample(self) -> None:
         """One round: nodes, their ``/stats``, the snapshot and its history."""
         async with self._lock:
+            started = time.perf_counter()
             nodes, lookupd_errors = await self._discover()
             answered: list[Node] = []
             async with trio.open_nursery() as nursery:
@@ -79,6 +82,7 @@ class Sampler:
             self.history.record(snapshot)
             self.latest = snapshot
             self.rounds += 1
+            self.last_round_s = time.perf_counter() - started
 
     async def _discover(self) -> tuple[list[Node], list[str]]:
         found: dict[str, Node] = {a: Node(http_address=a) for a in self.config.http_addresses}
