@@ -51,8 +51,8 @@ from lmq_client.admin.common import (
 )
 from lmq_client.admin.forward import forward
 from lmq_client.admin.pub_stream import pub
-from lmq_client.admin.web.command import web
 from lmq_client.admin.tail_hint import TAIL_HINT_AFTER_S, earlier_messages_hint
+from lmq_client.admin.web.command import web
 from lmq_client.errors import ConnectionFailed, LmqClientError
 from lmq_client.http import HTTPClient
 from lmq_client.lookupd import lookupd_addresses, lookupd_url

@@ -98,7 +98,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         wanted = sorted(n.tcp_port for n in nodes)
 
         def ports() -> list[int]:
-            return sorted(p["tcp_port"] for p in http(lookupd.http, "GET", "/nodes")[1]["producers"])
+            producers = http(lookupd.http, "GET", "/nodes")[1]["producers"]
+            return sorted(p["tcp_port"] for p in producers)
 
         eventually(ports, lambda found: found == wanted, WITHIN_S)
         yield Cluster(lookupd, nodes)
@@ -169,7 +170,7 @@ class Notifications:
         received, changed = self.received, self.changed
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+            def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
                 with changed:
                     received.append({"content_type": self.headers.get("Content-Type"),

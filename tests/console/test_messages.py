@@ -12,14 +12,15 @@ from __future__ import annotations
 
 import json
 import re
+import urllib.request
 from typing import Any
 
 import pytest
 
 from lmq_client.sync import Consumer
+from tests.cluster.procs import eventually, http
 
 from .conftest import WITHIN_S, Cluster, Console
-from tests.cluster.procs import eventually, http
 
 pytestmark = pytest.mark.interop
 
@@ -53,8 +54,6 @@ def test_browser_shows_headers_priority_and_body_and_filters(
     status, _ = http(a.http, "POST", "/pub?topic=browse&priority=7", b'{"user": {"id": 42}}')
     assert status == 200
     request_headers = {"Lmq-Header-trace-id": "t-123"}
-    import urllib.request
-
     urllib.request.urlopen(urllib.request.Request(
         f"http://{b.http}/pub?topic=browse", data=b'{"user": {"id": 7}}', method="POST",
         headers=request_headers,
@@ -87,8 +86,6 @@ def test_hostile_bodies_and_headers_run_nothing(
 ) -> None:
     cluster.create("xss", "c")
     a = cluster.nodes[0]
-    import urllib.request
-
     urllib.request.urlopen(urllib.request.Request(
         f"http://{a.http}/pub?topic=xss", data=XSS.encode(), method="POST",
         headers={"Lmq-Header-x": "<svg onload=alert(2)>"},

@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from lmq_client.sync import Consumer, Producer
+from lmq_client.sync import Consumer
 from lmq_client.transport import TransportOptions
+from tests.cluster.procs import eventually, http
 
 from .conftest import WITHIN_S, Cluster, Console, Notifications
-from tests.cluster.procs import eventually
 
 pytestmark = pytest.mark.interop
 
@@ -103,7 +103,8 @@ def test_nodes_node_counter_and_lookup_pages(
     total = sum(c["message_count"] for n in cluster.nodes
                 for t in (http_stats(n)["topics"] or []) for c in t["channels"])  # fmt: skip
     page.goto(console.url("/counter"))
-    page.wait_for_function(f"() => document.getElementById('counter').innerText.replace(/,/g, '') >= {total}")
+    shown = "() => document.getElementById('counter').innerText.replace(/,/g, '')"
+    page.wait_for_function(f"{shown} >= {total}")
 
     page.goto(console.url("/lookup"))
     row = page.locator('#lookup tr[data-topic="nodes-page"]')
@@ -112,8 +113,6 @@ def test_nodes_node_counter_and_lookup_pages(
 
 
 def http_stats(node: Any) -> dict[str, Any]:
-    from tests.cluster.procs import http
-
     return http(node.http, "GET", "/stats?format=json")[1]  # type: ignore[no-any-return]
 
 
@@ -178,8 +177,6 @@ def test_actions_change_the_daemons_and_notify(
     assert doc["node"] == b.http
 
     def tombstoned() -> list[bool]:
-        from tests.cluster.procs import http
-
         found = http(cluster.lookupd.http, "GET", "/nodes")[1]["producers"]
         return [p["tombstones"][p["topics"].index("acts")] for p in found
                 if p["http_port"] == b.http_port and "acts" in p["topics"]]  # fmt: skip
