@@ -35,6 +35,7 @@ def register(console: Console) -> None:
         data = {
             "rounds": sampler.rounds, "sampled_at": sampler.latest.at,
             "last_round_s": sampler.last_round_s, "upstream_requests": console.upstream.requests,
-            "nodes": len(sampler.latest.nodes), "history_series": len(sampler.history),
+            "nodes": len(sampler.latest.nodes), "topics": len(sampler.latest.topics),
+            "history_series": len(sampler.history),
         }  # fmt: skip
         return Response(json.dumps(data).encode(), content_type="application/json")

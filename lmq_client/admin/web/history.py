@@ -12,7 +12,7 @@ Rates are derived here from the snapshots' counters, per round: the publish rate
 in the topic's ``message_count``; a channel's delivery rate is the change in what has left its
 queue, ``message_count + requeue_count + timeout_count - depth - deferred_count`` (every message
 enters the queue by a publish, a requeue or a timeout, and leaves it by a delivery, or by
-``empty``, which a negative change shows and the rate ignores).
+``empty``, which a negative change shows and the rate ignores); a topic's is its channels' sum.
 """
 
 from __future__ import annotations
@@ -62,20 +62,29 @@ class History:
         values: dict[SeriesKey, tuple[float, ...]] = {}
         counters: dict[SeriesKey, tuple[float, int, int, int, int]] = {}
         for topic in snapshot.topics.values():
-            rows: list[tuple[SeriesKey, StatRow]] = [((topic.name, ""), topic.total)]
-            rows.extend(((topic.name, c.name), c.total) for c in topic.channels)
-            for key, row in rows:
-                now = (at, row.messages, _left(row), row.requeued, row.timed_out)
-                counters[key] = now
-                before = self._previous.get(key)
-                rates = [0.0, 0.0, 0.0, 0.0]
-                if before is not None and elapsed > 0:
-                    rates = [max(0.0, (n - b) / elapsed) for n, b in zip(now[1:], before[1:],
-                                                                        strict=True)]
-                values[key] = (row.depth, row.in_flight, row.deferred, *rates, _e2e_ms(row))
+            delivered = 0.0
+            for channel in topic.channels:
+                key = (topic.name, channel.name)
+                values[key] = self._values(key, channel.total, at, elapsed, counters)
+                delivered += values[key][4]
+            key = (topic.name, "")
+            row = self._values(key, topic.total, at, elapsed, counters)
+            values[key] = (*row[:4], delivered, *row[5:])
         self._previous = counters
         self._previous_at = at
         self._write(at, values)
+
+    def _values(
+        self, key: SeriesKey, row: StatRow, at: float, elapsed: float,
+        counters: dict[SeriesKey, tuple[float, int, int, int, int]],
+    ) -> tuple[float, ...]:
+        now = (at, row.messages, _left(row), row.requeued, row.timed_out)
+        counters[key] = now
+        before = self._previous.get(key)
+        rates = [0.0, 0.0, 0.0, 0.0]
+        if before is not None and elapsed > 0:
+            rates = [max(0.0, (n - b) / elapsed) for n, b in zip(now[1:], before[1:], strict=True)]
+        return (row.depth, row.in_flight, row.deferred, *rates, _e2e_ms(row))
 
     def _write(self, at: float, values: Mapping[SeriesKey, tuple[float, ...]]) -> None:
         slot = self._next
