@@ -17,8 +17,9 @@ default sampling interval. Then:
    streams page, a topic page with its charts, a channel page with its charts, the counter,
    the nodes page, in turn -- each refreshing itself every sampling interval as the pages do.
    Measured over that window: the console's CPU (user + system, ``/proc``, in cores), the
-   requests it made to the daemons and the lookupd per second (its ``/debug/vars`` counter:
-   every ``/stats``, ``/info`` and ``/nodes``), and the two daemons' CPU (cores).
+   requests it made to the daemons and the lookupd per second and per sampling round (its
+   ``/debug/vars`` counters: every ``/stats``, ``/info`` and ``/nodes``), and the two daemons'
+   CPU (cores).
 
 Each count is measured ``--runs`` times (in rounds: 0, 1, 5, 0, 1, 5, ...); the medians are
 printed (a Markdown table with ``--markdown``). Every load is bounded in count and time and only
@@ -103,16 +104,18 @@ def with_browsers(base: str, count: int, duration: float, console: DaemonProcess
             page = context.new_page()
             page.goto(base + PAGES[i % len(PAGES)])
             contexts.append(context)
-        before = get_json(base + "/debug/vars")["upstream_requests"]
+        before = get_json(base + "/debug/vars")
         cpu0 = cpu_seconds(console.pid)
         daemon0 = sum(cpu_seconds(p) for p in daemons)
         started = time.monotonic()
         time.sleep(duration)  # the pages refresh themselves, in the browser's own processes
         elapsed = time.monotonic() - started
-        after = get_json(base + "/debug/vars")["upstream_requests"]
+        after = get_json(base + "/debug/vars")
+        requests = after["upstream_requests"] - before["upstream_requests"]
         return {
             "console_cores": (cpu_seconds(console.pid) - cpu0) / elapsed,
-            "requests_per_s": (after - before) / elapsed,
+            "requests_per_s": requests / elapsed,
+            "requests_per_round": requests / max(1, after["rounds"] - before["rounds"]),
             "daemon_cores": (sum(cpu_seconds(p) for p in daemons) - daemon0) / elapsed,
         }
     finally:
@@ -174,7 +177,8 @@ def main() -> None:
                         results[count].append(r)
                         print(f"run {run + 1}, {count} browsers: console "
                               f"{r['console_cores']:.3f} cores, {r['requests_per_s']:.2f} "
-                              f"requests/s to daemons+lookupd, daemons "
+                              f"requests/s to daemons+lookupd "
+                              f"({r['requests_per_round']:.1f} a round), daemons "
                               f"{r['daemon_cores']:.3f} cores", flush=True)
             report(results, args.markdown)
         finally:
@@ -187,16 +191,17 @@ def report(results: dict[int, list[dict[str, float]]], markdown: bool) -> None:
 
     if markdown:
         print("| browsers | console CPU (cores) | requests/s to daemons + lookupd "
-              "| daemons' CPU (cores) |")
-        print("| ---: | ---: | ---: | ---: |")
+              "| requests a sampling round | daemons' CPU (cores) |")
+        print("| ---: | ---: | ---: | ---: | ---: |")
     for count, rows in results.items():
         values = (med(rows, "console_cores"), med(rows, "requests_per_s"),
-                  med(rows, "daemon_cores"))  # fmt: skip
+                  med(rows, "requests_per_round"), med(rows, "daemon_cores"))  # fmt: skip
         if markdown:
-            print(f"| {count} | {values[0]:.3f} | {values[1]:.2f} | {values[2]:.3f} |")
+            print(f"| {count} | {values[0]:.3f} | {values[1]:.2f} | {values[2]:.1f} "
+                  f"| {values[3]:.3f} |")
         else:
             print(f"median, {count} browsers: console {values[0]:.3f} cores, {values[1]:.2f} "
-                  f"requests/s, daemons {values[2]:.3f} cores")
+                  f"requests/s ({values[2]:.1f} a round), daemons {values[3]:.3f} cores")
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from lmq_client.admin.web.asgi import EventSender, EventStream, Request, Respons
 from lmq_client.admin.web.bodies import VIEWS, render_body
 from lmq_client.admin.web.pages import topic_or_404
 from lmq_client.consumer import Consumer
+from lmq_client.errors import LmqClientError
 
 if TYPE_CHECKING:
     from lmq_client.admin.web.app import Console
@@ -50,6 +51,12 @@ def register(console: Console) -> None:
         template = console.env.get_template("tail_message.html")
 
         async def produce(send: EventSender) -> None:
+            try:
+                await follow(send)
+            except (LmqClientError, ValueError) as exc:
+                await send("status", f"stopped: {exc}")
+
+        async def follow(send: EventSender) -> None:
             consumer = Consumer(
                 topic.name, channel, addresses,
                 lookupd_http_addresses=console.config.lookupd_http_addresses,
