@@ -1,8 +1,9 @@
 """``Console``: the ASGI application of ``lmqadmin web`` -- routes, rendering, errors.
 
 Each area registers its routes from its own module: ``pages.py`` (nsqadmin's pages),
-``actions.py`` (nsqadmin's actions), ``browse.py`` (the message browser), ``publish.py``,
-``replay.py``, ``deadletters.py``, ``policy.py``, ``tail.py`` (the live tail) and ``charts.py``.
+``actions.py`` (nsqadmin's actions), ``api.py`` (nsqadmin's JSON API), ``browse.py`` (the
+message browser), ``publish.py``, ``replay.py``, ``deadletters.py``, ``policy.py``, ``tail.py``
+(the live tail) and ``charts.py``.
 They share this object: the config, the sampler's latest snapshot, the upstream clients, the
 guard (CSRF, read-only, ACL), the notifier and ``render``. Static files (htmx, its SSE
 extension, uPlot, the console's own CSS and script) are read from the package once, at start.
@@ -10,6 +11,7 @@ extension, uPlot, the console's own CSS and script) are read from the package on
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 import urllib.parse
@@ -130,6 +132,7 @@ class Console:
         self.router.add("GET", "/static/{name}", self._serve_static)
         from lmq_client.admin.web import (
             actions,
+            api,
             browse,
             charts,
             deadletters,
@@ -141,7 +144,7 @@ class Console:
         )
 
         for module in (pages, actions, browse, publish, replay, deadletters, policy, tail,
-                       charts):  # fmt: skip
+                       charts, api):  # fmt: skip
             module.register(self)
 
     # -- helpers for the areas ----------------------------------------------------------------
@@ -248,6 +251,9 @@ class Console:
     def _error(self, request: Request | None, status: int, message: str) -> Response:
         if request is None:
             return Response(message.encode(), status=status, content_type="text/plain")
+        if request.path.startswith("/api/"):  # nsqadmin's API answers errors in JSON
+            return Response(json.dumps({"message": message}).encode(), status=status,
+                            content_type="application/json")
         return self.render(request, "error.html", status=status, status_code=status,
                            message=message)  # fmt: skip
 

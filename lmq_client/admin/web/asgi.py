@@ -59,6 +59,7 @@ class Request:
     session: str = ""
     """The browser's session id (``security.Guard``), set before the handler runs."""
     _form: dict[str, list[str]] | None = None
+    _body: bytes | None = None
 
     @property
     def cookies(self) -> dict[str, str]:
@@ -69,11 +70,11 @@ class Request:
             return {}
         return {k: v.value for k, v in jar.items()}
 
-    async def form(self) -> dict[str, list[str]]:
-        """The urlencoded body (bounded by ``MAX_FORM_BYTES``; 413 past it)."""
-        if self._form is None:
+    async def body(self) -> bytes:
+        """The request's body (bounded by ``MAX_FORM_BYTES``; 413 past it)."""
+        if self._body is None:
             if int(self.headers.get("content-length", "0") or 0) > MAX_FORM_BYTES:
-                raise HTTPException(413, "the form is too large")
+                raise HTTPException(413, "the request body is too large")
             chunks = bytearray()
             while True:
                 message = await self.receive()
@@ -81,11 +82,17 @@ class Request:
                     raise ClientGone
                 chunks += message.get("body", b"")
                 if len(chunks) > MAX_FORM_BYTES:
-                    raise HTTPException(413, "the form is too large")
+                    raise HTTPException(413, "the request body is too large")
                 if not message.get("more_body"):
                     break
+            self._body = bytes(chunks)
+        return self._body
+
+    async def form(self) -> dict[str, list[str]]:
+        """The urlencoded body, parsed."""
+        if self._form is None:
             try:
-                text = chunks.decode("utf-8")
+                text = (await self.body()).decode("utf-8")
             except UnicodeDecodeError:
                 raise HTTPException(400, "the form is not UTF-8") from None
             self._form = urllib.parse.parse_qs(text, keep_blank_values=True)
