@@ -37,22 +37,14 @@ import tempfile
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
+from bench_cluster import cpu_seconds
 from cluster import REPO, LocalCluster
 
 sys.path.insert(0, str(REPO))
-from tests.console.conftest import CHROMIUM, CHROMIUM_FLAGS
+from tests.support.browser import CHROMIUM, CHROMIUM_FLAGS
 from tests.support.process import DaemonProcess, load_average
-
-_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(pid: int) -> float:
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
 
 
 def post(address: str, path: str, body: bytes = b"") -> None:

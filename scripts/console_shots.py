@@ -25,7 +25,7 @@ from cluster import REPO, LocalCluster
 
 sys.path.insert(0, str(REPO))
 from lmq_client.sync import Consumer
-from tests.console.conftest import CHROMIUM, CHROMIUM_FLAGS
+from tests.support.browser import CHROMIUM, CHROMIUM_FLAGS
 from tests.support.process import DaemonProcess
 
 SAMPLE_S = 1.0

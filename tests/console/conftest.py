@@ -32,13 +32,9 @@ import pytest
 
 from tests.cluster import procs
 from tests.cluster.procs import Daemon, eventually, http
+from tests.support.browser import CHROMIUM, CHROMIUM_FLAGS
 from tests.support.process import DaemonProcess
 
-CHROMIUM = os.environ.get("LMQ_CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_FLAGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-    "--disable-component-update", "--disable-sync", "--no-first-run",
-]  # fmt: skip
 SAMPLE_S = 0.5
 """The consoles' sampling interval in the tests: pages catch up with the daemons within it."""
 WITHIN_S = 20.0
@@ -224,7 +220,7 @@ def browser() -> Iterator[Any]:
     profile = tempfile.mkdtemp(prefix="lmq-console-chromium-")
     with sync_playwright() as playwright:
         instance = playwright.chromium.launch(
-            executable_path=CHROMIUM, headless=True, args=[*CHROMIUM_FLAGS, "--no-first-run"],
+            executable_path=CHROMIUM, headless=True, args=CHROMIUM_FLAGS,
             env={**os.environ, "HOME": profile},
         )  # fmt: skip
         try:

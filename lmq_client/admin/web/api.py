@@ -190,13 +190,17 @@ def register(console: Console) -> None:
             failed += more[1]
         return result(done, failed)
 
-    @console.route("POST", "/api/topics/{topic}")
-    async def topic_post(request: Request) -> Response:
-        user, body = await acting(request)
+    def posted_action(body: Mapping[str, Any]) -> str:
         action = str(body.get("action", ""))
         if action not in ("pause", "unpause", "empty"):
             raise HTTPException(400, "INVALID_ACTION")
-        return result(*await actions.topic(request, user, request.params["topic"], action))
+        return action
+
+    @console.route("POST", "/api/topics/{topic}")
+    async def topic_post(request: Request) -> Response:
+        user, body = await acting(request)
+        return result(*await actions.topic(request, user, request.params["topic"],
+                                           posted_action(body)))  # fmt: skip
 
     @console.route("DELETE", "/api/topics/{topic}")
     async def topic_delete(request: Request) -> Response:
@@ -206,11 +210,8 @@ def register(console: Console) -> None:
     @console.route("POST", "/api/topics/{topic}/{channel}")
     async def channel_post(request: Request) -> Response:
         user, body = await acting(request)
-        action = str(body.get("action", ""))
-        if action not in ("pause", "unpause", "empty"):
-            raise HTTPException(400, "INVALID_ACTION")
         return result(*await actions.channel(request, user, request.params["topic"],
-                                             request.params["channel"], action))
+                                             request.params["channel"], posted_action(body)))
 
     @console.route("DELETE", "/api/topics/{topic}/{channel}")
     async def channel_delete(request: Request) -> Response:

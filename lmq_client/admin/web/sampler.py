@@ -79,6 +79,9 @@ class Sampler:
                 at=at, nodes=tuple(answered), lookupd_errors=tuple(lookupd_errors),
                 rates=rates_between(self.latest if self.rounds else None, at, answered),
             )  # fmt: skip
+            # The aggregation (every topic's rows, once per snapshot) is the round's one big
+            # computation: done in a worker thread, pages keep being served meanwhile.
+            await trio.to_thread.run_sync(lambda: snapshot.topics)
             self.history.record(snapshot)
             self.latest = snapshot
             self.rounds += 1
