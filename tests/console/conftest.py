@@ -3,9 +3,10 @@
 - ``cluster``: one ``lmqlookupd`` and two ``lmqd`` subprocesses (127.0.0.1, port 0, data in a
   temp dir, both registered with the lookupd), for the whole session: every test uses topic
   names of its own.
-- ``console(*flags)``: an ``lmqadmin --lookupd-http-address L web --listen 127.0.0.1:0``
-  subprocess with those flags (started once per set of flags, stopped at the end of the session
-  with a check that it logged no traceback), sampling every ``SAMPLE_S``.
+- ``console_factory(*flags, group=...)``: an ``lmqadmin --lookupd-http-address L web --listen
+  127.0.0.1:0`` subprocess with those flags (``group``: other options instead of the lookupd),
+  started once per set of flags and stopped at the end of the session with a check that it
+  logged no traceback; it samples every ``SAMPLE_S``.
 - ``browser``: Debian's Chromium (``/usr/bin/chromium``, installed by scripts/test) driven by
   Playwright, headless, with the flags this machine needs and a fresh profile; each test opens
   its own context (``page``), so cookies never leak between tests. Without Chromium or
@@ -108,10 +109,12 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 class Console:
     """A running ``lmqadmin web``."""
 
-    def __init__(self, cluster: Cluster, flags: tuple[str, ...]) -> None:
+    def __init__(
+        self, cluster: Cluster, flags: tuple[str, ...], group: tuple[str, ...] = ()
+    ) -> None:
+        group = group or ("--lookupd-http-address", cluster.lookupd.http)
         command = [
-            sys.executable, "-m", "lmq_client.admin", "--lookupd-http-address",
-            cluster.lookupd.http, "web", "--listen", "127.0.0.1:0",
+            sys.executable, "-m", "lmq_client.admin", *group, "web", "--listen", "127.0.0.1:0",
             f"--sample-interval={SAMPLE_S}", *flags,
         ]  # fmt: skip
         self.process = DaemonProcess(command, wanted=("HTTP",))
@@ -138,12 +141,14 @@ class Console:
 
 @pytest.fixture(scope="session")
 def console_factory(cluster: Cluster) -> Iterator[Callable[..., Console]]:
-    started: dict[tuple[str, ...], Console] = {}
+    started: dict[tuple[tuple[str, ...], tuple[str, ...]], Console] = {}
 
-    def start(*flags: str) -> Console:
-        if flags not in started:
-            started[flags] = Console(cluster, flags)
-        return started[flags]
+    def start(*flags: str, group: tuple[str, ...] = ()) -> Console:
+        """A console with these ``web`` flags; ``group``: lmqadmin's options before ``web``
+        (default: the cluster's lookupd)."""
+        if (group, flags) not in started:
+            started[(group, flags)] = Console(cluster, flags, group)
+        return started[(group, flags)]
 
     try:
         yield start

@@ -236,3 +236,25 @@ def test_base_path_serves_every_page_and_asset_under_it(
     page.click('button:text-is("Pause topic")')
     page.wait_for_selector('button:text-is("Unpause topic")')
     assert page.url == console.url("/topics/based")
+
+
+def test_nodes_given_without_a_lookupd(cluster: Cluster, console_factory: Any, page: Any) -> None:
+    """``--http-address`` twice, no lookupd: the nodes answer for themselves (``/info``), the
+    live tail reaches them on their TCP ports, and the lookupd-only parts are absent."""
+    cluster.create("direct", "c")
+    a, b = cluster.nodes
+    console = console_factory(group=("--http-address", a.http, "--http-address", b.http))
+    console.settle()
+    page.goto(console.url("/nodes"))
+    shown = {r[0]: r for r in rows(page, "nodes")}
+    assert shown[a.http][3] == str(a.tcp_port) and shown[b.http][3] == str(b.tcp_port)
+    assert shown[a.http][6] == "0"  # no lookupd connections
+    assert page.locator('nav a:text-is("Lookup")').count() == 0
+    page.goto(console.url("/topics/direct"))
+    assert page.locator('button:text-is("Tombstone")').count() == 0
+    page.goto(console.url("/tail/direct"))
+    page.wait_for_selector("#tail-status:text-matches('live on 2 node')")
+    cluster.post(b, "/pub?topic=direct", b"straight to b")
+    page.wait_for_selector("#tail-messages .message")
+    assert page.inner_text("#tail-messages pre.body") == "straight to b"
+    assert page.goto(console.url("/lookup")).status == 404
