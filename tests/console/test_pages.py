@@ -258,3 +258,27 @@ def test_nodes_given_without_a_lookupd(cluster: Cluster, console_factory: Any, p
     page.wait_for_selector("#tail-messages .message")
     assert page.inner_text("#tail-messages pre.body") == "straight to b"
     assert page.goto(console.url("/lookup")).status == 404
+
+
+def test_ephemeral_names_survive_links_forms_and_redirects(
+    cluster: Cluster, console: Console, page: Any
+) -> None:
+    """``#`` in a name (``#ephemeral``) is a fragment to a browser unless encoded."""
+    name = "eph#ephemeral"
+    for node in cluster.nodes:
+        cluster.post(node, "/topic/create?topic=eph%23ephemeral")
+        cluster.post(node, "/channel/create?topic=eph%23ephemeral&channel=c%23ephemeral")
+    console.settle()
+    page.goto(console.url("/"))
+    page.click(f'#topics tr[data-topic="{name}"] a')
+    page.wait_for_selector("#topic-nodes")
+    assert page.url.endswith("/topics/eph%23ephemeral")
+    page.click('button:text-is("Pause topic")')
+    page.wait_for_selector('button:text-is("Unpause topic")')
+    assert page.url.endswith("/topics/eph%23ephemeral")
+    assert all(cluster.stats(n, "eph%23ephemeral")["paused"] for n in cluster.nodes)  # type: ignore[index]
+    page.click('#channels a:text-is("c#ephemeral")')
+    page.wait_for_selector("#channel-nodes")
+    assert page.url.endswith("/topics/eph%23ephemeral/c%23ephemeral")
+    # The live part reloads itself from the same, encoded, URL.
+    assert page.get_attribute("#live", "hx-get").endswith("/topics/eph%23ephemeral/c%23ephemeral")

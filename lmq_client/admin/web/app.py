@@ -127,7 +127,7 @@ class Console:
         self.env.filters.update(
             num=_number, rate=_rate, ns=nanoseconds, duration=duration, when=wall_time,
         )  # fmt: skip
-        self.env.globals.update(url=self.url, config=config, version=__version__)
+        self.env.globals.update(url=self.url, here=self.here, config=config, version=__version__)
         self.static = self._load_static()
         self.router.add("GET", "/static/{name}", self._serve_static)
         from lmq_client.admin.web import (
@@ -155,6 +155,11 @@ class Console:
         url = f"{self.config.base_path}/{path}"
         kept = {k: v for k, v in query.items() if v is not None and v != ""}
         return url + ("?" + urllib.parse.urlencode(kept) if kept else "")
+
+    def here(self, request: Request) -> str:
+        """The URL of ``request`` itself, encoded (for a page that reloads itself)."""
+        url = urllib.parse.quote(self.config.base_path + request.path, safe="/")
+        return url + (f"?{request.raw_query}" if request.raw_query else "")
 
     def route(self, method: str, pattern: str) -> Callable[[Any], Any]:
         def decorator(handler: Any) -> Any:
@@ -184,10 +189,13 @@ class Console:
         return Response(page.encode(), status=status, headers=headers)
 
     def redirect(self, request: Request, target: str, flash: str = "") -> Response:
-        """303 to ``target`` (a console path, base path added), showing ``flash`` there."""
+        """303 to ``target`` (a console path as the router sees it, not percent-encoded; the
+        base path is added), showing ``flash`` there."""
         if not target.startswith("/") or target.startswith("//"):
             target = "/"
-        headers = [("location", self.config.base_path + target)]
+        # Names may hold "#" (#ephemeral): encoded, or the browser would take it for a fragment.
+        location = urllib.parse.quote(self.config.base_path + target, safe="/?=&")
+        headers = [("location", location)]
         if flash:
             path = self.config.base_path or "/"
             value = urllib.parse.quote(flash[:1500])

@@ -11,7 +11,6 @@ channels gives each of them the others' messages too, and the page says so.
 
 from __future__ import annotations
 
-import urllib.parse
 from typing import TYPE_CHECKING, Any
 
 from lmq_client.admin.web.asgi import HTTPException, Request, Response
@@ -127,7 +126,6 @@ def register(console: Console) -> None:
             lines.append(f"{entry['node']}: {moved} from {entry['topic']}")
         console.notifier.action(request, user, "redrive_channel", topic.name, channel)
         await console.sampler.refresh()
-        back = "/dead-letters/" + "/".join(urllib.parse.quote(p, safe="")
-                                           for p in (topic.name, channel))  # fmt: skip
+        back = f"/dead-letters/{topic.name}/{channel}"
         flash = f"redrove {moved_total} messages into {topic.name}/{channel}\n" + "\n".join(lines)
         return console.redirect(request, back, flash)

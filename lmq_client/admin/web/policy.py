@@ -12,7 +12,6 @@ there (the policy validator is the same on every node, so the first refuses what
 
 from __future__ import annotations
 
-import urllib.parse
 from typing import TYPE_CHECKING, Any
 
 from lmq_client.admin.web.asgi import HTTPException, Request, Response
@@ -124,8 +123,7 @@ def register(console: Console) -> None:
                 console.notifier.action(request, user, f"{kind}_policy", topic.name, channel)
                 what = f"{topic.name}/{channel}" if channel else topic.name
                 shown = ", ".join(f"{k}={v}" for k, v in changes.items()) or "nothing changed"
-                target = "/policy/" + "/".join(
-                    urllib.parse.quote(p, safe="") for p in (topic.name, channel) if p)
+                target = "/policy/" + "/".join(p for p in (topic.name, channel) if p)
                 return console.redirect(request, target, f"policy of {what}: {shown} on "
                                         f"{', '.join(done) or 'no node'}")
             status = 400

@@ -83,5 +83,5 @@ def register(console: Console) -> None:
             return console.render(request, "publish.html", status=400, topic=topic,
                                   values=values, errors=errors, node=node)  # fmt: skip
         await console.sampler.refresh()
-        return console.redirect(request, f"/publish/{urllib.parse.quote(topic.name, safe='')}",
+        return console.redirect(request, f"/publish/{topic.name}",
                                 f"published 1 message to {topic.name} on {node}")

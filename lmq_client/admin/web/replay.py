@@ -12,7 +12,6 @@ delivered to it -- again, for the ones it had already had -- besides whatever it
 
 from __future__ import annotations
 
-import urllib.parse
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -127,6 +126,5 @@ def register(console: Console) -> None:
         announced = await request.field("announced")
         if announced:
             what += f" ({announced} messages announced)"
-        target = "/topics/" + "/".join(urllib.parse.quote(p, safe="") for p in (topic.name,
-                                                                                   channel))
+        target = f"/topics/{topic.name}/{channel}"
         return console.redirect(request, target, summary(what, done, failed))
