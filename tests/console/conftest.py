@@ -1,13 +1,14 @@
 """Fixtures of the console tests: real daemons, the real ``lmqadmin web``, a real browser.
 
 - ``cluster``: one ``lmqlookupd`` and two ``lmqd`` subprocesses (127.0.0.1, port 0, data in a
-  temp dir, both registered with the lookupd), for the whole session: every test uses topic
-  names of its own.
+  temp dir, both registered with the lookupd), one set per module: every test uses topic names
+  of its own. Module scope, not session: nothing of the console tests (a console sampling the
+  daemons, the threads reading their logs) outlives its module into other modules' tests.
 - ``console_factory(*flags, group=...)``: an ``lmqadmin --lookupd-http-address L web --listen
   127.0.0.1:0`` subprocess with those flags (``group``: other options instead of the lookupd),
-  started once per set of flags and stopped at the end of the session with a check that it
+  started once per set of flags and stopped at the end of the module with a check that it
   logged no traceback; it samples every ``SAMPLE_S``.
-- ``browser``: Debian's Chromium (``/usr/bin/chromium``, installed by scripts/test) driven by
+- ``browser`` (one per module): Debian's Chromium (``/usr/bin/chromium``, installed by scripts/test) driven by
   Playwright, headless, with the flags this machine needs and a fresh profile; each test opens
   its own context (``page``), so cookies never leak between tests. Without Chromium or
   Playwright the browser tests are skipped, saying which is missing.
@@ -81,7 +82,7 @@ class Cluster:
         eventually(producers, lambda p: p == wanted, WITHIN_S)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     lookupd = procs.lookupd()
     nodes: list[Daemon] = []
@@ -139,7 +140,7 @@ class Console:
         eventually(self.vars, lambda v: v["sampled_at"] > since, WITHIN_S)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def console_factory(cluster: Cluster) -> Iterator[Callable[..., Console]]:
     started: dict[tuple[tuple[str, ...], tuple[str, ...]], Console] = {}
 
@@ -205,7 +206,7 @@ class Notifications:
         self.server.server_close()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def notifications() -> Iterator[Notifications]:
     endpoint = Notifications()
     try:
@@ -214,7 +215,7 @@ def notifications() -> Iterator[Notifications]:
         endpoint.close()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
     if not Path(CHROMIUM).exists():
         pytest.skip(f"no Chromium at {CHROMIUM} (scripts/test installs Debian's chromium)")

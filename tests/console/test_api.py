@@ -1,6 +1,6 @@
 """nsqadmin's JSON API in ``lmqadmin web``, as a script written against nsqadmin uses it.
 
-Rules for this module: the session's ``cluster`` and consoles (as ``test_pages.py``); requests
+Rules for this module: the module's ``cluster`` and consoles (as ``test_pages.py``); requests
 with urllib from the test (no browser: the API's callers are scripts); what an action did is
 checked on the daemons' own ``/stats``.
 """

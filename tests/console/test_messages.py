@@ -2,7 +2,7 @@
 policy editor, live tail, charts -- and its safety with hostile message bodies, in a real
 browser against real daemons.
 
-Rules for this module: as ``test_pages.py`` (session cluster and consoles, Chromium through
+Rules for this module: as ``test_pages.py`` (the module's cluster and consoles, Chromium through
 Playwright, a fresh context per test, topic names of the test's own); what an action delivered
 is counted by a real consumer (``lmq_client.sync.Consumer``) with a bounded wait; XSS is checked
 in the browser (a dialog, a script's side effect, an element created), never by reading HTML.

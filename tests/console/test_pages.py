@@ -1,6 +1,6 @@
 """nsqadmin's pages and actions in ``lmqadmin web``, in a real browser against real daemons.
 
-Rules for this module: the session's ``cluster`` (an lmqlookupd and two lmqd subprocesses,
+Rules for this module: the module's ``cluster`` (an lmqlookupd and two lmqd subprocesses,
 127.0.0.1, port 0) and consoles (``lmqadmin web`` subprocesses on port 0, knowing only the
 lookupd); Debian's Chromium through Playwright, a fresh context per test; each test uses topic
 names of its own; what a page shows is checked in the page, what an action did is checked on
