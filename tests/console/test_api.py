@@ -50,9 +50,12 @@ def test_reads_in_nsqadmins_shapes(cluster: Cluster, console_factory: Any) -> No
     ports = {n["tcp_port"] for n in doc["nodes"]}
     assert {a.tcp_port, b.tcp_port} <= ports
     status, doc = call(console, "GET", f"/api/nodes/{a.http}")
-    assert status == 200 and any(t["topic_name"] == "api-read" for t in doc["topic_stats"])
+    [entry] = [t for t in doc["topics"] if t["topic_name"] == "api-read"]
+    assert entry["node"] == a.http and entry["message_count"] == 1
+    assert [c["channel_name"] for c in entry["channels"]] == ["c1"]
     status, doc = call(console, "GET", "/api/counter")
-    assert any(s["topic_name"] == "api-read" for s in doc["stats"])
+    assert doc["stats"][f"api-read:c1:{a.http}"] == {
+        "node": a.http, "topic_name": "api-read", "channel_name": "c1", "message_count": 1}
     assert call(console, "GET", "/api/topics/nope")[0] == 404
 
 

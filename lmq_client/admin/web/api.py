@@ -2,9 +2,10 @@
 
 Reads (from the sampler's snapshot, like the pages): ``GET /api/topics``,
 ``/api/topics/T``, ``/api/topics/T/C``, ``/api/nodes``, ``/api/nodes/N``, ``/api/counter``,
-in nsqadmin's shapes (``clusterinfo``'s ``TopicStats``, ``ChannelStats``, ``ClientStats``,
-``Producer``: a topic or channel summed over nodes as ``node: "*"`` with one entry per node in
-``nodes``). Actions (``actions.Actions``, as the forms): ``POST /api/topics``
+in nsqadmin's shapes, key for key as nsqadmin 1.3.0 answers them (``clusterinfo``'s
+``TopicStats``, ``ChannelStats``, ``ClientStats``, ``Producer``: a topic or channel summed over
+nodes as ``node: "*"`` with one entry per node in ``nodes``; the counter's
+``"topic:channel:node"`` map). Actions (``actions.Actions``, as the forms): ``POST /api/topics``
 (``{"topic", "channel"}``: create in the lookupds, as nsqadmin), ``POST /api/topics/T[/C]``
 (``{"action": "pause"|"unpause"|"empty"}``), ``DELETE /api/topics/T[/C]``,
 ``DELETE /api/nodes/N`` (``{"topic"}``: tombstone). Answers ``{"message": ""}`` or
@@ -35,14 +36,10 @@ def reply(data: Mapping[str, Any], status: int = 200) -> Response:
     return Response(json.dumps(data).encode(), status=status, content_type="application/json")
 
 
-def _e2e(row: StatRow) -> dict[str, Any]:
+def _e2e(row: StatRow, topic: str = "", channel: str = "", host: str = "") -> dict[str, Any]:
     return {"count": 1 if row.e2e else 0,
-            "percentiles": [{"quantile": q, "value": v} for q, v in row.e2e] or None}
-
-
-def _counts(row: StatRow) -> dict[str, Any]:
-    return {"depth": row.depth, "memory_depth": row.memory_depth,
-            "backend_depth": row.backend_depth}  # fmt: skip
+            "percentiles": [{"quantile": q, "value": v} for q, v in row.e2e] or None,
+            "topic": topic, "channel": channel, "host": host}  # fmt: skip
 
 
 def _client(client: ClientRow) -> dict[str, Any]:
@@ -58,41 +55,46 @@ def _client(client: ClientRow) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def _channel(topic: str, name: str, node: str, hostname: str, row: StatRow) -> dict[str, Any]:
+def _channel(channel: ChannelRow, node: Node | None, row: StatRow) -> dict[str, Any]:
+    """nsqadmin's ``ChannelStats``: one node's (``node``), or the sum (``node: "*"``) with the
+    per-node entries in ``nodes``."""
+    clients = [c for c in channel.clients if node is None or c.node is node]
     return {
-        "node": node, "hostname": hostname, "topic_name": topic, "channel_name": name,
-        **_counts(row), "in_flight_count": row.in_flight, "deferred_count": row.deferred,
+        "node": node.http_address if node else "*", "hostname": node.hostname if node else "",
+        "topic_name": channel.topic, "channel_name": channel.name, "depth": row.depth,
+        "memory_depth": row.memory_depth, "backend_depth": row.backend_depth,
+        "in_flight_count": row.in_flight, "deferred_count": row.deferred,
         "requeue_count": row.requeued, "timeout_count": row.timed_out,
-        "message_count": row.messages, "client_count": row.clients, "paused": row.paused,
-        "e2e_processing_latency": _e2e(row),
+        "message_count": row.messages, "client_count": row.clients,
+        "nodes": None if node else [_channel(channel, n, r) for n, r in channel.nodes],
+        "clients": [_client(c) for c in clients], "paused": row.paused,
+        "e2e_processing_latency": _e2e(row, *((channel.topic, channel.name, "*") if node is None
+                                              else ("", "", ""))),
     }  # fmt: skip
 
 
-def channel_doc(channel: ChannelRow) -> dict[str, Any]:
-    doc = _channel(channel.topic, channel.name, "*", "", channel.total)
-    doc["nodes"] = [_channel(channel.topic, channel.name, n.http_address, n.hostname, r)
-                    for n, r in channel.nodes]  # fmt: skip
-    doc["clients"] = [_client(c) for c in channel.clients]
-    return doc
-
-
-def topic_doc(topic: TopicRow) -> dict[str, Any]:
-    def one(node: str, hostname: str, row: StatRow) -> dict[str, Any]:
-        return {"node": node, "hostname": hostname, "topic_name": topic.name, **_counts(row),
-                "message_count": row.messages, "paused": row.paused,
-                "e2e_processing_latency": _e2e(row)}  # fmt: skip
-
-    doc = one("*", "", topic.total)
-    doc["nodes"] = [one(n.http_address, n.hostname, r) for n, r in topic.nodes]
-    doc["channels"] = [channel_doc(c) for c in topic.channels]
-    return doc
+def _topic(topic: TopicRow, node: Node | None, row: StatRow) -> dict[str, Any]:
+    """nsqadmin's ``TopicStats``, the same way."""
+    if node is None:
+        channels = [_channel(c, None, c.total) for c in topic.channels]
+    else:
+        channels = [_channel(c, node, r) for c in topic.channels for n, r in c.nodes if n is node]
+    return {
+        "node": node.http_address if node else "*", "hostname": node.hostname if node else "",
+        "topic_name": topic.name, "depth": row.depth, "memory_depth": row.memory_depth,
+        "backend_depth": row.backend_depth, "message_count": row.messages,
+        "nodes": None if node else [_topic(topic, n, r) for n, r in topic.nodes],
+        "channels": channels, "paused": row.paused,
+        "e2e_processing_latency": _e2e(row, *((topic.name, "", "*") if node is None
+                                              else ("", "", ""))),
+    }  # fmt: skip
 
 
 def producer_doc(node: Node) -> dict[str, Any]:
     return {
-        "remote_address": node.http_address, "hostname": node.hostname,
-        "broadcast_address": node.broadcast_address, "tcp_port": node.tcp_port,
-        "http_port": node.http_port, "version": node.version,
+        "remote_addresses": [node.http_address], "remote_address": node.http_address,
+        "hostname": node.hostname, "broadcast_address": node.broadcast_address,
+        "tcp_port": node.tcp_port, "http_port": node.http_port, "version": node.version,
         "topics": [{"topic": str(t["topic_name"]), "tombstoned": t["topic_name"] in node.tombstoned}
                    for t in node.topics],
         "out_of_date": False,
@@ -138,14 +140,15 @@ def register(console: Console) -> None:
 
     @console.route("GET", "/api/topics/{topic}")
     async def topic(request: Request) -> Response:
-        return reply({**topic_doc(topic_or_404(request.params["topic"])), "message": ""})
+        found = topic_or_404(request.params["topic"])
+        return reply({**_topic(found, None, found.total), "message": ""})
 
     @console.route("GET", "/api/topics/{topic}/{channel}")
     async def channel(request: Request) -> Response:
         found = topic_or_404(request.params["topic"])
         for row in found.channels:
             if row.name == request.params["channel"]:
-                return reply({**channel_doc(row), "message": ""})
+                return reply({**_channel(row, None, row.total), "message": ""})
         raise HTTPException(404, "CHANNEL_NOT_FOUND")
 
     @console.route("GET", "/api/nodes")
@@ -159,10 +162,10 @@ def register(console: Console) -> None:
         found = snapshot.node(request.params["node"])
         if found is None:
             raise HTTPException(404, "NODE_NOT_FOUND")
-        stats = [topic_doc(t) for t in snapshot.topics.values()
-                 if any(n.http_address == found.http_address for n, _ in t.nodes)]  # fmt: skip
+        stats = [_topic(t, n, r) for t in snapshot.topics.values() for n, r in t.nodes
+                 if n is found]  # fmt: skip
         return reply({
-            "node": found.http_address, "topic_stats": stats,
+            "node": found.http_address, "topics": stats,
             "total_messages": sum(t["message_count"] for t in stats),
             "total_clients": sum(len(c["clients"]) for t in stats for c in t["channels"]),
             "message": "",
@@ -170,9 +173,14 @@ def register(console: Console) -> None:
 
     @console.route("GET", "/api/counter")
     async def counter(request: Request) -> Response:
-        stats = [_channel(t.name, c.name, n.http_address, n.hostname, r)
-                 for t in console.sampler.latest.topics.values() for c in t.channels
-                 for n, r in c.nodes]  # fmt: skip
+        stats = {
+            f"{t.name}:{c.name}:{n.http_address}": {
+                "node": n.http_address, "topic_name": t.name, "channel_name": c.name,
+                "message_count": r.messages,
+            }
+            for t in console.sampler.latest.topics.values() for c in t.channels
+            for n, r in c.nodes
+        }  # fmt: skip
         return reply({"stats": stats, "message": ""})
 
     @console.route("POST", "/api/topics")
