@@ -8,10 +8,10 @@
   127.0.0.1:0`` subprocess with those flags (``group``: other options instead of the lookupd),
   started once per set of flags and stopped at the end of the module with a check that it
   logged no traceback; it samples every ``SAMPLE_S``.
-- ``browser`` (one per module): Debian's Chromium (``/usr/bin/chromium``, installed by scripts/test) driven by
-  Playwright, headless, with the flags this machine needs and a fresh profile; each test opens
-  its own context (``page``), so cookies never leak between tests. Without Chromium or
-  Playwright the browser tests are skipped, saying which is missing.
+- ``browser`` (one per module): Debian's Chromium (``/usr/bin/chromium``, installed by
+  scripts/test) driven by Playwright, headless, with the flags this machine needs and a fresh
+  profile; each test opens its own context (``page``), so cookies never leak between tests.
+  Without Chromium or Playwright the browser tests are skipped, saying which is missing.
 - ``notifications``: an HTTP endpoint on 127.0.0.1 port 0 recording nsqadmin's notification
   POSTs.
 """

@@ -12,11 +12,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-import pytest
-
 from .conftest import Cluster, Console
-
-pytestmark = pytest.mark.interop
 
 
 def call(console: Console, method: str, path: str, body: Any = None,

@@ -22,8 +22,6 @@ from tests.cluster.procs import eventually, http
 
 from .conftest import WITHIN_S, Cluster, Console
 
-pytestmark = pytest.mark.interop
-
 XSS = "<img src=x onerror=\"window.__pwned=1;alert(1)\"><script>window.__pwned=2</script>"
 
 

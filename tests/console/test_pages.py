@@ -19,8 +19,6 @@ from tests.cluster.procs import eventually, http
 
 from .conftest import WITHIN_S, Cluster, Console, Notifications
 
-pytestmark = pytest.mark.interop
-
 
 @pytest.fixture
 def console(console_factory: Any, notifications: Notifications) -> Console:

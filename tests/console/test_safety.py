@@ -10,11 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
-
 from .conftest import Cluster, Console
-
-pytestmark = pytest.mark.interop
 
 FORGE = """async ([url, fields]) => {
     const form = new URLSearchParams(fields);
