@@ -251,6 +251,22 @@ def test_the_wheel_ships_both_packages_typed_with_their_console_scripts(
     }
 
 
+def test_the_wheel_ships_the_consoles_templates_and_static_files(
+    wheel: zipfile.ZipFile,
+) -> None:
+    """``lmqadmin web`` works offline from the wheel alone: every template and static file of
+    the source tree (htmx, uPlot and their licences included) is in it, byte for byte."""
+    web = ROOT / "lmq_client" / "admin" / "web"
+    names = set(wheel.namelist())
+    for folder in ("templates", "static"):
+        files = sorted(p for p in (web / folder).iterdir() if p.is_file())
+        assert files, folder
+        for path in files:
+            name = path.relative_to(ROOT).as_posix()
+            assert name in names, f"{name} is not in the wheel"
+            assert wheel.read(name) == path.read_bytes(), name
+
+
 def _console_scripts(wheel: zipfile.ZipFile) -> dict[str, str]:
     scripts = {}
     section = ""

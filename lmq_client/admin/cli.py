@@ -52,6 +52,7 @@ from lmq_client.admin.common import (
 from lmq_client.admin.forward import forward
 from lmq_client.admin.pub_stream import pub
 from lmq_client.admin.tail_hint import TAIL_HINT_AFTER_S, earlier_messages_hint
+from lmq_client.admin.web.command import web
 from lmq_client.errors import ConnectionFailed, LmqClientError
 from lmq_client.http import HTTPClient
 from lmq_client.lookupd import lookupd_addresses, lookupd_url
@@ -515,6 +516,7 @@ def _channel_redrive(
 cli.add_command(pub)
 cli.add_command(archive)
 cli.add_command(forward)
+cli.add_command(web)
 
 
 # -- peek --------------------------------------------------------------------------------------

@@ -1,0 +1,1 @@
+"""``lmqadmin web``: lmq's web console (docs/console.md); ``command.py`` is the entry."""
