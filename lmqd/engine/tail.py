@@ -1,10 +1,10 @@
-"""MemoryTail: a topic's newest messages kept in memory, each at its topic offset.
+"""MemoryTail: a topic's messages kept in memory, each at its topic offset.
 
-A topic (``stream.py``) keeps up to ``--mem-queue-size`` of its newest messages here instead of
-in its log: offsets ``[start, end)``, contiguous, oldest first. Channels read them by offset
+A topic (``stream.py``) keeps up to ``--mem-queue-size`` of its messages here instead of only in
+its log: offsets ``[start, end)``, contiguous, oldest first. Channels read them by offset
 (``cursor.py``); once every channel has read a message it leaves from the front without ever
-being written (nsqd's memory queue: a consumer that keeps up costs no disk). When the tail grows
-past its bound, its oldest messages go to the log, once for every channel.
+being written (nsqd's memory queue: a consumer that keeps up costs no disk). What happens past
+the bound (the oldest to the log, or, under a backlog, the new ones) is the stream's business.
 
 A list with a head index rather than a deque: reading by offset is a slice (a deque has no O(1)
 slicing), dropping from the front moves the head, and the dead prefix is deleted once it is half
