@@ -384,6 +384,21 @@ def format_duration(seconds: float) -> str:
     return f"{sign}{hours}h{minutes}m{secs}"
 
 
+def default_shown(value: object, *, duration: bool = False) -> str:
+    """A default as both daemons' ``--help`` writes it, nsqd's way: ``1m0s`` (``duration``:
+    float seconds), ``true``, ``none`` for an empty list, plain text, quoted only when empty or
+    space-padded so that it shows (``"[lmqd] "``)."""
+    if duration and isinstance(value, int | float) and not isinstance(value, bool):
+        return format_duration(value)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, tuple):
+        return ",".join(str(v) for v in value) or "none"
+    if isinstance(value, str) and (value == "" or value != value.strip()):
+        return f'"{value}"'
+    return str(value)
+
+
 _INT_SYNTAX = re.compile(r"[+-]?[0-9][0-9A-Za-z_]*")
 
 
