@@ -550,10 +550,17 @@ class Resolved:
     """Inert settings whose value is not the default, in ``SETTINGS`` order."""
 
     def warnings(self) -> list[str]:
-        """One startup warning per inert setting given a non-default value."""
-        return [
+        """One startup warning per inert setting given a non-default value, and one for a
+        negative ``--mem-queue-size`` (``Options.mem_queue_limit``)."""
+        out = [
             f"--{s.flag} is accepted for nsqd compatibility and has no effect" for s in self.inert
         ]
+        if self.options.mem_queue_size < 0:
+            out.append(
+                f"--mem-queue-size={self.options.mem_queue_size} keeps no message in memory, "
+                "as 0 does (nsqd v1.3.0 starts with it but cannot create a topic)"
+            )
+        return out
 
 
 def load_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
