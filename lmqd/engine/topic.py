@@ -179,7 +179,7 @@ class Topic:
         self.stream = TopicStream(
             name,
             log=log,
-            limit=options.mem_queue_size,
+            limit=options.mem_queue_limit,
             write_through=options.durable,
             drop_overflow=self.ephemeral,
             clock=clock,
