@@ -270,7 +270,7 @@ class Channel:
         # ``_memory_limit`` reproduces that with the consumers' free RDY room. A durable channel
         # writes what must be stored straight to disk (limit 0) and holds in memory only what
         # is unacknowledged on disk anyway.
-        self._mem_size = 0 if self._acks is not None else options.mem_queue_size
+        self._mem_size = 0 if self._acks is not None else options.mem_queue_limit
         self._unbuffered = self.ephemeral and self._mem_size == 0
         self._queue = SpillQueue(
             backend, self._mem_size, syncer.backend_changed if syncer is not None else None
