@@ -225,13 +225,16 @@ class ReplayApi:
             ("X-Lmq-End-Offset", str(stream.next_offset)),
         )
         if query.get("format") == "json":
-            return json_response({
+            # The same X-Lmq-* offsets as the binary answer: a reader switching formats keeps
+            # its paging code.
+            answer = json_response({
                 "topic": topic.name,
                 "earliest": stream.earliest_offset,
                 "end": stream.next_offset,
                 "next": following,
                 "messages": [_json_entry(offset, m) for offset, m in entries],
             })
+            return attrs.evolve(answer, headers=headers)
         if with_ext:
             headers += (("X-Lmq-Ext", "1"),)
         return Response(

@@ -166,6 +166,12 @@ async def test_reading_by_offset_consumes_nothing(start_daemon: StartDaemon) -> 
         got = frames(r.body)
         assert [(o, b) for o, _, _, _, b in got] == [(3, b"m3"), (4, b"m4"), (5, b"m5")]
         assert all(a == 0 and len(i) == 16 and ts > 0 for _, ts, a, i, _ in got)
+        r = await http(base, "GET", "/topic/read?topic=t&offset=3&count=3&format=json")
+        assert r.json()["next"] == 6
+        # The JSON answer carries the binary one's offset headers too.
+        assert {k: v for k, v in r.headers.items() if k.startswith("x-lmq-")} == {
+            "x-lmq-next-offset": "6", "x-lmq-earliest-offset": "0", "x-lmq-end-offset": "7",
+        }
         r = await http(base, "GET", "/topic/read?topic=t&offset=0&end=2")
         assert [b for *_, b in frames(r.body)] == [b"m0", b"m1"]
         r = await http(base, "GET", "/topic/read?topic=t&offset=7")
