@@ -441,6 +441,16 @@ def test_the_wrong_port_or_not_lmqd_is_exit_3_in_one_line(
     expected = f"lmqadmin: error: cannot reach the daemon at {server.tcp_address}"
     assert result.stderr.startswith(expected)
     assert "is it the TCP port?" in result.stderr and len(result.stderr.splitlines()) == 1
+    # The opposite mistake: --tcp-address pointed at the HTTP port.
+    assert server.http_address is not None
+    result = CliRunner().invoke(
+        cli, ["--tcp-address", server.http_address, "pub", "t", "x"], catch_exceptions=False
+    )
+    assert result.exit_code == 3
+    assert result.stderr == (
+        f"lmqadmin: error: cannot reach the daemon at {server.http_address}: the answer is HTTP, "
+        "not NSQ's TCP protocol; is it the HTTP port?\n"
+    )
     # An HTTP server that is not lmqd (it serves this directory's listing as HTML).
     (tmp_path / "stats").write_text("<html>not lmqd</html>")
     web = subprocess.Popen(
