@@ -23,7 +23,9 @@ of them exists in nsqd, and nsqd's own calls are unchanged (``/channel/create`` 
 
 ``POS`` is ``earliest`` (the oldest message stored), ``latest`` (for a channel: what the topic
 hands on from now, nsqd's default; for ``/topic/offsets``: the end), an RFC 3339 time (the first
-message published at or after it), a Unix time in milliseconds, or ``offset:N``.
+message published at or after it), a Unix time in milliseconds, or ``offset:N`` (the one rule:
+``lmqd.positions``). An offset outside what is stored is clamped to it: the answer's
+``"offset"`` says where the channel reads, and lmqadmin tells its user.
 
 Errors follow nsqd's style (``{"message": "CODE"}``): 400 ``MISSING_ARG_TOPIC`` /
 ``INVALID_ARG_TOPIC`` / ``MISSING_ARG_CHANNEL`` / ``INVALID_ARG_CHANNEL``, 404
@@ -37,7 +39,6 @@ from __future__ import annotations
 
 import base64
 import re
-from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
 import attrs
@@ -50,6 +51,7 @@ from lmqd.httpapi import args
 from lmqd.httpapi.asgi import HttpError, Query, Request, Response, json_response
 from lmqd.message import READ_CONTENT_TYPE, Message, encode_read_frames
 from lmqd.names import is_ephemeral
+from lmqd.positions import Position, parse_position
 from lmqd.units import MiB
 
 if TYPE_CHECKING:
@@ -59,9 +61,7 @@ __all__ = [
     "DEFAULT_READ_COUNT",
     "MAX_READ_BYTES",
     "MAX_READ_COUNT",
-    "Position",
     "ReplayApi",
-    "parse_position",
 ]
 
 DEFAULT_READ_COUNT = 1000
@@ -73,38 +73,6 @@ MAX_READ_BYTES = 4 * MiB
 read of large messages as short as a read of small ones."""
 
 _DIGITS = re.compile(r"[0-9]{1,18}")
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-
-
-@attrs.frozen
-class Position:
-    """A parsed ``from``/``to``/``at`` value: one of its fields is set."""
-
-    earliest: bool = False
-    latest: bool = False
-    time_ns: int | None = None
-    offset: int | None = None
-
-
-def parse_position(value: str) -> Position | None:
-    """``earliest``, ``latest``, an RFC 3339 time, Unix milliseconds or ``offset:N``; None if
-    ``value`` is none of them."""
-    if value == "earliest":
-        return Position(earliest=True)
-    if value == "latest":
-        return Position(latest=True)
-    if value.startswith("offset:"):
-        digits = value.removeprefix("offset:")
-        return Position(offset=int(digits)) if _DIGITS.fullmatch(digits) else None
-    if _DIGITS.fullmatch(value):
-        return Position(time_ns=int(value) * 1_000_000)
-    try:
-        when = datetime.fromisoformat(value)
-    except ValueError:
-        return None
-    if when.tzinfo is None or "T" not in value.upper():
-        return None  # RFC 3339 has both a date-time separator and an offset
-    return Position(time_ns=(when - _EPOCH) // timedelta(microseconds=1) * 1000)
 
 
 def resolve(stream: TopicStream, position: Position, *, latest: int) -> int:

@@ -17,9 +17,9 @@ from datetime import UTC, datetime
 import pytest
 import trio
 
-from lmqd.httpapi.replay import parse_position
 from lmqd.message import READ_CONTENT_TYPE, READ_FRAME, decode_read_frames
 from lmqd.message_ext import MessageExt
+from lmqd.positions import parse_position
 from tests.support.daemon import RunningDaemon, StartDaemon
 from tests.support.http import http
 from tests.support.wire import Wire
