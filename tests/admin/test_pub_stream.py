@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import pty
+import select
 import subprocess
 import time
 
@@ -109,6 +111,53 @@ def test_the_first_line_is_delivered_before_stdin_closes(lmqd_module_server: Lmq
     assert proc.returncode == 0, err
     assert out.decode().startswith("published 3 messages to stream on ")
     assert stored(server, "stream") == [b"first", b"second", b"third"]
+
+
+def test_typing_at_a_terminal_draws_no_spinner_over_the_line(
+    lmqd_module_server: LmqdProcess,
+) -> None:
+    # ``pub -f -`` with a terminal on stdin and stderr (a pty): a person types the messages.
+    server = lmqd_module_server
+    assert server.http_address is not None
+    HTTPClient(server.http_address).topic_action("create", "typed")
+    controller, terminal = pty.openpty()
+    proc = subprocess.Popen(
+        lmqadmin_command(server.tcp_address, "pub", "typed", "-f", "-"),
+        stdin=terminal, stdout=subprocess.PIPE, stderr=terminal, cwd=REPO_ROOT,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT), "TERM": "xterm", "COLUMNS": "80"},
+    )  # fmt: skip
+    os.close(terminal)
+    seen = bytearray()
+
+    def drain() -> None:
+        while select.select([controller], [], [], 0)[0]:
+            try:
+                seen.extend(os.read(controller, 4096))
+            except OSError:  # EIO: the last holder of the terminal exited
+                return
+
+    try:
+        os.write(controller, b"hello\n")
+        wait_for(lambda: (drain(), stored(server, "typed") == [b"hello"])[1], "the typed line")
+        time.sleep(0.3)  # a spinner would redraw several times meanwhile
+        os.write(controller, b"world\n\x04")  # then ^D: end of input
+        proc.wait(DEADLINE_S)
+        drain()
+        assert proc.stdout is not None
+        out = proc.stdout.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+        os.close(controller)
+    assert proc.returncode == 0, bytes(seen)
+    assert out.decode().startswith("published 2 messages to typed on ")
+    # The terminal shows what was typed (its echo) and nothing drawn over it: no cursor
+    # hiding, no carriage return redrawing the line, no spinner.
+    assert b"\x1b[" not in seen and b"published" not in seen, bytes(seen)
+    assert seen.replace(b"\r\n", b"\n").startswith(b"hello\nworld\n"), bytes(seen)
 
 
 def test_rate_limits_messages_per_second(lmqd_module_server: LmqdProcess) -> None:
