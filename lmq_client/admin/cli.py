@@ -58,7 +58,7 @@ from lmq_client.admin.positions import (
     stored_range,
 )
 from lmq_client.admin.pub_stream import pub
-from lmq_client.admin.tail_hint import TAIL_HINT_AFTER_S, earlier_messages_hint
+from lmq_client.admin.tail_hint import TAIL_HINT_AFTER_S, say_earlier_messages_hint
 from lmq_client.errors import ConnectionFailed, LmqClientError
 from lmq_client.http import HTTPClient
 from lmq_client.lookupd import lookupd_addresses, lookupd_url
@@ -690,7 +690,7 @@ async def _tail(
             with trio.move_on_after(TAIL_HINT_AFTER_S):
                 first = await consumer.__anext__()
             if first is None:
-                await _hint(settings, topic, channel)
+                await say_earlier_messages_hint(settings, topic, channel)
         message = first
         while True:
             if message is None:
@@ -713,22 +713,6 @@ async def _tail(
             if count is not None and seen >= count:
                 break
             message = None
-
-
-async def _hint(settings: Settings, topic: str, channel: str) -> None:
-    """Nothing arrived at first: say on stderr if other channels took the earlier messages."""
-
-    def ask() -> list[dict[str, Any]]:
-        return [c.stats(topic) for c in settings.http_clients(topic)]
-
-    try:
-        stats = await trio.to_thread.run_sync(ask)
-    except LmqClientError as exc:  # the hint is a courtesy: no HTTP API, no hint
-        log.info("tail: no hint, /stats failed: %s", exc)
-        return
-    text = earlier_messages_hint(stats, topic, channel)
-    if text is not None:
-        click.echo(text, err=True)
 
 
 # -- bench -------------------------------------------------------------------------------------

@@ -212,3 +212,43 @@ def test_sigterm_closes_gzip_files_cleanly_after_time_rotation(
     ]
     stats = channel_stats(server, "archsig", "archive")
     assert (stats["depth"], stats["in_flight_count"]) == (0, 0)
+
+
+def test_archive_says_when_existing_channels_took_the_earlier_messages(
+    lmqd_module_server: LmqdProcess, tmp_path: Path
+) -> None:
+    # As tail does: a new archive channel gets nothing published before it existed.
+    from lmq_client.admin.tail_hint import TAIL_HINT_AFTER_S
+
+    server = lmqd_module_server
+    assert server.http_address is not None
+    http = HTTPClient(server.http_address)
+    http.topic_action("create", "archint")
+    http.channel_action("create", "archint", "billing")
+    for i in range(3):
+        http.pub("archint", b"old%d" % i)
+    proc = subprocess.Popen(
+        [*lmqadmin_command(server.tcp_address, "--http-address", server.http_address),
+         "archive", "archint", "--dir", str(tmp_path / "out"), "-n", "1"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO_ROOT,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + DEADLINE_S
+        while len(http.stats("archint")["topics"][0]["channels"]) < 2:
+            assert time.monotonic() < deadline, "archive never subscribed"
+            time.sleep(0.02)
+        time.sleep(TAIL_HINT_AFTER_S + 0.5)
+        http.pub("archint", b"new")
+        out, err = proc.communicate(timeout=DEADLINE_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err
+    assert err.decode().splitlines()[0] == (
+        "archive: nothing new on archint yet; its 1 existing channel(s) (billing) took the 3 "
+        "message(s) published before channel archive existed. 'lmqadmin channel seek archint "
+        "archive --to earliest' makes it read the messages the topic still stores."
+    )
+    assert out.decode().startswith("archived 1 messages from archint/archive")
