@@ -46,7 +46,9 @@ channel got there steps over it too.
 **Seek** moves the read position anywhere stored. In ``--durable``, messages read before it
 and not settled (in flight, or requeued with their copies not yet fsynced) keep holding the
 log's mark (``Cursor.seek(keep_unsettled=True)``) until they settle as usual: a crash brings
-them back whatever the new position.
+them back whatever the new position. What a seek back adds to the channel's backlog is counted
+in ``replayed``, which the channel's ``message_count`` includes: the count never falls behind
+the depth, and tools' rates (messages in, minus what is still held) stay right.
 """
 
 from __future__ import annotations
@@ -63,7 +65,10 @@ __all__ = ["ChannelCursor", "pushed"]
 class ChannelCursor:
     """A channel's position in its topic's stream; see the module docstring."""
 
-    __slots__ = ("_log_cursor", "_settle", "_skips", "name", "position", "replay_until", "stream")
+    __slots__ = (
+        "_log_cursor", "_settle", "_skips", "name", "position", "replay_until", "replayed",
+        "stream",
+    )  # fmt: skip
 
     def __init__(
         self, stream: TopicStream, name: str, *, durable: bool, at: int | None = None
@@ -75,6 +80,10 @@ class ChannelCursor:
         self._skips: list[tuple[int, int]] = []
         self.replay_until = 0
         """Pushed messages below this offset are read like the others (a replay)."""
+        self.replayed = 0
+        """Messages a replay handed to the channel again (``seek``): nsqd's ``message_count``
+        counts what the topic puts into a channel, and a replay puts these in once more, so the
+        channel's count includes them (else it falls behind its depth)."""
         log = stream.log
         lc = log.cursor(name) if log is not None else None
         if lc is not None:
@@ -262,6 +271,7 @@ class ChannelCursor:
         log = stream.log
         lowest = log.earliest_offset if log is not None else stream.tail.start
         position = min(max(offset, lowest), stream.next_offset)
+        unread = self.unread
         self.position = position
         self.replay_until = stream.pumped if position < stream.pumped else 0
         self._skips.clear()
@@ -270,6 +280,7 @@ class ChannelCursor:
             lc.skips.clear()
             keep = keep_unsettled and not self._settle
             lc.seek(stream.log_target(position), keep_unsettled=keep)
+        self.replayed += max(self.unread - unread, 0)
         return position
 
     def skip_older_than(self, ts_ns: int) -> int:
