@@ -1716,7 +1716,7 @@ class Channel:
             + (self._lanes.backend_depth if self._lanes is not None else 0),
             in_flight_count=len(self._in_flight),
             deferred_count=len(self._deferred),
-            message_count=self.message_count,
+            message_count=self.message_count + (self.cursor.replayed if self.cursor else 0),
             requeue_count=self.requeue_count,
             timeout_count=self.timeout_count,
             client_count=len(self.clients),

@@ -20,7 +20,7 @@ import trio
 from lmqd.message import READ_CONTENT_TYPE, READ_FRAME, decode_read_frames
 from lmqd.message_ext import MessageExt
 from lmqd.positions import parse_position
-from tests.support.daemon import RunningDaemon, StartDaemon
+from tests.support.daemon import RunningDaemon, StartDaemon, eventually
 from tests.support.http import http
 from tests.support.wire import Wire
 
@@ -256,3 +256,44 @@ async def test_read_carries_priority_and_headers_when_asked(
             ["attempts", "body", "id", "offset", "timestamp"],
         ]
         assert (messages[1]["priority"], messages[1]["headers"]) == (7, {"trace": "t-1", "k": "v"})
+
+
+async def test_a_replayed_channel_counts_the_messages_replay_hands_it(
+    start_daemon: StartDaemon,
+) -> None:
+    # nsqd's message_count counts what the topic puts into a channel; a replay puts messages in
+    # again. Without them the count falls behind the depth, and tools' rates (nsq_stat, nsqadmin,
+    # lmqadmin stats: count growth minus what is still held) go negative.
+    with trio.fail_after(TIMEOUT):
+        running = await start_daemon(http=True, mem_queue_size=0)
+
+        async def counts(channel: str) -> tuple[int, int]:
+            r = await http(running.http, "GET", "/stats?format=json&topic=t")
+            [c] = [c for c in r.json()["topics"][0]["channels"] if c["channel_name"] == channel]
+            return c["depth"], c["message_count"]
+
+        r = await http(running.http, "POST", "/topic/create?topic=t")
+        r = await http(running.http, "POST", "/channel/create?topic=t&channel=live")
+        assert r.status == 200
+        await publish(running, "t", [b"m%d" % i for i in range(20)])
+        r = await http(running.http, "POST", "/channel/create?topic=t&channel=late&from=offset:15")
+        assert r.status == 200
+        assert await counts("late") == (5, 5)
+        await publish(running, "t", [b"n%d" % i for i in range(5)])
+        assert await counts("late") == (10, 10)
+        wire = await Wire.connect(running.tcp)
+        await wire.sub("t", "late", rdy=4)
+        taken = [await wire.message() for _ in range(4)]
+        await wire.rdy(0)
+        for m in taken:
+            await wire.fin(m.id)
+        channel = running.broker.topics["t"].channels["late"]
+        await eventually(lambda: channel.in_flight_count == 0)
+        await wire.aclose()
+        assert await counts("late") == (6, 10)
+        r = await http(running.http, "POST", "/channel/seek?topic=t&channel=late&to=offset:0")
+        assert r.json() == {"offset": 0}
+        # The 6 not read yet stay counted once; 19 more are handed again: 4 went out.
+        assert await counts("late") == (25, 29)
+        r = await http(running.http, "POST", "/channel/seek?topic=t&channel=late&to=latest")
+        assert await counts("late") == (0, 29)  # a jump ahead takes nothing back
