@@ -45,6 +45,7 @@ import attrs
 
 from lmqd.engine.backend import BackendError
 from lmqd.engine.channel import TopicExiting
+from lmqd.engine.internal import reads_ahead
 from lmqd.engine.stream import TopicStream
 from lmqd.engine.topic import Topic
 from lmqd.httpapi import args
@@ -133,7 +134,9 @@ class ReplayApi:
             raise HttpError(400, "CHANNEL_EXISTS")
         if topic.stream.log is None or is_ephemeral(name):
             raise HttpError(400, "NOT_STORED")
-        start = resolve(topic.stream, position, latest=topic.stream.pumped)
+        stream = topic.stream
+        latest = stream.next_offset if reads_ahead(name) else stream.pumped
+        start = resolve(stream, position, latest=latest)
         try:
             topic.get_channel(name, start_at=start)
         except TopicExiting:
@@ -152,7 +155,7 @@ class ReplayApi:
             raise HttpError(404, "CHANNEL_NOT_FOUND")
         if channel.cursor is None:
             raise HttpError(400, "NOT_STORED")
-        offset = channel.seek(resolve(topic.stream, position, latest=topic.stream.pumped))
+        offset = channel.seek(resolve(topic.stream, position, latest=channel.cursor.end))
         return json_response({"offset": offset})
 
     # -- reading by offset ---------------------------------------------------------------------
