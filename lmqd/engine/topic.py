@@ -14,7 +14,8 @@ queue and those with an lmq priority into every channel's priority lanes (``lane
 copies into the channels that have no cursor (ephemeral ones, and every channel of an
 ephemeral topic, which has no log), and asks each channel to deliver once per batch. A topic
 that is paused or has no channels does not pump: it keeps its backlog, and the first channel
-created reads it (nsqd).
+created reads it (nsqd). lmq's internal channels (``internal.py``) read the stream ahead of the
+pump and do not count as channels here, so the backlog waits for the users' first channel.
 
 A durable channel keeps its copy of a pushed message in its deferred store or a lane's store;
 until that copy is fsynced the stream keeps ``#topic`` from passing the message
@@ -57,6 +58,7 @@ from lmqd.engine.channel import Channel, DeadLetterSink, TopicExiting
 from lmqd.engine.cursor import ChannelCursor, pushed
 from lmqd.engine.dedup import DedupWindow, body_digest
 from lmqd.engine.e2e import E2eLatencyStream
+from lmqd.engine.internal import reads_ahead, waiting_beyond_topic
 from lmqd.engine.policy import PolicyValue, TopicPolicy, shared_default
 from lmqd.engine.salvage import Salvage
 from lmqd.engine.stream import TOPIC_CURSOR, TopicStream
@@ -115,8 +117,8 @@ class Topic:
 
     # Slots: no per-instance dict (~1 KB and a GC-tracked object less per topic).
     __slots__ = (
-        "_channel_backend_factory", "_clock", "_dead_letter", "_deferred_store_factory", "_guid",
-        "_id_window", "_lane_backend_factory", "_metadata", "_nursery", "_on_change",
+        "_ahead", "_channel_backend_factory", "_clock", "_dead_letter", "_deferred_store_factory",
+        "_guid", "_id_window", "_lane_backend_factory", "_metadata", "_nursery", "_on_change",
         "_on_channel_created", "_on_channel_deleted", "_on_deleted_ephemeral", "_on_health",
         "_paused", "_pump_active_at", "_pump_running", "_pump_scope", "_rng", "_run_scope",
         "_stored_lanes", "_syncer", "_wakeup", "_wall_clock", "channels", "durable", "ephemeral",
@@ -158,6 +160,8 @@ class Topic:
         """The metadata file's entry for this topic, until something in it changes."""
         self.exiting = False
         self.channels: dict[str, Channel] = {}
+        self._ahead: list[Channel] = []
+        """Internal channels: they read the stream ahead of the pump (``internal.py``)."""
         self.message_count = 0
         self.message_bytes = 0
         self._channel_backend_factory = channel_backend_factory
@@ -503,7 +507,7 @@ class Topic:
         deepest = 0
         for channel in self.channels.values():
             if not channel.exiting:
-                depth = channel.depth
+                depth = waiting_beyond_topic(channel, self.stream)
                 if depth > deepest:
                     deepest = depth
         return self.stream.depth + deepest
@@ -521,7 +525,7 @@ class Topic:
         for channel in self.channels.values():
             if channel.exiting:
                 continue
-            over = channel.depth + pending - limit
+            over = waiting_beyond_topic(channel, stream) + pending - limit
             if over > 0:
                 dropped += channel.drop_oldest(over, now)
         return dropped
@@ -549,6 +553,9 @@ class Topic:
         self.message_bytes += nbytes
         if stream.wrote_backend and self._syncer is not None:
             self._syncer.note_dirty(stream)
+        for channel in self._ahead:  # they read what is stored, not what the pump hands on
+            channel.message_count += len(messages)
+            channel.consumer_ready()
         self._wake_pump()
 
     # -- the pump ----------------------------------------------------------------------------
@@ -557,7 +564,7 @@ class Topic:
         return (
             not self.paused
             and self.stream.depth > 0
-            and any(not c.exiting for c in self.channels.values())
+            and any(not c.exiting and _pumped_to(c) for c in self.channels.values())
         )
 
     def _wake_pump(self) -> None:
@@ -609,7 +616,7 @@ class Topic:
     def _pump_batch(self, now: float) -> None:
         """Hand the next batch of the stream to the channels (see the module docstring)."""
         stream = self.stream
-        channels = [c for c in self.channels.values() if not c.exiting]
+        channels = [c for c in self.channels.values() if not c.exiting and _pumped_to(c)]
         start, end, pushed_at = stream.take_pump_batch(PUMP_BATCH)
         readers = [c for c in channels if c.cursor is not None]
         fed = [c for c in channels if c.cursor is None]
@@ -696,7 +703,9 @@ class Topic:
         cursor = (
             None
             if ephemeral or self.ephemeral
-            else ChannelCursor(self.stream, name, durable=durable, at=start_at)
+            else ChannelCursor(
+                self.stream, name, durable=durable, at=start_at, ahead=reads_ahead(name)
+            )
         )
         channel = Channel(
             self.name,
@@ -723,6 +732,8 @@ class Topic:
         if self.message_ttls:
             channel.note_message_ttls()
         self.channels[name] = channel
+        if cursor is not None and cursor.ahead:
+            self._ahead.append(channel)
         self._metadata = None
         log.info("TOPIC(%s): new channel(%s)", self.name, name)
         if not channel.ephemeral and self._on_change is not None:
@@ -747,6 +758,8 @@ class Topic:
         """Delete a channel and its stored messages (``KeyError`` if absent). An ephemeral
         topic left without channels deletes itself and tells ``on_deleted_ephemeral``."""
         channel = self.channels.pop(name)
+        if channel in self._ahead:
+            self._ahead.remove(channel)
         self._metadata = None
         channel.delete()
         log.info("TOPIC(%s): deleted channel(%s)", self.name, name)
@@ -880,6 +893,7 @@ class Topic:
         self._stop_tasks()
         channels = list(self.channels.values())
         self.channels.clear()
+        self._ahead.clear()
         for channel in channels:
             channel.delete()
         self.stream.delete()
@@ -949,6 +963,13 @@ class Topic:
             ),
             storage_damage=storage_damage([self.log.damage] if self.log is not None else []),
         )
+
+
+def _pumped_to(channel: Channel) -> bool:
+    """Whether the pump hands messages on to ``channel`` (not to an internal one, which reads
+    ahead of it: ``internal.py``)."""
+    cursor = channel.cursor
+    return cursor is None or not cursor.ahead
 
 
 def _distinct(exts: Sequence[MessageExt | None]) -> Iterable[MessageExt | None]:
