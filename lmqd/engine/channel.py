@@ -1529,7 +1529,7 @@ class Channel:
             sub.in_flight_count = 0
         if self.cursor is not None:
             # What the topic has handed on is this channel's queue: it now reads from the end.
-            self.cursor.seek(self.cursor.stream.pumped, keep_unsettled=False)
+            self.cursor.seek(self.cursor.end, keep_unsettled=False)
 
     def drop_oldest(self, count: int, now: float) -> int:
         """Drop up to ``count`` of the messages delivery would take next (the oldest waiting:
