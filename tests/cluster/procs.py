@@ -9,6 +9,7 @@ test asks for a port, e.g. to restart a lookupd where it was), on
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import time
 import urllib.error
@@ -19,7 +20,10 @@ from typing import Any, TypeVar
 
 from tests.support.process import REPO_ROOT, DaemonProcess
 
-__all__ = ["REPO_ROOT", "Daemon", "eventually", "http", "lmqd", "lookupd"]
+__all__ = ["REPO_ROOT", "Daemon", "eventually", "http", "lmqd", "lookupd", "run_reader"]
+
+CLIENTS_DIR = Path(__file__).resolve().parent / "clients"
+"""The third-party readers (``<library>_reader.py``), each run in its own interpreter."""
 
 HTTP_TIMEOUT_S = 5.0
 
@@ -101,3 +105,17 @@ def eventually(probe: Callable[[], T], accept: Callable[[T], bool], within: floa
         if time.monotonic() > deadline:
             raise AssertionError(f"still {value!r} after {within:g}s")
         time.sleep(0.05)
+
+
+def run_reader(library: str, *, within_s: float, quiet_s: float, **params: Any) -> Any:
+    """Run ``clients/<library>_reader.py`` (pynsq, ansq) with ``params`` until it has
+    ``count`` messages (within ``within_s``) and a quiet spell; what it printed, decoded."""
+    timeout = within_s + quiet_s + 15
+    params.update(hard_limit_s=int(timeout) - 2, within_s=within_s, quiet_s=quiet_s)
+    done = subprocess.run(
+        [sys.executable, str(CLIENTS_DIR / f"{library}_reader.py"), json.dumps(params)],
+        capture_output=True, timeout=timeout, cwd=CLIENTS_DIR, check=False,
+    )  # fmt: skip
+    stderr = done.stderr.decode("utf-8", "replace")
+    assert done.returncode == 0, f"{library}: exit {done.returncode}:\n{stderr}"
+    return json.loads(done.stdout.decode().strip().splitlines()[-1])

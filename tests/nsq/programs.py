@@ -237,8 +237,10 @@ def normalized(
                 for k, x in sorted(v.items())
                 if k not in dropped
             }
-        if isinstance(v, list):
+        if isinstance(v, list | tuple):
             items = [walk(x, key) for x in v]
+            if isinstance(v, tuple):
+                return tuple(items)  # a fixed shape, (status, body): its order means something
             return sorted(items, key=repr) if sort_lists else items
         if isinstance(v, str):
             return labels.text(v)
