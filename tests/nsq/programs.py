@@ -233,7 +233,7 @@ def normalized(
     def walk(v: Any, key: str = "") -> Any:
         if isinstance(v, Mapping):
             return {
-                k: (f"<{type(x).__name__}>" if k in VOLATILE_KEYS else walk(x, k))
+                labels.text(k): (f"<{type(x).__name__}>" if k in VOLATILE_KEYS else walk(x, k))
                 for k, x in sorted(v.items())
                 if k not in dropped
             }
