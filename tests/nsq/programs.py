@@ -21,6 +21,8 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -35,6 +37,7 @@ from tests.support.process import REPO_ROOT, DaemonProcess
 __all__ = [
     "HARNESS_VERSION",
     "NSQ_BIN",
+    "Consumer",
     "Daemon",
     "Labels",
     "Tool",
@@ -191,6 +194,9 @@ class Tool:
         return self.process.returncode
 
 
+_ADDRESS = re.compile(r"(?<![\d.])\d{1,3}(?:\.\d{1,3}){3}:\d+(?!\d)")
+
+
 class Labels:
     """Names for addresses: ``"127.0.0.1:4151"`` and its port, wherever they appear, become a
     label (``node0``), so two clusters' answers compare equal when they did the same."""
@@ -205,9 +211,9 @@ class Labels:
             self._by_port[int(address.rpartition(":")[2])] = label
 
     def text(self, value: str) -> str:
-        for address, label in self._by_text.items():
-            value = value.replace(address, label)
-        return value
+        """``value`` with each whole address it holds replaced by its label (a whole one:
+        127.0.0.1:4016 must not match inside 127.0.0.1:40167)."""
+        return _ADDRESS.sub(lambda m: self._by_text.get(m.group(0), m.group(0)), value)
 
     def port(self, value: int) -> str | int:
         return self._by_port.get(value, value)
@@ -249,3 +255,54 @@ def normalized(
         return v
 
     return walk(value)
+
+
+class Consumer:
+    """A blocking V2 consumer on one connection, to put a daemon in a known state: it takes
+    exactly the messages asked (RDY n, then RDY 0) and finishes or requeues each when told;
+    the connection stays open (a client in ``/stats``) until the ``with`` block ends."""
+
+    def __init__(self, address: str, topic: str, channel: str) -> None:
+        host, _, port = address.rpartition(":")
+        self._sock = socket.create_connection((host, int(port)), timeout=10)
+        self._buf = b""
+        self._sock.sendall(b"  V2" + f"SUB {topic} {channel}\n".encode())
+        assert self._frame() == (0, b"OK")
+
+    def __enter__(self) -> Consumer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._sock.close()
+
+    def _frame(self) -> tuple[int, bytes]:
+        while True:
+            if len(self._buf) >= 8:
+                size, kind = struct.unpack_from(">Ii", self._buf)
+                if len(self._buf) >= 4 + size:
+                    data = self._buf[8 : 4 + size]
+                    self._buf = self._buf[4 + size :]
+                    if kind == 0 and data == b"_heartbeat_":
+                        self._sock.sendall(b"NOP\n")
+                        continue
+                    return kind, data
+            chunk = self._sock.recv(65536)
+            assert chunk, "the daemon closed the connection"
+            self._buf += chunk
+
+    def take(self, count: int) -> list[bytes]:
+        """The ids of the next ``count`` messages, held in flight."""
+        self._sock.sendall(b"RDY %d\n" % count)
+        ids = []
+        while len(ids) < count:
+            kind, data = self._frame()
+            assert kind == 2, (kind, data)  # a message frame
+            ids.append(data[10:26])
+        self._sock.sendall(b"RDY 0\n")
+        return ids
+
+    def fin(self, ids: Sequence[bytes]) -> None:
+        self._sock.sendall(b"".join(b"FIN %s\n" % i for i in ids))
+
+    def req(self, msg_id: bytes, *, delay_ms: int) -> None:
+        self._sock.sendall(b"REQ %s %d\n" % (msg_id, delay_ms))
