@@ -26,6 +26,8 @@ from lmq_client.admin.files import FileRotator, FileSettings
 from lmq_client.http import HTTPClient
 from tests.support.process import REPO_ROOT, LmqdProcess, lmqadmin_command
 
+from .hints import past_the_hint
+
 DEADLINE_S = 10.0
 NOON = 1_767_268_800.0  # 2026-01-01T12:00:00Z
 
@@ -218,8 +220,6 @@ def test_archive_says_when_existing_channels_took_the_earlier_messages(
     lmqd_module_server: LmqdProcess, tmp_path: Path
 ) -> None:
     # As tail does: a new archive channel gets nothing published before it existed.
-    from lmq_client.admin.tail_hint import TAIL_HINT_AFTER_S
-
     server = lmqd_module_server
     assert server.http_address is not None
     http = HTTPClient(server.http_address)
@@ -227,28 +227,11 @@ def test_archive_says_when_existing_channels_took_the_earlier_messages(
     http.channel_action("create", "archint", "billing")
     for i in range(3):
         http.pub("archint", b"old%d" % i)
-    proc = subprocess.Popen(
-        [*lmqadmin_command(server.tcp_address, "--http-address", server.http_address),
-         "archive", "archint", "--dir", str(tmp_path / "out"), "-n", "1"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO_ROOT,
-        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + DEADLINE_S
-        while len(http.stats("archint")["topics"][0]["channels"]) < 2:
-            assert time.monotonic() < deadline, "archive never subscribed"
-            time.sleep(0.02)
-        time.sleep(TAIL_HINT_AFTER_S + 0.5)
-        http.pub("archint", b"new")
-        out, err = proc.communicate(timeout=DEADLINE_S)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    assert proc.returncode == 0, err
-    assert err.decode().splitlines()[0] == (
+    out, err = past_the_hint(server, "archint", "archive", "archive", "archint", "--dir",
+                             str(tmp_path / "out"), "-n", "1")  # fmt: skip
+    assert err.splitlines()[0] == (
         "archive: nothing new on archint yet; its 1 existing channel(s) (billing) took the 3 "
         "message(s) published before channel archive existed. 'lmqadmin channel seek archint "
         "archive --to earliest' makes it read the messages the topic still stores."
     )
-    assert out.decode().startswith("archived 1 messages from archint/archive")
+    assert out.startswith("archived 1 messages from archint/archive")

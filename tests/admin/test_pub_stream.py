@@ -23,6 +23,8 @@ from lmq_client.admin.pub_stream import MessageSplitter, RateLimit
 from lmq_client.http import HTTPClient
 from tests.support.process import REPO_ROOT, LmqdProcess, lmqadmin_command
 
+from .hints import past_the_hint
+
 DEADLINE_S = 10.0
 
 
@@ -191,34 +193,6 @@ def test_delimiter_and_batches(lmqd_module_server: LmqdProcess) -> None:
 # -- tail's hint -------------------------------------------------------------------------------
 
 
-def tail_until_one(server: LmqdProcess, topic: str, then_publish: bytes) -> tuple[str, str]:
-    """Run ``tail TOPIC -n 1`` as a subprocess; publish once its hint time has passed; return
-    (stdout, stderr)."""
-    from lmq_client.admin.tail_hint import TAIL_HINT_AFTER_S
-
-    assert server.http_address is not None
-    proc = subprocess.Popen(
-        [*lmqadmin_command(server.tcp_address, "--http-address", server.http_address),
-         "tail", topic, "-n", "1"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO_ROOT,
-        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
-    )
-    try:
-        http = HTTPClient(server.http_address)
-        wait_for(lambda: len(http.stats(topic)["topics"][0]["channels"]) >= 1 and any(
-            c["channel_name"].startswith("tail")
-            for c in http.stats(topic)["topics"][0]["channels"]), "tail subscribed")
-        time.sleep(TAIL_HINT_AFTER_S + 0.5)
-        http.pub(topic, then_publish)
-        out, err = proc.communicate(timeout=DEADLINE_S)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    assert proc.returncode == 0, err
-    return out.decode(), err.decode()
-
-
 def test_tail_says_when_existing_channels_took_the_earlier_messages(
     lmqd_module_server: LmqdProcess,
 ) -> None:
@@ -229,7 +203,7 @@ def test_tail_says_when_existing_channels_took_the_earlier_messages(
     http.channel_action("create", "hinted", "billing")
     for i in range(3):
         http.pub("hinted", b"old%d" % i)
-    out, err = tail_until_one(server, "hinted", b"new")
+    out, err = past_the_hint(server, "hinted", "tail", "tail", "hinted", "-n", "1")
     assert out == "new\n"
     assert err == (
         "tail: nothing new on hinted yet; its 1 existing channel(s) (billing) took the 3 "
@@ -245,8 +219,8 @@ def test_tail_gives_no_hint_when_it_would_not_be_true(lmqd_module_server: LmqdPr
     # a topic with a channel but nothing published before: nothing was missed
     http.topic_action("create", "unhinted")
     http.channel_action("create", "unhinted", "billing")
-    out, err = tail_until_one(server, "unhinted", b"only")
-    assert (out, err) == ("only\n", "")
+    out, err = past_the_hint(server, "unhinted", "tail", "tail", "unhinted", "-n", "1")
+    assert (out, err) == ("new\n", "")
 
 
 def test_hint_sums_nodes_and_needs_other_channels_and_missed_messages() -> None:

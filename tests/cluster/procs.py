@@ -14,7 +14,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -31,12 +31,17 @@ T = TypeVar("T")
 
 
 class Daemon(DaemonProcess):
-    """A running ``python -m <module>`` (lmqd or lmqd.lookupd), started and waited for."""
+    """A running daemon (``args``: its command line), started and waited for, with its
+    addresses as ``host:port`` strings; ``python_module`` runs ``python -m <module>`` (lmqd or
+    lmqd.lookupd) of this checkout. tests/nsq runs NSQ's daemons with it too."""
 
-    def __init__(self, module: str, *flags: str) -> None:
-        self.command = [sys.executable, "-m", module, *flags]
-        super().__init__(self.command)
+    def __init__(self, args: Sequence[str], *, wanted: Sequence[str] = ("TCP", "HTTP")) -> None:
+        super().__init__(args, wanted=wanted)
         self.wait_started()
+
+    @classmethod
+    def python_module(cls, module: str, *flags: str) -> Daemon:
+        return cls([sys.executable, "-m", module, *flags])
 
     @property
     def tcp(self) -> str:
@@ -60,7 +65,7 @@ class Daemon(DaemonProcess):
 
 
 def lookupd(tcp_port: int = 0, http_port: int = 0) -> Daemon:
-    return Daemon(
+    return Daemon.python_module(
         "lmqd.lookupd",
         f"--tcp-address=127.0.0.1:{tcp_port}",
         f"--http-address=127.0.0.1:{http_port}",
@@ -70,7 +75,7 @@ def lookupd(tcp_port: int = 0, http_port: int = 0) -> Daemon:
 
 def lmqd(data_path: Path, *flags: str) -> Daemon:
     data_path.mkdir(parents=True, exist_ok=True)
-    return Daemon(
+    return Daemon.python_module(
         "lmqd",
         "--tcp-address=127.0.0.1:0",
         "--http-address=127.0.0.1:0",

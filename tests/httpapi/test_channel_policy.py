@@ -17,7 +17,7 @@ import trio
 
 from tests.support.daemon import RunningDaemon, StartDaemon, eventually
 from tests.support.http import http
-from tests.support.wire import Wire
+from tests.support.wire import Wire, consume_exactly
 
 TIMEOUT = 15.0
 
@@ -222,20 +222,8 @@ async def dead_letter_two(running: RunningDaemon) -> None:
 
 
 async def receive_all(running: RunningDaemon, topic: str, channel: str, count: int) -> list[bytes]:
-    """SUB on a new channel (NSQ's way: SUB creates it) and take ``count`` messages, then make
-    sure no more come."""
-    wire = await Wire.connect(running.tcp)
-    await wire.sub(topic, channel, rdy=count + 5)
-    got = []
-    for _ in range(count):
-        m = await wire.message()
-        got.append(m.body)
-        await wire.fin(m.id)
-    with trio.move_on_after(0.2):
-        extra = await wire.message()
-        raise AssertionError(f"one message too many: {extra.body!r}")
-    await wire.aclose()
-    return sorted(got)
+    """SUB on a new channel and take ``count`` messages, and no more; sorted."""
+    return sorted(await consume_exactly(running.tcp, topic, channel, count))
 
 
 @pytest.mark.parametrize(

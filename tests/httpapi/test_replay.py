@@ -22,7 +22,7 @@ from lmqd.message_ext import MessageExt
 from lmqd.positions import parse_position
 from tests.support.daemon import RunningDaemon, StartDaemon, eventually
 from tests.support.http import http
-from tests.support.wire import Wire
+from tests.support.wire import Wire, consume_exactly
 
 TIMEOUT = 10.0
 
@@ -33,18 +33,7 @@ async def publish(running: RunningDaemon, topic: str, bodies: list[bytes]) -> No
 
 
 async def consume(running: RunningDaemon, topic: str, channel: str, count: int) -> list[bytes]:
-    wire = await Wire.connect(running.tcp)
-    await wire.sub(topic, channel, rdy=count + 10)
-    got = []
-    for _ in range(count):
-        m = await wire.message()
-        got.append(m.body)
-        await wire.fin(m.id)
-    with trio.move_on_after(0.2):
-        extra = await wire.message()
-        pytest.fail(f"one message too many: {extra.body!r}")
-    await wire.aclose()
-    return got
+    return await consume_exactly(running.tcp, topic, channel, count)
 
 
 def frames(data: bytes) -> list[tuple[int, int, int, bytes, bytes]]:

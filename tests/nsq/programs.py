@@ -32,7 +32,8 @@ from typing import Any
 
 import pytest
 
-from tests.support.process import REPO_ROOT, DaemonProcess
+from tests.cluster.procs import Daemon
+from tests.support.process import REPO_ROOT
 
 __all__ = [
     "HARNESS_VERSION",
@@ -74,34 +75,6 @@ def program(name: str) -> str:
     path = Path(NSQ_BIN) / name
     assert path.is_file() and os.access(path, os.X_OK), f"LMQ_NSQ_BIN has no program {name}"
     return str(path)
-
-
-class Daemon(DaemonProcess):
-    """A daemon started and waited for, with its addresses as ``host:port`` strings."""
-
-    def __init__(self, args: Sequence[str], *, wanted: Sequence[str] = ("TCP", "HTTP")) -> None:
-        super().__init__(args, wanted=wanted)
-        self.wait_started()
-
-    @property
-    def tcp(self) -> str:
-        address = self.address("TCP")
-        assert address is not None
-        return address
-
-    @property
-    def http(self) -> str:
-        address = self.address("HTTP")
-        assert address is not None
-        return address
-
-    @property
-    def http_port(self) -> int:
-        return int(self.http.rpartition(":")[2])
-
-    @property
-    def tcp_port(self) -> int:
-        return int(self.tcp.rpartition(":")[2])
 
 
 def _node_flags(data_path: Path, lookupds: Iterable[str], flags: Sequence[str]) -> list[str]:

@@ -117,20 +117,33 @@ def test_nsq_stat_reports_lmqd_as_it_reports_nsqd(daemons: Daemons) -> None:
     ] * 2
 
 
+def run_consumer_tool(
+    daemon: Daemon, name: str, topic: str, bodies: list[str], *args: str
+) -> tuple[int, str]:
+    """Start NSQ's tool ``name`` on ``topic`` (its channel is named after it), publish
+    ``bodies`` once it has subscribed, stop it (Ctrl-C) once it has finished them all; its exit
+    code and output."""
+    assert http(daemon.http, "POST", f"/topic/create?topic={topic}")[0] == 200
+    tool = Tool(name, f"--topic={topic}", f"--nsqd-tcp-address={daemon.tcp}", *args)
+    code = -1
+    try:
+        eventually(lambda: channel_stats(daemon, topic, name), bool, WITHIN_S)
+        publish(daemon, topic, bodies)
+        wait_finished(daemon, topic, name, len(bodies))
+    finally:
+        code = tool.stop()
+    return code, tool.output()
+
+
 def test_nsq_to_file_writes_every_message_once(daemons: Daemons, tmp_path: Path) -> None:
     bodies = [f"archived {i}" for i in range(300)]
     written = {}
     for name, daemon in daemons.pair:
         out = tmp_path / name
-        assert http(daemon.http, "POST", "/topic/create?topic=files")[0] == 200
-        tool = Tool("nsq_to_file", "--topic=files", f"--nsqd-tcp-address={daemon.tcp}",
-                    f"--output-dir={out}", "--sync-interval=100ms")  # fmt: skip
-        try:
-            eventually(lambda d=daemon: channel_stats(d, "files", "nsq_to_file"), bool, WITHIN_S)
-            publish(daemon, "files", bodies)
-            wait_finished(daemon, "files", "nsq_to_file", len(bodies))
-        finally:
-            assert tool.stop() == 0, tool.output()
+        code, output = run_consumer_tool(
+            daemon, "nsq_to_file", "files", bodies, f"--output-dir={out}", "--sync-interval=100ms"
+        )
+        assert code == 0, output
         written[name] = sorted(
             line for path in out.iterdir() for line in path.read_text().splitlines()
         )
@@ -141,17 +154,13 @@ def test_nsq_to_nsq_copies_every_message_once(daemons: Daemons) -> None:
     bodies = [f"copied {i}" for i in range(300)]
     copied = {}
     for name, daemon in daemons.pair:
-        assert http(daemon.http, "POST", "/topic/create?topic=copy")[0] == 200
         target = f"copy.from.{name}"
-        tool = Tool("nsq_to_nsq", "--topic=copy", f"--nsqd-tcp-address={daemon.tcp}",
-                    f"--destination-nsqd-tcp-address={daemons.destination.tcp}",
-                    f"--destination-topic={target}")  # fmt: skip
-        try:
-            eventually(lambda d=daemon: channel_stats(d, "copy", "nsq_to_nsq"), bool, WITHIN_S)
-            publish(daemon, "copy", bodies)
-            wait_finished(daemon, "copy", "nsq_to_nsq", len(bodies))
-        finally:
-            assert tool.stop() == 0, tool.output()
+        code, output = run_consumer_tool(
+            daemon, "nsq_to_nsq", "copy", bodies,
+            f"--destination-nsqd-tcp-address={daemons.destination.tcp}",
+            f"--destination-topic={target}",
+        )  # fmt: skip
+        assert code == 0, output
         read = http(daemons.destination.http, "GET",
                     f"/topic/read?topic={target}&offset=0&format=json")[1]  # fmt: skip
         copied[name] = sorted(base64.b64decode(m["body"]).decode() for m in read["messages"])
@@ -196,15 +205,9 @@ def test_nsq_to_http_posts_every_message_once(
     bodies = [f"posted {i}" for i in range(200)]
     posted = {}
     for name, daemon in daemons.pair:
-        assert http(daemon.http, "POST", "/topic/create?topic=hooks")[0] == 200
-        tool = Tool("nsq_to_http", "--topic=hooks", f"--nsqd-tcp-address={daemon.tcp}",
-                    f"--post={url}/{name}")  # fmt: skip
-        try:
-            eventually(lambda d=daemon: channel_stats(d, "hooks", "nsq_to_http"), bool, WITHIN_S)
-            publish(daemon, "hooks", bodies)
-            wait_finished(daemon, "hooks", "nsq_to_http", len(bodies))
-        finally:
-            tool.stop()
+        # Its exit code is not checked: stopped while it holds messages, nsq_to_http may wait
+        # for them for ever against nsqd (docs/interop.md); it is killed then.
+        run_consumer_tool(daemon, "nsq_to_http", "hooks", bodies, f"--post={url}/{name}")
         posted[name] = sorted(body.decode() for path, body in received if path == f"/{name}")
     assert posted["lmqd"] == posted["nsqd"] == sorted(bodies)
 
