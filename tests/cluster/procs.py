@@ -33,7 +33,7 @@ T = TypeVar("T")
 class Daemon(DaemonProcess):
     """A running daemon (``args``: its command line), started and waited for, with its
     addresses as ``host:port`` strings; ``python_module`` runs ``python -m <module>`` (lmqd or
-    lmqd.lookupd) of this checkout. tests/nsq runs NSQ's daemons with it too."""
+    lmqd.lookupd) of this checkout. tests/realnsq runs NSQ's daemons with it too."""
 
     def __init__(self, args: Sequence[str], *, wanted: Sequence[str] = ("TCP", "HTTP")) -> None:
         super().__init__(args, wanted=wanted)

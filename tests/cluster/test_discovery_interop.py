@@ -5,7 +5,7 @@ subprocesses on 127.0.0.1 port 0, data in ``tmp_path``; the third-party readers 
 unmodified in their own interpreters (``clients/``) under a hard time limit, lmq's trio and
 blocking consumers in this process; each test is bounded; "none twice" is checked after a quiet
 spell during which a duplicate would have arrived. The real nsqlookupd and nsqd, with go-nsq's
-nsq_tail, are in ``tests/nsq/test_lookupd.py``.
+nsq_tail, are in ``tests/realnsq/test_lookupd.py``.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ Rules for this module: every daemon is a subprocess on 127.0.0.1 (port 0, except
 lookupd is restarted on the ports it had), data in ``tmp_path``; each wait polls the lookupd's
 HTTP API with a bound (``eventually``); every daemon must exit cleanly on SIGTERM without a
 traceback. These run against lmqlookupd, which speaks nsqlookupd's protocol byte for byte
-(tests/lookupd); the real nsqlookupd v1.3.0 is in tests/nsq/test_lookupd.py.
+(tests/lookupd); the real nsqlookupd v1.3.0 is in tests/realnsq/test_lookupd.py.
 """
 
 from __future__ import annotations
