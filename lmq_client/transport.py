@@ -200,6 +200,12 @@ class FrameReader:
         while len(self._buf) >= _FRAME_HEADER.size:
             size, frame_type = _FRAME_HEADER.unpack_from(self._buf)
             if not 4 <= size <= _MAX_HANDSHAKE_FRAME:
+                if self._buf.startswith(b"HTTP"):
+                    # An HTTP server's "HTTP/1.1 400 ..." read as a frame size (1213486160).
+                    raise ConnectionFailed(
+                        self.address, "the answer is HTTP, not NSQ's TCP protocol; is it the HTTP "
+                        "port?"
+                    )
                 raise ConnectionFailed(self.address, f"invalid frame size {size} in handshake")
             if len(self._buf) < 4 + size:
                 return None

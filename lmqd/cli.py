@@ -33,7 +33,7 @@ from typing import Any
 
 import click
 
-from lmqd import NSQD_COMPAT_VERSION, __version__, logging_setup
+from lmqd import BUILT_WITH, NSQD_COMPAT_VERSION, logging_setup
 from lmqd import config as lmq_config
 from lmqd.config import BOOL_KINDS, BOOL_WORDS, SETTINGS, ConfigError, Kind, Setting
 from lmqd.options import Options
@@ -42,11 +42,11 @@ __all__ = ["VERSION_LINE", "main", "normalise_argv"]
 
 log = logging.getLogger("lmqd.cli")
 
-VERSION_LINE = f"nsqd v{NSQD_COMPAT_VERSION} (built w/lmq {__version__})"
+VERSION_LINE = f"nsqd v{NSQD_COMPAT_VERSION} (built w/{BUILT_WITH})"
 """What ``lmqd --version`` prints, and the first line lmqd logs: nsqd's shape
-(``nsqd v1.3.0 (built w/go1.21.5)``), because test harnesses parse it to learn which nsqd
-features exist (TLS, HTTPS listener, ...); lmq's own version is the toolchain part (as
-lmqlookupd's ``nsqlookupd v1.3.0 (built w/lmq 0.1.0)``)."""
+(``nsqd v1.3.0 (built w/go1.19.8)``), because test harnesses parse it to learn which nsqd
+features exist (TLS, HTTPS listener, ...); lmq's own version is the toolchain token
+(``lmqd.BUILT_WITH``, as lmqlookupd's ``nsqlookupd v1.3.0 (built w/lmq-0.1.0)``)."""
 
 _SETTING_FLAGS = frozenset(s.flag for s in SETTINGS)
 _BOOL_FLAGS = frozenset(s.flag for s in SETTINGS if s.kind in BOOL_KINDS)
@@ -141,15 +141,7 @@ def default_text(setting: Setting, defaults: Options) -> str:
     if setting.flag in _DEFAULT_TEXT:
         return _DEFAULT_TEXT[setting.flag]
     value = lmq_config.default_value(setting, defaults)
-    if setting.kind is Kind.DURATION:
-        return lmq_config.format_duration(value)
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, tuple):
-        return ",".join(str(v) for v in value) or "none"
-    if isinstance(value, str) and (value == "" or value != value.strip()):
-        return f'"{value}"'  # make an empty or space-padded default (log prefix) visible
-    return str(value)
+    return lmq_config.default_shown(value, duration=setting.kind is Kind.DURATION)
 
 
 def _build_command() -> click.Command:

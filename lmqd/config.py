@@ -384,6 +384,21 @@ def format_duration(seconds: float) -> str:
     return f"{sign}{hours}h{minutes}m{secs}"
 
 
+def default_shown(value: object, *, duration: bool = False) -> str:
+    """A default as both daemons' ``--help`` writes it, nsqd's way: ``1m0s`` (``duration``:
+    float seconds), ``true``, ``none`` for an empty list, plain text, quoted only when empty or
+    space-padded so that it shows (``"[lmqd] "``)."""
+    if duration and isinstance(value, int | float) and not isinstance(value, bool):
+        return format_duration(value)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, tuple):
+        return ",".join(str(v) for v in value) or "none"
+    if isinstance(value, str) and (value == "" or value != value.strip()):
+        return f'"{value}"'
+    return str(value)
+
+
 _INT_SYNTAX = re.compile(r"[+-]?[0-9][0-9A-Za-z_]*")
 
 
@@ -535,10 +550,17 @@ class Resolved:
     """Inert settings whose value is not the default, in ``SETTINGS`` order."""
 
     def warnings(self) -> list[str]:
-        """One startup warning per inert setting given a non-default value."""
-        return [
+        """One startup warning per inert setting given a non-default value, and one for a
+        negative ``--mem-queue-size`` (``Options.mem_queue_limit``)."""
+        out = [
             f"--{s.flag} is accepted for nsqd compatibility and has no effect" for s in self.inert
         ]
+        if self.options.mem_queue_size < 0:
+            out.append(
+                f"--mem-queue-size={self.options.mem_queue_size} keeps no message in memory, "
+                "as 0 does (nsqd v1.3.0 starts with it but cannot create a topic)"
+            )
+        return out
 
 
 def load_toml(path: str | os.PathLike[str]) -> dict[str, Any]:

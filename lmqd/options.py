@@ -78,7 +78,8 @@ class Options:
 
     # -- storage
     data_path: str = attrs.field(factory=os.getcwd)
-    mem_queue_size: int = attrs.field(default=10000, validator=_non_negative)
+    mem_queue_size: int = 10000
+    """As given, negative values included (``mem_queue_limit`` is what the queues use)."""
     max_bytes_per_file: int = attrs.field(default=100 * MiB, validator=_positive)
     sync_every: int = attrs.field(default=2500, validator=_positive)
     sync_timeout: float = attrs.field(default=2.0, validator=_positive)
@@ -222,6 +223,20 @@ class Options:
         for p in value:
             if not 0 < p <= 1:
                 raise ValueError(f"invalid E2E processing latency percentile: {p}")
+
+    @property
+    def mem_queue_limit(self) -> int:
+        """Messages a topic's or channel's memory queue holds: ``--mem-queue-size``, a negative
+        value read as 0 (everything through the disk).
+
+        nsqd v1.3.0 parses the flag as an int64 and starts with ``-1``, reports ``-1`` at
+        ``/config/mem_queue_size``, and its channels keep a memory queue only for a size
+        ``> 0``; but its topics make a Go channel of that capacity, which panics ("makechan:
+        size out of range") at the first topic, so every publish then fails (HTTP 500
+        ``INTERNAL_ERROR``) and the daemon hangs. lmqd starts and reports the value as nsqd does
+        and gives it the meaning of nsqd's ``> 0`` test, with a warning at start-up
+        (``lmqd.config.Resolved.warnings``)."""
+        return max(self.mem_queue_size, 0)
 
     @property
     def default_heartbeat_interval(self) -> float:

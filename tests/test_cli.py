@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
-from lmqd import cli, logging_setup
+from lmqd import __version__, cli, logging_setup
 from lmqd.options import Options
 from tests.support.process import LmqdProcess
 
@@ -319,8 +319,19 @@ def test_listen_failure_exits_1_with_a_fatal_log_line(daemon: FakeDaemon) -> Non
 def test_version(daemon: FakeDaemon, flag: str) -> None:
     result = invoke(flag)
     assert result.exit_code == 0
-    assert result.stdout == "nsqd v1.3.0 (built w/lmq 0.1.0)\n"
+    assert result.stdout == "nsqd v1.3.0 (built w/lmq-0.1.0)\n"
     assert daemon.calls == []
+
+
+HARNESS_VERSION = re.compile(r"(\w+) v(\d+\.\d+\.\d+) \(built w/([a-z0-9.-]+)\)")
+"""How test harnesses (gnsq's integration server among them) read a daemon's version line:
+``NAME vX.Y.Z (built w/TOKEN)``, the token without spaces (nsqd's is ``go1.19.8``)."""
+
+
+def test_version_line_parses_as_harnesses_parse_it(daemon: FakeDaemon) -> None:
+    match = HARNESS_VERSION.fullmatch(invoke("--version").stdout.rstrip("\n"))
+    assert match is not None
+    assert match.groups() == ("nsqd", "1.3.0", f"lmq-{__version__}")
 
 
 def test_version_false_is_not_a_request(options_for: Callable[..., Options]) -> None:
@@ -337,7 +348,7 @@ def test_version_as_a_module_subprocess() -> None:
     )
     assert (proc.returncode, proc.stdout, proc.stderr) == (
         0,
-        "nsqd v1.3.0 (built w/lmq 0.1.0)\n",
+        "nsqd v1.3.0 (built w/lmq-0.1.0)\n",
         "",
     )
 
@@ -379,7 +390,7 @@ def test_log_lines_use_nsqd_format_prefix_and_level(daemon: FakeDaemon) -> None:
     stamp = r"\[nsqd\] \d{4}/\d\d/\d\d \d\d:\d\d:\d\d\.\d{6} INFO: "
     # nsqd's first line is its version, then the listeners.
     assert re.fullmatch(
-        stamp + r"nsqd v1\.3\.0 \(built w/lmq 0\.1\.0\)\n"
+        stamp + r"nsqd v1\.3\.0 \(built w/lmq-0\.1\.0\)\n"
         + stamp + r"TCP: listening on 127.0.0.1:4150\n",
         result.stderr,
     )

@@ -260,7 +260,6 @@ def test_percentiles_flag_is_repeatable_and_comma_separated_sorted_like_nsqd() -
         ({"node-id": "-1"}, "--node-id must be [0,1024)"),
         ({"e2e-processing-latency-percentile": ("1.5",)}, "invalid E2E processing latency "),
         ({"msg-timeout": "16m"}, "--msg-timeout must be <= --max-msg-timeout"),
-        ({"mem-queue-size": "-1"}, "--mem-queue-size must be >= 0"),
         (
             {"tls-required": "true"},
             "cannot require TLS client connections without TLS key and cert",
@@ -300,6 +299,21 @@ def test_empty_data_path_means_the_current_directory(
     monkeypatch.chdir(tmp_path)
     assert resolve({"data-path": ""}).options.data_path == os.getcwd()
     assert resolve({"data-path": "/var/lib/lmq"}).options.data_path == "/var/lib/lmq"
+
+
+@pytest.mark.parametrize(("given", "limit"), [("-1", 0), ("-10000", 0), ("0", 0), ("7", 7)])
+def test_negative_mem_queue_size_starts_as_nsqd_starts_and_means_0(given: str, limit: int) -> None:
+    # nsqd v1.3.0 takes any int64 and reports it at /config/mem_queue_size; its channels keep
+    # a memory queue only for a size > 0 (its topics panic on a negative one).
+    resolved = resolve({"mem-queue-size": given})
+    assert (resolved.options.mem_queue_size, resolved.options.mem_queue_limit) == (
+        int(given), limit
+    )
+    warned = [w for w in resolved.warnings() if "--mem-queue-size" in w]
+    assert warned == (
+        [f"--mem-queue-size={given} keeps no message in memory, as 0 does (nsqd v1.3.0 starts "
+         "with it but cannot create a topic)"] if int(given) < 0 else []
+    )  # fmt: skip
 
 
 def test_inert_settings_warn_only_when_not_default() -> None:

@@ -4,7 +4,7 @@ The layers (docs/architecture.md, "The house"), lowest first::
 
     root      lmqd (the package root: versions), units, message_ext (a message's extension
               fields and their byte form)
-    leaves    net, names, message, options, stats, gohttp, memory
+    leaves    net, names, positions, message, options, stats, gohttp, memory
     settings  config, logging_setup                   flags, TOML, nsqd's log format
     codecs    protocol, storage, lookup               sans-IO / trio-free codecs and storage
     engine    engine, transport                       queue logic on plain def; TLS, compression
@@ -37,7 +37,9 @@ PACKAGE = ROOT / "lmqd"
 
 LAYERS: dict[str, int] = {
     **dict.fromkeys(("", "units", "message_ext"), 0),
-    **dict.fromkeys(("net", "names", "message", "options", "stats", "gohttp", "memory"), 1),
+    **dict.fromkeys(
+        ("net", "names", "positions", "message", "options", "stats", "gohttp", "memory"), 1
+    ),
     **dict.fromkeys(("config", "logging_setup"), 2),
     **dict.fromkeys(("protocol", "storage", "lookup"), 3),
     **dict.fromkeys(("engine", "transport"), 4),

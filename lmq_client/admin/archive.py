@@ -38,6 +38,7 @@ from lmq_client.admin.files import (
     FileSettings,
 )
 from lmq_client.admin.relay import check_connected, open_consumer, relay, run_trio
+from lmq_client.admin.tail_hint import TAIL_HINT_AFTER_S, say_earlier_messages_hint
 from lmq_client.errors import ConnectionFailed
 from lmq_client.message import Message
 
@@ -84,8 +85,11 @@ async def _archive(
         TimeElapsedColumn(), console=console, disable=quiet or not console.is_terminal,
     )
     task = progress.add_task("archive", total=None, src=f"{topic}/{channel}", file="-")
+    received = 0
 
     async def handle(batch: list[Message]) -> None:
+        nonlocal received
+        received += len(batch)
         bodies = [m.body for m in batch]
         closed = await trio.to_thread.run_sync(rotator.write_batch, bodies, time.time())
         for message in batch:  # in the file (and synced, with --fsync): now it may go
@@ -96,16 +100,25 @@ async def _archive(
     async def tick() -> None:
         report.add(await trio.to_thread.run_sync(rotator.tick, time.time()), quiet)
 
+    async def hint_when_quiet() -> None:
+        # As tail does: nothing at first, because other channels took the earlier messages?
+        await trio.sleep(TAIL_HINT_AFTER_S)
+        if not received:
+            await say_earlier_messages_hint(settings, topic, channel, command="archive")
+
     consumer = open_consumer(settings, topic, channel, max_in_flight)
     try:
         with progress:
-            async with consumer:
+            async with consumer, trio.open_nursery() as nursery:
                 check_connected(settings, consumer)
+                if not quiet:
+                    nursery.start_soon(hint_when_quiet)
                 handled = await relay(
                     consumer, batch_size=max_in_flight, interval_s=sync_interval,
                     handle=handle, limit=count, tick=tick,
                     tick_every_s=TICK_S if files.rotate_interval_s else float("inf"),
                 )
+                nursery.cancel_scope.cancel()
     finally:
         report.add(await trio.to_thread.run_sync(rotator.close), quiet)
     return handled

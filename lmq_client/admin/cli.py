@@ -50,8 +50,15 @@ from lmq_client.admin.common import (
     size_bytes_option,
 )
 from lmq_client.admin.forward import forward
+from lmq_client.admin.positions import (
+    POSITION_HELP,
+    check_position,
+    clamp_note,
+    position_option,
+    stored_range,
+)
 from lmq_client.admin.pub_stream import pub
-from lmq_client.admin.tail_hint import TAIL_HINT_AFTER_S, earlier_messages_hint
+from lmq_client.admin.tail_hint import TAIL_HINT_AFTER_S, say_earlier_messages_hint
 from lmq_client.admin.web.command import web
 from lmq_client.errors import ConnectionFailed, LmqClientError
 from lmq_client.http import HTTPClient
@@ -363,9 +370,6 @@ def _on_lookupds(settings: Settings, path: str, params: dict[str, str]) -> None:
             log.warning("lookupd %s: %s", lookupd, exc)
 
 
-POSITION_HELP = "earliest, latest, an RFC 3339 time, Unix milliseconds or offset:N (lmqd)."
-
-
 def _jitter(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
     if value is not None and not 0 <= value <= 1:
         raise click.BadParameter(f"{value}: a fraction from 0 to 1")
@@ -384,7 +388,7 @@ lmqadmin calls again until a call moves fewer."""
 @click.option("--from", "start", metavar="POS",
               help=f"create: where the channel starts reading: {POSITION_HELP} "
                    "redrive: the dead-letter topic to move messages back from.")
-@click.option("--to", metavar="POS",
+@click.option("--to", metavar="POS", callback=position_option,
               help=f"seek: where the channel reads from next: {POSITION_HELP}")
 @click.option("--max", "max_count", type=click.IntRange(min=1), metavar="N",
               help="redrive: move at most this many messages (default: all).")
@@ -433,6 +437,8 @@ def channel(
         )
     if start is not None and action not in ("create", "redrive"):
         raise click.UsageError("--from goes with create or redrive")
+    if start is not None and action == "create":
+        check_position(start, "--from")
     if (to is not None) != (action == "seek"):
         raise click.UsageError("seek needs --to (and only seek takes it)")
     if (max_count is not None) and action != "redrive":
@@ -448,8 +454,15 @@ def channel(
         _channel_redrive(settings, addresses, topic, channel, start, max_count)
         return
     offsets: dict[str, int] = {}
+    position = to if to is not None else start if action == "create" else None
     for address in addresses:
         client = HTTPClient(address, timeout=settings.timeout)
+        if position is not None and position.startswith("offset:"):
+            # An offset outside what the daemon stores is clamped there: say so.
+            where = f"channel {topic}/{channel} on {address}"
+            note = clamp_note(position, where, stored_range(client, topic))
+            if note is not None:
+                click.echo(f"lmqadmin: note: {note}", err=True)
         if to is not None:
             offsets[address] = offset = client.channel_seek(topic, channel, to)
             if not settings.as_json:
@@ -565,7 +578,7 @@ def peek(
               help="Channel to consume from [default: tail<random>#ephemeral].")
 @click.option("--max-in-flight", default=200, show_default=True, type=click.IntRange(min=1))
 @click.option("--print-topic", is_flag=True, help="Prefix each message with 'TOPIC: '.")
-@click.option("--from", "start", metavar="POS",
+@click.option("--from", "start", metavar="POS", callback=position_option,
               help=f"Read the stored topic from POS on, consuming nothing: {POSITION_HELP}")
 @json_option
 @click.pass_obj
@@ -612,7 +625,16 @@ def _tail_from(
     out = sys.stdout.buffer
     prefix = f"{topic}: ".encode() if print_topic else b""
     clients = settings.http_clients()
-    positions = {c.address: int(c.topic_offsets(topic, at=start)["offset"]) for c in clients}
+    positions: dict[str, int] = {}
+    for c in clients:
+        answer = c.topic_offsets(topic, at=start)
+        note = clamp_note(start, f"tail {topic} on {c.address}",
+                          (int(answer["earliest"]), int(answer["end"])))  # fmt: skip
+        if note is not None:
+            click.echo(f"lmqadmin: note: {note}", err=True)
+        # Clamped as a channel's seek is: past the end is the end, too old the oldest.
+        positions[c.address] = min(max(int(answer["offset"]), int(answer["earliest"])),
+                                   int(answer["end"]))  # fmt: skip
     seen = 0
     while True:
         idle = True
@@ -670,7 +692,7 @@ async def _tail(
             with trio.move_on_after(TAIL_HINT_AFTER_S):
                 first = await consumer.__anext__()
             if first is None:
-                await _hint(settings, topic, channel)
+                await say_earlier_messages_hint(settings, topic, channel)
         message = first
         while True:
             if message is None:
@@ -693,22 +715,6 @@ async def _tail(
             if count is not None and seen >= count:
                 break
             message = None
-
-
-async def _hint(settings: Settings, topic: str, channel: str) -> None:
-    """Nothing arrived at first: say on stderr if other channels took the earlier messages."""
-
-    def ask() -> list[dict[str, Any]]:
-        return [c.stats(topic) for c in settings.http_clients(topic)]
-
-    try:
-        stats = await trio.to_thread.run_sync(ask)
-    except LmqClientError as exc:  # the hint is a courtesy: no HTTP API, no hint
-        log.info("tail: no hint, /stats failed: %s", exc)
-        return
-    text = earlier_messages_hint(stats, topic, channel)
-    if text is not None:
-        click.echo(text, err=True)
 
 
 # -- bench -------------------------------------------------------------------------------------

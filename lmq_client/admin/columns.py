@@ -37,7 +37,7 @@ class Column:
 
     @property
     def width(self) -> int:
-        widest = max((len(c) for c in self.cells), default=0)
+        widest = max((len(line) for c in self.cells for line in c.split("\n")), default=0)
         return max(widest, len(self.header)) + PADDING_AND_BORDER
 
 

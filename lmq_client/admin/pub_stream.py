@@ -258,10 +258,13 @@ def pub(
     started = time.monotonic()
     limit = RateLimit(rate, started)
     console = make_console(err=True)
+    # Someone typing the messages (``-f -`` at a terminal) sees their own line: a spinner
+    # redrawn on the terminal would write over it.
+    typed = stream is sys.stdin.buffer and sys.stdin.isatty()
     progress = Progress(
         SpinnerColumn(),
         TextColumn("published {task.completed:,.0f} messages to {task.fields[topic]}"),
-        TimeElapsedColumn(), console=console, disable=quiet or not console.is_terminal,
+        TimeElapsedColumn(), console=console, disable=quiet or typed or not console.is_terminal,
     )
     addresses = settings.tcp_addresses()
     if settings.lookupd and not settings.tcp_given:

@@ -182,7 +182,7 @@ class Channel:
             self,
             stores.channel_backend(topic_name, name),
             cursor,
-            options.mem_queue_size * kind.mem_factor,
+            options.mem_queue_limit * kind.mem_factor,
             stores.stored_lanes(topic_name, name),
         )
         self.keeping = kind(self)
@@ -589,7 +589,7 @@ class Channel:
         cursor = self.sources.cursor
         if cursor is not None:
             # What the topic has handed on is this channel's queue: it now reads from the end.
-            cursor.seek(cursor.stream.pumped, keep_unsettled=False)
+            cursor.seek(cursor.end, keep_unsettled=False)
 
     def drop_oldest(self, count: int, now: float) -> int:
         """Drop up to ``count`` of the messages delivery would take next (the oldest waiting:
@@ -676,13 +676,14 @@ class Channel:
     def statistics(self, now: float, *, include_clients: bool = True) -> ChannelStats:
         """A frozen snapshot for /stats; consumer snapshots come from the consumers."""
         retry = self.retry
+        cursor = self.sources.cursor
         return ChannelStats(
             channel_name=self.name,
             depth=self.depth,
             backend_depth=self.sources.stored_depth,
             in_flight_count=len(self.in_flight),
             deferred_count=len(self.deferred),
-            message_count=self.message_count,
+            message_count=self.message_count + (cursor.replayed if cursor is not None else 0),
             requeue_count=self.requeue_count,
             timeout_count=self.timeout_count,
             client_count=len(self.clients),

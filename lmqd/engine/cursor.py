@@ -46,10 +46,19 @@ them yet keeps the dropped range in ``_skips`` and steps over it. The range is p
 its log cursor (``Cursor.add_skip``) until the mark has passed it, so a restart before the
 channel got there steps over it too.
 
+**Reading ahead** (``ahead``, lmq's internal channels: ``internal.py``): the cursor reads up to
+the topic's end instead of ``pumped``, so the channel sees every message as it is stored while
+the pump, which does not count it as a channel, keeps the topic's backlog for the first of the
+users' channels (nsqd's rule). The pump pushes nothing to it: it reads deferred and priority
+messages in offset order, as a replay does (``replay_until`` past every offset). It never takes a
+message object from the memory tail (the users' channels have not read it yet).
+
 **Seek** moves the read position anywhere stored. In ``--durable``, messages read before it
 and not settled (in flight, or requeued with their copies not yet fsynced) keep holding the
 log's mark (``Cursor.seek(keep_unsettled=True)``) until they settle as usual: a crash brings
-them back whatever the new position.
+them back whatever the new position. What a seek back adds to the channel's backlog is counted
+in ``replayed``, which the channel's ``message_count`` includes: the count never falls behind
+the depth, and tools' rates (messages in, minus what is still held) stay right.
 """
 
 from __future__ import annotations
@@ -60,30 +69,54 @@ from lmqd.engine.stream import TopicStream
 from lmqd.message import Message, copies
 from lmqd.storage import Cursor
 
-__all__ = ["ChannelCursor", "pushed"]
+__all__ = ["READ_ALL", "ChannelCursor", "pushed"]
+
+READ_ALL = 1 << 62
+"""``replay_until`` of a cursor reading ahead: past any offset, so it reads pushed messages in
+order like the others (the pump pushes nothing to it)."""
 
 
 class ChannelCursor:
     """A channel's position in its topic's stream; see the module docstring."""
 
-    __slots__ = ("_log_cursor", "_settle", "_skips", "name", "position", "replay_until", "stream")
+    __slots__ = (
+        "_log_cursor", "_settle", "_skips", "ahead", "name", "position", "replay_until",
+        "replayed", "stream",
+    )  # fmt: skip
 
     def __init__(
-        self, stream: TopicStream, name: str, *, durable: bool, at: int | None = None
+        self,
+        stream: TopicStream,
+        name: str,
+        *,
+        durable: bool,
+        at: int | None = None,
+        ahead: bool = False,
     ) -> None:
         self.stream = stream
         self.name = name
+        self.ahead = ahead
+        """Reads everything the topic stores, up to its end, ahead of the pump (an internal
+        channel, ``internal.py``); else only what the pump handed on (``pumped``)."""
         self._settle = not durable
         """Settle on reading: messages read are done as far as the log is concerned."""
         self._skips: list[tuple[int, int]] = []
-        self.replay_until = 0
-        """Pushed messages below this offset are read like the others (a replay)."""
+        self.replay_until = READ_ALL if ahead else 0
+        """Pushed messages below this offset are read like the others (a replay; every one for
+        a cursor reading ahead, to which the pump pushes nothing)."""
+        self.replayed = 0
+        """Messages handed to the channel outside the pump: again by a replay (``seek``), or
+        the topic's backlog a cursor reading ahead found at its creation. nsqd's
+        ``message_count`` counts what the topic puts into a channel, so the channel's count
+        includes these (else it falls behind its depth)."""
         log = stream.log
         lc = log.cursor(name) if log is not None else None
+        restored = lc is not None
         if lc is not None:
             self.position = lc.position  # restored: resume at its low-water mark
         else:
-            # nsqd: a new channel sees what the topic hands on from now on.
+            # nsqd: a new channel sees what the topic hands on from now on (one reading ahead
+            # sees, besides, what the topic holds for its channels: its backlog).
             self.position = stream.pumped
             if log is not None:
                 lc = log.create_cursor(name, stream.log_target(stream.pumped))
@@ -92,6 +125,8 @@ class ChannelCursor:
             self._skips = [r for r in lc.skips if r[1] > self.position]
         if at is not None:
             self.seek(at)
+        elif ahead and not restored:
+            self.replayed = self.unread  # the topic's backlog, handed to it at creation
         stream.cursors.append(self)
 
     def __repr__(self) -> str:
@@ -100,12 +135,18 @@ class ChannelCursor:
     # -- sizes -------------------------------------------------------------------------------
 
     @property
+    def end(self) -> int:
+        """Where the channel's readable messages end: what the pump handed on, or the topic's
+        end for a cursor reading ahead."""
+        return self.stream.next_offset if self.ahead else self.stream.pumped
+
+    @property
     def unread(self) -> int:
         """Messages handed to the channel by the topic and not read yet (pushed ones, which
         the channel has already, not counted)."""
         stream = self.stream
         pos = self.position
-        end = stream.pumped
+        end = self.end
         if pos >= end:
             return 0
         n = end - pos - stream.pushed_between(max(pos, self.replay_until), end)
@@ -116,7 +157,7 @@ class ChannelCursor:
     @property
     def has_unread(self) -> bool:
         """``unread > 0``, cheaply (pushed ones aside)."""
-        return self.position < self.stream.pumped
+        return self.position < self.end
 
     @property
     def unread_on_disk(self) -> int:
@@ -125,13 +166,13 @@ class ChannelCursor:
         if stream.log is None:
             return 0
         pos = self.position
-        pumped = stream.pumped
+        end = self.end
         tail = stream.tail
         n = 0
         # Below the memory tail, and after it (the tail overflowed, ``stream.py``).
-        for start, end in ((pos, min(pumped, tail.start)), (max(pos, tail.end), pumped)):
-            if start < end:
-                n += end - start - stream.pushed_between(max(start, self.replay_until), end)
+        for start, stop in ((pos, min(end, tail.start)), (max(pos, tail.end), end)):
+            if start < stop:
+                n += stop - start - stream.pushed_between(max(start, self.replay_until), stop)
         return max(n, 0)
 
     @property
@@ -151,7 +192,7 @@ class ChannelCursor:
         """Up to ``count`` of the next messages handed to the channel, as the channel's own
         copies, pushed ones stepped over; the position moves past them."""
         stream = self.stream
-        limit = stream.pumped
+        limit = self.end
         out: list[Message] = []
         while len(out) < count and self.position < limit:
             end = limit
@@ -225,7 +266,11 @@ class ChannelCursor:
         # The messages every other channel has read already, no channel reads after this one:
         # it takes the objects themselves and the tail forgets them at once (so nobody can see
         # them changed); of the others it takes copies.
-        others = min((c.position for c in stream.cursors if c is not self), default=after)
+        # (Nor does a channel the pump has not handed them to yet: below ``pumped`` only.)
+        others = min(
+            min((c.position for c in stream.cursors if c is not self), default=after),
+            stream.pumped,
+        )
         own = min(max(others - pos, 0), len(msgs))
         if own < len(msgs):
             msgs = msgs[:own] + copies(msgs[own:])
@@ -243,7 +288,7 @@ class ChannelCursor:
         out: list[tuple[int, Message]] = []
         position = self.position
         skips = self._skips
-        end = stream.pumped
+        end = self.end
         while len(out) < count and position < end:
             got = stream.peek(position, end, count - len(out) + 16)
             if not got:
@@ -276,14 +321,17 @@ class ChannelCursor:
         log = stream.log
         lowest = log.earliest_offset if log is not None else stream.tail.start
         position = min(max(offset, lowest), stream.next_offset)
+        unread = self.unread
         self.position = position
-        self.replay_until = stream.pumped if position < stream.pumped else 0
+        if not self.ahead:
+            self.replay_until = stream.pumped if position < stream.pumped else 0
         self._skips.clear()
         lc = self._log_cursor
         if lc is not None:
             lc.skips.clear()
             keep = keep_unsettled and not self._settle
             lc.seek(stream.log_target(position), keep_unsettled=keep)
+        self.replayed += max(self.unread - unread, 0)
         return position
 
     def skip_older_than(self, ts_ns: int) -> int:
@@ -302,8 +350,8 @@ class ChannelCursor:
         tail = stream.tail
         if log is None or tail.start <= pos < tail.end:
             return 0
-        limit = tail.start if pos < tail.start else stream.pumped
-        end = min(log.offset_for_time(ts_ns), limit, stream.pumped)
+        limit = tail.start if pos < tail.start else self.end
+        end = min(log.offset_for_time(ts_ns), limit, self.end)
         if end <= pos:
             return 0
         n = end - pos - stream.pushed_between(max(pos, self.replay_until), end)

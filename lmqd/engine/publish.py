@@ -37,6 +37,7 @@ from lmqd.engine.context import EngineContext
 from lmqd.engine.cursor import pushed
 from lmqd.engine.dedup import DedupWindow, body_digest
 from lmqd.engine.errors import TopicExiting
+from lmqd.engine.internal import waiting_beyond_topic
 from lmqd.engine.policy import TopicPolicy
 from lmqd.engine.stream import TopicStream
 from lmqd.message import Message
@@ -65,6 +66,11 @@ class PublishTopic(Protocol):
 
     @property
     def channels(self) -> dict[str, Channel]: ...
+
+    @property
+    def ahead(self) -> list[Channel]:
+        """The internal channels, which read ahead of the pump (``internal.py``)."""
+        ...
 
     @property
     def policy(self) -> TopicPolicy: ...
@@ -273,6 +279,9 @@ class PublishPath:
         syncer = topic.ctx.syncer
         if stream.wrote_backend and syncer is not None:
             syncer.note_dirty(stream)
+        for channel in topic.ahead:  # they read what is stored, not what the pump hands on
+            channel.message_count += len(messages)
+            channel.consumer_ready()
         topic.wake_pump()
 
     # -- max_depth ---------------------------------------------------------------------------
@@ -284,7 +293,7 @@ class PublishPath:
         deepest = 0
         for channel in topic.channels.values():
             if not channel.exiting:
-                depth = channel.depth
+                depth = waiting_beyond_topic(channel, topic.stream)
                 if depth > deepest:
                     deepest = depth
         return topic.stream.depth + deepest
@@ -303,7 +312,7 @@ class PublishPath:
         for channel in topic.channels.values():
             if channel.exiting:
                 continue
-            over = channel.depth + pending - limit
+            over = waiting_beyond_topic(channel, stream) + pending - limit
             if over > 0:
                 dropped += channel.drop_oldest(over, now)
         return dropped

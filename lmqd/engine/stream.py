@@ -567,7 +567,24 @@ class TopicStream:
 
     @property
     def dirty_count(self) -> int:
-        return self.log.dirty_count if self.log is not None else 0
+        """The log's unsynced activity, at least 1 while time has made segments deletable
+        (``TopicLog.retire_due``: an idle topic's syncer tick deletes them then, not at its
+        next write)."""
+        log_ = self.log
+        if log_ is None:
+            return 0
+        dirty = log_.dirty_count
+        if dirty or (log_.retention_ms is None and log_.keep_recent_ms is None):
+            return dirty
+        return int(log_.retire_due(self._now_ns()))
+
+    def _now_ns(self) -> int | None:
+        """Wall-clock ns for retention: the trio clock through the log's time base (exact
+        times in tests on a virtual clock), else None (the log reads the wall clock)."""
+        log_ = self.log
+        if log_ is None or self._clock is None:
+            return None
+        return log_.timebase.to_wall_ns(self._clock())
 
     @property
     def bytes_on_disk(self) -> int:
@@ -579,8 +596,7 @@ class TopicStream:
         if log_ is None:
             return None
         self.refresh_cursors()
-        now_ns = None if self._clock is None else log_.timebase.to_wall_ns(self._clock())
-        return log_.prepare_sync(now_ns)
+        return log_.prepare_sync(self._now_ns())
 
     def refresh_cursors(self) -> None:
         """Move ``#topic`` to ``pumped`` (or the oldest pinned offset) and every channel's log

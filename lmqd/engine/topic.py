@@ -13,7 +13,9 @@ batch's deferred messages (DPUB) into every channel's deferred queue and those w
 priority into every channel's priority lanes (``lanes.py``), puts copies into the channels that
 have no cursor (ephemeral ones, and every channel of an ephemeral topic, which has no log), and
 asks each channel to deliver once per batch. A topic that is paused or has no channels does not
-pump: it keeps its backlog, and the first channel created reads it (nsqd).
+pump: it keeps its backlog, and the first channel created reads it (nsqd). lmq's internal channels
+(``internal.py``) read the stream ahead of the pump and do not count as channels here, so the
+backlog waits for the users' first channel.
 
 **Tasks only while there is work.** ``attach(nursery)`` (the broker's, with the service's
 nursery) is where the pump and the channels' timer tasks run, and none of them runs while idle:
@@ -41,6 +43,7 @@ from lmqd.engine.context import EngineContext
 from lmqd.engine.cursor import ChannelCursor
 from lmqd.engine.e2e import E2eLatencyStream, empty_latency
 from lmqd.engine.errors import TopicExiting
+from lmqd.engine.internal import reads_ahead
 from lmqd.engine.pins import PushPins
 from lmqd.engine.policy import PolicyValue, TopicPolicy, shared_default
 from lmqd.engine.publish import PublishOutcome, PublishPath
@@ -74,7 +77,7 @@ class Topic:
     # Slots: no per-instance dict (~1 KB and a GC-tracked object less per topic).
     __slots__ = (
         "_metadata", "_nursery", "_paused", "_pump_active_at", "_pump_running", "_pump_scope",
-        "_run_scope", "_wakeup", "channels", "ctx", "durable", "ephemeral", "exiting",
+        "_run_scope", "_wakeup", "ahead", "channels", "ctx", "durable", "ephemeral", "exiting",
         "message_bytes", "message_count", "name", "options", "pins", "policy", "policy_settings",
         "publishing", "stream",
     )  # fmt: skip
@@ -91,12 +94,14 @@ class Topic:
         """The metadata file's entry for this topic, until something in it changes."""
         self.exiting = False
         self.channels: dict[str, Channel] = {}
+        self.ahead: list[Channel] = []
+        """Internal channels: they read the stream ahead of the pump (``internal.py``)."""
         self.message_count = 0
         self.message_bytes = 0
         self.stream = TopicStream(
             name,
             log=log,
-            limit=options.mem_queue_size,
+            limit=options.mem_queue_limit,
             write_through=options.durable,
             drop_overflow=self.ephemeral,
             clock=ctx.clock,
@@ -237,7 +242,7 @@ class Topic:
         return (
             not self.paused
             and self.stream.depth > 0
-            and any(not c.exiting for c in self.channels.values())
+            and any(not c.exiting and _pumped_to(c) for c in self.channels.values())
         )
 
     def wake_pump(self) -> None:
@@ -291,7 +296,7 @@ class Topic:
     def _pump_batch(self, now: float) -> None:
         """Hand the next batch of the stream to the channels (see the module docstring)."""
         stream = self.stream
-        channels = [c for c in self.channels.values() if not c.exiting]
+        channels = [c for c in self.channels.values() if not c.exiting and _pumped_to(c)]
         start, end, pushed_at = stream.take_pump_batch(PUMP_BATCH)
         readers = [c for c in channels if c.cursor is not None]
         fed = [c for c in channels if c.cursor is None]
@@ -335,13 +340,17 @@ class Topic:
         cursor = (
             None
             if ephemeral or self.ephemeral
-            else ChannelCursor(self.stream, name, durable=durable, at=start_at)
+            else ChannelCursor(
+                self.stream, name, durable=durable, at=start_at, ahead=reads_ahead(name)
+            )
         )
         channel = Channel(self.ctx, self.name, name, owner=self, cursor=cursor, durable=durable)
         channel.retry.set_ttl(self.policy.ttl_ms)
         if self.message_ttls:
             channel.retry.note_message_ttls()
         self.channels[name] = channel
+        if cursor is not None and cursor.ahead:
+            self.ahead.append(channel)
         self._metadata = None
         log.info("TOPIC(%s): new channel(%s)", self.name, name)
         events = self.ctx.events
@@ -366,6 +375,8 @@ class Topic:
         """Delete a channel and its stored messages (``KeyError`` if absent). An ephemeral
         topic left without channels deletes itself and tells the engine's events."""
         channel = self.channels.pop(name)
+        if channel in self.ahead:
+            self.ahead.remove(channel)
         self._metadata = None
         channel.delete()
         log.info("TOPIC(%s): deleted channel(%s)", self.name, name)
@@ -491,6 +502,7 @@ class Topic:
         self._stop_tasks()
         channels = list(self.channels.values())
         self.channels.clear()
+        self.ahead.clear()
         for channel in channels:
             channel.delete()
         self.stream.delete()
@@ -562,3 +574,10 @@ class Topic:
             ),
             storage_damage=storage_damage([self.log.damage] if self.log is not None else []),
         )
+
+
+def _pumped_to(channel: Channel) -> bool:
+    """Whether the pump hands messages on to ``channel`` (not to an internal one, which reads
+    ahead of it: ``internal.py``)."""
+    cursor = channel.cursor
+    return cursor is None or not cursor.ahead

@@ -23,7 +23,9 @@ of them exists in nsqd, and nsqd's own calls are unchanged (``/channel/create`` 
 
 ``POS`` is ``earliest`` (the oldest message stored), ``latest`` (for a channel: what the topic
 hands on from now, nsqd's default; for ``/topic/offsets``: the end), an RFC 3339 time (the first
-message published at or after it), a Unix time in milliseconds, or ``offset:N``.
+message published at or after it), a Unix time in milliseconds, or ``offset:N`` (the one rule:
+``lmqd.positions``). An offset outside what is stored is clamped to it: the answer's
+``"offset"`` says where the channel reads, and lmqadmin tells its user.
 
 Errors follow nsqd's style (``{"message": "CODE"}``): 400 ``MISSING_ARG_TOPIC`` /
 ``INVALID_ARG_TOPIC`` / ``MISSING_ARG_CHANNEL`` / ``INVALID_ARG_CHANNEL``, 404
@@ -37,19 +39,20 @@ from __future__ import annotations
 
 import base64
 import re
-from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
 import attrs
 
 from lmqd.engine.backend import BackendError
 from lmqd.engine.errors import TopicExiting
+from lmqd.engine.internal import reads_ahead
 from lmqd.engine.stream import TopicStream
 from lmqd.engine.topic import Topic
 from lmqd.httpapi import args
 from lmqd.httpapi.asgi import HttpError, Query, Request, Response, json_response
 from lmqd.message import READ_CONTENT_TYPE, Message, encode_read_frames
 from lmqd.names import is_ephemeral
+from lmqd.positions import Position, parse_position
 from lmqd.units import MiB
 
 if TYPE_CHECKING:
@@ -59,9 +62,7 @@ __all__ = [
     "DEFAULT_READ_COUNT",
     "MAX_READ_BYTES",
     "MAX_READ_COUNT",
-    "Position",
     "ReplayApi",
-    "parse_position",
 ]
 
 DEFAULT_READ_COUNT = 1000
@@ -73,38 +74,6 @@ MAX_READ_BYTES = 4 * MiB
 read of large messages as short as a read of small ones."""
 
 _DIGITS = re.compile(r"[0-9]{1,18}")
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-
-
-@attrs.frozen
-class Position:
-    """A parsed ``from``/``to``/``at`` value: one of its fields is set."""
-
-    earliest: bool = False
-    latest: bool = False
-    time_ns: int | None = None
-    offset: int | None = None
-
-
-def parse_position(value: str) -> Position | None:
-    """``earliest``, ``latest``, an RFC 3339 time, Unix milliseconds or ``offset:N``; None if
-    ``value`` is none of them."""
-    if value == "earliest":
-        return Position(earliest=True)
-    if value == "latest":
-        return Position(latest=True)
-    if value.startswith("offset:"):
-        digits = value.removeprefix("offset:")
-        return Position(offset=int(digits)) if _DIGITS.fullmatch(digits) else None
-    if _DIGITS.fullmatch(value):
-        return Position(time_ns=int(value) * 1_000_000)
-    try:
-        when = datetime.fromisoformat(value)
-    except ValueError:
-        return None
-    if when.tzinfo is None or "T" not in value.upper():
-        return None  # RFC 3339 has both a date-time separator and an offset
-    return Position(time_ns=(when - _EPOCH) // timedelta(microseconds=1) * 1000)
 
 
 def resolve(stream: TopicStream, position: Position, *, latest: int) -> int:
@@ -165,7 +134,9 @@ class ReplayApi:
             raise HttpError(400, "CHANNEL_EXISTS")
         if topic.stream.log is None or is_ephemeral(name):
             raise HttpError(400, "NOT_STORED")
-        start = resolve(topic.stream, position, latest=topic.stream.pumped)
+        stream = topic.stream
+        latest = stream.next_offset if reads_ahead(name) else stream.pumped
+        start = resolve(stream, position, latest=latest)
         try:
             topic.get_channel(name, start_at=start)
         except TopicExiting:
@@ -184,7 +155,7 @@ class ReplayApi:
             raise HttpError(404, "CHANNEL_NOT_FOUND")
         if channel.cursor is None:
             raise HttpError(400, "NOT_STORED")
-        offset = channel.seek(resolve(topic.stream, position, latest=topic.stream.pumped))
+        offset = channel.seek(resolve(topic.stream, position, latest=channel.cursor.end))
         return json_response({"offset": offset})
 
     # -- reading by offset ---------------------------------------------------------------------
@@ -225,13 +196,16 @@ class ReplayApi:
             ("X-Lmq-End-Offset", str(stream.next_offset)),
         )
         if query.get("format") == "json":
-            return json_response({
+            # The same X-Lmq-* offsets as the binary answer: a reader switching formats keeps
+            # its paging code.
+            answer = json_response({
                 "topic": topic.name,
                 "earliest": stream.earliest_offset,
                 "end": stream.next_offset,
                 "next": following,
                 "messages": [_json_entry(offset, m) for offset, m in entries],
             })
+            return attrs.evolve(answer, headers=headers)
         if with_ext:
             headers += (("X-Lmq-Ext", "1"),)
         return Response(

@@ -26,6 +26,7 @@ from hypercorn.trio.run import worker_serve
 from hypercorn.typing import ASGIFramework
 from hypercorn.utils import wrap_app
 
+from lmqd.gohttp import send_reason_phrases
 from lmqd.httpapi.api import HttpApi
 from lmqd.memory import track_gc_pauses
 from lmqd.net import bind_listener, format_address
@@ -81,6 +82,7 @@ async def serve_http(
     ``tls``: serve HTTPS with this context. ``tls_required_https_port``: refuse every request
     with nsqd's ``TLS_REQUIRED`` answer naming that HTTPS port.
     """
+    send_reason_phrases()  # HTTP/1.1 404 Not Found, as nsqd writes it
     sock = bind_listener("HTTPS" if tls is not None else "HTTP", address)
     try:
         sockname = sock.getsockname()

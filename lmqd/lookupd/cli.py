@@ -32,8 +32,8 @@ import attrs
 import click
 import trio
 
-from lmqd import __version__, logging_setup
-from lmqd.config import ConfigError, format_duration, load_toml, parse_bool, parse_duration
+from lmqd import BUILT_WITH, logging_setup
+from lmqd.config import ConfigError, default_shown, load_toml, parse_bool, parse_duration
 from lmqd.lookupd.options import NSQLOOKUPD_COMPAT_VERSION, LookupdOptions
 from lmqd.lookupd.service import LookupDaemon
 
@@ -41,7 +41,7 @@ __all__ = ["VERSION_LINE", "build_options", "main", "normalise_argv"]
 
 log = logging.getLogger("lmqd.lookupd.cli")
 
-VERSION_LINE = f"nsqlookupd v{NSQLOOKUPD_COMPAT_VERSION} (built w/lmq {__version__})"
+VERSION_LINE = f"nsqlookupd v{NSQLOOKUPD_COMPAT_VERSION} (built w/{BUILT_WITH})"
 """What ``--version`` prints (nsqlookupd's shape: ``nsqlookupd v1.3.0 (built w/go1.19.8)``)."""
 
 
@@ -52,6 +52,8 @@ class _Flag:
     """The ``LookupdOptions`` field; "" for a flag with no effect."""
     parse: Callable[[str], Any]
     help: str
+    metavar: str = "TEXT"
+    """What ``--help`` shows the value as (the names lmqd's own help uses)."""
 
 
 def _level(text: str) -> str:
@@ -65,17 +67,19 @@ FLAGS: tuple[_Flag, ...] = (
     _Flag("broadcast-address", "broadcast_address", str,
           "address of this lookupd node, (default to the OS hostname)"),
     _Flag("inactive-producer-timeout", "inactive_producer_timeout_s", parse_duration,
-          "duration of time a producer will remain in the active list since its last ping"),
+          "duration of time a producer will remain in the active list since its last ping",
+          "DURATION"),
     _Flag("tombstone-lifetime", "tombstone_lifetime_s", parse_duration,
-          "duration of time a producer will remain tombstoned if registration remains"),
+          "duration of time a producer will remain tombstoned if registration remains",
+          "DURATION"),
     _Flag("log-level", "log_level", _level,
-          "set log verbosity: debug, info, warn, error, or fatal"),
+          "set log verbosity: debug, info, warn, error, or fatal", "LEVEL"),
     _Flag("log-prefix", "log_prefix", str, "log message prefix"),
 )  # fmt: skip
 _BY_NAME = {flag.name: flag for flag in FLAGS}
 _BY_KEY = {flag.name.replace("-", "_"): flag for flag in FLAGS}
 _VALUE_FLAGS = frozenset([*_BY_NAME, "config"])
-_BOOL_FLAGS = frozenset({"verbose", "version"})
+_BOOL_FLAGS = frozenset({"verbose"})
 _HELP_FLAGS = frozenset({"h", "help"})
 _FLAG_TOKEN = re.compile(r"--?([A-Za-z0-9][A-Za-z0-9_.-]*)(?:=(.*))?", re.DOTALL)
 
@@ -101,6 +105,14 @@ def normalise_argv(args: Sequence[str]) -> list[str]:
         name, value = match.group(1), match.group(2)
         if name in _HELP_FLAGS:
             out.append("--help")
+        elif name == "version":
+            # Go's -version is a bool flag: -version=false is a way of not asking.
+            try:
+                asked = value is None or parse_bool(value)
+            except ValueError as exc:
+                raise click.UsageError(f"invalid value for {token}: {exc}") from None
+            if asked:
+                out.append("--version")
         elif name in _BOOL_FLAGS:
             out.append(f"--{name}={'true' if value is None else value}")
         elif name in _VALUE_FLAGS:
@@ -151,18 +163,23 @@ def build_options(
 def _build_command() -> click.Command:
     defaults = LookupdOptions(broadcast_address="")
     params: list[click.Parameter] = [
-        click.Option(["--config"], metavar="FILE", help="path to a TOML config file"),
-        click.Option(["--version"], metavar="BOOL", help="print version string"),
-        click.Option(["--verbose"], metavar="BOOL", help="[deprecated] has no effect"),
+        click.Option(["--config"], metavar="FILE",
+                     help="path to a TOML config file (snake_case keys, as nsqlookupd's)"),
+        click.Option(["--version"], is_flag=True, help="print the version and exit"),
+        click.Option(["--verbose"], metavar="BOOL",
+                     help="[deprecated in nsqlookupd] has no effect  [default: false]"),
     ]
     for flag in FLAGS:
-        default = getattr(defaults, flag.field)
-        if isinstance(default, float):
-            default = format_duration(default)
-        shown = "the OS hostname" if flag.name == "broadcast-address" else repr(default)
+        # lmqd's --help shows its defaults the same way (``lmqd.config.default_shown``).
+        shown = (
+            "the OS hostname"
+            if flag.name == "broadcast-address"
+            else default_shown(getattr(defaults, flag.field), duration=flag.parse is parse_duration)
+        )
         params.append(
             click.Option(
                 [f"--{flag.name}", flag.name.replace("-", "_")],
+                metavar=flag.metavar,
                 help=f"{flag.help}  [default: {shown}]",
             )
         )
@@ -178,11 +195,11 @@ def _build_command() -> click.Command:
     )
 
 
-def _run(*, config: str | None, version: str | None, verbose: str | None, **values: Any) -> None:
+def _run(*, config: str | None, version: bool, verbose: str | None, **values: Any) -> None:
+    if version:
+        click.echo(VERSION_LINE)
+        return
     try:
-        if version is not None and parse_bool(version):
-            click.echo(VERSION_LINE)
-            return
         if verbose is not None:
             parse_bool(verbose)
     except ValueError as exc:

@@ -24,6 +24,7 @@ from hypercorn.trio.run import worker_serve
 from hypercorn.typing import ASGIFramework
 from hypercorn.utils import wrap_app
 
+from lmqd.gohttp import send_reason_phrases
 from lmqd.lookup import IdentifyResponse
 from lmqd.lookupd.db import RegistrationDB
 from lmqd.lookupd.httpapi import LookupdHttpApi
@@ -113,6 +114,7 @@ class LookupDaemon:
                 ),
             )
             app = cast(ASGIFramework, LookupdHttpApi(views))
+            send_reason_phrases()  # HTTP/1.1 404 Not Found, as nsqlookupd writes it
             config = _hypercorn_config()
             sockets = Sockets(secure_sockets=[], insecure_sockets=[http_sock], quic_sockets=[])
             listener = trio.SocketListener(trio.socket.from_stdlib_socket(tcp_sock))

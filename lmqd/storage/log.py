@@ -481,17 +481,34 @@ class TopicLog:
 
     # -- internals ----------------------------------------------------------------------------
 
-    def _retire(self, now_ns: int) -> None:
-        """Take the segments that may be deleted out of reach; the next job unlinks them."""
-        segs = self._index.segments
-        count = deletable_segments(
-            segs,
+    def retire_due(self, now_ns: int | None = None) -> bool:
+        """Whether time alone (no write, no cursor move) has made segments deletable
+        (``log_retention``: time retention or the dedup floor let one go at ``now_ns``, wall
+        clock ns, by default now): the syncer then syncs the log at its tick although nothing
+        is dirty, so an idle topic does not keep everything until its next write."""
+        if self._closed or self._unborn:
+            return False
+        if self.retention_ms is None and self.keep_recent_ms is None:
+            return False
+        return self._deletable(time.time_ns() if now_ns is None else now_ns) > 0
+
+    def _deletable(self, now_ns: int) -> int:
+        return deletable_segments(
+            self._index.segments,
             [c.low for c in self._cursors.values()],
             now_ns=now_ns,
             retention_ms=self.retention_ms,
             retention_bytes=self.retention_bytes,
             keep_recent_ms=self.keep_recent_ms,
         )
+
+    def _retire(self, now_ns: int) -> None:
+        """Take the segments that may be deleted out of reach; the next job unlinks them. When
+        the write segment expired too, a new empty one at the log's end takes its place."""
+        segs = self._index.segments
+        count = self._deletable(now_ns)
+        if count == len(segs) and not self._roll_empty():
+            count -= 1  # no new segment (a full disk): the write segment stays for now
         if not count:
             return
         for seg in segs[:count]:
@@ -539,6 +556,26 @@ class TopicLog:
         segments.next_number = 1
         self._index.segments.append(SegmentIndex(file, 0, NO_TIMESTAMP, LOG_RECORD_TYPES))
         self._unborn = True
+
+    def _roll_empty(self) -> bool:
+        """Start a new, empty write segment at the log's end, so that time retention can
+        delete the one being written (its messages expired); False if it cannot be created."""
+        segments = self._segments
+        number = segments.next_number
+        index = self._index
+        try:
+            fd = segments.create(number, index.next_offset)
+        except OSError as exc:
+            log.error("TOPICLOG(%s): cannot start a new segment: %s", self.name, exc)
+            return False
+        self._writer.roll_to(fd, segments.entry(number))
+        prev = index.segments[-1]
+        index.segments.append(
+            SegmentIndex(segments.live[-1], index.next_offset, prev.max_ns, LOG_RECORD_TYPES)
+        )
+        log.debug("TOPICLOG(%s): segment %d expired: new segment %d", self.name, prev.number,
+                  number)  # fmt: skip
+        return True
 
     def _create_files(self) -> None:
         """A fresh log's first append: create segment 0; the next sync job fsyncs it (and the

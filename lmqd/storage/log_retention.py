@@ -16,8 +16,13 @@ published within a dedup window stay on disk for the next start to rebuild the w
 (``lmqd.engine.topic``). It too only ever keeps more.
 
 Deletion goes from the oldest segment on and stops at the first one that must stay (a log has no
-holes), and never takes the write segment. The caller (``TopicLog.prepare_sync``) retires the
-segments counted here; the sync job that persists the cursors' marks unlinks them afterwards.
+holes). The write segment goes only by time, as Kafka's active segment does: when time retention
+is set, every cursor has passed it and its newest message is past ``retention_ms`` (an idle
+topic's last messages), it is counted too, and the caller starts a new, empty write segment
+before retiring it; size retention, or nsqd's rule alone, never takes it. The caller
+(``TopicLog.prepare_sync``) retires the segments counted here; the sync job that persists the
+cursors' marks unlinks them afterwards. Time passes without a write, so the syncer asks
+``TopicLog.retire_due`` at each tick of an idle log that keeps segments by time.
 """
 
 from __future__ import annotations
@@ -39,14 +44,22 @@ def deletable_segments(
     keep_recent_ms: int | None = None,
 ) -> int:
     """How many segments from the front of ``segments`` (oldest first, the write segment last)
-    may be deleted, given the cursors' low-water marks ``lows`` and wall-clock ``now_ns``."""
-    if not lows or len(segments) < 2:
+    may be deleted, given the cursors' low-water marks ``lows`` and wall-clock ``now_ns``; all
+    of them when the write segment expired by time (the caller rolls first)."""
+    if not lows or not segments:
         return 0
     low = min(lows)
     newer_bytes = sum(seg.file.end for seg in segments)
     """Bytes of the segment under consideration and every newer one."""
     count = 0
-    for seg in segments[:-1]:
+    last = len(segments) - 1
+    for k, seg in enumerate(segments):
+        if k == last and (
+            retention_ms is None
+            or seg.newest_ns == NO_TIMESTAMP
+            or now_ns - seg.newest_ns < retention_ms * NS_PER_MS
+        ):
+            break  # the write segment goes only when its messages expired by time
         if seg.next > low:
             break  # some cursor has not passed it
         if keep_recent_ms is not None and (

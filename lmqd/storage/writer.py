@@ -191,7 +191,7 @@ class SegmentWriter:
         for (number, cfd, path), (size, count), batches in zip(
             created, written[1:], chunks[1:], strict=True
         ):
-            self._roll_to(cfd, Segment(number, path, SEGMENT_HEADER_SIZE + size, [], count))
+            self.roll_to(cfd, Segment(number, path, SEGMENT_HEADER_SIZE + size, [], count))
             placed.append((number, SEGMENT_HEADER_SIZE, batches))
         return placed
 
@@ -208,7 +208,7 @@ class SegmentWriter:
             raise BackendError(f"{self._owner}: write failed: {exc}") from exc
         self._truncate_to = -1
 
-    def _roll_to(self, fd: int, seg: Segment) -> None:
+    def roll_to(self, fd: int, seg: Segment) -> None:
         """Make ``seg`` (written through ``fd``) the write segment; the old descriptor goes to
         the next sync job if it holds unsynced writes, else it is closed."""
         if self.dirty:

@@ -26,6 +26,8 @@ from lmq_client.admin.files import FileRotator, FileSettings
 from lmq_client.http import HTTPClient
 from tests.support.process import REPO_ROOT, LmqdProcess, lmqadmin_command
 
+from .hints import past_the_hint
+
 DEADLINE_S = 10.0
 NOON = 1_767_268_800.0  # 2026-01-01T12:00:00Z
 
@@ -212,3 +214,24 @@ def test_sigterm_closes_gzip_files_cleanly_after_time_rotation(
     ]
     stats = channel_stats(server, "archsig", "archive")
     assert (stats["depth"], stats["in_flight_count"]) == (0, 0)
+
+
+def test_archive_says_when_existing_channels_took_the_earlier_messages(
+    lmqd_module_server: LmqdProcess, tmp_path: Path
+) -> None:
+    # As tail does: a new archive channel gets nothing published before it existed.
+    server = lmqd_module_server
+    assert server.http_address is not None
+    http = HTTPClient(server.http_address)
+    http.topic_action("create", "archint")
+    http.channel_action("create", "archint", "billing")
+    for i in range(3):
+        http.pub("archint", b"old%d" % i)
+    out, err = past_the_hint(server, "archint", "archive", "archive", "archint", "--dir",
+                             str(tmp_path / "out"), "-n", "1")  # fmt: skip
+    assert err.splitlines()[0] == (
+        "archive: nothing new on archint yet; its 1 existing channel(s) (billing) took the 3 "
+        "message(s) published before channel archive existed. 'lmqadmin channel seek archint "
+        "archive --to earliest' makes it read the messages the topic still stores."
+    )
+    assert out.startswith("archived 1 messages from archint/archive")

@@ -158,9 +158,35 @@ def test_replay_channel_create_from_seek_and_tail_from(lmqd_module_server: LmqdP
     assert json.loads(result.output)["offsets"] == {http: 3}
     assert run(server, "channel", "seek", "rp", "all").exit_code == 2  # seek needs --to
     assert run(server, "channel", "empty", "rp", "all", "--from", "earliest").exit_code == 2
-    result = run(server, "channel", "create", "rp", "x", "--from", "whenever")
-    assert result.exit_code == 1
-    assert "INVALID_ARG_FROM" in result.output
+    # A position that is none of the forms: refused before any request, the forms listed.
+    forms = ("use earliest, latest, offset:N, a Unix time in milliseconds (1767225600000) or an "
+             "RFC 3339 time (2026-01-01T00:00:00Z)")  # fmt: skip
+    for args, option in (
+        (("channel", "create", "rp", "x", "--from", "whenever"), "--from"),
+        (("channel", "seek", "rp", "all", "--to", "offset:x"), "--to"),
+        (("tail", "rp", "--from", "yesterday"), "--from"),
+    ):
+        result = run(server, *args)
+        assert result.exit_code == 2, result.output
+        assert f"Invalid value for {option}: " in result.stderr, result.stderr
+        assert " ".join(result.stderr.split()).endswith(f"is not a position: {forms}"), (
+            result.stderr
+        )
+    assert "x" not in [c["channel_name"] for c in topic_stats(server, "rp")["channels"]]
+    # An offset past the end is clamped by the daemon, and lmqadmin says so.
+    result = run(server, "channel", "seek", "rp", "all", "--to", "offset:99")
+    assert (result.exit_code, result.stdout) == (
+        0, f"channel rp/all on {http} reads from offset 3\n",
+    )
+    assert result.stderr == (
+        f"lmqadmin: note: channel rp/all on {http}: offset:99 is past the end of the topic (its "
+        "next offset is 3): reads from 3, the end\n"
+    )
+    result = run(server, "channel", "create", "rp", "late", "--from", "offset:7")
+    assert result.exit_code == 0
+    assert "offset:7 is past the end of the topic (its next offset is 3)" in result.stderr
+    result = run(server, "channel", "seek", "rp", "all", "--to", "offset:1")
+    assert result.stderr == ""  # within what is stored: nothing to say
 
 
 def test_topic_policy(lmqd_module_server: LmqdProcess) -> None:
@@ -441,6 +467,16 @@ def test_the_wrong_port_or_not_lmqd_is_exit_3_in_one_line(
     expected = f"lmqadmin: error: cannot reach the daemon at {server.tcp_address}"
     assert result.stderr.startswith(expected)
     assert "is it the TCP port?" in result.stderr and len(result.stderr.splitlines()) == 1
+    # The opposite mistake: --tcp-address pointed at the HTTP port.
+    assert server.http_address is not None
+    result = CliRunner().invoke(
+        cli, ["--tcp-address", server.http_address, "pub", "t", "x"], catch_exceptions=False
+    )
+    assert result.exit_code == 3
+    assert result.stderr == (
+        f"lmqadmin: error: cannot reach the daemon at {server.http_address}: the answer is HTTP, "
+        "not NSQ's TCP protocol; is it the HTTP port?\n"
+    )
     # An HTTP server that is not lmqd (it serves this directory's listing as HTML).
     (tmp_path / "stats").write_text("<html>not lmqd</html>")
     web = subprocess.Popen(

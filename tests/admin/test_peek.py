@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 
+from click.testing import CliRunner
+
+from lmq_client.admin.cli import cli
 from lmq_client.http import HTTPClient
 from tests.support.process import LmqdProcess
 
@@ -47,3 +50,27 @@ def test_pub_sets_lmq_fields_that_peek_shows(lmqd_module_server: LmqdProcess) ->
     assert message["headers"] == {"source": "cli", "env": "test"}
     for bad in (["--header", "novalue"], ["--priority", "10"], ["--ttl", "soon"]):
         assert run(server, "pub", "withfields", "x", *bad).exit_code == 2, bad
+
+
+def test_peek_at_80_columns_keeps_ids_and_headers_whole(lmqd_module_server: LmqdProcess) -> None:
+    server = lmqd_module_server
+    body = '{"order": 1234, "total": 99.5, "items": [1, 2, 3], "note": "leave at the door"}'
+    result = run(server, "pub", "narrow", body, "--header", "source=checkout-service",
+                 "--header", "trace=4bf92f3577b34da6")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    [message] = json.loads(run(server, "--json", "peek", "narrow").output)[
+        server.http_address
+    ]["messages"]
+    assert server.http_address is not None
+    env = {"LMQ_HTTP_ADDRESS": server.http_address, "COLUMNS": "80"}
+    result = CliRunner().invoke(cli, ["peek", "narrow"], env=env, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert max(map(len, lines)) <= 80, result.output
+    header_row = next(line for line in lines if "id" in line.split())
+    # Columns with nothing to say for these messages take no room.
+    assert [w for w in header_row.split() if w.isalpha()] == ["offset", "id", "headers", "body"]
+    text = result.output
+    assert message["id"] in text  # whole, not "0a1b2c3…"
+    assert "source=checkout-service" in text and "trace=4bf92f3577b34da6" in text
+    assert '{"order": 1234, "tot' in text and "…" in text  # the body is what gets cut

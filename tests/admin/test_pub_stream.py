@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import pty
+import select
 import subprocess
 import time
 
@@ -20,6 +22,8 @@ from lmq_client.admin.cli import cli
 from lmq_client.admin.pub_stream import MessageSplitter, RateLimit
 from lmq_client.http import HTTPClient
 from tests.support.process import REPO_ROOT, LmqdProcess, lmqadmin_command
+
+from .hints import past_the_hint
 
 DEADLINE_S = 10.0
 
@@ -111,6 +115,53 @@ def test_the_first_line_is_delivered_before_stdin_closes(lmqd_module_server: Lmq
     assert stored(server, "stream") == [b"first", b"second", b"third"]
 
 
+def test_typing_at_a_terminal_draws_no_spinner_over_the_line(
+    lmqd_module_server: LmqdProcess,
+) -> None:
+    # ``pub -f -`` with a terminal on stdin and stderr (a pty): a person types the messages.
+    server = lmqd_module_server
+    assert server.http_address is not None
+    HTTPClient(server.http_address).topic_action("create", "typed")
+    controller, terminal = pty.openpty()
+    proc = subprocess.Popen(
+        lmqadmin_command(server.tcp_address, "pub", "typed", "-f", "-"),
+        stdin=terminal, stdout=subprocess.PIPE, stderr=terminal, cwd=REPO_ROOT,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT), "TERM": "xterm", "COLUMNS": "80"},
+    )  # fmt: skip
+    os.close(terminal)
+    seen = bytearray()
+
+    def drain() -> None:
+        while select.select([controller], [], [], 0)[0]:
+            try:
+                seen.extend(os.read(controller, 4096))
+            except OSError:  # EIO: the last holder of the terminal exited
+                return
+
+    try:
+        os.write(controller, b"hello\n")
+        wait_for(lambda: (drain(), stored(server, "typed") == [b"hello"])[1], "the typed line")
+        time.sleep(0.3)  # a spinner would redraw several times meanwhile
+        os.write(controller, b"world\n\x04")  # then ^D: end of input
+        proc.wait(DEADLINE_S)
+        drain()
+        assert proc.stdout is not None
+        out = proc.stdout.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+        os.close(controller)
+    assert proc.returncode == 0, bytes(seen)
+    assert out.decode().startswith("published 2 messages to typed on ")
+    # The terminal shows what was typed (its echo) and nothing drawn over it: no cursor
+    # hiding, no carriage return redrawing the line, no spinner.
+    assert b"\x1b[" not in seen and b"published" not in seen, bytes(seen)
+    assert seen.replace(b"\r\n", b"\n").startswith(b"hello\nworld\n"), bytes(seen)
+
+
 def test_rate_limits_messages_per_second(lmqd_module_server: LmqdProcess) -> None:
     lines = "".join(f"r{i}\n" for i in range(10))
     started = time.monotonic()
@@ -142,34 +193,6 @@ def test_delimiter_and_batches(lmqd_module_server: LmqdProcess) -> None:
 # -- tail's hint -------------------------------------------------------------------------------
 
 
-def tail_until_one(server: LmqdProcess, topic: str, then_publish: bytes) -> tuple[str, str]:
-    """Run ``tail TOPIC -n 1`` as a subprocess; publish once its hint time has passed; return
-    (stdout, stderr)."""
-    from lmq_client.admin.tail_hint import TAIL_HINT_AFTER_S
-
-    assert server.http_address is not None
-    proc = subprocess.Popen(
-        [*lmqadmin_command(server.tcp_address, "--http-address", server.http_address),
-         "tail", topic, "-n", "1"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO_ROOT,
-        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
-    )
-    try:
-        http = HTTPClient(server.http_address)
-        wait_for(lambda: len(http.stats(topic)["topics"][0]["channels"]) >= 1 and any(
-            c["channel_name"].startswith("tail")
-            for c in http.stats(topic)["topics"][0]["channels"]), "tail subscribed")
-        time.sleep(TAIL_HINT_AFTER_S + 0.5)
-        http.pub(topic, then_publish)
-        out, err = proc.communicate(timeout=DEADLINE_S)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    assert proc.returncode == 0, err
-    return out.decode(), err.decode()
-
-
 def test_tail_says_when_existing_channels_took_the_earlier_messages(
     lmqd_module_server: LmqdProcess,
 ) -> None:
@@ -180,7 +203,7 @@ def test_tail_says_when_existing_channels_took_the_earlier_messages(
     http.channel_action("create", "hinted", "billing")
     for i in range(3):
         http.pub("hinted", b"old%d" % i)
-    out, err = tail_until_one(server, "hinted", b"new")
+    out, err = past_the_hint(server, "hinted", "tail", "tail", "hinted", "-n", "1")
     assert out == "new\n"
     assert err == (
         "tail: nothing new on hinted yet; its 1 existing channel(s) (billing) took the 3 "
@@ -196,8 +219,8 @@ def test_tail_gives_no_hint_when_it_would_not_be_true(lmqd_module_server: LmqdPr
     # a topic with a channel but nothing published before: nothing was missed
     http.topic_action("create", "unhinted")
     http.channel_action("create", "unhinted", "billing")
-    out, err = tail_until_one(server, "unhinted", b"only")
-    assert (out, err) == ("only\n", "")
+    out, err = past_the_hint(server, "unhinted", "tail", "tail", "unhinted", "-n", "1")
+    assert (out, err) == ("new\n", "")
 
 
 def test_hint_sums_nodes_and_needs_other_channels_and_missed_messages() -> None:

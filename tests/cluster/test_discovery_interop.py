@@ -4,16 +4,13 @@ Rules for this module: ``lmqlookupd`` and two ``lmqd`` nodes registering with it
 subprocesses on 127.0.0.1 port 0, data in ``tmp_path``; the third-party readers (pynsq, ansq) run
 unmodified in their own interpreters (``clients/``) under a hard time limit, lmq's trio and
 blocking consumers in this process; each test is bounded; "none twice" is checked after a quiet
-spell during which a duplicate would have arrived. The real nsqlookupd cannot be installed here
-(no Go binaries), so lmqlookupd stands in for it.
+spell during which a duplicate would have arrived. The real nsqlookupd and nsqd, with go-nsq's
+nsq_tail, are in ``tests/realnsq/test_lookupd.py``.
 """
 
 from __future__ import annotations
 
 import collections
-import json
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,7 +29,6 @@ from .procs import Daemon, eventually, http
 
 pytestmark = pytest.mark.interop
 
-CLIENTS_DIR = Path(__file__).resolve().parent / "clients"
 PER_NODE = 50
 WITHIN_S = 30.0
 QUIET_S = 1.0
@@ -68,15 +64,7 @@ def publish_everywhere(lookupd: Daemon, nodes: list[Daemon], topic: str) -> list
 
 
 def run_reader(library: str, **params: Any) -> Any:
-    timeout = WITHIN_S + QUIET_S + 15
-    params.update(hard_limit_s=int(timeout) - 2, within_s=WITHIN_S, quiet_s=QUIET_S)
-    done = subprocess.run(
-        [sys.executable, str(CLIENTS_DIR / f"{library}_reader.py"), json.dumps(params)],
-        capture_output=True, timeout=timeout, cwd=CLIENTS_DIR, check=False,
-    )  # fmt: skip
-    stderr = done.stderr.decode("utf-8", "replace")
-    assert done.returncode == 0, f"{library}: exit {done.returncode}:\n{stderr}"
-    return json.loads(done.stdout.decode().strip().splitlines()[-1])
+    return procs.run_reader(library, within_s=WITHIN_S, quiet_s=QUIET_S, **params)
 
 
 def assert_each_once(received: list[str], published: list[str]) -> None:

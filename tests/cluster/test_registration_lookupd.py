@@ -4,8 +4,8 @@ lookupd's HTTP API as consumers and nsqadmin see them.
 Rules for this module: every daemon is a subprocess on 127.0.0.1 (port 0, except where a
 lookupd is restarted on the ports it had), data in ``tmp_path``; each wait polls the lookupd's
 HTTP API with a bound (``eventually``); every daemon must exit cleanly on SIGTERM without a
-traceback. The real nsqlookupd v1.3.0 cannot be installed on this machine (no Go binaries), so
-these run against lmqlookupd, which speaks its protocol byte for byte (tests/lookupd).
+traceback. These run against lmqlookupd, which speaks nsqlookupd's protocol byte for byte
+(tests/lookupd); the real nsqlookupd v1.3.0 is in tests/realnsq/test_lookupd.py.
 """
 
 from __future__ import annotations

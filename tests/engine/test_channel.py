@@ -520,8 +520,9 @@ def test_requeue_goes_to_backend_when_memory_is_full() -> None:
     assert (ch.depth, ch.backend_depth) == (3, 1)
 
 
-def test_mem_queue_size_0_puts_everything_in_the_backend() -> None:
-    ch = make_channel(mem_queue_size=0)
+@pytest.mark.parametrize("size", [0, -1])  # nsqd v1.3.0 starts with -1: lmqd reads it as 0
+def test_mem_queue_size_0_puts_everything_in_the_backend(size: int) -> None:
+    ch = make_channel(mem_queue_size=size)
     ch.put_many(make_messages(4), 0.0)
     assert (ch.depth, ch.backend_depth) == (4, 4)
     client = FakeClient(1, ready=3)
@@ -540,11 +541,12 @@ def test_ephemeral_overflow_is_dropped() -> None:
     assert ch.message_count == 5
 
 
-def test_ephemeral_mem_0_accepts_only_what_ready_clients_can_take() -> None:
+@pytest.mark.parametrize("size", [0, -1])
+def test_ephemeral_mem_0_accepts_only_what_ready_clients_can_take(size: int) -> None:
     # nsqd gives such a channel an unbuffered Go channel: a put succeeds only while a ready
     # consumer is waiting.
     backend = DummyBackend()
-    ch = make_channel("c#ephemeral", backend=backend, mem_queue_size=0)
+    ch = make_channel("c#ephemeral", backend=backend, mem_queue_size=size)
     ch.put_many(make_messages(2), 0.0)
     assert backend.dropped_count == 2
     client = FakeClient(1, ready=3)

@@ -106,6 +106,30 @@ async def test_reject_bounds_each_channels_backlog_not_the_sum(
         nursery.cancel_scope.cancel()
 
 
+async def test_an_internal_channels_backlog_counts_once(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    # The redrive channel reads ahead of the pump: what it has unread is the topic's own
+    # backlog too (engine/internal.py); max_depth must not count it twice.
+    topic = make_topic(tmp_path, max_depth=3)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(topic.run)
+        redrive = topic.get_channel("lmq.redrive")
+        topic.publish(bodies(1, 2, 3), 0.0)
+        await trio.testing.wait_all_tasks_blocked()
+        assert (topic.depth, redrive.depth, topic.backlog()) == (3, 3, 3)
+        with pytest.raises(TopicFull):
+            topic.publish(bodies(4), 0.0)
+        # A user's channel takes the backlog; the redrive channel still holds its three.
+        user = FakeClient(1)
+        assert await drain(topic, user, "audit") == bodies(1, 2, 3)
+        assert (topic.depth, redrive.depth, topic.backlog()) == (0, 3, 3)
+        with pytest.raises(TopicFull):
+            topic.publish(bodies(4), 0.0)
+        nursery.cancel_scope.cancel()
+    topic.close()
+
+
 async def test_drop_oldest_keeps_the_newest_in_every_channel(
     autojump_clock: trio.testing.MockClock, tmp_path: Path
 ) -> None:

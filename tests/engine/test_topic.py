@@ -144,6 +144,15 @@ def test_publishing_to_a_closed_topic_raises_topic_exiting() -> None:
         topic.get_channel("c")
 
 
+@pytest.mark.parametrize("size", [0, -1])  # nsqd v1.3.0 starts with -1: lmqd reads it as 0
+def test_mem_queue_size_0_or_less_writes_every_message_at_once(tmp_path: Path, size: int) -> None:
+    topic = logged_topic(tmp_path, mem_queue_size=size)
+    topic.publish([b"a", b"b"], 0.0)
+    assert (topic.depth, topic.backend_depth) == (2, 2)
+    assert topic.log is not None
+    assert [m.body for _, m in topic.log.read_range(0, 10)] == [b"a", b"b"]
+
+
 def test_durable_topic_writes_every_message_at_once(tmp_path: Path) -> None:
     topic = logged_topic(tmp_path, durable=True)
     topic.publish([b"a", b"b"], 0.0)

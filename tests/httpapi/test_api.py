@@ -451,3 +451,27 @@ async def test_debug_freememory(start_daemon: StartDaemon) -> None:
                 assert collected and set(collected) == {0}
         finally:
             gc.callbacks.remove(on_gc)
+
+
+async def status_line(address: tuple[str, int], target: bytes) -> bytes:
+    """The first line of the answer to ``GET target``, as sent."""
+    stream = await trio.open_tcp_stream(*address)
+    async with stream:
+        await stream.send_all(b"GET %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n" % target)
+        data = b""
+        while b"\r\n" not in data:
+            chunk = await stream.receive_some(4096)
+            assert chunk, data
+            data += chunk
+    return data.partition(b"\r\n")[0]
+
+
+async def test_status_lines_carry_the_reason_phrase_as_go_writes_them(
+    start_daemon: StartDaemon,
+) -> None:
+    # nsqd (Go's net/http) writes "404 Not Found"; Go clients show it (nsqadmin's errors).
+    with trio.fail_after(TIMEOUT):
+        running = await start_daemon(http=True)
+        assert await status_line(running.http, b"/ping") == b"HTTP/1.1 200 OK"
+        assert await status_line(running.http, b"/nope") == b"HTTP/1.1 404 Not Found"
+        assert await status_line(running.http, b"/pub") == b"HTTP/1.1 405 Method Not Allowed"

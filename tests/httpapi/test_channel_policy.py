@@ -12,11 +12,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import trio
 
-from tests.support.daemon import StartDaemon, eventually
+from tests.support.daemon import RunningDaemon, StartDaemon, eventually
 from tests.support.http import http
-from tests.support.wire import Wire
+from tests.support.wire import Wire, consume_exactly
 
 TIMEOUT = 15.0
 
@@ -197,4 +198,104 @@ async def test_dead_letters_counters_and_redrive(start_daemon: StartDaemon) -> N
         await wire.fin(last.id)
         r = await http(base, "POST", "/channel/redrive?topic=t&channel=c&from=t.dead")
         assert r.json() == {"moved": 0}
+        await wire.aclose()
+
+
+async def dead_letter_two(running: RunningDaemon) -> None:
+    """``t``'s channel ``c`` gives up on two messages (max_attempts 1): they go to ``t.dead``."""
+    base = running.http
+    for path in ("/topic/create?topic=t", "/channel/create?topic=t&channel=c"):
+        assert (await http(base, "POST", path)).status == 200
+    policy = {"max_attempts": 1, "dead_letter_topic": "t.dead"}
+    r = await http(base, "POST", "/channel/policy?topic=t&channel=c", json.dumps(policy).encode())
+    assert r.status == 200
+    assert (await http(base, "POST", "/mpub?topic=t", b"one\ntwo")).status == 200
+    wire = await Wire.connect(running.tcp)
+    await wire.sub("t", "c", rdy=2)
+    for _ in range(2):
+        await wire.req((await wire.message()).id, 0)
+    await eventually(
+        lambda: "t.dead" in running.broker.topics
+        and running.broker.topics["t.dead"].message_count == 2
+    )
+    await wire.aclose()
+
+
+async def receive_all(running: RunningDaemon, topic: str, channel: str, count: int) -> list[bytes]:
+    """SUB on a new channel and take ``count`` messages, and no more; sorted."""
+    return sorted(await consume_exactly(running.tcp, topic, channel, count))
+
+
+@pytest.mark.parametrize(
+    "mode", [{}, {"mem_queue_size": 0}, {"durable": True}], ids=["memory-first", "disk", "durable"]
+)
+async def test_dead_letters_wait_for_the_first_channel_a_user_creates(
+    start_daemon: StartDaemon, mode: dict[str, object]
+) -> None:
+    # The first dead letter creates t.dead's redrive channel; it must not take nsqd's "first
+    # channel gets the backlog" away from the users' channels: nsq_tail, or any NSQ consumer
+    # on a new channel, started after the dead letters, gets them.
+    with trio.fail_after(TIMEOUT):
+        running = await start_daemon(http=True, **mode)
+        await dead_letter_two(running)
+        stats = (await http(running.http, "GET", "/stats?format=json&topic=t.dead")).json()
+        [topic] = stats["topics"]
+        assert topic["depth"] == 2  # waiting in the topic for its first channel, as nsqd shows
+        assert [(c["channel_name"], c["depth"], c["message_count"]) for c in topic["channels"]] == [
+            ("lmq.redrive", 2, 2)
+        ]
+        # nsq_tail's channel is ephemeral; with --mem-queue-size=0 an ephemeral channel keeps
+        # only what a ready consumer takes at once (nsqd's unbuffered Go channel): a durable one.
+        first = "tail123456#ephemeral" if not mode else "first"
+        assert await receive_all(running, "t.dead", first, 2) == [b"one", b"two"]
+        # The redrive channel keeps its own copies; a second user channel is a later one.
+        assert running.broker.topics["t.dead"].channels["lmq.redrive"].depth == 2
+        assert await receive_all(running, "t.dead", "later", 0) == []
+        r = await http(running.http, "POST", "/channel/redrive?topic=t&channel=c&from=t.dead")
+        assert r.json() == {"moved": 2}
+        # Dead letters after that reach every channel at once, the redrive channel included.
+        wire = await Wire.connect(running.tcp)
+        await wire.sub("t", "c", rdy=2)
+        for _ in range(2):
+            await wire.req((await wire.message()).id, 0)
+        await wire.aclose()
+        assert await receive_all(running, "t.dead", "later", 2) == [b"one", b"two"]
+        redrive = running.broker.topics["t.dead"].channels["lmq.redrive"]
+        await eventually(lambda: redrive.depth == 2)
+
+
+async def test_dead_letters_wait_for_a_users_channel_across_a_restart(
+    start_daemon: StartDaemon, tmp_path: Path
+) -> None:
+    with trio.fail_after(TIMEOUT):
+        running = await start_daemon(tmp_path, http=True)
+        await dead_letter_two(running)
+        await running.stop()
+        again = await start_daemon(tmp_path, http=True)
+        assert await receive_all(again, "t.dead", "audit", 2) == [b"one", b"two"]
+        r = await http(again.http, "POST", "/channel/redrive?topic=t&channel=c&from=t.dead")
+        assert r.json() == {"moved": 2}
+        await again.stop()
+
+
+async def test_a_consumer_of_the_redrive_channel_leaves_the_users_copies_alone(
+    start_daemon: StartDaemon,
+) -> None:
+    with trio.fail_after(TIMEOUT):
+        running = await start_daemon(http=True)  # memory first: the channels share objects
+        await dead_letter_two(running)
+        wire = await Wire.connect(running.tcp)
+        await wire.sub("t.dead", "lmq.redrive", rdy=2)
+        taken = [await wire.message() for _ in range(2)]
+        assert [m.attempts for m in taken] == [1, 1]
+        for m in taken:
+            await wire.req(m.id, 0)
+        again = [await wire.message() for _ in range(2)]
+        assert [m.attempts for m in again] == [2, 2]
+        await wire.rdy(0)
+        user = await Wire.connect(running.tcp)
+        await user.sub("t.dead", "audit", rdy=2)
+        first = [await user.message() for _ in range(2)]
+        assert sorted((m.body, m.attempts) for m in first) == [(b"one", 1), (b"two", 1)]
+        await user.aclose()
         await wire.aclose()

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import trio
 
-from tests.support.daemon import StartDaemon
+from tests.support.daemon import StartDaemon, eventually
 from tests.support.http import http
+from tests.support.wire import Wire
 
 PUBLISH_OFF = {
     "ttl_ms": 0, "max_depth": 0, "overflow": "reject", "publish_rate": 0, "publish_burst": 0,
@@ -83,3 +84,31 @@ async def test_policy_errors(start_daemon: StartDaemon) -> None:
         # A refused change changes nothing, not even its valid keys.
         r = await http(base, "GET", "/topic/policy?topic=t")
         assert r.json() == {"retention_ms": 0, "retention_bytes": 0, **PUBLISH_OFF}
+
+
+async def test_time_retention_empties_an_idle_topic(start_daemon: StartDaemon) -> None:
+    # Nothing is published after the messages expire: the syncer's tick applies the retention
+    # all the same (it used to wait for the topic's next write, so a quiet topic kept all).
+    with trio.fail_after(TIMEOUT):
+        running = await start_daemon(http=True, sync_timeout=0.05)
+        base = running.http
+        assert (await http(base, "POST", "/topic/create?topic=t")).status == 200
+        assert (await http(base, "POST", "/channel/create?topic=t&channel=c")).status == 200
+        r = await http(base, "POST", "/topic/policy?topic=t", b'{"retention_ms": 300}')
+        assert r.status == 200
+        assert (await http(base, "POST", "/mpub?topic=t", b"a\nb\nc")).status == 200
+        wire = await Wire.connect(running.tcp)
+        await wire.sub("t", "c", rdy=3)
+        for _ in range(3):
+            await wire.fin((await wire.message()).id)
+        await wire.aclose()
+        stored = await http(base, "GET", "/topic/read?topic=t&offset=0&format=json")
+        assert len(stored.json()["messages"]) == 3  # kept while younger than the retention
+        log = running.broker.topics["t"].log
+        assert log is not None
+        await eventually(lambda: log.earliest_offset == 3)
+        r = await http(base, "GET", "/topic/offsets?topic=t")
+        assert r.json() == {"topic": "t", "earliest": 3, "end": 3, "pumped": 3}
+        assert log.segment_count == 1 and log.read_range(0, 10) == []
+        assert (await http(base, "POST", "/pub?topic=t", b"d")).status == 200
+        assert (await http(base, "GET", "/topic/offsets?topic=t")).json()["end"] == 4

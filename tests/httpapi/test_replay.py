@@ -17,12 +17,12 @@ from datetime import UTC, datetime
 import pytest
 import trio
 
-from lmqd.httpapi.replay import parse_position
 from lmqd.message import READ_CONTENT_TYPE, READ_FRAME, decode_read_frames
 from lmqd.message_ext import MessageExt
-from tests.support.daemon import RunningDaemon, StartDaemon
+from lmqd.positions import parse_position
+from tests.support.daemon import RunningDaemon, StartDaemon, eventually
 from tests.support.http import http
-from tests.support.wire import Wire
+from tests.support.wire import Wire, consume_exactly
 
 TIMEOUT = 10.0
 
@@ -33,18 +33,7 @@ async def publish(running: RunningDaemon, topic: str, bodies: list[bytes]) -> No
 
 
 async def consume(running: RunningDaemon, topic: str, channel: str, count: int) -> list[bytes]:
-    wire = await Wire.connect(running.tcp)
-    await wire.sub(topic, channel, rdy=count + 10)
-    got = []
-    for _ in range(count):
-        m = await wire.message()
-        got.append(m.body)
-        await wire.fin(m.id)
-    with trio.move_on_after(0.2):
-        extra = await wire.message()
-        pytest.fail(f"one message too many: {extra.body!r}")
-    await wire.aclose()
-    return got
+    return await consume_exactly(running.tcp, topic, channel, count)
 
 
 def frames(data: bytes) -> list[tuple[int, int, int, bytes, bytes]]:
@@ -166,6 +155,12 @@ async def test_reading_by_offset_consumes_nothing(start_daemon: StartDaemon) -> 
         got = frames(r.body)
         assert [(o, b) for o, _, _, _, b in got] == [(3, b"m3"), (4, b"m4"), (5, b"m5")]
         assert all(a == 0 and len(i) == 16 and ts > 0 for _, ts, a, i, _ in got)
+        r = await http(base, "GET", "/topic/read?topic=t&offset=3&count=3&format=json")
+        assert r.json()["next"] == 6
+        # The JSON answer carries the binary one's offset headers too.
+        assert {k: v for k, v in r.headers.items() if k.startswith("x-lmq-")} == {
+            "x-lmq-next-offset": "6", "x-lmq-earliest-offset": "0", "x-lmq-end-offset": "7",
+        }
         r = await http(base, "GET", "/topic/read?topic=t&offset=0&end=2")
         assert [b for *_, b in frames(r.body)] == [b"m0", b"m1"]
         r = await http(base, "GET", "/topic/read?topic=t&offset=7")
@@ -250,3 +245,44 @@ async def test_read_carries_priority_and_headers_when_asked(
             ["attempts", "body", "id", "offset", "timestamp"],
         ]
         assert (messages[1]["priority"], messages[1]["headers"]) == (7, {"trace": "t-1", "k": "v"})
+
+
+async def test_a_replayed_channel_counts_the_messages_replay_hands_it(
+    start_daemon: StartDaemon,
+) -> None:
+    # nsqd's message_count counts what the topic puts into a channel; a replay puts messages in
+    # again. Without them the count falls behind the depth, and tools' rates (nsq_stat, nsqadmin,
+    # lmqadmin stats: count growth minus what is still held) go negative.
+    with trio.fail_after(TIMEOUT):
+        running = await start_daemon(http=True, mem_queue_size=0)
+
+        async def counts(channel: str) -> tuple[int, int]:
+            r = await http(running.http, "GET", "/stats?format=json&topic=t")
+            [c] = [c for c in r.json()["topics"][0]["channels"] if c["channel_name"] == channel]
+            return c["depth"], c["message_count"]
+
+        r = await http(running.http, "POST", "/topic/create?topic=t")
+        r = await http(running.http, "POST", "/channel/create?topic=t&channel=live")
+        assert r.status == 200
+        await publish(running, "t", [b"m%d" % i for i in range(20)])
+        r = await http(running.http, "POST", "/channel/create?topic=t&channel=late&from=offset:15")
+        assert r.status == 200
+        assert await counts("late") == (5, 5)
+        await publish(running, "t", [b"n%d" % i for i in range(5)])
+        assert await counts("late") == (10, 10)
+        wire = await Wire.connect(running.tcp)
+        await wire.sub("t", "late", rdy=4)
+        taken = [await wire.message() for _ in range(4)]
+        await wire.rdy(0)
+        for m in taken:
+            await wire.fin(m.id)
+        channel = running.broker.topics["t"].channels["late"]
+        await eventually(lambda: channel.in_flight_count == 0)
+        await wire.aclose()
+        assert await counts("late") == (6, 10)
+        r = await http(running.http, "POST", "/channel/seek?topic=t&channel=late&to=offset:0")
+        assert r.json() == {"offset": 0}
+        # The 6 not read yet stay counted once; 19 more are handed again: 4 went out.
+        assert await counts("late") == (25, 29)
+        r = await http(running.http, "POST", "/channel/seek?topic=t&channel=late&to=latest")
+        assert await counts("late") == (0, 29)  # a jump ahead takes nothing back

@@ -8,8 +8,10 @@ Rules for this module:
 
 from __future__ import annotations
 
+import re
 import socket
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -90,7 +92,63 @@ def test_version() -> None:
     for flag in ("--version", "-version"):
         done = run(flag)
         assert done.returncode == 0, done.stderr
-        assert done.stdout == "nsqlookupd v1.3.0 (built w/lmq 0.1.0)\n"
+        assert done.stdout == "nsqlookupd v1.3.0 (built w/lmq-0.1.0)\n"
+
+
+HELP_LINE = re.compile(r"  (--[a-z-]+)(?: ([^ ]+))?(?: {2,}(.*))?")
+
+
+def help_entries(text: str) -> dict[str, tuple[str, str]]:
+    """``--help``'s options: flag -> (metavar, help with click's line wrapping undone)."""
+    entries: dict[str, tuple[str, list[str]]] = {}
+    flag = ""
+    for line in text.partition("Options:")[2].splitlines():
+        m = HELP_LINE.fullmatch(line)
+        if m is not None:
+            flag = m.group(1)
+            entries[flag] = (m.group(2) or "", [m.group(3) or ""])
+        elif flag and line.strip():
+            entries[flag][1].append(line.strip())
+    return {
+        f: (metavar, " ".join(" ".join(parts).split()))
+        for f, (metavar, parts) in entries.items()
+    }
+
+
+def test_help_shows_metavars_and_defaults_as_lmqd_does() -> None:
+    done = run("-h")
+    assert done.returncode == 0, done.stderr
+    ours = help_entries(done.stdout)
+    lmqd_help = subprocess.run(
+        [sys.executable, "-m", "lmqd", "--help"], capture_output=True, text=True,
+        timeout=RUN_TIMEOUT_S, check=True, stdin=subprocess.DEVNULL,
+    ).stdout  # fmt: skip
+    theirs = help_entries(lmqd_help)
+    # The flags both daemons have are shown alike: the same metavar, the default written the
+    # same way (nsqd's: 1m0s, true, text as it is, quoted only when empty or padded).
+    for flag in ("--config", "--version", "--verbose", "--tcp-address", "--http-address",
+                 "--broadcast-address", "--log-level", "--log-prefix"):  # fmt: skip
+        assert ours[flag][0] == theirs[flag][0], (flag, ours[flag], theirs[flag])
+        default = re.search(r"\[default: (.*)\]$", theirs[flag][1])
+        if default is not None:
+            assert re.search(r"\[default: (.*)\]$", ours[flag][1]) is not None, ours[flag]
+    assert ours["--version"] == theirs["--version"] == ("", "print the version and exit")
+    assert ours["--tcp-address"][1].endswith("[default: 0.0.0.0:4160]")
+    assert ours["--log-level"][1].endswith("[default: info]")
+    assert ours["--log-prefix"][1].endswith('[default: "[lmqlookupd] "]')
+    assert ours["--tombstone-lifetime"] == (
+        "DURATION",
+        "duration of time a producer will remain tombstoned if registration remains "
+        "[default: 45s]",
+    )
+    assert ours["--inactive-producer-timeout"][1].endswith("[default: 5m0s]")
+
+
+@pytest.mark.parametrize("flag", ["-version=false", "-version=0"])
+def test_version_false_is_not_a_request(flag: str) -> None:
+    done = run(flag, "--tcp-address=bad")
+    assert (done.returncode, done.stdout) == (1, "")
+    assert done.stderr.startswith("Error: ") and done.stderr.count("\n") == 1, done.stderr
 
 
 def test_help_names_the_flags() -> None:
@@ -116,7 +174,8 @@ def test_help_names_the_flags() -> None:
          "invalid log level 'loud' (debug, info, warn, error, fatal)"),
         (["--tcp-address=nowhere"], 1,
          "Error: invalid address 'nowhere': want HOST:PORT"),
-        (["--version=maybe"], 2, "Error: not a boolean (true, false, 1, 0, t, f)"),
+        (["--version=maybe"], 2,
+         "Error: invalid value for --version=maybe: not a boolean (true, false, 1, 0, t, f)"),
     ],
 )  # fmt: skip
 def test_bad_flags_are_one_line(flags: list[str], code: int, message: str) -> None:

@@ -172,3 +172,18 @@ async def test_create_and_delete_round_trip(lookupd: RunningLookupd) -> None:
         assert (await http(lookupd.http, "GET", "/topics")).body == b'{"topics":[]}'
         # Tombstoning a topic nobody produces is a 200 too.
         await post_ok(lookupd.http, "/topic/tombstone?topic=t&node=127.0.0.1:4151")
+
+
+async def test_status_lines_carry_the_reason_phrase_as_go_writes_them(
+    lookupd: RunningLookupd,
+) -> None:
+    with trio.fail_after(TIMEOUT_S):
+        for target, line in ((b"/ping", b"HTTP/1.1 200 OK"),
+                             (b"/lookup?topic=nope", b"HTTP/1.1 404 Not Found")):  # fmt: skip
+            stream = await trio.open_tcp_stream(*lookupd.http)
+            async with stream:
+                await stream.send_all(b"GET %s HTTP/1.1\r\nHost: x\r\n\r\n" % target)
+                data = b""
+                while b"\r\n" not in data:
+                    data += await stream.receive_some(4096)
+            assert data.partition(b"\r\n")[0] == line

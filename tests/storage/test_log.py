@@ -515,6 +515,39 @@ def test_time_retention_keeps_passed_segments_until_they_are_old(tmp_path: Path)
     log.close()
 
 
+def test_an_expired_write_segment_is_replaced_by_an_empty_one(tmp_path: Path) -> None:
+    # An idle topic: every cursor passed everything and even the newest message is older than
+    # the retention. Kafka rolls its active segment to delete it; so does the log.
+    msgs, log = _full_log(tmp_path, count=3, retention_ms=10)
+    cursor = log.create_cursor("c", "earliest")
+    read_all(cursor, settle=True)
+    (write,) = segment_files(tmp_path)
+    expiry = msgs[-1].timestamp + 10 * 10**6
+    assert not log.retire_due(expiry - 1)
+    log.sync(now_ns=expiry - 1)
+    assert segment_files(tmp_path) == [write]
+    assert log.retire_due(expiry)
+    log.sync(now_ns=expiry)
+    (fresh,) = segment_files(tmp_path)
+    assert fresh != write and log.read_range(0, 10) == []
+    assert (log.earliest_offset, log.next_offset) == (3, 3)
+    assert not log.retire_due(expiry + 10**12)  # an empty write segment has nothing to expire
+    assert log.append_many(stamped(1)) == 3
+    log.close()
+    log = open_log(tmp_path, max_bytes_per_file=SMALL)  # a restart finds the offsets as they were
+    assert (log.earliest_offset, log.next_offset, log.cursor("c").position) == (3, 4, 3)  # type: ignore[union-attr]
+    log.close()
+
+
+def test_size_retention_never_takes_the_write_segment(tmp_path: Path) -> None:
+    _, log = _full_log(tmp_path, count=3, retention_bytes=1)
+    read_all(log.create_cursor("c", "earliest"), settle=True)
+    files = segment_files(tmp_path)
+    log.sync()
+    assert segment_files(tmp_path) == files and not log.retire_due()
+    log.close()
+
+
 def test_size_retention_keeps_the_newest_segments(tmp_path: Path) -> None:
     msgs, log = _full_log(tmp_path, retention_bytes=3 * SMALL)
     cursor = log.create_cursor("c", "earliest")

@@ -48,6 +48,7 @@ __all__ = [
     "ConnectionClosed",
     "Wire",
     "connect_fixture",
+    "consume_exactly",
     "open_connections",
 ]
 
@@ -196,6 +197,30 @@ class Wire:
 
     async def aclose(self) -> None:
         await self.stream.aclose()
+
+
+EXTRA_WAIT_S = 0.2
+"""How long ``consume_exactly`` waits for a message too many: a daemon with the message ready
+sends it within a few scheduler rounds."""
+
+
+async def consume_exactly(
+    address: Address, topic: str, channel: str, count: int
+) -> list[bytes]:
+    """SUB on ``channel`` (NSQ's way: SUB creates it), FIN ``count`` messages, and fail if one
+    more arrives within ``EXTRA_WAIT_S``; their bodies, in the order received."""
+    wire = await Wire.connect(address)
+    await wire.sub(topic, channel, rdy=count + 10)
+    got = []
+    for _ in range(count):
+        m = await wire.message()
+        got.append(m.body)
+        await wire.fin(m.id)
+    with trio.move_on_after(EXTRA_WAIT_S):
+        extra = await wire.message()
+        raise AssertionError(f"one message too many: {extra.body!r}")
+    await wire.aclose()
+    return got
 
 
 class Connect:
