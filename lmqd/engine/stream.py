@@ -143,6 +143,10 @@ class TopicStream:
         cursor, sorted."""
         self.dropped_count = 0
         """Messages dropped because the tail was full (no log)."""
+        self.reader_lost_count = 0
+        """Offsets readers by offset asked for that were not stored (deleted by retention or
+        emptying, never written, lost to damage): ``/topic/read`` and ``/topic/offsets?from=``
+        count them, the Spark source's ``failOnDataLoss`` reports them (docs/http.md)."""
         self.wrote_backend = False
         """Whether the last ``append`` wrote to the log (a success there clears bad health)."""
         self._pins: dict[int, int] = {}
@@ -182,9 +186,11 @@ class TopicStream:
 
     @property
     def earliest_offset(self) -> int:
-        """The oldest offset stored (the log's, else the tail's)."""
-        if self.log is not None and self.log.earliest_offset < self.tail.start:
-            return self.log.earliest_offset
+        """The oldest offset stored (the log's, else the tail's: a log holding nothing, all its
+        messages read from memory, has no earliest of its own)."""
+        log = self.log
+        if log is not None and log.earliest_offset < min(log.next_offset, self.tail.start):
+            return log.earliest_offset
         return self.tail.start
 
     def offset_for_time(self, ts_ns: int) -> int:

@@ -10,9 +10,11 @@ of them exists in nsqd, and nsqd's own calls are unchanged (``/channel/create`` 
 * ``POST /channel/seek?topic=T&channel=C&to=POS``: move an existing channel's cursor; its
   in-flight, requeued and deferred messages stay and settle as usual. Answers
   ``{"offset": N}``, where it now reads from.
-* ``GET /topic/offsets?topic=T[&at=POS]``: ``{"topic", "earliest", "end", "pumped"[, "offset"]}``:
-  the offsets a tool can read (``earliest`` .. ``end`` - 1), where the channels are handed the
-  stream up to (``pumped``) and, with ``at``, the offset ``POS`` stands for.
+* ``GET /topic/offsets?topic=T[&at=POS][&from=N]``: ``{"topic", "earliest", "end", "pumped"[,
+  "offset"][, "lost"]}``: the offsets a tool can read (``earliest`` .. ``end`` - 1), where the
+  channels are handed the stream up to (``pumped``), with ``at`` the offset ``POS`` stands for,
+  and with ``from`` (a reader's position) how many offsets from ``N`` on are gone (``lost``:
+  those below ``earliest``), which the topic counts.
 * ``GET /topic/read?topic=T&offset=N[&count=M][&end=E][&format=json][&ext=1]``: the messages
   from offset ``N`` on, consuming nothing (the Spark source, ``lmqadmin tail --from``): binary
   frames by default, JSON on request (layouts in docs/http.md). Messages' priority and headers
@@ -20,6 +22,10 @@ of them exists in nsqd, and nsqd's own calls are unchanged (``/channel/create`` 
   adds each frame's extension block and answers ``X-Lmq-Ext: 1``, so that a reader that does
   not ask gets the frames it always got, and a reader that asks an older lmqd (which ignores
   ``ext``) can tell.
+
+Both reads count what a reader asked for and did not find (``TopicStream.reader_lost_count``,
+``reader_lost_count`` in ``/stats``): offsets below the earliest stored, and gaps in a read's
+range (never written, lost to damage).
 
 ``POS`` is ``earliest`` (the oldest message stored), ``latest`` (for a channel: what the topic
 hands on from now, nsqd's default; for ``/topic/offsets``: the end), an RFC 3339 time (the first
@@ -202,6 +208,11 @@ class ReplayApi:
         }
         if position is not None:
             answer["offset"] = resolve(stream, position, latest=stream.next_offset)
+        reader_at = self._count(query, "from", None)
+        if reader_at is not None:
+            lost = max(stream.earliest_offset - reader_at, 0)
+            stream.reader_lost_count += lost
+            answer["lost"] = lost
         return json_response(answer)
 
     async def topic_read(self, request: Request) -> Response:
@@ -219,6 +230,8 @@ class ReplayApi:
         entries, following = stream.read_entries(
             start, min(count, MAX_READ_COUNT), end, MAX_READ_BYTES
         )
+        # Every offset of [start, following) not among the entries was asked for and not stored.
+        stream.reader_lost_count += max(following - start - len(entries), 0)
         headers: tuple[tuple[str, str], ...] = (
             ("X-Lmq-Next-Offset", str(following)),
             ("X-Lmq-Earliest-Offset", str(stream.earliest_offset)),

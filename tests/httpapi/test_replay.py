@@ -250,3 +250,32 @@ async def test_read_carries_priority_and_headers_when_asked(
             ["attempts", "body", "id", "offset", "timestamp"],
         ]
         assert (messages[1]["priority"], messages[1]["headers"]) == (7, {"trace": "t-1", "k": "v"})
+
+
+async def test_offsets_a_reader_asks_for_and_does_not_find_are_counted(
+    start_daemon: StartDaemon,
+) -> None:
+    with trio.fail_after(TIMEOUT):
+        running = await start_daemon(http=True)
+        base = running.http
+        await publish(running, "t", [b"m%d" % i for i in range(10)])
+        # A channel reads them all from memory: they leave it without ever being written.
+        assert len(await consume(running, "t", "c", 10)) == 10
+        await publish(running, "t", [b"n%d" % i for i in range(3)])
+        r = await http(base, "GET", "/topic/offsets?topic=t")
+        assert (r.json()["earliest"], r.json()["end"], "lost" in r.json()) == (10, 13, False)
+        r = await http(base, "GET", "/topic/offsets?topic=t&from=4")
+        assert (r.json()["earliest"], r.json()["lost"]) == (10, 6)
+        r = await http(base, "GET", "/topic/offsets?topic=t&from=11")
+        assert r.json()["lost"] == 0
+        r = await http(base, "GET", "/topic/offsets?topic=t&from=x")
+        assert (r.status, r.json()) == (400, {"message": "INVALID_ARG_FROM"})
+        # A read from offset 8 gets 10.. and counts 8 and 9.
+        r = await http(base, "GET", "/topic/read?topic=t&offset=8&count=2")
+        assert [o for o, *_ in frames(r.body)] == [10, 11]
+        r = await http(base, "GET", "/topic/read?topic=t&offset=11")  # nothing missing
+        assert [o for o, *_ in frames(r.body)] == [11, 12]
+        r = await http(base, "GET", "/stats?format=json&topic=t")
+        assert r.json()["topics"][0]["reader_lost_count"] == 6 + 2
+        r = await http(base, "GET", "/metrics")
+        assert b'lmqd_topic_reader_lost_messages_total{topic="t"} 8.0' in r.body
