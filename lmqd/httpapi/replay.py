@@ -15,6 +15,9 @@ of them exists in nsqd, and nsqd's own calls are unchanged (``/channel/create`` 
   channels are handed the stream up to (``pumped``), with ``at`` the offset ``POS`` stands for,
   and with ``from`` (a reader's position) how many offsets from ``N`` on are gone (``lost``:
   those below ``earliest``), which the topic counts.
+* ``GET /topics/offsets[?topics=A,B]``: ``{"topics": {"A": {"earliest", "end", "pumped"}}}``
+  for every topic (or those named that exist) in one answer: a reader of many topics (the Spark
+  source's ``subscribe``, ``subscribePattern``) asks each node once per micro-batch.
 * ``GET /topic/read?topic=T&offset=N[&count=M][&end=E][&format=json][&ext=1]``: the messages
   from offset ``N`` on, consuming nothing (the Spark source, ``lmqadmin tail --from``): binary
   frames by default, JSON on request (layouts in docs/http.md). Messages' priority and headers
@@ -35,8 +38,9 @@ Errors follow nsqd's style (``{"message": "CODE"}``): 400 ``MISSING_ARG_TOPIC`` 
 ``INVALID_ARG_TOPIC`` / ``MISSING_ARG_CHANNEL`` / ``INVALID_ARG_CHANNEL``, 404
 ``TOPIC_NOT_FOUND`` / ``CHANNEL_NOT_FOUND``, 400 ``INVALID_ARG_FROM`` / ``MISSING_ARG_TO`` /
 ``INVALID_ARG_TO`` / ``INVALID_ARG_AT`` / ``MISSING_ARG_OFFSET`` / ``INVALID_ARG_OFFSET`` /
-``INVALID_ARG_COUNT`` / ``INVALID_ARG_END``, and 400 ``NOT_STORED`` for a channel that keeps
-nothing (ephemeral: it has no cursor to move). The binary frames are ``lmqd.message.READ_FRAME``.
+``INVALID_ARG_COUNT`` / ``INVALID_ARG_END`` / ``INVALID_ARG_TOPICS``, and 400 ``NOT_STORED``
+for a channel that keeps nothing (ephemeral: it has no cursor to move). The binary frames are
+``lmqd.message.READ_FRAME``.
 """
 
 from __future__ import annotations
@@ -55,7 +59,7 @@ from lmqd.engine.topic import Topic
 from lmqd.httpapi import args
 from lmqd.httpapi.asgi import HttpError, Query, Request, Response, json_response
 from lmqd.message import READ_CONTENT_TYPE, Message, encode_read_frames
-from lmqd.names import is_ephemeral
+from lmqd.names import is_ephemeral, valid_name
 from lmqd.units import MiB
 
 if TYPE_CHECKING:
@@ -214,6 +218,27 @@ class ReplayApi:
             stream.reader_lost_count += lost
             answer["lost"] = lost
         return json_response(answer)
+
+    async def topics_offsets(self, request: Request) -> Response:
+        query = self._query(request)
+        topics = self.broker.topics
+        listed = query.get("topics")
+        if listed is None:
+            chosen = list(topics.values())
+        else:
+            names = [name for name in listed.split(",") if name]
+            if not all(valid_name(name) for name in names):
+                raise HttpError(400, "INVALID_ARG_TOPICS")
+            chosen = [topics[name] for name in dict.fromkeys(names) if name in topics]
+        answer = {}
+        for topic in chosen:
+            stream = topic.stream
+            answer[topic.name] = {
+                "earliest": stream.earliest_offset,
+                "end": stream.next_offset,
+                "pumped": stream.pumped,
+            }
+        return json_response({"topics": answer})
 
     async def topic_read(self, request: Request) -> Response:
         query = self._query(request)

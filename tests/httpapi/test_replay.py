@@ -279,3 +279,22 @@ async def test_offsets_a_reader_asks_for_and_does_not_find_are_counted(
         assert r.json()["topics"][0]["reader_lost_count"] == 6 + 2
         r = await http(base, "GET", "/metrics")
         assert b'lmqd_topic_reader_lost_messages_total{topic="t"} 8.0' in r.body
+
+
+async def test_the_offsets_of_many_topics_in_one_answer(start_daemon: StartDaemon) -> None:
+    with trio.fail_after(TIMEOUT):
+        running = await start_daemon(http=True)
+        base = running.http
+        await publish(running, "a", [b"1", b"2"])
+        await publish(running, "b", [b"3"])
+        r = await http(base, "GET", "/topics/offsets")
+        assert r.json() == {"topics": {
+            "a": {"earliest": 0, "end": 2, "pumped": 0},
+            "b": {"earliest": 0, "end": 1, "pumped": 0},
+        }}
+        r = await http(base, "GET", "/topics/offsets?topics=b,nope,b")
+        assert r.json() == {"topics": {"b": {"earliest": 0, "end": 1, "pumped": 0}}}
+        r = await http(base, "GET", "/topics/offsets?topics=")
+        assert r.json() == {"topics": {}}
+        r = await http(base, "GET", "/topics/offsets?topics=a,bad!")
+        assert (r.status, r.json()) == (400, {"message": "INVALID_ARG_TOPICS"})
