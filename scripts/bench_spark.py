@@ -1,20 +1,29 @@
-"""Benchmark the Spark sink: rows/s from a local Spark job into one lmqd, median of several runs.
+"""Benchmark the Spark sink beside NSQ's bench_writer, and an lmq -> Spark -> lmq pipeline.
 
     .venv/bin/python scripts/bench_spark.py [--rows 1000000] [--runs 3] [--partitions 2]
         [--size 16] [--address HOST:PORT] [--rows-writer] [--batch-size 1000]
+        [--nsq-bin DIR] [--writer-seconds 5] [--pipeline] [--per-trigger 200000]
 
 Starts its own lmqd (``python -m lmqd`` on 127.0.0.1, port 0, data in a temporary directory,
 default flags) unless ``--address`` names a running one, and a local SparkSession
 (``local[2]``, no UI). Each run writes ``--rows`` rows of a ``--size``-byte string column
 (``"event-<id>"`` padded) with ``df.write.format("lmq")`` to a fresh topic, and is timed from the
-``save()`` call to its return, i.e. until every MPUB was answered ``OK``. For comparison it also
-times:
+``save()`` call to its return, i.e. until every MPUB was answered ``OK``. Beside it:
 
+* ``bench_writer``: NSQ's own publisher benchmark (``bench_writer`` from NSQ v1.3.0, in
+  ``--nsq-bin``, default ``$LMQ_NSQ_BIN`` or ``.nsq/bin``: ``/work/shared/nsq/install`` puts it
+  there) publishing ``--size``-byte messages in MPUBs of ``--batch-size`` to the same daemon for
+  ``--writer-seconds``, one publisher per CPU as NSQ runs it: the ideal client, what the daemon
+  takes from publishers that do nothing else;
 * ``noop``: the same DataFrame written to Spark's ``noop`` sink: Spark's own cost of producing
   the rows, the floor under any sink;
 * ``lmq-rows`` (with ``--rows-writer``): the same publisher fed row by row through the plain
-  ``DataSourceWriter`` API (Spark converts each Arrow batch to ``Row`` objects first), to show
-  what the Arrow path saves.
+  ``DataSourceWriter`` API (Spark converts each Arrow batch to ``Row`` objects first);
+* ``pipeline`` (with ``--pipeline``): ``--rows`` retained messages read by the lmq source and
+  written by the lmq sink to another topic of the same daemon, a stream with
+  ``Trigger.AvailableNow``, ``maxOffsetsPerTrigger`` ``--per-trigger``, ``failOnDataLoss`` and
+  dedup ids on (the defaults): exactly-once end to end; timed from ``start()`` until the query
+  stops by itself, every message then in the output topic.
 
 Prints one line per run and the medians. The daemon holds the messages (no channel consumes
 them): past ``--mem-queue-size`` (10 000 by default) they go to its disk queue, as in production.
@@ -25,7 +34,9 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -46,6 +57,8 @@ from lmq_client.sync import Producer
 # The checkout's root on sys.path: the lmqd subprocess helper is shared with the tests.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tests.support.process import LmqdProcess, start_lmqd
+
+ROOT = Path(__file__).resolve().parent.parent
 
 log = logging.getLogger("bench_spark")
 
@@ -94,6 +107,49 @@ def timed(save: Any) -> float:
     return time.perf_counter() - started
 
 
+BENCH_WRITER_RATE = re.compile(r"([0-9.]+)ops/s")
+
+
+def bench_writer(binary: Path, address: str, args: argparse.Namespace) -> float:
+    """NSQ's bench_writer against ``address``: messages per second it published."""
+    out = subprocess.run(
+        [str(binary), f"--nsqd-tcp-address={address}", f"--topic=bench-{uuid.uuid4().hex[:8]}",
+         f"--size={args.size}", f"--batch-size={args.batch_size}",
+         f"--runfor={args.writer_seconds}s"],
+        capture_output=True, text=True, check=True, timeout=args.writer_seconds + 60,
+    )  # fmt: skip
+    found = BENCH_WRITER_RATE.search(out.stdout + out.stderr)
+    if found is None:
+        raise SystemExit(f"bench_writer said nothing of its rate: {out.stdout}{out.stderr}")
+    return float(found.group(1))
+
+
+def pipeline(spark: SparkSession, address: str, checkpoint: str, args: argparse.Namespace
+             ) -> float:  # fmt: skip
+    """Seconds an AvailableNow stream takes to move ``--rows`` messages from one topic to
+    another through Spark (lmq source -> lmq sink)."""
+    source, target = f"in-{uuid.uuid4().hex[:8]}", f"out-{uuid.uuid4().hex[:8]}"
+    body = b"x" * args.size
+    with Producer(address) as producer:
+        for start in range(0, args.rows, 1000):
+            producer.mpub(source, [body] * min(1000, args.rows - start))
+    query = (
+        spark.readStream.format("lmq").option("address", address).option("topic", source)
+        .option("startingOffsets", "earliest")
+        .option("maxOffsetsPerTrigger", str(args.per_trigger)).load().select("value")
+        .writeStream.format("lmq").option("address", address).option("topic", target)
+        .option("batchSize", str(args.batch_size)).option("checkpointLocation", checkpoint)
+        .trigger(availableNow=True)
+    )  # fmt: skip
+    started = time.perf_counter()
+    running = query.start()
+    running.awaitTermination()
+    seconds = time.perf_counter() - started
+    rows = sum(p["numInputRows"] for p in running.recentProgress)
+    assert rows == args.rows, rows
+    return seconds
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
@@ -104,14 +160,25 @@ def main() -> None:
     parser.add_argument("--address", help="a running daemon (default: start one)")
     parser.add_argument("--rows-writer", action="store_true",
                         help="also time the row-by-row writer")
+    parser.add_argument("--nsq-bin", type=Path,
+                        default=Path(os.environ.get("LMQ_NSQ_BIN", ROOT / ".nsq" / "bin")))
+    parser.add_argument("--writer-seconds", type=int, default=5)
+    parser.add_argument("--pipeline", action="store_true",
+                        help="also time an lmq -> Spark -> lmq stream (AvailableNow)")
+    parser.add_argument("--per-trigger", type=int, default=200_000)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    writer = args.nsq_bin / "bench_writer"
+    if not writer.exists():
+        raise SystemExit(f"no {writer}: extract NSQ's programs there (/work/shared/nsq/install "
+                         f"{args.nsq_bin}) or name them with --nsq-bin or LMQ_NSQ_BIN")
 
     with tempfile.TemporaryDirectory(prefix="bench-spark-") as tmp:
         daemon: LmqdProcess | None = None
         address = args.address
         if address is None:
-            daemon = start_lmqd(Path(tmp) / "lmqd", http=False)
+            daemon = start_lmqd(Path(tmp) / "lmqd", ["--retention-ms=3600000"] if args.pipeline
+                                else [], http=args.pipeline)  # fmt: skip
             address = daemon.tcp_address
         try:
             spark = local_session("lmq-bench", install_java=True, log_level="ERROR")
@@ -138,11 +205,23 @@ def main() -> None:
                 lmq(fmt, small)()
             df.write.format("noop").mode("overwrite").save()
             results: dict[str, list[float]] = {name: [] for name in variants}
+            results["bench_writer"] = []
+            if args.pipeline:
+                results["pipeline"] = []
             for run in range(1, args.runs + 1):
                 for name, save in variants.items():
                     seconds = timed(save)
-                    results[name].append(seconds)
-                    log.info("run %d %-9s %7.2f s  %9.0f rows/s", run, name, seconds,
+                    results[name].append(args.rows / seconds)
+                    log.info("run %d %-12s %7.2f s  %9.0f rows/s", run, name, seconds,
+                             args.rows / seconds)
+                rate = bench_writer(writer, address, args)
+                results["bench_writer"].append(rate)
+                log.info("run %d %-12s %7d s  %9.0f msgs/s", run, "bench_writer",
+                         args.writer_seconds, rate)
+                if args.pipeline:
+                    seconds = pipeline(spark, address, f"{tmp}/checkpoint-{run}", args)
+                    results["pipeline"].append(args.rows / seconds)
+                    log.info("run %d %-12s %7.2f s  %9.0f rows/s", run, "pipeline", seconds,
                              args.rows / seconds)
             spark.stop()
         finally:
@@ -150,11 +229,12 @@ def main() -> None:
                 daemon.terminate(60)
     cpus = os.cpu_count()
     print(f"{args.rows} rows of {args.size} bytes, {args.partitions} partitions, "
-          f"batchSize {args.batch_size}, {args.runs} runs, {cpus} CPUs")
-    for name, times in results.items():
-        median = statistics.median(times)
-        print(f"{name:>9}: median {median:6.2f} s = {args.rows / median:9.0f} rows/s "
-              f"(runs: {', '.join(f'{t:.2f}' for t in times)})")
+          f"batchSize {args.batch_size}, {args.runs} runs, {cpus} CPUs; medians:")
+    ideal = statistics.median(results["bench_writer"])
+    for name, rates in results.items():
+        median = statistics.median(rates)
+        print(f"{name:>12}: {median:9.0f} rows/s ({median / ideal:5.0%} of bench_writer; "
+              f"runs: {', '.join(f'{r:.0f}' for r in rates)})")
 
 
 if __name__ == "__main__":
