@@ -31,7 +31,7 @@ from typing import Literal
 from lmq_client._util import address_list, check_name
 from lmq_client.lookupd import lookupd_addresses
 from lmq_client.spark.offsets import EARLIEST, ByNode, parse_by_node
-from lmq_client.spark.options import canonical_options
+from lmq_client.spark.options import bool_option, canonical_options
 
 __all__ = [
     "DEFAULT_LOOKUPD_POLL_INTERVAL_MS",
@@ -216,8 +216,8 @@ class SourceOptions:
                 DEFAULT_MAX_TRIGGER_DELAY_S if "maxTriggerDelay" not in given
                 else parse_duration(given["maxTriggerDelay"], "maxTriggerDelay")
             ),
-            fail_on_data_loss=_boolean(given, "failOnDataLoss", default=True),
-            include_headers=_boolean(given, "includeHeaders", default=False),
+            fail_on_data_loss=bool_option(given, "failOnDataLoss", default=True, who="source"),
+            include_headers=bool_option(given, "includeHeaders", who="source"),
             partition_size=(
                 DEFAULT_PARTITION_SIZE if size is None else _integer(size, "partitionSize", 1)
             ),
@@ -332,16 +332,6 @@ def _integer(raw: str, name: str, minimum: int) -> int:
 def _optional(given: Mapping[str, str], name: str, minimum: int) -> int | None:
     raw = given.get(name)
     return None if raw is None else _integer(raw, name, minimum)
-
-
-def _boolean(given: Mapping[str, str], name: str, *, default: bool) -> bool:
-    raw = given.get(name)
-    if raw is None:
-        return default
-    value = raw.strip().lower()
-    if value not in ("true", "false"):
-        raise ValueError(f"lmq source: option {name!r} must be true or false, not {raw!r}")
-    return value == "true"
 
 
 def _seconds(raw: str | None, default: float) -> float:

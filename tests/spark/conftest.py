@@ -24,7 +24,7 @@ from pyspark.sql import SparkSession
 
 from lmq_client.http import HTTPClient
 from lmq_client.spark import local_session
-from lmq_client.sync import Consumer
+from lmq_client.sync import Consumer, Producer
 from tests.support.process import LmqdProcess, start_lmqd, stop_lmqd
 
 # A Spark job in these tests handles at most a few thousand rows: seconds on an idle machine.
@@ -87,6 +87,18 @@ def daemon(daemons: list[LmqdProcess]) -> LmqdProcess:
 def topic() -> str:
     """A fresh topic name for this test."""
     return f"spark-{uuid.uuid4().hex[:12]}"
+
+
+def publish(daemon: LmqdProcess, topic: str, bodies: list[bytes]) -> None:
+    """``bodies`` into ``topic`` in one MPUB."""
+    with Producer(daemon.tcp_address) as producer:
+        producer.mpub(topic, bodies)
+
+
+def http_address(daemon: LmqdProcess) -> str:
+    """The daemon's HTTP address (the node's name in the source's offsets and rows)."""
+    assert daemon.http_address is not None
+    return daemon.http_address
 
 
 @contextlib.contextmanager

@@ -90,6 +90,22 @@ def _run(command: list[str], log: Path) -> None:
         assert code == 0, f"job failed ({code}); see {log}:\n{log.read_text()[-3000:]}"
 
 
+def _kill_once_published(command: list[str], signal_file: Path, log: Path) -> None:
+    """Run the job until its hanging task says (``signal_file``) that batch 1's partition 0
+    has published every row and waits, then ``kill -9`` the driver with its JVM and the task's
+    worker."""
+    with _job(command, log) as process:
+        deadline = time.monotonic() + SIGNAL_TIMEOUT_S
+        while not signal_file.exists() or not signal_file.read_text():
+            assert process.poll() is None, f"job ended before the fault; see {log}"
+            assert time.monotonic() < deadline, f"batch 1 never published; see {log}"
+            time.sleep(0.1)
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(10)
+    with contextlib.suppress(ProcessLookupError):  # the task's worker, in pyspark's own group
+        os.kill(int(signal_file.read_text()), signal.SIGKILL)
+
+
 def _drain(daemon: LmqdProcess, topic: str, expected: set[bytes]) -> collections.Counter[bytes]:
     return collections.Counter(receive_at_least(daemon.tcp_address, topic, expected))
 
@@ -127,18 +143,7 @@ def test_a_driver_killed_before_a_published_batch_was_committed(
     log = tmp_path / "job.log"
     command = _job_command(tmp_path, daemon, topic, *flags, "--hang-batch", "1",
                            "--hang-signal", str(signal_file))  # fmt: skip
-    with _job(command, log) as process:
-        deadline = time.monotonic() + SIGNAL_TIMEOUT_S
-        while not signal_file.exists() or not signal_file.read_text():
-            assert process.poll() is None, f"job ended before the fault; see {log}"
-            assert time.monotonic() < deadline, f"batch 1 never published; see {log}"
-            time.sleep(0.1)
-        # Batch 1's partition 0 has published every row and waits: kill the driver and its JVM.
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait(10)
-    hung = int(signal_file.read_text())
-    with contextlib.suppress(ProcessLookupError):  # the task's worker, in pyspark's own group
-        os.kill(hung, signal.SIGKILL)
+    _kill_once_published(command, signal_file, log)
     checkpoint = tmp_path / "checkpoint"
     assert (checkpoint / "offsets" / "1").exists() and not (checkpoint / "commits" / "1").exists()
     # The same query (same checkpoint, so the same query id) starts again and re-runs batch 1.
@@ -175,16 +180,8 @@ def test_a_pipeline_from_lmq_to_lmq_is_exactly_once_across_a_driver_kill(
         "--address", daemon.tcp_address, "--topic", topic, "--source-topic", source,
         "--per-trigger", "50",
     ]  # fmt: skip
-    with _job([*command, "--hang-batch", "1", "--hang-signal", str(signal_file)], log) as process:
-        deadline = time.monotonic() + SIGNAL_TIMEOUT_S
-        while not signal_file.exists() or not signal_file.read_text():
-            assert process.poll() is None, f"job ended before the fault; see {log}"
-            assert time.monotonic() < deadline, f"batch 1 never published; see {log}"
-            time.sleep(0.1)
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait(10)
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(int(signal_file.read_text()), signal.SIGKILL)
+    _kill_once_published([*command, "--hang-batch", "1", "--hang-signal", str(signal_file)],
+                         signal_file, log)  # fmt: skip
     checkpoint = tmp_path / "ck"
     assert (checkpoint / "offsets" / "1").exists() and not (checkpoint / "commits" / "1").exists()
     offsets = json.loads((checkpoint / "offsets" / "1").read_text().splitlines()[-1])

@@ -30,17 +30,14 @@ from lmq_client.spark.source_read import LmqPartition, read_partition
 from lmq_client.sync import Producer
 from tests.support.process import LmqdProcess
 
-from .conftest import drain_and_expire, receive, retain_little, spark_guard
-
-
-def publish(daemon: LmqdProcess, topic: str, bodies: list[bytes]) -> None:
-    with Producer(daemon.tcp_address) as producer:
-        producer.mpub(topic, bodies)
-
-
-def http_address(daemon: LmqdProcess) -> str:
-    assert daemon.http_address is not None
-    return daemon.http_address
+from .conftest import (
+    drain_and_expire,
+    http_address,
+    publish,
+    receive,
+    retain_little,
+    spark_guard,
+)
 
 
 def closed_port() -> int:

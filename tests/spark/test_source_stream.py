@@ -24,23 +24,19 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
 from lmq_client.http import HTTPClient
-from lmq_client.sync import Producer
 from tests.support.process import LmqdProcess
 
-from .conftest import JOB_TIMEOUT_S, drain_and_expire, retain_little, spark_guard
+from .conftest import (
+    JOB_TIMEOUT_S,
+    drain_and_expire,
+    http_address,
+    publish,
+    retain_little,
+    spark_guard,
+)
 
 Row = tuple[str, int, bytes]
 """``(topic, offset, value)`` of a row read."""
-
-
-def publish(daemon: LmqdProcess, topic: str, bodies: list[bytes]) -> None:
-    with Producer(daemon.tcp_address) as producer:
-        producer.mpub(topic, bodies)
-
-
-def http_address(daemon: LmqdProcess) -> str:
-    assert daemon.http_address is not None
-    return daemon.http_address
 
 
 class Collected:
