@@ -20,18 +20,22 @@ directory, ``--retention-ms`` of an hour so the topic keeps every message on dis
   together and timed until the last is done. What a reader by offset gets from the daemon at
   best on this machine: the bar the Spark source is measured against.
 
-Prints one line per run and the medians.
+Each line gives the rate and the CPU time per row of the daemon and of the client (Spark's JVM
+with its Python workers, or the ideal readers; from ``/proc``): where the time goes on a machine
+whose cores they share. Prints one line per run and the medians.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from typing import Any, NamedTuple
 
 from lmq_client.http import HTTPClient
 from lmq_client.spark import local_session
@@ -39,7 +43,7 @@ from lmq_client.sync import Producer
 
 # The checkout's root on sys.path: the lmqd subprocess helper is shared with the tests.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.support.process import start_lmqd, stop_lmqd
+from tests.support.process import start_lmqd, stop_lmqd, tree_cpu_seconds
 
 TOPIC = "source-bench"
 MPUB = 1000
@@ -53,28 +57,40 @@ def publish(tcp: str, messages: int, size: int) -> None:
             producer.mpub(TOPIC, [body] * min(MPUB, messages - start))
 
 
-def read_range(http: str, start: int, end: int) -> int:
-    """Messages of ``[start, end)`` read by offset (one reader process)."""
+def read_range(http: str, start: int, end: int) -> tuple[int, float]:
+    """Messages of ``[start, end)`` read by offset (one reader process), and its CPU seconds."""
+    cpu = time.process_time()
     client = HTTPClient(http, timeout=30)
     position, got = start, 0
     while position < end:
         batch, position = client.read(TOPIC, position, min(READ_COUNT, end - position))
         got += len(batch)
-    return got
+    return got, time.process_time() - cpu
 
 
-def read_ideal(pool: ProcessPoolExecutor, http: str, messages: int, readers: int) -> float:
-    """Seconds ``readers`` processes take to read every message by offset together."""
+def read_ideal(pool: ProcessPoolExecutor, http: str, messages: int, readers: int
+               ) -> tuple[float, float]:  # fmt: skip
+    """Seconds ``readers`` processes take to read every message by offset together, and the
+    CPU seconds they used."""
     share = -(-messages // readers)
     started = time.perf_counter()
     futures = [
         pool.submit(read_range, http, start, min(start + share, messages))
         for start in range(0, messages, share)
     ]
-    got = sum(f.result() for f in futures)
+    answers = [f.result() for f in futures]
     seconds = time.perf_counter() - started
-    assert got == messages, got
-    return seconds
+    assert sum(n for n, _ in answers) == messages, answers
+    return seconds, sum(cpu for _, cpu in answers)
+
+
+class Run(NamedTuple):
+    """One variant's run: rows per second, and CPU microseconds per row of the daemon and of
+    the client (Spark's JVM with its Python workers, or the ideal readers)."""
+
+    rate: float
+    daemon_us: float
+    client_us: float
 
 
 def main() -> None:
@@ -86,6 +102,7 @@ def main() -> None:
     parser.add_argument("--readers", type=int, default=2)
     parser.add_argument("--per-trigger", type=int, default=250_000)
     args = parser.parse_args()
+    results: dict[str, list[Run]] = {}
     with tempfile.TemporaryDirectory(prefix="lmq-spark-source-") as data:
         daemon = start_lmqd(Path(data) / "lmqd", ["--retention-ms=3600000"])
         try:
@@ -124,29 +141,42 @@ def main() -> None:
                 return seconds
 
             batch()  # warm-up, not timed: the JVM's code paths and the Python workers
-            results: dict[str, list[float]] = {"batch": [], "stream": [], "ideal": []}
+            gateway: Any = spark.sparkContext._jvm
+            jvm = int(gateway.java.lang.ProcessHandle.current().pid())
+            rows = args.messages
+
+            def record(name: str, run: int, seconds: float, daemon_cpu: float, client_cpu: float
+                       ) -> None:  # fmt: skip
+                result = Run(rows / seconds, daemon_cpu / rows * 1e6, client_cpu / rows * 1e6)
+                results.setdefault(name, []).append(result)
+                print(f"run {run} {name:>6}: {result.rate:9,.0f} rows/s, CPU per row: daemon "
+                      f"{result.daemon_us:.2f} us, client {result.client_us:.2f} us", flush=True)
+
             with ProcessPoolExecutor(args.readers) as pool:
-                read_ideal(pool, daemon.http_address, min(args.messages, 100_000), args.readers)
+                read_ideal(pool, daemon.http_address, min(rows, 100_000), args.readers)
                 for run in range(1, args.runs + 1):
-                    results["batch"].append(batch())
-                    results["stream"].append(stream(run))
-                    results["ideal"].append(
-                        read_ideal(pool, daemon.http_address, args.messages, args.readers)
-                    )
-                    print(f"run {run}: " + ", ".join(
-                        f"{name} {args.messages / times[-1]:,.0f} rows/s"
-                        for name, times in results.items()
-                    ), flush=True)  # fmt: skip
+                    for name in ("batch", "stream"):
+                        daemon_cpu, spark_cpu = daemon.cpu_seconds(), tree_cpu_seconds(jvm)
+                        seconds = batch() if name == "batch" else stream(run)
+                        record(name, run, seconds, daemon.cpu_seconds() - daemon_cpu,
+                               tree_cpu_seconds(jvm) - spark_cpu)  # fmt: skip
+                    daemon_cpu = daemon.cpu_seconds()
+                    seconds, readers_cpu = read_ideal(pool, daemon.http_address, rows,
+                                                      args.readers)  # fmt: skip
+                    record("ideal", run, seconds, daemon.cpu_seconds() - daemon_cpu, readers_cpu)
             spark.stop()
         finally:
             stop_lmqd(daemon)
     print(f"{args.messages:,} messages of {args.size} B, partitionSize {args.partition_size}, "
-          f"{args.readers} ideal readers, {args.runs} runs; medians:")
-    ideal = statistics.median(results["ideal"])
-    for name, times in results.items():
-        median = statistics.median(times)
-        print(f"{name:>7}: {median:6.2f} s = {args.messages / median:9,.0f} rows/s "
-              f"({ideal / median:4.0%} of ideal; runs: {', '.join(f'{t:.2f}' for t in times)})")
+          f"{args.readers} ideal readers, {args.runs} runs, load {os.getloadavg()[0]:.1f}; "
+          "medians:")
+    ideal = statistics.median(r.rate for r in results["ideal"])
+    for name, runs in results.items():
+        rate = statistics.median(r.rate for r in runs)
+        print(f"{name:>7}: {rate:9,.0f} rows/s ({rate / ideal:4.0%} of ideal), CPU per row: "
+              f"daemon {statistics.median(r.daemon_us for r in runs):.2f} us, client "
+              f"{statistics.median(r.client_us for r in runs):.2f} us "
+              f"(runs: {', '.join(f'{r.rate:,.0f}' for r in runs)})")
 
 
 if __name__ == "__main__":

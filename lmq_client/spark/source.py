@@ -338,8 +338,10 @@ class LmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         wanted = directory.wanted()
         listed = set(wanted)
         for topic, node, _ in start.pairs():
-            if node in listed:
-                wanted[node].add(topic)  # a topic gone from a node shows as gone
+            # A topic gone from a node shows as gone; one the query no longer reads (taken out
+            # of ``subscribe``) keeps its offsets, unread.
+            if node in listed and options.reads(topic):
+                wanted[node].add(topic)
         answers = directory.ask(wanted)
         self._warn_absent(answers)
         known: dict[Pair, Known | None] = {}
