@@ -51,8 +51,12 @@ class NodeDirectory:
         self.spellings = NodeSpellings()
         self._given: dict[str, str | None] = dict.fromkeys(options.addresses)
         """``address`` entries and the node each one is (None: not found yet)."""
+        self._http: list[str] = []
+        """``httpAddress`` entries, one per node (two spellings of one daemon are one)."""
         for address in options.http_addresses:
-            self.spellings.add(address)
+            if self.spellings.node_of(address) is None:
+                self.spellings.add(address)
+                self._http.append(address)
         self._listed: dict[str, frozenset[str]] = {}
         """Nodes the lookupds list, with their topics."""
         self._topics: set[str] = set(options.topics)
@@ -82,6 +86,7 @@ class NodeDirectory:
                 log.warning("SPARK(%s): %s not reached; tried again in %gs",
                             self._name(), address, self.options.lookupd_poll_interval_s)
                 continue
+            node = self.spellings.node_of(node) or node  # one daemon given twice is one node
             self._given[address] = node
             self.spellings.add(node, address)
         if self.options.lookupd_addresses:
@@ -101,7 +106,8 @@ class NodeDirectory:
                 continue
             for entry in found:
                 topics = {t for t in entry.topics if t not in entry.tombstoned}
-                listed.setdefault(entry.http_address, set()).update(topics)
+                node = self.spellings.node_of(entry.http_address) or entry.http_address
+                listed.setdefault(node, set()).update(topics)
         if len(failures) == len(self.options.lookupd_addresses):
             if required:
                 raise LmqClientError(
@@ -127,7 +133,7 @@ class NodeDirectory:
     def direct_nodes(self) -> list[str]:
         """The nodes given by address (found so far) and by HTTP address."""
         found = [node for node in self._given.values() if node is not None]
-        return list(dict.fromkeys([*found, *self.options.http_addresses]))
+        return list(dict.fromkeys([*found, *self._http]))
 
     def topics(self) -> set[str]:
         """The topics read, as known now."""
@@ -176,7 +182,7 @@ class NodeDirectory:
         given = [a for a, n in self._given.items() if n == node]
         if given:
             return f"option 'address' ({given[0]})" if given[0] != node else "option 'address'"
-        if node in self.options.http_addresses:
+        if node in self._http:
             return "option 'httpAddress'"
         return "a node the lookupds list"
 

@@ -113,6 +113,12 @@ def test_the_same_address_writes_and_reads(
     got = rows(read, "value", "node")
     assert sorted(v for v, _ in got) == [b"0", b"1", b"2", b"3", b"4"]
     assert {n for _, n in got} == {http_address(daemon)}
+    # One daemon given several ways is one node: each message is read once.
+    tcp_port = daemon.tcp_address.rpartition(":")[2]
+    http_port = http_address(daemon).rpartition(":")[2]
+    twice = reader(spark, address=f"{daemon.tcp_address},localhost:{tcp_port}", topic=topic,
+                   httpAddress=f"localhost:{http_port}").load()  # fmt: skip
+    assert len(rows(twice, "value")) == 5
 
 
 # -- columns -------------------------------------------------------------------------------------
