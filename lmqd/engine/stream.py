@@ -414,14 +414,12 @@ class TopicStream:
         self.byte_marks.forget_below(low)
 
     def reset_unpumped(self) -> None:
-        """Topic empty (nsqd): drop the messages not yet handed to the channels. Their offsets
-        in memory are given again (nobody saw them); the log's are skipped by every cursor."""
-        old = self.pumped
-        tail = self.tail
-        if len(tail) and old < tail.end:
-            tail.truncate(max(old, tail.start))
-            self.next_offset = tail.end
-        self._skip_unpumped(old, self.next_offset)
+        """Topic empty (nsqd): drop the messages not yet handed to the channels: every cursor
+        steps over them, and memory forgets them as soon as no channel holds an older one
+        (``drop_unpumped``'s way). Their offsets are never given again: a reader by offset
+        (the Spark source) that read them finds them gone, not new messages in their place."""
+        self._skip_unpumped(self.pumped, self.next_offset)
+        self.trim()
 
     def drop_unpumped(self, count: int) -> int:
         """``overflow="drop_oldest"``: drop the oldest ``count`` messages not yet handed to the

@@ -298,3 +298,21 @@ async def test_the_offsets_of_many_topics_in_one_answer(start_daemon: StartDaemo
         assert r.json() == {"topics": {}}
         r = await http(base, "GET", "/topics/offsets?topics=a,bad!")
         assert (r.status, r.json()) == (400, {"message": "INVALID_ARG_TOPICS"})
+
+
+async def test_emptying_a_topic_never_gives_its_offsets_again(start_daemon: StartDaemon) -> None:
+    # A reader by offset that read the emptied messages must find them gone, not new messages
+    # in their place (the Spark source would skip those silently).
+    with trio.fail_after(TIMEOUT):
+        running = await start_daemon(http=True)
+        base = running.http
+        await publish(running, "t", [b"m%d" % i for i in range(5)])  # in memory, no channel
+        r = await http(base, "POST", "/topic/empty?topic=t")
+        assert r.status == 200
+        await publish(running, "t", [b"n0", b"n1"])
+        r = await http(base, "GET", "/topic/read?topic=t&offset=0")
+        assert [(o, b) for o, *_, b in frames(r.body)] == [(5, b"n0"), (6, b"n1")]
+        r = await http(base, "GET", "/topic/offsets?topic=t&from=3")
+        assert (r.json()["earliest"], r.json()["end"], r.json()["lost"]) == (5, 7, 2)
+        # nsqd's behaviour for consumers is unchanged: a channel gets what came after
+        assert await consume(running, "t", "c", 2) == [b"n0", b"n1"]
