@@ -60,9 +60,6 @@ class SourceOffsets:
     def get(self, topic: str, node: str) -> int | None:
         return self.positions.get(topic, {}).get(node)
 
-    def lost_at(self, topic: str, node: str) -> int:
-        return self.lost.get(topic, {}).get(node, 0)
-
     def to_json(self) -> dict[str, Any]:
         """The JSON object Spark keeps (sorted, so equal offsets are equal JSON)."""
         doc: dict[str, Any] = {
@@ -84,16 +81,8 @@ class SourceOffsets:
                     "lmq source) and the query reads several; start it on a new checkpoint"
                 )
             return cls({topics[0]: {str(k): int(v) for k, v in doc.items()}})
-        positions: ByNode = {}
-        lost: ByNode = {}
-        for key, nodes in doc.items():
-            target = lost if key == LOST_KEY else positions
-            if key == LOST_KEY:
-                for topic, counts in nodes.items():
-                    target[str(topic)] = {str(k): int(v) for k, v in counts.items()}
-            else:
-                target[str(key)] = {str(k): int(v) for k, v in nodes.items()}
-        return cls(positions, lost)
+        positions = {t: n for t, n in doc.items() if t != LOST_KEY}
+        return cls(_by_node(positions), _by_node(doc.get(LOST_KEY, {})))
 
     def respelled(self, spellings: NodeSpellings) -> SourceOffsets:
         """The same offsets keyed by the nodes known now: a key that is another spelling of a
@@ -110,6 +99,10 @@ class SourceOffsets:
             return out
 
         return SourceOffsets(respell(self.positions), respell(self.lost))
+
+
+def _by_node(value: Mapping[str, Mapping[str, Any]]) -> ByNode:
+    return {str(t): {str(n): int(o) for n, o in nodes.items()} for t, nodes in value.items()}
 
 
 def parse_by_node(
