@@ -25,6 +25,7 @@ lmqd_topic_overflow_dropped_messages_total            counter   topic
 lmqd_topic_overflow_refused_messages_total            counter   topic
 lmqd_topic_rate_limited_messages_total                counter   topic
 lmqd_topic_deduplicated_messages_total                counter   topic
+lmqd_topic_reader_lost_messages_total                 counter   topic
 lmqd_channel_depth / _backend_depth                   gauge     topic, channel
 lmqd_channel_priority_depth (of depth, per level)      gauge     topic, channel, priority
 lmqd_channel_in_flight / _deferred / _clients         gauge     topic, channel
@@ -78,6 +79,10 @@ published to the channel's dead-letter topic (expired or out of attempts), ``exp
 delivered within the topic's ``ttl_ms`` (dead-lettered or dropped), ``max_attempts_dropped``
 those out of attempts with no dead-letter topic to go to; a topic's series are the sums over its
 channels.
+``lmqd_topic_reader_lost_messages_total`` is ``reader_lost_count`` of ``/stats``: offsets a
+reader by offset asked for (``/topic/read``, ``/topic/offsets?from=``: the Spark source) that
+the topic no longer stored, deleted by retention or emptying, never written or lost to damage;
+each request that finds them gone counts them (a query failing on it and restarted counts again).
 The ``lmqd_storage_*`` counters are the ``storage_damage`` of ``/stats`` (``lmqd.stats.
 StorageDamage``): ``channel=""`` is the topic's log, a channel's series its own and deferred
 stores; every topic and channel has them, at 0 until damage is found. They count since the
@@ -189,6 +194,9 @@ class LmqCollector(Collector):
         deduplicated = _counter("lmqd_topic_deduplicated_messages",
                                 "messages answered OK but not enqueued: a body seen within the "
                                 "topic's dedup window", _TOPIC)
+        lost = _counter("lmqd_topic_reader_lost_messages",
+                        "offsets readers by offset (the Spark source) asked for that were no "
+                        "longer stored", _TOPIC)
         for t in topics:
             key = [t.topic_name]
             policy = t.publish_policy
@@ -203,9 +211,10 @@ class LmqCollector(Collector):
             paused.add_metric(key, 1 if t.paused else 0)
             messages.add_metric(key, t.message_count)
             nbytes.add_metric(key, t.message_bytes)
+            lost.add_metric(key, t.reader_lost_count)
             _add_latency(latency, samples, key, t.e2e_processing_latency)
         yield from (depth, backend, channels, paused, messages, nbytes, latency, samples,
-                    dropped, refused, limited, deduplicated)
+                    dropped, refused, limited, deduplicated, lost)
 
     def _channel_metrics(self, topics: list[TopicStats]) -> Iterator[Metric]:
         depth = _gauge("lmqd_channel_depth", "ready messages (memory + backend)", _CHANNEL)

@@ -259,6 +259,9 @@ class TopicStats:
     its four counters follow nsqd's keys in ``to_dict``."""
     storage_damage: StorageDamage = NO_DAMAGE
     """lmq's extra key: damage found in the topic's log."""
+    reader_lost_count: int = 0
+    """lmq's extra key: offsets readers by offset (``/topic/read``, the Spark source) asked for
+    and did not find stored (``TopicStream.reader_lost_count``)."""
 
     # lmq's channel policies: the sums over the topic's channels.
     @property
@@ -287,6 +290,7 @@ class TopicStats:
             "expired_count": self.expired_count,
             "max_attempts_dropped_count": self.max_attempts_dropped_count,
             "storage_damage": self.storage_damage.to_dict(),
+            "reader_lost_count": self.reader_lost_count,
         }
         if self.publish_policy is not None:
             d.update(self.publish_policy.to_dict())

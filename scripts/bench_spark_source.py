@@ -1,28 +1,41 @@
-"""Benchmark the Spark source: rows/s reading a retained topic with ``spark.read.format("lmq")``.
+"""Benchmark the Spark source: rows/s reading a retained topic, beside the ideal reader.
 
     .venv/bin/python scripts/bench_spark_source.py [--messages 1000000] [--size 100] [--runs 3]
-        [--partition-size 100000]
+        [--partition-size 100000] [--readers 2] [--per-trigger 250000]
 
 Starts its own lmqd (``python -m lmqd`` on 127.0.0.1, port 0, HTTP on, data in a temporary
 directory, ``--retention-ms`` of an hour so the topic keeps every message on disk), publishes
 ``--messages`` bodies of ``--size`` bytes in MPUBs of 1000, and starts a local SparkSession
-(``local[2]``, no UI). Each run reads the whole topic with ``spark.read.format("lmq")`` and
-writes it to Spark's ``noop`` sink (every row is produced, nothing is stored), timed from the
-call to its return. For comparison it also times one Python process reading the same offsets
-with ``GET /topic/read`` (``lmq_client.http.HTTPClient.read``) and decoding them: the source's
-transport alone, without Spark.
+(``local[2]``, no UI). Each run times, one after the other:
 
-Prints one line per run and the medians.
+* ``batch``: ``spark.read.format("lmq")`` of the whole topic (``address``: the daemon's TCP
+  address, as the sink takes it; ``failOnDataLoss`` on, the default) written to Spark's ``noop``
+  sink (every row is produced, nothing is stored), from the call to its return;
+* ``stream``: the same as a stream with ``Trigger.AvailableNow`` and ``maxOffsetsPerTrigger``
+  (``--per-trigger``), into the streaming ``noop`` sink with a fresh checkpoint, from ``start()``
+  until the query stops by itself;
+* ``ideal``: the reader without Spark: ``--readers`` processes (as many as Spark's ``local[2]``
+  tasks) each reading its share of the offsets with ``GET /topic/read`` (10,000 messages a
+  request, ``lmq_client.http.HTTPClient.read``, which splits the frames into messages), started
+  together and timed until the last is done. What a reader by offset gets from the daemon at
+  best on this machine: the bar the Spark source is measured against.
+
+Each line gives the rate and the CPU time per row of the daemon and of the client (Spark's JVM
+with its Python workers, or the ideal readers; from ``/proc``): where the time goes on a machine
+whose cores they share. Prints one line per run and the medians.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from typing import Any, NamedTuple
 
 from lmq_client.http import HTTPClient
 from lmq_client.spark import local_session
@@ -30,10 +43,11 @@ from lmq_client.sync import Producer
 
 # The checkout's root on sys.path: the lmqd subprocess helper is shared with the tests.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.support.process import start_lmqd, stop_lmqd
+from tests.support.process import start_lmqd, stop_lmqd, tree_cpu_seconds
 
 TOPIC = "source-bench"
 MPUB = 1000
+READ_COUNT = 10_000
 
 
 def publish(tcp: str, messages: int, size: int) -> None:
@@ -43,17 +57,40 @@ def publish(tcp: str, messages: int, size: int) -> None:
             producer.mpub(TOPIC, [body] * min(MPUB, messages - start))
 
 
-def read_plain(http: str, messages: int) -> float:
-    """Seconds one process takes to read every message by offset (no Spark)."""
+def read_range(http: str, start: int, end: int) -> tuple[int, float]:
+    """Messages of ``[start, end)`` read by offset (one reader process), and its CPU seconds."""
+    cpu = time.process_time()
     client = HTTPClient(http, timeout=30)
-    position = 0
-    started = time.perf_counter()
-    got = 0
-    while position < messages:
-        batch, position = client.read(TOPIC, position, 10_000)
+    position, got = start, 0
+    while position < end:
+        batch, position = client.read(TOPIC, position, min(READ_COUNT, end - position))
         got += len(batch)
-    assert got == messages, got
-    return time.perf_counter() - started
+    return got, time.process_time() - cpu
+
+
+def read_ideal(pool: ProcessPoolExecutor, http: str, messages: int, readers: int
+               ) -> tuple[float, float]:  # fmt: skip
+    """Seconds ``readers`` processes take to read every message by offset together, and the
+    CPU seconds they used."""
+    share = -(-messages // readers)
+    started = time.perf_counter()
+    futures = [
+        pool.submit(read_range, http, start, min(start + share, messages))
+        for start in range(0, messages, share)
+    ]
+    answers = [f.result() for f in futures]
+    seconds = time.perf_counter() - started
+    assert sum(n for n, _ in answers) == messages, answers
+    return seconds, sum(cpu for _, cpu in answers)
+
+
+class Run(NamedTuple):
+    """One variant's run: rows per second, and CPU microseconds per row of the daemon and of
+    the client (Spark's JVM with its Python workers, or the ideal readers)."""
+
+    rate: float
+    daemon_us: float
+    client_us: float
 
 
 def main() -> None:
@@ -62,9 +99,12 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=100)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--partition-size", type=int, default=100_000)
+    parser.add_argument("--readers", type=int, default=2)
+    parser.add_argument("--per-trigger", type=int, default=250_000)
     args = parser.parse_args()
+    results: dict[str, list[Run]] = {}
     with tempfile.TemporaryDirectory(prefix="lmq-spark-source-") as data:
-        daemon = start_lmqd(Path(data), ["--retention-ms=3600000"])
+        daemon = start_lmqd(Path(data) / "lmqd", ["--retention-ms=3600000"])
         try:
             assert daemon.http_address is not None
             started = time.perf_counter()
@@ -72,26 +112,71 @@ def main() -> None:
             print(f"published {args.messages:,} x {args.size} B in "
                   f"{time.perf_counter() - started:.1f} s", flush=True)
             spark = local_session("bench-spark-source", log_level="ERROR")
-            spark_s, plain_s = [], []
-            for run in range(1, args.runs + 1):
+
+            def batch() -> float:
                 frame = (
-                    spark.read.format("lmq").option("httpAddress", daemon.http_address)
+                    spark.read.format("lmq").option("address", daemon.tcp_address)
                     .option("topic", TOPIC).option("partitionSize", str(args.partition_size))
                     .load()
-                )
+                )  # fmt: skip
                 t0 = time.perf_counter()
                 frame.write.format("noop").mode("overwrite").save()
-                spark_s.append(time.perf_counter() - t0)
-                plain_s.append(read_plain(daemon.http_address, args.messages))
-                print(f"run {run}: spark {args.messages / spark_s[-1]:,.0f} rows/s, "
-                      f"plain HTTP read {args.messages / plain_s[-1]:,.0f} msgs/s", flush=True)
+                return time.perf_counter() - t0
+
+            def stream(run: int) -> float:
+                query = (
+                    spark.readStream.format("lmq").option("address", daemon.tcp_address)
+                    .option("topic", TOPIC).option("startingOffsets", "earliest")
+                    .option("maxOffsetsPerTrigger", str(args.per_trigger))
+                    .option("partitionSize", str(args.partition_size)).load()
+                    .writeStream.format("noop").trigger(availableNow=True)
+                    .option("checkpointLocation", f"{data}/checkpoint-{run}")
+                )  # fmt: skip
+                t0 = time.perf_counter()
+                running = query.start()
+                running.awaitTermination()
+                seconds = time.perf_counter() - t0
+                rows = sum(p["numInputRows"] for p in running.recentProgress)
+                assert rows == args.messages, rows
+                return seconds
+
+            batch()  # warm-up, not timed: the JVM's code paths and the Python workers
+            gateway: Any = spark.sparkContext._jvm
+            jvm = int(gateway.java.lang.ProcessHandle.current().pid())
+            rows = args.messages
+
+            def record(name: str, run: int, seconds: float, daemon_cpu: float, client_cpu: float
+                       ) -> None:  # fmt: skip
+                result = Run(rows / seconds, daemon_cpu / rows * 1e6, client_cpu / rows * 1e6)
+                results.setdefault(name, []).append(result)
+                print(f"run {run} {name:>6}: {result.rate:9,.0f} rows/s, CPU per row: daemon "
+                      f"{result.daemon_us:.2f} us, client {result.client_us:.2f} us", flush=True)
+
+            with ProcessPoolExecutor(args.readers) as pool:
+                read_ideal(pool, daemon.http_address, min(rows, 100_000), args.readers)
+                for run in range(1, args.runs + 1):
+                    for name in ("batch", "stream"):
+                        daemon_cpu, spark_cpu = daemon.cpu_seconds(), tree_cpu_seconds(jvm)
+                        seconds = batch() if name == "batch" else stream(run)
+                        record(name, run, seconds, daemon.cpu_seconds() - daemon_cpu,
+                               tree_cpu_seconds(jvm) - spark_cpu)  # fmt: skip
+                    daemon_cpu = daemon.cpu_seconds()
+                    seconds, readers_cpu = read_ideal(pool, daemon.http_address, rows,
+                                                      args.readers)  # fmt: skip
+                    record("ideal", run, seconds, daemon.cpu_seconds() - daemon_cpu, readers_cpu)
             spark.stop()
-            print(f"median over {args.runs} runs: spark source "
-                  f"{args.messages / statistics.median(spark_s):,.0f} rows/s, plain HTTP read "
-                  f"{args.messages / statistics.median(plain_s):,.0f} msgs/s "
-                  f"({args.messages:,} messages of {args.size} B)")
         finally:
             stop_lmqd(daemon)
+    print(f"{args.messages:,} messages of {args.size} B, partitionSize {args.partition_size}, "
+          f"{args.readers} ideal readers, {args.runs} runs, load {os.getloadavg()[0]:.1f}; "
+          "medians:")
+    ideal = statistics.median(r.rate for r in results["ideal"])
+    for name, runs in results.items():
+        rate = statistics.median(r.rate for r in runs)
+        print(f"{name:>7}: {rate:9,.0f} rows/s ({rate / ideal:4.0%} of ideal), CPU per row: "
+              f"daemon {statistics.median(r.daemon_us for r in runs):.2f} us, client "
+              f"{statistics.median(r.client_us for r in runs):.2f} us "
+              f"(runs: {', '.join(f'{r.rate:,.0f}' for r in runs)})")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,7 @@
 """The PySpark data source ``lmq``: write DataFrames and streams into lmq (or nsqd) topics, and
-read lmq topics by offset (``spark.read``/``spark.readStream.format("lmq")``, ``source.py``).
+read lmq topics by offset (``spark.read``/``spark.readStream.format("lmq")``, ``source.py``),
+as Spark's Kafka source reads Kafka topics (Kafka's option names, ``failOnDataLoss``,
+``Trigger.AvailableNow``).
 
 ::
 
@@ -31,7 +33,7 @@ _EXTRA_MODULES = frozenset({"pyspark", "pyarrow", "py4j"})
 
 try:
     from lmq_client.spark.datasource import LmqBatchWriter, LmqDataSource, LmqStreamWriter
-    from lmq_client.spark.errors import LmqSinkError
+    from lmq_client.spark.errors import LmqDataLossError, LmqSinkError, LmqSourceError
     from lmq_client.spark.options import SinkOptions
     from lmq_client.spark.publish import LmqCommitMessage
     from lmq_client.spark.session import ensure_java, local_session
@@ -50,8 +52,10 @@ __all__ = [
     "LmqBatchReader",
     "LmqBatchWriter",
     "LmqCommitMessage",
+    "LmqDataLossError",
     "LmqDataSource",
     "LmqSinkError",
+    "LmqSourceError",
     "LmqStreamReader",
     "LmqStreamWriter",
     "SinkOptions",

@@ -35,11 +35,12 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from lmq_client.spark.errors import LmqSinkError
+from lmq_client.spark.errors import LmqSinkError, LmqSourceError, raise_for_spark
 from lmq_client.spark.options import SinkOptions
 from lmq_client.spark.publish import LmqCommitMessage, summarize, write_partition
-from lmq_client.spark.source import SOURCE_SCHEMA, LmqBatchReader, LmqStreamReader
+from lmq_client.spark.source import LmqBatchReader, LmqStreamReader
 from lmq_client.spark.source_options import SourceOptions
+from lmq_client.spark.source_read import source_schema
 
 __all__ = [
     "BATCH_ID_PROPERTY",
@@ -81,7 +82,7 @@ class LmqDataSource(DataSource):
     per-message fields), ``dedupIds`` (a dedup id on every row: true for streams, false for
     batch writes by default), ``timeout`` (seconds to connect and for each answer, 10),
     ``retryTimeoutMs`` (how long a publish is retried while no daemon takes it, 30000), TLS,
-    compression and ``authSecret``. Source options: ``reader``.
+    compression and ``authSecret``. Source options: ``source_options.py``.
     """
 
     @classmethod
@@ -90,36 +91,40 @@ class LmqDataSource(DataSource):
         return "lmq"
 
     def schema(self) -> StructType:
-        """What a read returns (``source.SOURCE_SCHEMA``)."""
-        return SOURCE_SCHEMA
+        """What a read returns (``source_read.source_schema``: Kafka's ``headers`` column
+        with ``includeHeaders=true``)."""
+        flag = {k.lower(): v for k, v in self.options.items()}.get("includeheaders", "false")
+        return source_schema(flag.strip().lower() == "true")
 
     def reader(self, schema: StructType) -> LmqBatchReader:
-        """``spark.read.format("lmq")``: options ``httpAddress`` (the daemons' HTTP addresses;
-        ``address`` is its older name) and/or ``lookupdHttpAddress`` (the nodes they list for
-        the topic), ``topic``, ``startingOffsets`` (default earliest), ``endingOffsets``
-        (default latest), ``partitionSize``, ``timeout``."""
+        """``spark.read.format("lmq")``: a batch read of offset ranges (``source.py``; the
+        options in ``source_options.py`` and docs/spark.md)."""
         return LmqBatchReader(self._source_options(schema))
 
     def streamReader(self, schema: StructType) -> LmqStreamReader:
-        """``spark.readStream.format("lmq")``: as ``reader``, with ``startingOffsets`` (default
-        latest) for a query without a checkpoint and ``maxMessagesPerTrigger``."""
+        """``spark.readStream.format("lmq")``: a stream of offset ranges (``source.py``)."""
         return LmqStreamReader(self._source_options(schema))
 
     def _source_options(self, schema: StructType) -> SourceOptions:
-        if schema != SOURCE_SCHEMA:
-            raise ValueError(
-                f"lmq source: the schema is fixed ({SOURCE_SCHEMA.simpleString()}); "
+        try:
+            options = SourceOptions.parse(self.options)
+        except ValueError as exc:
+            raise_for_spark(LmqSourceError(str(exc)))
+        expected = source_schema(options.include_headers)
+        if schema != expected:
+            raise_for_spark(LmqSourceError(
+                f"lmq source: the schema is fixed ({expected.simpleString()}); "
                 "select or cast columns after reading"
-            )
-        return SourceOptions.parse(self.options)
+            ))  # fmt: skip
+        return options
 
     def writer(self, schema: StructType, overwrite: bool) -> LmqBatchWriter:
         """The batch writer; ``mode("overwrite")`` is refused (a topic cannot be replaced)."""
         if overwrite:
-            raise ValueError(
+            raise_for_spark(ValueError(
                 "lmq sink: a topic is a stream of messages and cannot be overwritten; "
                 "use mode('append')"
-            )
+            ))  # fmt: skip
         return LmqBatchWriter(self._options(schema))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> LmqStreamWriter:
@@ -128,7 +133,11 @@ class LmqDataSource(DataSource):
         return LmqStreamWriter(self._options(schema))
 
     def _options(self, schema: StructType) -> SinkOptions:
-        return SinkOptions.parse(self.options).resolve_columns(schema)
+        try:
+            return SinkOptions.parse(self.options).resolve_columns(schema)
+        except ValueError as exc:
+            topic = {k.lower(): v for k, v in self.options.items()}.get("topic", "")
+            raise_for_spark(LmqSinkError(str(exc), topic=topic))
 
 
 def _task() -> tuple[int, int]:
@@ -174,9 +183,8 @@ def _write(
 
 
 # Spark shows the driver the failed task's Python traceback, then the error's line. The writers
-# re-raise an ``LmqSinkError`` without its traceback, so that what Spark shows is one frame
-# (the ``raise`` in ``write``) and the one-line message: the error, not a page of our frames.
-# ``spark.sql.execution.pyspark.udf.hideTraceback.enabled`` removes that frame too (docs/spark.md).
+# raise an ``LmqSinkError`` through ``errors.raise_for_spark``, so that what Spark shows after
+# its own words is the one-line message, not a page of our frames (docs/spark.md).
 
 
 class LmqBatchWriter(DataSourceArrowWriter):
@@ -194,7 +202,7 @@ class LmqBatchWriter(DataSourceArrowWriter):
         try:
             return _write(self.options, iterator, self.dedup_scope)
         except LmqSinkError as error:
-            raise error.with_traceback(None) from None
+            raise_for_spark(error)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         """All tasks succeeded: log what was published."""
@@ -222,7 +230,7 @@ class LmqStreamWriter(DataSourceStreamArrowWriter):
         try:
             return _write(self.options, iterator, _stream_scope(self.options))
         except LmqSinkError as error:
-            raise error.with_traceback(None) from None
+            raise_for_spark(error)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """All tasks of micro-batch ``batchId`` succeeded; Spark records it in the checkpoint

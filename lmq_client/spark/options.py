@@ -42,6 +42,8 @@ __all__ = [
     "TOPIC_COLUMN",
     "VALUE_COLUMN",
     "SinkOptions",
+    "bool_option",
+    "canonical_options",
 ]
 
 DEFAULT_BATCH_SIZE = 1000
@@ -197,7 +199,7 @@ class SinkOptions:
             headers_column=given.get("headersColumn") or None,
             priority_column=given.get("priorityColumn") or None,
             ttl_column=given.get("ttlColumn") or None,
-            dedup_ids=_bool_option(given, "dedupIds") if "dedupIds" in given else None,
+            dedup_ids=bool_option(given, "dedupIds") if "dedupIds" in given else None,
             timeout_s=_float_option(given, "timeout", DEFAULT_TIMEOUT_S),
             retry_timeout_s=_int_option(
                 given, "retryTimeoutMs", DEFAULT_RETRY_TIMEOUT_MS, minimum=0
@@ -368,14 +370,14 @@ def _transport(given: Mapping[str, str]) -> TransportOptions:
         "tls_cert": given.get("tlsCert") or None,
         "tls_key": given.get("tlsKey") or None,
     }
-    skip_verify = _bool_option(given, "tlsInsecureSkipVerify")
+    skip_verify = bool_option(given, "tlsInsecureSkipVerify")
     try:
         transport = TransportOptions(
             # a CA file, a certificate or skipping verification only make sense with TLS
-            tls=_bool_option(given, "tls") or skip_verify or any(tls_files.values()),
+            tls=bool_option(given, "tls") or skip_verify or any(tls_files.values()),
             tls_insecure_skip_verify=skip_verify,
-            snappy=_bool_option(given, "snappy"),
-            deflate=_bool_option(given, "deflate"),
+            snappy=bool_option(given, "snappy"),
+            deflate=bool_option(given, "deflate"),
             deflate_level=_int_option(given, "deflateLevel", 6, minimum=1),
             auth_secret=given.get("authSecret") or None,
             **tls_files,
@@ -387,13 +389,17 @@ def _transport(given: Mapping[str, str]) -> TransportOptions:
     return transport
 
 
-def _bool_option(given: Mapping[str, str], name: str) -> bool:
+def bool_option(
+    given: Mapping[str, str], name: str, *, default: bool = False, who: str = "sink"
+) -> bool:
+    """Option ``name`` as ``true``/``false`` (any case; ``default`` when not given);
+    ``ValueError`` naming it otherwise (``who``: the sink or the source)."""
     raw = given.get(name)
     if raw is None:
-        return False
+        return default
     value = raw.strip().lower()
     if value not in ("true", "false"):
-        raise ValueError(f"lmq sink: option {name!r} must be true or false, not {raw!r}")
+        raise ValueError(f"lmq {who}: option {name!r} must be true or false, not {raw!r}")
     return value == "true"
 
 

@@ -165,6 +165,10 @@ class TopicStream:
         cursor, sorted."""
         self.dropped_count = 0
         """Messages dropped because the tail was full (no log)."""
+        self.reader_lost_count = 0
+        """Offsets readers by offset asked for that were not stored (deleted by retention or
+        emptying, never written, lost to damage): ``/topic/read`` and ``/topic/offsets?from=``
+        count them, the Spark source's ``failOnDataLoss`` reports them (docs/http.md)."""
         self.wrote_backend = False
         """Whether the last ``append`` wrote to the log (a success there clears bad health)."""
         self._pins: dict[int, int] = {}
@@ -213,9 +217,11 @@ class TopicStream:
 
     @property
     def earliest_offset(self) -> int:
-        """The oldest offset stored (the log's, else the tail's)."""
-        if self.log is not None and self.log.earliest_offset < self.tail.start:
-            return self.log.earliest_offset
+        """The oldest offset stored (the log's, else the tail's: a log holding nothing, all its
+        messages read from memory, has no earliest of its own)."""
+        log = self.log
+        if log is not None and log.earliest_offset < min(log.next_offset, self.tail.start):
+            return log.earliest_offset
         return self.tail.start
 
     def offset_for_time(self, ts_ns: int) -> int:
@@ -507,17 +513,12 @@ class TopicStream:
         self.byte_marks.forget_below(low)
 
     def reset_unpumped(self) -> None:
-        """Topic empty (nsqd): drop the messages not yet handed to the channels. Their offsets
-        in memory are given again (nobody saw them); the log's are skipped by every cursor."""
-        old = self.pumped
-        tail = self.tail
-        # Offsets only in memory are given again; those in the log (the tail's, once it
-        # overflowed, and what followed it) never are.
-        written = self.log.next_offset if self.log is not None else 0
-        if len(tail) and max(old, written) < tail.end:
-            tail.truncate(max(old, tail.start, written))
-            self.next_offset = max(tail.end, written)
-        self._skip_unpumped(old, self.next_offset)
+        """Topic empty (nsqd): drop the messages not yet handed to the channels: every cursor
+        steps over them, and memory forgets them as soon as no channel holds an older one
+        (``drop_unpumped``'s way). Their offsets are never given again: a reader by offset
+        (the Spark source) that read them finds them gone, not new messages in their place."""
+        self._skip_unpumped(self.pumped, self.next_offset)
+        self.trim()
 
     def drop_unpumped(self, count: int) -> int:
         """``overflow="drop_oldest"``: drop the oldest ``count`` messages not yet handed to the

@@ -71,7 +71,3 @@ class MemoryTail:
         self._head = 0
         self.start = start
 
-    def truncate(self, offset: int) -> None:
-        """Forget every message at or after ``offset`` (topic empty: the newest go)."""
-        keep = max(offset - self.start, 0)
-        del self._items[self._head + keep :]

@@ -573,6 +573,7 @@ class Topic:
                 else None
             ),
             storage_damage=storage_damage([self.log.damage] if self.log is not None else []),
+            reader_lost_count=self.stream.reader_lost_count,
         )
 
 

@@ -128,6 +128,7 @@ class HttpApi(AsgiApp):
         add("POST", "/channel/seek", self.replay.channel_seek)
         add("GET", "/topic/offsets", self.replay.topic_offsets)
         add("GET", "/topic/read", self.replay.topic_read)
+        add("GET", "/topics/offsets", self.replay.topics_offsets)
         self.policy = PolicyApi(broker)  # lmq's topic policies (policy.py)
         add("GET", "/topic/policy", self.policy.topic_policy)
         add("POST", "/topic/policy", self.policy.topic_policy)

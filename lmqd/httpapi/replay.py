@@ -10,9 +10,14 @@ of them exists in nsqd, and nsqd's own calls are unchanged (``/channel/create`` 
 * ``POST /channel/seek?topic=T&channel=C&to=POS``: move an existing channel's cursor; its
   in-flight, requeued and deferred messages stay and settle as usual. Answers
   ``{"offset": N}``, where it now reads from.
-* ``GET /topic/offsets?topic=T[&at=POS]``: ``{"topic", "earliest", "end", "pumped"[, "offset"]}``:
-  the offsets a tool can read (``earliest`` .. ``end`` - 1), where the channels are handed the
-  stream up to (``pumped``) and, with ``at``, the offset ``POS`` stands for.
+* ``GET /topic/offsets?topic=T[&at=POS][&from=N]``: ``{"topic", "earliest", "end", "pumped"[,
+  "offset"][, "lost"]}``: the offsets a tool can read (``earliest`` .. ``end`` - 1), where the
+  channels are handed the stream up to (``pumped``), with ``at`` the offset ``POS`` stands for,
+  and with ``from`` (a reader's position) how many offsets from ``N`` on are gone (``lost``:
+  those below ``earliest``), which the topic counts.
+* ``GET /topics/offsets[?topics=A,B]``: ``{"topics": {"A": {"earliest", "end", "pumped"}}}``
+  for every topic (or those named that exist) in one answer: a reader of many topics (the Spark
+  source's ``subscribe``, ``subscribePattern``) asks each node once per micro-batch.
 * ``GET /topic/read?topic=T&offset=N[&count=M][&end=E][&format=json][&ext=1]``: the messages
   from offset ``N`` on, consuming nothing (the Spark source, ``lmqadmin tail --from``): binary
   frames by default, JSON on request (layouts in docs/http.md). Messages' priority and headers
@@ -20,6 +25,10 @@ of them exists in nsqd, and nsqd's own calls are unchanged (``/channel/create`` 
   adds each frame's extension block and answers ``X-Lmq-Ext: 1``, so that a reader that does
   not ask gets the frames it always got, and a reader that asks an older lmqd (which ignores
   ``ext``) can tell.
+
+Both reads count what a reader asked for and did not find (``TopicStream.reader_lost_count``,
+``reader_lost_count`` in ``/stats``): offsets below the earliest stored, and gaps in a read's
+range (never written, lost to damage).
 
 ``POS`` is ``earliest`` (the oldest message stored), ``latest`` (for a channel: what the topic
 hands on from now, nsqd's default; for ``/topic/offsets``: the end), an RFC 3339 time (the first
@@ -31,8 +40,9 @@ Errors follow nsqd's style (``{"message": "CODE"}``): 400 ``MISSING_ARG_TOPIC`` 
 ``INVALID_ARG_TOPIC`` / ``MISSING_ARG_CHANNEL`` / ``INVALID_ARG_CHANNEL``, 404
 ``TOPIC_NOT_FOUND`` / ``CHANNEL_NOT_FOUND``, 400 ``INVALID_ARG_FROM`` / ``MISSING_ARG_TO`` /
 ``INVALID_ARG_TO`` / ``INVALID_ARG_AT`` / ``MISSING_ARG_OFFSET`` / ``INVALID_ARG_OFFSET`` /
-``INVALID_ARG_COUNT`` / ``INVALID_ARG_END``, and 400 ``NOT_STORED`` for a channel that keeps
-nothing (ephemeral: it has no cursor to move). The binary frames are ``lmqd.message.READ_FRAME``.
+``INVALID_ARG_COUNT`` / ``INVALID_ARG_END`` / ``INVALID_ARG_TOPICS``, and 400 ``NOT_STORED``
+for a channel that keeps nothing (ephemeral: it has no cursor to move). The binary frames are
+``lmqd.message.READ_FRAME``.
 """
 
 from __future__ import annotations
@@ -51,7 +61,7 @@ from lmqd.engine.topic import Topic
 from lmqd.httpapi import args
 from lmqd.httpapi.asgi import HttpError, Query, Request, Response, json_response
 from lmqd.message import READ_CONTENT_TYPE, Message, encode_read_frames
-from lmqd.names import is_ephemeral
+from lmqd.names import is_ephemeral, valid_name
 from lmqd.positions import Position, parse_position
 from lmqd.units import MiB
 
@@ -173,7 +183,33 @@ class ReplayApi:
         }
         if position is not None:
             answer["offset"] = resolve(stream, position, latest=stream.next_offset)
+        reader_at = self._count(query, "from", None)
+        if reader_at is not None:
+            lost = max(stream.earliest_offset - reader_at, 0)
+            stream.reader_lost_count += lost
+            answer["lost"] = lost
         return json_response(answer)
+
+    async def topics_offsets(self, request: Request) -> Response:
+        query = self._query(request)
+        topics = self.broker.topics
+        listed = query.get("topics")
+        if listed is None:
+            chosen = list(topics.values())
+        else:
+            names = [name for name in listed.split(",") if name]
+            if not all(valid_name(name) for name in names):
+                raise HttpError(400, "INVALID_ARG_TOPICS")
+            chosen = [topics[name] for name in dict.fromkeys(names) if name in topics]
+        answer = {}
+        for topic in chosen:
+            stream = topic.stream
+            answer[topic.name] = {
+                "earliest": stream.earliest_offset,
+                "end": stream.next_offset,
+                "pumped": stream.pumped,
+            }
+        return json_response({"topics": answer})
 
     async def topic_read(self, request: Request) -> Response:
         query = self._query(request)
@@ -190,6 +226,8 @@ class ReplayApi:
         entries, following = stream.read_entries(
             start, min(count, MAX_READ_COUNT), end, MAX_READ_BYTES
         )
+        # Every offset of [start, following) not among the entries was asked for and not stored.
+        stream.reader_lost_count += max(following - start - len(entries), 0)
         headers: tuple[tuple[str, str], ...] = (
             ("X-Lmq-Next-Offset", str(following)),
             ("X-Lmq-Earliest-Offset", str(stream.earliest_offset)),

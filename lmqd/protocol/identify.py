@@ -48,6 +48,11 @@ _INT_FIELDS = {
 _FIELDS = frozenset((*_STRING_FIELDS, *_BOOL_FIELDS, *_INT_FIELDS))
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
+HTTP_ADDRESS_KEY = "lmq_http_address"
+"""lmq's IDENTIFY key asking where the HTTP API listens: ``true`` with ``feature_negotiation``,
+answered under the same key with the bound ``host:port`` ("" without an HTTP listener). nsqd
+ignores it; a client that does not ask gets nsqd's answer exactly (docs/protocol.md)."""
+
 
 @attrs.frozen(kw_only=True, slots=True)
 class IdentifySettings:
@@ -75,6 +80,9 @@ class IdentifySettings:
     lmq_ext: int | None = None
     """lmq's message extension (``lmqd.protocol.extension``): None when the client did not ask
     (its IDENTIFY answer is nsqd's exactly), else the version accepted (0: not accepted)."""
+    lmq_http_address: bool = False
+    """The client asked where the daemon's HTTP API listens (``HTTP_ADDRESS_KEY``): the Spark
+    source, given the TCP address a sink takes, finds the node's ``/topic/read`` this way."""
 
 
 def default_settings(limits: Limits) -> IdentifySettings:
@@ -239,6 +247,7 @@ def negotiate(data: Mapping[str, Any], limits: Limits) -> IdentifySettings:
     if negotiation and EXT_IDENTIFY_KEY in data:
         asked = data[EXT_IDENTIFY_KEY]
         lmq_ext = EXT_VERSION if type(asked) is int and asked == EXT_VERSION else 0
+    lmq_http_address = negotiation and data.get(HTTP_ADDRESS_KEY) is True
 
     return IdentifySettings(
         client_id=f.get("client_id", ""),
@@ -255,12 +264,16 @@ def negotiate(data: Mapping[str, Any], limits: Limits) -> IdentifySettings:
         deflate_level=deflate_level,
         snappy=snappy,
         lmq_ext=lmq_ext,
+        lmq_http_address=lmq_http_address,
     )
 
 
-def identify_response(settings: IdentifySettings, limits: Limits) -> bytes:
-    """nsqd's JSON answer to IDENTIFY with ``feature_negotiation`` (v1.3.0's key order), and
-    lmq's extension version last for a client that asked for it."""
+def identify_response(
+    settings: IdentifySettings, limits: Limits, *, http_address: str = ""
+) -> bytes:
+    """nsqd's JSON answer to IDENTIFY with ``feature_negotiation`` (v1.3.0's key order), then
+    lmq's keys for a client that asked for them: the extension version, and ``http_address``
+    (where the HTTP API listens, "" for nowhere)."""
     answer: dict[str, Any] = {
         "max_rdy_count": limits.max_rdy_count,
         "version": lmqd.NSQD_COMPAT_VERSION,
@@ -278,4 +291,6 @@ def identify_response(settings: IdentifySettings, limits: Limits) -> bytes:
     }
     if settings.lmq_ext is not None:
         answer[EXT_IDENTIFY_KEY] = settings.lmq_ext
+    if settings.lmq_http_address:
+        answer[HTTP_ADDRESS_KEY] = http_address
     return json.dumps(answer, separators=(",", ":")).encode()

@@ -58,7 +58,7 @@ from lmqd.engine.inflight import NotInFlight, NotOwner
 from lmqd.engine.subscription import Subscription
 from lmqd.message import Message
 from lmqd.message_ext import MessageExt
-from lmqd.net import split_address
+from lmqd.net import format_address, split_address
 from lmqd.protocol import (
     CLOSE_WAIT_FRAME,
     OK_FRAME,
@@ -604,7 +604,10 @@ class Session:
         interval = settings.heartbeat_interval_ms
         self._on_heartbeat_interval(interval / 1000 if interval > 0 else 0.0, now)
         if settings.feature_negotiation:
-            self.output.write(encode_response(identify_response(settings, self.conn.limits)))
+            bound = self.broker.addresses
+            http = format_address(bound.http) if bound is not None and bound.http else ""
+            answer = identify_response(settings, self.conn.limits, http_address=http)
+            self.output.write(encode_response(answer))
         else:
             self.output.write(OK_FRAME)
         if settings.tls_v1 or settings.snappy or settings.deflate:

@@ -148,21 +148,28 @@ def test_the_source_reader_follows_the_nodes_the_lookupd_lists(
         "lookupdPollIntervalMs": "0",  # ask on every call (the default: every 10 s)
     }))  # fmt: skip
     start = reader.initialOffset()
-    assert start == {first.http: 3}  # latest, on the one node that has the topic
+    assert start == {"follow": {first.http: 3}}  # latest, on the one node that has the topic
     publish(first, "follow", [b"a3"])
     publish(second, "follow", [b"b0", b"b1", b"b2"])
     wait_listed(lookupd, "follow", [first, second])
-    end = reader.latestOffset(start, ReadAllAvailable())
-    assert end == {first.http: 4, second.http: 3}
-    # the new node is read from its earliest offset: nothing published there is skipped
-    parts = reader.partitions(start, end)
-    assert sorted((p.node, p.start, p.end) for p in parts if isinstance(p, LmqPartition)) == sorted(
-        [(first.http, 3, 4), (second.http, 0, 2), (second.http, 2, 3)]
-    )
+    joined = reader.latestOffset(start, ReadAllAvailable())
+    # the new node joins at its earliest offset (nothing published there is skipped), and is
+    # read from the next batch on: its start is then in the checkpoint
+    assert joined == {"follow": {first.http: 4, second.http: 0}}
+    assert ranges(reader, start, joined) == [(first.http, 3, 4)]
+    end = reader.latestOffset(joined, ReadAllAvailable())
+    assert end == {"follow": {first.http: 4, second.http: 3}}
+    assert ranges(reader, joined, end) == [(second.http, 0, 2), (second.http, 2, 3)]
     # a node that is gone keeps its offset; it is not dropped from the source's offsets
     gone = f"127.0.0.1:{closed_port()}"
-    later = reader.latestOffset({**end, gone: 7}, ReadAllAvailable())
-    assert later == {first.http: 4, second.http: 3, gone: 7}
+    later = reader.latestOffset({"follow": {**end["follow"], gone: 7}}, ReadAllAvailable())
+    assert later == {"follow": {first.http: 4, second.http: 3, gone: 7}}
+
+
+def ranges(reader: LmqStreamReader, start: dict[str, Any], end: dict[str, Any]
+           ) -> list[tuple[str, int, int]]:  # fmt: skip
+    parts = reader.partitions(start, end)
+    return sorted((p.node, p.start, p.end) for p in parts if isinstance(p, LmqPartition))
 
 
 def closed_port() -> int:

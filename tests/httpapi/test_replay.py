@@ -286,3 +286,69 @@ async def test_a_replayed_channel_counts_the_messages_replay_hands_it(
         assert await counts("late") == (25, 29)
         r = await http(running.http, "POST", "/channel/seek?topic=t&channel=late&to=latest")
         assert await counts("late") == (0, 29)  # a jump ahead takes nothing back
+
+
+async def test_offsets_a_reader_asks_for_and_does_not_find_are_counted(
+    start_daemon: StartDaemon,
+) -> None:
+    with trio.fail_after(TIMEOUT):
+        running = await start_daemon(http=True)
+        base = running.http
+        await publish(running, "t", [b"m%d" % i for i in range(10)])
+        # A channel reads them all from memory: they leave it without ever being written.
+        assert len(await consume(running, "t", "c", 10)) == 10
+        await publish(running, "t", [b"n%d" % i for i in range(3)])
+        r = await http(base, "GET", "/topic/offsets?topic=t")
+        assert (r.json()["earliest"], r.json()["end"], "lost" in r.json()) == (10, 13, False)
+        r = await http(base, "GET", "/topic/offsets?topic=t&from=4")
+        assert (r.json()["earliest"], r.json()["lost"]) == (10, 6)
+        r = await http(base, "GET", "/topic/offsets?topic=t&from=11")
+        assert r.json()["lost"] == 0
+        r = await http(base, "GET", "/topic/offsets?topic=t&from=x")
+        assert (r.status, r.json()) == (400, {"message": "INVALID_ARG_FROM"})
+        # A read from offset 8 gets 10.. and counts 8 and 9.
+        r = await http(base, "GET", "/topic/read?topic=t&offset=8&count=2")
+        assert [o for o, *_ in frames(r.body)] == [10, 11]
+        r = await http(base, "GET", "/topic/read?topic=t&offset=11")  # nothing missing
+        assert [o for o, *_ in frames(r.body)] == [11, 12]
+        r = await http(base, "GET", "/stats?format=json&topic=t")
+        assert r.json()["topics"][0]["reader_lost_count"] == 6 + 2
+        r = await http(base, "GET", "/metrics")
+        assert b'lmqd_topic_reader_lost_messages_total{topic="t"} 8.0' in r.body
+
+
+async def test_the_offsets_of_many_topics_in_one_answer(start_daemon: StartDaemon) -> None:
+    with trio.fail_after(TIMEOUT):
+        running = await start_daemon(http=True)
+        base = running.http
+        await publish(running, "a", [b"1", b"2"])
+        await publish(running, "b", [b"3"])
+        r = await http(base, "GET", "/topics/offsets")
+        assert r.json() == {"topics": {
+            "a": {"earliest": 0, "end": 2, "pumped": 0},
+            "b": {"earliest": 0, "end": 1, "pumped": 0},
+        }}
+        r = await http(base, "GET", "/topics/offsets?topics=b,nope,b")
+        assert r.json() == {"topics": {"b": {"earliest": 0, "end": 1, "pumped": 0}}}
+        r = await http(base, "GET", "/topics/offsets?topics=")
+        assert r.json() == {"topics": {}}
+        r = await http(base, "GET", "/topics/offsets?topics=a,bad!")
+        assert (r.status, r.json()) == (400, {"message": "INVALID_ARG_TOPICS"})
+
+
+async def test_emptying_a_topic_never_gives_its_offsets_again(start_daemon: StartDaemon) -> None:
+    # A reader by offset that read the emptied messages must find them gone, not new messages
+    # in their place (the Spark source would skip those silently).
+    with trio.fail_after(TIMEOUT):
+        running = await start_daemon(http=True)
+        base = running.http
+        await publish(running, "t", [b"m%d" % i for i in range(5)])  # in memory, no channel
+        r = await http(base, "POST", "/topic/empty?topic=t")
+        assert r.status == 200
+        await publish(running, "t", [b"n0", b"n1"])
+        r = await http(base, "GET", "/topic/read?topic=t&offset=0")
+        assert [(o, b) for o, *_, b in frames(r.body)] == [(5, b"n0"), (6, b"n1")]
+        r = await http(base, "GET", "/topic/offsets?topic=t&from=3")
+        assert (r.json()["earliest"], r.json()["end"], r.json()["lost"]) == (5, 7, 2)
+        # nsqd's behaviour for consumers is unchanged: a channel gets what came after
+        assert await consume(running, "t", "c", 2) == [b"n0", b"n1"]

@@ -112,7 +112,7 @@ async def test_stats_json_has_nsqds_shape_and_counts(start_daemon: StartDaemon) 
         orders, other = stats["topics"]  # sorted by name
         assert [orders["topic_name"], other["topic_name"]] == ["orders", "other"]
         for topic in stats["topics"]:
-            assert list(topic) == TOPIC_KEYS + LMQ_EXTRA_KEYS
+            assert list(topic) == TOPIC_KEYS + LMQ_EXTRA_KEYS + ["reader_lost_count"]
         bodies = [b"p1", b"p2", b"m1", b"m2", b"m3", b"later"]
         assert orders["message_count"] == 6
         assert orders["message_bytes"] == sum(len(b) for b in bodies)

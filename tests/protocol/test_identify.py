@@ -395,3 +395,21 @@ def test_limits_from_options() -> None:
         Options(tls_cert="c.pem", tls_key="k.pem", tls_client_auth_policy="require")
     )
     assert tls.tls_available and tls.tls_required
+
+
+def test_the_http_address_is_answered_only_to_a_client_that_asks() -> None:
+    asked = settings({"feature_negotiation": True, "lmq_http_address": True})
+    assert asked.lmq_http_address
+    answer = identify_response(asked, LIMITS, http_address="127.0.0.1:4151")
+    assert answer.endswith(b',"output_buffer_timeout":250,"lmq_http_address":"127.0.0.1:4151"}')
+    assert json.loads(identify_response(asked, LIMITS))["lmq_http_address"] == ""
+    # Not asked (or not with true, or without feature negotiation): nsqd's answer exactly.
+    for data in (
+        {"feature_negotiation": True},
+        {"feature_negotiation": True, "lmq_http_address": 1},
+        {"feature_negotiation": True, "lmq_http_address": "yes"},
+        {"lmq_http_address": True},
+    ):
+        s = settings(data)
+        assert not s.lmq_http_address
+        assert b"lmq_http_address" not in identify_response(s, LIMITS, http_address="h:1")

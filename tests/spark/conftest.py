@@ -22,8 +22,9 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
+from lmq_client.http import HTTPClient
 from lmq_client.spark import local_session
-from lmq_client.sync import Consumer
+from lmq_client.sync import Consumer, Producer
 from tests.support.process import LmqdProcess, start_lmqd, stop_lmqd
 
 # A Spark job in these tests handles at most a few thousand rows: seconds on an idle machine.
@@ -86,6 +87,18 @@ def daemon(daemons: list[LmqdProcess]) -> LmqdProcess:
 def topic() -> str:
     """A fresh topic name for this test."""
     return f"spark-{uuid.uuid4().hex[:12]}"
+
+
+def publish(daemon: LmqdProcess, topic: str, bodies: list[bytes]) -> None:
+    """``bodies`` into ``topic`` in one MPUB."""
+    with Producer(daemon.tcp_address) as producer:
+        producer.mpub(topic, bodies)
+
+
+def http_address(daemon: LmqdProcess) -> str:
+    """The daemon's HTTP address (the node's name in the source's offsets and rows)."""
+    assert daemon.http_address is not None
+    return daemon.http_address
 
 
 @contextlib.contextmanager
@@ -176,3 +189,44 @@ def write_lines(directory: Path, name: str, lines: list[str]) -> None:
     tmp = directory / f".{name}.tmp"  # Spark's file source ignores names starting with "."
     tmp.write_text("".join(f"{line}\n" for line in lines))
     tmp.rename(directory / name)
+
+
+SEGMENT_BYTES = 2048
+"""``--max-bytes-per-file`` of ``small_segments``: about 30 small messages per log segment, so
+that retention deletes the oldest of a few hundred messages and keeps the newest."""
+
+
+@pytest.fixture
+def small_segments(tmp_path: Path) -> Iterator[LmqdProcess]:
+    """A daemon of the test's own whose topic logs are cut into small segments."""
+    server = start_lmqd(tmp_path / "small-segments", [f"--max-bytes-per-file={SEGMENT_BYTES}"])
+    try:
+        yield server
+    finally:
+        stop_lmqd(server)
+
+
+def retain_little(daemon: LmqdProcess, topic: str) -> None:
+    """Give ``topic`` a retention of one byte: once a channel has passed a segment (all but
+    the newest), it is deleted. Every message is then written to the log."""
+    assert daemon.http_address is not None
+    HTTPClient(daemon.http_address).topic_policy(topic, {"retention_bytes": 1})
+
+
+def drain_and_expire(daemon: LmqdProcess, topic: str, count: int) -> int:
+    """Consume ``count`` messages of ``topic`` on a channel (its first, so it gets the
+    backlog), pause it, and wait until retention has deleted the segments it passed; the
+    topic's earliest offset then."""
+    assert daemon.http_address is not None
+    http = HTTPClient(daemon.http_address)
+    with Consumer(topic, "drain", daemon.tcp_address, max_in_flight=1000) as consumer:
+        for _ in range(count):
+            message = consumer.get(RECEIVE_TIMEOUT_S)
+            assert message is not None
+            message.finish()
+    http.channel_action("pause", topic, "drain")
+    deadline = time.monotonic() + RECEIVE_TIMEOUT_S
+    while (earliest := int(http.topic_offsets(topic)["earliest"])) == 0:
+        assert time.monotonic() < deadline, "retention deleted nothing"
+        time.sleep(0.05)
+    return earliest

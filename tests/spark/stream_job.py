@@ -2,9 +2,12 @@
 
 ``python -m tests.spark.stream_job --input DIR --checkpoint DIR --address A --topic T [...]``
 reads the text files of ``--input`` (two per micro-batch, so each batch has two partitions;
-Spark's file source is replayable: a batch re-run after a restart reads the same files) and
-writes every line as a message through ``lmq-faulty``: the real sink (``LmqDataSource``'s
-stream writer, unchanged) with two test-only faults around it, chosen by the command line:
+Spark's file source is replayable: a batch re-run after a restart reads the same files), or
+with ``--source-topic S`` the lmq topic ``S`` on the same ``--address`` (the lmq source, from
+its earliest offset, ``--per-trigger`` messages per micro-batch in two partitions: lmq → Spark
+→ lmq), and writes every line or message as a message through ``lmq-faulty``: the real sink
+(``LmqDataSource``'s stream writer, unchanged) with two test-only faults around it, chosen by the
+command line:
 
 * ``--fail-once MARKER --fail-after N``: partition 0's task raises once, after its first ``N``
   rows were published (MPUBs of 10 rows, answered OK) and before the rest: a task failure that
@@ -113,7 +116,9 @@ class FaultyLmqDataSource(LmqDataSource):
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--input", required=True)
+    parser.add_argument("--input")
+    parser.add_argument("--source-topic")
+    parser.add_argument("--per-trigger", default="50")
     parser.add_argument("--checkpoint", required=True)
     parser.add_argument("--address", required=True)
     parser.add_argument("--topic", required=True)
@@ -126,9 +131,18 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     spark = local_session("lmq-stream-job", master=args.master, log_level="ERROR")
     spark.dataSource.register(FaultyLmqDataSource)
+    if args.source_topic:
+        per_trigger = int(args.per_trigger)
+        rows = (
+            spark.readStream.format("lmq").option("address", args.address)
+            .option("topic", args.source_topic).option("startingOffsets", "earliest")
+            .option("maxOffsetsPerTrigger", str(per_trigger))
+            .option("partitionSize", str(max(1, per_trigger // 2))).load().select("value")
+        )  # fmt: skip
+    else:
+        rows = spark.readStream.format("text").option("maxFilesPerTrigger", "2").load(args.input)
     writer = (
-        spark.readStream.format("text").option("maxFilesPerTrigger", "2").load(args.input)
-        .writeStream.format("lmq-faulty")
+        rows.writeStream.format("lmq-faulty")
         .option("address", args.address)
         .option("topic", args.topic)
         .option("batchSize", str(SLICE_ROWS))

@@ -1,4 +1,5 @@
-"""The sink's dedup ids make a stream into lmq exactly-once across a task failure and a driver kill.
+"""The sink's dedup ids make a stream into lmq exactly-once across a task failure and a driver
+kill; with the lmq source on the other side, a pipeline lmq → Spark → lmq is exactly-once too.
 
 Each scenario runs ``tests/spark/stream_job.py`` in its own process (its own Spark driver, so
 that it can be killed with ``kill -9``, and ``local[2,2]`` so that a failed task is retried),
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -27,6 +29,7 @@ from pathlib import Path
 
 import pytest
 
+from lmq_client.sync import Producer
 from tests.support.process import LmqdProcess
 
 from .conftest import receive, receive_at_least, write_lines
@@ -87,6 +90,22 @@ def _run(command: list[str], log: Path) -> None:
         assert code == 0, f"job failed ({code}); see {log}:\n{log.read_text()[-3000:]}"
 
 
+def _kill_once_published(command: list[str], signal_file: Path, log: Path) -> None:
+    """Run the job until its hanging task says (``signal_file``) that batch 1's partition 0
+    has published every row and waits, then ``kill -9`` the driver with its JVM and the task's
+    worker."""
+    with _job(command, log) as process:
+        deadline = time.monotonic() + SIGNAL_TIMEOUT_S
+        while not signal_file.exists() or not signal_file.read_text():
+            assert process.poll() is None, f"job ended before the fault; see {log}"
+            assert time.monotonic() < deadline, f"batch 1 never published; see {log}"
+            time.sleep(0.1)
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(10)
+    with contextlib.suppress(ProcessLookupError):  # the task's worker, in pyspark's own group
+        os.kill(int(signal_file.read_text()), signal.SIGKILL)
+
+
 def _drain(daemon: LmqdProcess, topic: str, expected: set[bytes]) -> collections.Counter[bytes]:
     return collections.Counter(receive_at_least(daemon.tcp_address, topic, expected))
 
@@ -124,18 +143,7 @@ def test_a_driver_killed_before_a_published_batch_was_committed(
     log = tmp_path / "job.log"
     command = _job_command(tmp_path, daemon, topic, *flags, "--hang-batch", "1",
                            "--hang-signal", str(signal_file))  # fmt: skip
-    with _job(command, log) as process:
-        deadline = time.monotonic() + SIGNAL_TIMEOUT_S
-        while not signal_file.exists() or not signal_file.read_text():
-            assert process.poll() is None, f"job ended before the fault; see {log}"
-            assert time.monotonic() < deadline, f"batch 1 never published; see {log}"
-            time.sleep(0.1)
-        # Batch 1's partition 0 has published every row and waits: kill the driver and its JVM.
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait(10)
-    hung = int(signal_file.read_text())
-    with contextlib.suppress(ProcessLookupError):  # the task's worker, in pyspark's own group
-        os.kill(hung, signal.SIGKILL)
+    _kill_once_published(command, signal_file, log)
     checkpoint = tmp_path / "checkpoint"
     assert (checkpoint / "offsets" / "1").exists() and not (checkpoint / "commits" / "1").exists()
     # The same query (same checkpoint, so the same query id) starts again and re-runs batch 1.
@@ -151,3 +159,34 @@ def test_a_driver_killed_before_a_published_batch_was_committed(
     # batch 1's partition 0 (one whole file) came twice, and nothing of batch 0's two files
     assert len(twice) >= ROWS_PER_FILE
     assert len({body.split(b"-")[0] for body in twice}) <= 2
+
+
+def test_a_pipeline_from_lmq_to_lmq_is_exactly_once_across_a_driver_kill(
+    daemon: LmqdProcess, topic: str, tmp_path: Path
+) -> None:
+    # lmq → Spark → lmq with AvailableNow: the source reads 200 messages in batches of 50
+    # (offsets fixed in the checkpoint before each batch runs), the sink publishes them with
+    # dedup ids. The driver is killed once batch 1 has published and before it is committed;
+    # restarted, the query re-runs batch 1 (the same offsets, so the same rows and ids) and the
+    # rest. Every input message is in the output topic exactly once.
+    source = f"{topic}-in"
+    expected = [b"in-%03d" % i for i in range(200)]
+    with Producer(daemon.tcp_address) as producer:
+        producer.mpub(source, expected)
+    signal_file = tmp_path / "published"
+    log = tmp_path / "job.log"
+    command = [
+        sys.executable, "-m", "tests.spark.stream_job", "--checkpoint", str(tmp_path / "ck"),
+        "--address", daemon.tcp_address, "--topic", topic, "--source-topic", source,
+        "--per-trigger", "50",
+    ]  # fmt: skip
+    _kill_once_published([*command, "--hang-batch", "1", "--hang-signal", str(signal_file)],
+                         signal_file, log)  # fmt: skip
+    checkpoint = tmp_path / "ck"
+    assert (checkpoint / "offsets" / "1").exists() and not (checkpoint / "commits" / "1").exists()
+    offsets = json.loads((checkpoint / "offsets" / "1").read_text().splitlines()[-1])
+    assert offsets == {source: {daemon.http_address: 100}}  # batch 1: offsets 50..99
+    _run(command, log)
+    assert (checkpoint / "commits" / "3").exists() and not (checkpoint / "offsets" / "4").exists()
+    bodies = receive(daemon.tcp_address, topic, len(expected))
+    assert sorted(bodies) == expected  # each exactly once (receive fails on any extra)

@@ -41,6 +41,7 @@ __all__ = [
     "load_average",
     "start_lmqd",
     "stop_lmqd",
+    "tree_cpu_seconds",
 ]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -267,6 +268,29 @@ class LmqdProcess(DaemonProcess):
     def http_address(self) -> str | None:
         """``"127.0.0.1:<port>"`` of the HTTP API, or None if the daemon serves none."""
         return self._addresses.get("HTTP")
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` and all its descendants so far, the ones that
+    ended and were waited for included (a Spark JVM with its Python workers, say)."""
+    parents: dict[int, int] = {}
+    times: dict[int, float] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue  # ended meanwhile
+        fields = stat[stat.rindex(")") + 2 :].split()
+        parents[int(entry.name)] = int(fields[1])
+        times[int(entry.name)] = sum(int(f) for f in fields[11:15]) / _CLOCK_TICKS
+    total, todo = 0.0, [pid]
+    while todo:
+        current = todo.pop()
+        total += times.get(current, 0.0)
+        todo.extend(child for child, parent in parents.items() if parent == current)
+    return total
 
 
 def start_lmqd(
