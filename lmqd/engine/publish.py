@@ -256,7 +256,7 @@ class PublishPath:
                 for channel in topic.channels.values():
                     channel.retry.note_message_ttls()
             ranked = any(e is not None and e.priority for e in distinct)
-        self._put(messages, sum(map(len, bodies)), deliver_at > 0 or ranked)
+        self._put(messages, sum(map(len, bodies)), deliver_at > 0 or ranked, ts, exts is None)
         return messages
 
     def put_many(self, messages: Sequence[Message]) -> None:
@@ -266,11 +266,19 @@ class PublishPath:
             raise TopicExiting(f"topic {topic.name} is exiting")
         self._put(messages, sum(len(m.body) for m in messages), any(map(pushed, messages)))
 
-    def _put(self, messages: Sequence[Message], nbytes: int, some_pushed: bool) -> None:
+    def _put(
+        self,
+        messages: Sequence[Message],
+        nbytes: int,
+        some_pushed: bool,
+        timestamp: int | None = None,
+        plain: bool = False,
+    ) -> None:
         topic = self._topic
         stream = topic.stream
         first = stream.next_offset
-        stream.append(messages, nbytes)  # raises BackendError having stored none
+        # Raises BackendError having stored none.
+        stream.append(messages, nbytes, timestamp=timestamp, plain=plain)
         if some_pushed:
             kept = stream.next_offset - first  # an ephemeral topic may have dropped the rest
             stream.note_pushed([first + k for k, m in enumerate(messages[:kept]) if pushed(m)])

@@ -294,14 +294,22 @@ class TopicStream:
 
     # -- taking messages ---------------------------------------------------------------------
 
-    def append(self, messages: Sequence[Message], nbytes: int) -> None:
+    def append(
+        self,
+        messages: Sequence[Message],
+        nbytes: int,
+        *,
+        timestamp: int | None = None,
+        plain: bool = False,
+    ) -> None:
         """Take ``messages``, whose offsets are ``next_offset`` on, in order; ``nbytes``: their
-        bodies' size. All or none: raises ``BackendError`` having kept none (a log write
-        failed)."""
-        self._store(messages)
+        bodies' size; ``timestamp``: theirs if they all have one (a publish's), ``plain``: none
+        has an lmq extension (hints for the log, ``TopicLog.append_many``). All or none: raises
+        ``BackendError`` having kept none (a log write failed)."""
+        self._store(messages, timestamp, plain)
         self.byte_marks.note(self.next_offset, nbytes)
 
-    def _store(self, messages: Sequence[Message]) -> None:
+    def _store(self, messages: Sequence[Message], timestamp: int | None, plain: bool) -> None:
         n = len(messages)
         if not n:
             return
@@ -324,7 +332,10 @@ class TopicStream:
             if unwritten:  # a switch to write-through could not write the tail then
                 log.append_many([*unwritten, *messages], self.next_offset - len(unwritten))
             else:
-                log.append_many(messages, self.next_offset, cache=self._cache_wanted())
+                log.append_many(
+                    messages, self.next_offset, cache=self._cache_wanted(), timestamp=timestamp,
+                    plain=plain,
+                )  # fmt: skip
             self.next_offset += n
             tail.reset(self.next_offset)
             self.wrote_backend = True
@@ -336,7 +347,10 @@ class TopicStream:
         if log.next_offset > tail.end:
             # The tail overflowed: until every channel has read it, new messages follow it in
             # the log (their offsets are past it).
-            log.append_many(messages, self.next_offset, cache=self._cache_wanted())
+            log.append_many(
+                messages, self.next_offset, cache=self._cache_wanted(), timestamp=timestamp,
+                plain=plain,
+            )  # fmt: skip
             self.next_offset += n
             self.wrote_backend = True
             return

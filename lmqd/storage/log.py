@@ -235,7 +235,13 @@ class TopicLog:
         return ids
 
     def append_many(
-        self, messages: Sequence[Message], first_offset: int | None = None, *, cache: bool = True
+        self,
+        messages: Sequence[Message],
+        first_offset: int | None = None,
+        *,
+        cache: bool = True,
+        timestamp: int | None = None,
+        plain: bool = False,
     ) -> int:
         """Append ``messages`` in order; returns the offset of the first (the others follow).
 
@@ -247,7 +253,9 @@ class TopicLog:
         ``cache`` they are not kept (the cache is emptied instead, so that it stays
         contiguous): the caller keeps them (a topic's memory tail, whose readers may take them
         for their own) or no reader is near enough the end to read them from the cache, and
-        they are freed as soon as the caller lets them go.
+        they are freed as soon as the caller lets them go. ``timestamp``: every message has this
+        one (a publish's), and ``plain``: none has an lmq extension -- what the caller knows, so
+        that the index and the writer need not look at each message for it.
         """
         if self._closed:
             raise BackendError(f"TOPICLOG({self.name}): closed")
@@ -265,7 +273,7 @@ class TopicLog:
             return first
         if self._unborn:
             self._create_files()
-        placed = self._writer.write(listed, first)
+        placed = self._writer.write(listed, first, plain=plain)
         segs = index.segments
         live = self._segments.live
         tail_cache = self._cache
@@ -282,7 +290,8 @@ class TopicLog:
             for b_first, b_end, payload in batches:
                 end = pos + OFFSET_BATCH_OVERHEAD + payload
                 chunk = listed if b_end - b_first == whole else listed[b_first:b_end]
-                seg.add_record(pos, first + b_first, b_end - b_first, max(map(_timestamp, chunk)))
+                top = timestamp if timestamp is not None else max(map(_timestamp, chunk))
+                seg.add_record(pos, first + b_first, b_end - b_first, top)
                 if cache:
                     tail_cache.add(seg, pos, end, first + b_first, chunk)
                 pos = end

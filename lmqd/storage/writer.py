@@ -94,17 +94,24 @@ class SegmentWriter:
         self.fd = fd
         self._truncate_to = -1
 
-    def write(self, messages: Sequence[Message], first_offset: int | None = None) -> list[Placed]:
+    def write(
+        self,
+        messages: Sequence[Message],
+        first_offset: int | None = None,
+        *,
+        plain: bool = False,
+    ) -> list[Placed]:
         """Append ``messages`` (at least one) in order; returns where their records went.
 
         ``first_offset``: a topic log's offset of ``messages[0]`` (offset batch records, see
-        the module docstring); None for a disk queue. Raises ``BackendError`` having stored
-        none of them.
+        the module docstring); None for a disk queue. ``plain``: the caller knows that no
+        message has an lmq extension (no option blocks; not looked for). Raises
+        ``BackendError`` having stored none of them.
         """
         if self._truncate_to >= 0:
             self._truncate_tail()
         entries, bodies = encode_entries(messages, self._timebase.to_wall_ns)
-        options = encode_options(messages)
+        options = None if plain else encode_options(messages)
         overhead = BATCH_OVERHEAD if first_offset is None else OFFSET_BATCH_OVERHEAD
         chunks = plan_batches(
             bodies, self._segments.live[-1].end, self._max_bytes, overhead, options
