@@ -293,7 +293,7 @@ class Broker:
         bodies: Sequence[bytes],
         defer: float = 0.0,
         exts: Sequence[MessageExt | None] | None = None,
-    ) -> list[Message]:
+    ) -> None:
         """Put ``bodies`` on the topic (created if needed), deferred by ``defer`` seconds, each
         with its lmq extension from ``exts`` (one per body) if given.
 
@@ -304,13 +304,12 @@ class Broker:
         """
         topic = self.get_topic(topic_name)
         try:
-            messages = topic.publish(bodies, trio.current_time(), defer, exts)
+            topic.publish(bodies, trio.current_time(), defer, exts, keep=False)
         except BackendError as exc:
             self.set_health(str(exc))
             raise
         if self._health_error is not None:
             self._stored(topic)
-        return messages
 
     def publish_run(
         self,
@@ -325,11 +324,13 @@ class Broker:
         (``PublishOutcome``). Raises as ``publish`` does for failures of the whole run."""
         topic = self.get_topic(topic_name)
         try:
-            outcome = topic.publish_run(bodies, sizes, trio.current_time(), defer, exts)
+            outcome = topic.publish_run(
+                bodies, sizes, trio.current_time(), defer, exts, keep=False
+            )
         except BackendError as exc:
             self.set_health(str(exc))
             raise
-        if outcome.messages:
+        if outcome.stored:
             self._stored(topic)
         return outcome
 
@@ -371,15 +372,14 @@ class Broker:
         bodies: Sequence[bytes],
         defer: float = 0.0,
         exts: Sequence[MessageExt | None] | None = None,
-    ) -> list[Message]:
+    ) -> None:
         """``publish``, then (``--durable``) wait until the messages are fsynced.
 
         For publishers that can wait (HTTP ``/pub``, ``/mpub``). Raises ``BackendError`` if the
         write or the sync failed.
         """
-        messages = self.publish(topic_name, bodies, defer, exts)
+        self.publish(topic_name, bodies, defer, exts)
         await self.wait_durable(topic_name)
-        return messages
 
     async def wait_durable(self, topic_name: str) -> None:
         """``--durable``: wait until what the topic holds so far (messages, and its channels'

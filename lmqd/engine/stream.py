@@ -326,8 +326,7 @@ class TopicStream:
             tail.extend(messages)
             self.next_offset += n
             return
-        self.trim()
-        if self.write_through:
+        if self._to_log_alone():
             unwritten = self._unwritten()
             if unwritten:  # a switch to write-through could not write the tail then
                 log.append_many([*unwritten, *messages], self.next_offset - len(unwritten))
@@ -336,23 +335,7 @@ class TopicStream:
                     messages, self.next_offset, cache=self._cache_wanted(), timestamp=timestamp,
                     plain=plain,
                 )  # fmt: skip
-            self.next_offset += n
-            tail.reset(self.next_offset)
-            self.wrote_backend = True
-            return
-        if not len(tail):
-            self._spilled = 0
-            if tail.start != self.next_offset:
-                tail.reset(self.next_offset)  # read by every channel: memory first again
-        if log.next_offset > tail.end:
-            # The tail overflowed: until every channel has read it, new messages follow it in
-            # the log (their offsets are past it).
-            log.append_many(
-                messages, self.next_offset, cache=self._cache_wanted(), timestamp=timestamp,
-                plain=plain,
-            )  # fmt: skip
-            self.next_offset += n
-            self.wrote_backend = True
+            self._appended(n)
             return
         room = max(self.limit - len(tail), 0)
         if n <= room:
@@ -388,6 +371,46 @@ class TopicStream:
         if room:
             tail.extend(messages[:room])
         self.next_offset += n
+        self.wrote_backend = True
+
+    def append_plain(
+        self, ids: Sequence[bytes], bodies: list[bytes], timestamp: int, nbytes: int
+    ) -> bool:
+        """A plain publish (no extension, not deferred, one timestamp) as columns, straight into
+        the log without message objects when that is where it goes (write-through, or behind an
+        overflowing tail) and no reader is near the end to want the objects (``_cache_wanted``):
+        the backlog case, each message written and gone. False, having stored nothing, when
+        they must be made (the caller then calls ``append``). Raises ``BackendError`` having
+        stored none of them."""
+        log = self.log
+        if log is None or not self._to_log_alone() or self._unwritten() or self._cache_wanted():
+            return False
+        log.append_plain(ids, bodies, timestamp, self.next_offset)
+        self._appended(len(bodies))
+        self.byte_marks.note(self.next_offset, nbytes)
+        return True
+
+    def _to_log_alone(self) -> bool:
+        """Whether what is published now goes to the log alone: write-through, or the tail
+        overflowed (until every channel has read it, new messages follow it in the log: their
+        offsets are past it). Forgets what every channel has read first."""
+        log = self.log
+        assert log is not None
+        self.trim()
+        tail = self.tail
+        if self.write_through:
+            return True
+        if not len(tail):
+            self._spilled = 0
+            if tail.start != self.next_offset:
+                tail.reset(self.next_offset)  # read by every channel: memory first again
+        return log.next_offset > tail.end
+
+    def _appended(self, n: int) -> None:
+        """``n`` messages went to the log alone."""
+        self.next_offset += n
+        if self.write_through:
+            self.tail.reset(self.next_offset)
         self.wrote_backend = True
 
     def _unwritten(self) -> list[Message]:

@@ -187,16 +187,20 @@ class Topic:
         now: float,
         defer: float = 0.0,
         exts: Sequence[MessageExt | None] | None = None,
+        *,
+        keep: bool = True,
     ) -> list[Message]:
         """Make messages of ``bodies`` (new ids, one wall-clock timestamp) and store them at
         the next offsets; ``exts``: each one's lmq extension (``Message.ext``), if any.
+        Returns the messages made, unless ``keep`` is false (a publisher's path, which has no
+        use for them: a backlog's messages are then written without making them).
 
         ``defer`` > 0 (seconds, DPUB) sets ``deliver_at = now + defer``. Raises
         ``TopicExiting``, or ``BackendError`` having stored none of them; with publish
         policies (``gate``), ``PublishRefused`` having stored none of them, and duplicates
         are left out of the result.
         """
-        return self.publishing.publish(bodies, now, defer, exts)
+        return self.publishing.publish(bodies, now, defer, exts, keep=keep)
 
     def publish_run(
         self,
@@ -205,13 +209,15 @@ class Topic:
         now: float,
         defer: float = 0.0,
         exts: Sequence[MessageExt | None] | None = None,
+        *,
+        keep: bool = True,
     ) -> PublishOutcome:
         """Publish a run of commands (``sizes``: how many of ``bodies`` each has, in order)
         through the publish policies: dedup, then ``max_depth`` (see ``admission.py``). The
-        rate was the caller's (``gate.reserve``). ``exts``: each body's lmq extension, if any.
-        Raises ``TopicExiting`` or ``BackendError`` having stored nothing and remembered
-        nothing."""
-        return self.publishing.publish_run(bodies, sizes, now, defer, exts)
+        rate was the caller's (``gate.reserve``). ``exts``: each body's lmq extension, if any;
+        ``keep``: as ``publish``'s. Raises ``TopicExiting`` or ``BackendError`` having stored
+        nothing and remembered nothing."""
+        return self.publishing.publish_run(bodies, sizes, now, defer, exts, keep=keep)
 
     def put_many(self, messages: Sequence[Message]) -> None:
         """Store already-built messages (at the next offsets). All or none: raises

@@ -70,7 +70,7 @@ from lmqd.storage.repair import Damage
 from lmqd.storage.segments import SegmentList
 from lmqd.storage.sync import QueueFiles, SyncJob
 from lmqd.storage.timebase import TimeBase
-from lmqd.storage.writer import SegmentWriter
+from lmqd.storage.writer import Placed, SegmentWriter
 from lmqd.units import MiB
 
 log = logging.getLogger("lmqd.storage")
@@ -274,12 +274,48 @@ class TopicLog:
         if self._unborn:
             self._create_files()
         placed = self._writer.write(listed, first, plain=plain)
+        self._index_placed(placed, first, len(listed), listed, cache, timestamp)
+        return first
+
+    def append_plain(
+        self, ids: Sequence[bytes], bodies: list[bytes], timestamp: int, first_offset: int
+    ) -> None:
+        """Append a plain publish from its columns (no extension, no deliver-after time, one
+        timestamp) at ``first_offset``, without message objects: the tail cache is emptied (it
+        holds objects; no reader is near enough the end to want them, the caller knows). As
+        ``append_many`` otherwise."""
+        if self._closed:
+            raise BackendError(f"TOPICLOG({self.name}): closed")
+        if first_offset < self._index.next_offset:
+            raise ValueError(
+                f"TOPICLOG({self.name}): offset {first_offset} was given already "
+                f"(next is {self._index.next_offset})"
+            )
+        if not bodies:
+            return
+        if self._unborn:
+            self._create_files()
+        placed = self._writer.write_plain(ids, bodies, timestamp, first_offset)
+        self._index_placed(placed, first_offset, len(bodies), None, False, timestamp)
+
+    def _index_placed(
+        self,
+        placed: list[Placed],
+        first: int,
+        whole: int,
+        messages: list[Message] | None,
+        cache: bool,
+        timestamp: int | None,
+    ) -> None:
+        """Index the records a write placed (each one's newest timestamp: ``timestamp``, else
+        its ``messages``'); with ``cache``, keep them in the tail cache as those objects, else
+        empty the cache (so that it stays contiguous)."""
+        index = self._index
         segs = index.segments
         live = self._segments.live
         tail_cache = self._cache
         if not cache and len(tail_cache):
             tail_cache.clear()
-        whole = len(listed)
         for number, pos, batches in placed:
             seg = segs[-1]
             if seg.number != number:  # the writer rolled to a new segment
@@ -289,7 +325,9 @@ class TopicLog:
                 segs.append(seg)
             for b_first, b_end, payload in batches:
                 end = pos + OFFSET_BATCH_OVERHEAD + payload
-                chunk = listed if b_end - b_first == whole else listed[b_first:b_end]
+                chunk: list[Message] = []
+                if messages is not None and (cache or timestamp is None):
+                    chunk = messages if b_end - b_first == whole else messages[b_first:b_end]
                 top = timestamp if timestamp is not None else max(map(_timestamp, chunk))
                 seg.add_record(pos, first + b_first, b_end - b_first, top)
                 if cache:
@@ -297,7 +335,6 @@ class TopicLog:
                 pos = end
         index.next_offset = first + whole
         self._dirty += whole
-        return first
 
     def advance_to(self, offset: int) -> None:
         """Make ``offset`` the next offset without writing anything (the offsets skipped are a

@@ -37,6 +37,7 @@ from lmqd.storage.encoder import (
     Batch,
     encode_entries,
     encode_options,
+    encode_plain,
     frame_batches,
     plan_batches,
 )
@@ -117,6 +118,19 @@ class SegmentWriter:
             bodies, self._segments.live[-1].end, self._max_bytes, overhead, options
         )
         return self._write_chunks(entries, bodies, chunks, first_offset, options)
+
+    def write_plain(
+        self, ids: Sequence[bytes], bodies: list[bytes], timestamp: int, first_offset: int
+    ) -> list[Placed]:
+        """``write`` of a topic log's plain publish, from its columns (``encode_plain``): no
+        extension, no deliver-after time, attempts 0, one timestamp."""
+        if self._truncate_to >= 0:
+            self._truncate_tail()
+        entries = encode_plain(ids, bodies, timestamp)
+        chunks = plan_batches(
+            bodies, self._segments.live[-1].end, self._max_bytes, OFFSET_BATCH_OVERHEAD
+        )
+        return self._write_chunks(entries, bodies, chunks, first_offset)
 
     def take_sync_fds(self) -> list[int]:
         """The descriptors a sync job must fsync, now owned by the caller (``prepare_sync``).
