@@ -128,9 +128,9 @@ class Channel:
     # daemon: ~1 KB and a GC-tracked object less each).
     __slots__ = (
         "_busy_at", "_nursery", "_paused", "_sleep_scope", "_task_running", "_want_delivery",
-        "body_estimate", "clients", "ctx", "deferred", "e2e_stream", "ephemeral", "exiting",
-        "in_flight", "keeping", "last_backend_error", "message_count", "name", "options",
-        "owner", "requeue_count", "retry", "sources", "timeout_count", "topic_name",
+        "body_estimate", "clients", "ctx", "cursor", "deferred", "e2e_stream", "ephemeral",
+        "exiting", "in_flight", "keeping", "last_backend_error", "message_count", "name",
+        "options", "owner", "requeue_count", "retry", "sources", "timeout_count", "topic_name",
     )  # fmt: skip
 
     def __init__(
@@ -185,6 +185,8 @@ class Channel:
             options.mem_queue_limit * kind.mem_factor,
             stores.stored_lanes(topic_name, name),
         )
+        self.cursor = cursor
+        """Where the channel reads its topic's stream (None: the pump puts messages here)."""
         self.keeping = kind(self)
         self.retry = Retry(self)
         self.keeping.restore()
@@ -214,11 +216,6 @@ class Channel:
     def backend_depth(self) -> int:
         """Of ``depth``, the messages on disk (own store and the topic's log)."""
         return self.sources.backend_depth
-
-    @property
-    def cursor(self) -> ChannelCursor | None:
-        """Where the channel reads its topic's stream (None: the pump puts messages here)."""
-        return self.sources.cursor
 
     @property
     def durable(self) -> bool:

@@ -156,8 +156,10 @@ class ChannelCursor:
 
     @property
     def has_unread(self) -> bool:
-        """``unread > 0``, cheaply (pushed ones aside)."""
-        return self.position < self.end
+        """``unread > 0``, cheaply (pushed ones aside): ``end`` inlined, asked at every delivery
+        request."""
+        stream = self.stream
+        return self.position < (stream.next_offset if self.ahead else stream.pumped)
 
     @property
     def unread_on_disk(self) -> int:

@@ -13,7 +13,7 @@ no await per message:
   and a message's own, lmq's extension: the shorter wins) and ``max_attempts``; at most
   ``SCREEN_BUDGET`` are given up per round, then the round yields and the next goes on, so a
   queue of expired messages never holds delivery back. On disk the log's time index skips a
-  whole expired backlog without reading it (``before_read``), when there is no dead-letter topic
+  whole expired backlog without reading it (``skip_expired``), when there is no dead-letter topic
   to publish it to.
 * **Giving up** (``give_up``): to the dead-letter topic through the engine's events (the broker
   publishes them there: an ordinary topic, whose ``lmq.redrive`` channel holds them for a
@@ -134,10 +134,10 @@ class Retry:
 
     __slots__ = (
         "_channel",
-        "_expired_seen",
         "_message_ttls",
         "dead_letter_count",
         "expired_count",
+        "expired_seen",
         "max_attempts_dropped_count",
         "policy",
         "policy_settings",
@@ -160,8 +160,9 @@ class Retry:
         """Whether delivery looks at each message taken (a TTL or ``max_attempts`` is set)."""
         self._message_ttls = False
         """Some message of the topic has its own TTL (lmq's extension): screened too."""
-        self._expired_seen = False
-        """A message taken had expired: the next read skips the expired backlog in the log."""
+        self.expired_seen = False
+        """A message taken had expired: the next read skips the expired backlog in the log
+        (``skip_expired``)."""
         self.dead_letter_count = 0
         """Messages published to the dead-letter topic (expired or out of attempts)."""
         self.expired_count = 0
@@ -201,7 +202,7 @@ class Retry:
     def _update_screening(self) -> None:
         self.screening = bool(self.ttl_ns or self.policy.max_attempts or self._message_ttls)
         if not self.ttl_ns:
-            self._expired_seen = False
+            self.expired_seen = False
 
     @property
     def retries(self) -> bool:
@@ -259,7 +260,7 @@ class Retry:
             cutoff = wall_clock() - ttl
             expired = [m for m in messages if m.timestamp < cutoff]
             if expired:
-                self._expired_seen = True
+                self.expired_seen = True
                 self.give_up(expired, REASON_EXPIRED, now)
                 messages = [m for m in messages if m.timestamp >= cutoff]
         if self._message_ttls:
@@ -319,14 +320,12 @@ class Retry:
             "%s: dead-lettered %d messages to %s (%s)", channel.subject, n, target, reason
         )
 
-    def before_read(self, cursor: ChannelCursor) -> None:
-        """Before the channel reads its cursor: once a message taken had expired, the expired
-        backlog in the topic's log is skipped by the log's time index without reading it
-        (dropped and counted; a channel with a dead-letter topic reads them instead, to
-        publish them)."""
-        if not self._expired_seen:
-            return
-        self._expired_seen = False
+    def skip_expired(self, cursor: ChannelCursor) -> None:
+        """Before the channel reads its cursor, once a message taken had expired
+        (``expired_seen``): the expired backlog in the topic's log is skipped by the log's time
+        index without reading it (dropped and counted; a channel with a dead-letter topic reads
+        them instead, to publish them)."""
+        self.expired_seen = False
         if self.dead_letter_topic:
             return
         skipped = cursor.skip_older_than(self._channel.ctx.wall_clock() - self.ttl_ns)

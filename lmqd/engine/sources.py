@@ -63,9 +63,14 @@ class SourcesKeeping(Protocol):
 
 
 class ReadHook(Protocol):
-    """What the sources tell their channel's policy (``retry.py``) before a cursor read."""
+    """What the sources ask of their channel's policy (``retry.py``) before a cursor read."""
 
-    def before_read(self, cursor: ChannelCursor) -> None: ...
+    @property
+    def expired_seen(self) -> bool:
+        """A message taken had expired: the expired backlog may be skipped."""
+        ...
+
+    def skip_expired(self, cursor: ChannelCursor) -> None: ...
 
 
 class SourcesOwner(Protocol):
@@ -107,7 +112,7 @@ class SourcesOwner(Protocol):
 class ReadySources:
     """A channel's priority lanes, own store and cursor (see the module docstring)."""
 
-    __slots__ = ("_channel", "_mem_size", "cursor", "lanes", "queue", "unbuffered")
+    __slots__ = ("_channel", "_mem_size", "backend", "cursor", "lanes", "queue", "unbuffered")
 
     def __init__(
         self,
@@ -123,6 +128,8 @@ class ReadySources:
         self._mem_size = mem_size
         self.queue = SpillQueue(backend, mem_size, channel.ctx.on_backend_change)
         """The own store: memory up to ``mem_size``, then ``backend``."""
+        self.backend = backend
+        """The own store's disk (or memory) part."""
         # nsqd gives ephemeral channels a memory queue even with --mem-queue-size 0 (an
         # unbuffered Go channel: a put succeeds only while a ready consumer is waiting).
         # ``memory_limit`` reproduces that with the consumers' free RDY room.
@@ -131,11 +138,6 @@ class ReadySources:
         """The priority lanes, once a message with a priority came (or stored ones exist)."""
         if stored_lanes:
             self.ensure_lanes(stored_lanes)
-
-    @property
-    def backend(self) -> BackendQueue:
-        """The own store's disk (or memory) part."""
-        return self.queue.backend
 
     # -- sizes -------------------------------------------------------------------------------
 
@@ -169,11 +171,13 @@ class ReadySources:
         return self.backend.depth + (lanes.backend_depth if lanes is not None else 0)
 
     def has_ready(self) -> bool:
+        """``depth > 0``, cheaply (asked at every delivery request: the cursor first, where a
+        channel's messages usually are)."""
         cursor = self.cursor
         return bool(
-            self.queue.memory_count
+            (cursor is not None and cursor.has_unread)
+            or self.queue.memory_count
             or self.backend.depth
-            or (cursor is not None and cursor.has_unread)
             or (self.lanes is not None and self.lanes)
         )
 
@@ -242,6 +246,9 @@ class ReadySources:
         own = len(out)
         bound: int | None = 0
         if cursor is not None and len(out) < count and cursor.has_unread:
+            retry = self._channel.retry
+            if retry.expired_seen:
+                retry.skip_expired(cursor)
             bound = self._take_cursor(cursor, count, now, out)
         deferred = self._channel.deferred
         if deferred:
@@ -253,7 +260,6 @@ class ReadySources:
     ) -> int | None:
         """Read from the cursor into ``out`` up to ``count`` messages. Returns at least their
         bodies' bytes, from the stream's marks (None: not known without summing them)."""
-        self._channel.retry.before_read(cursor)
         marks = cursor.stream.byte_marks
         start = cursor.position
         before = marks.bytes_before(start)
