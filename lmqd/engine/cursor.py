@@ -69,7 +69,7 @@ from lmqd.engine.stream import TopicStream
 from lmqd.message import Message, copies
 from lmqd.storage import Cursor
 
-__all__ = ["READ_ALL", "ChannelCursor", "pushed"]
+__all__ = ["READ_ALL", "ChannelCursor", "DurableCursor", "pushed"]
 
 READ_ALL = 1 << 62
 """``replay_until`` of a cursor reading ahead: past any offset, so it reads pushed messages in
@@ -77,10 +77,14 @@ order like the others (the pump pushes nothing to it)."""
 
 
 class ChannelCursor:
-    """A channel's position in its topic's stream; see the module docstring."""
+    """A channel's position in its topic's stream; see the module docstring. Default mode:
+    reads settle at once (``DurableCursor`` for ``--durable``)."""
+
+    settles = True
+    """Reads settle at once: messages read are done as far as the log is concerned."""
 
     __slots__ = (
-        "_log_cursor", "_settle", "_skips", "ahead", "name", "position", "replay_until",
+        "_log_cursor", "_skips", "ahead", "name", "position", "replay_until",
         "replayed", "stream",
     )  # fmt: skip
 
@@ -89,7 +93,6 @@ class ChannelCursor:
         stream: TopicStream,
         name: str,
         *,
-        durable: bool,
         at: int | None = None,
         ahead: bool = False,
     ) -> None:
@@ -98,8 +101,6 @@ class ChannelCursor:
         self.ahead = ahead
         """Reads everything the topic stores, up to its end, ahead of the pump (an internal
         channel, ``internal.py``); else only what the pump handed on (``pumped``)."""
-        self._settle = not durable
-        """Settle on reading: messages read are done as far as the log is concerned."""
         self._skips: list[tuple[int, int]] = []
         self.replay_until = READ_ALL if ahead else 0
         """Pushed messages below this offset are read like the others (a replay; every one for
@@ -227,8 +228,8 @@ class ChannelCursor:
             if lc.position < self.position:
                 lc.skip_to(self.position)  # keeps what is unsettled
             else:
-                lc.seek(self.position, keep_unsettled=not self._settle)
-        got = lc.read_messages(want, settle=self._settle, until=until)
+                lc.seek(self.position, keep_unsettled=True)  # (none unsettled: default mode)
+        got = lc.read_messages(want, settle=self.settles, until=until)
         if not got:
             if lc.position >= until:
                 self.position = lc.position  # a gap (damage) up to there
@@ -255,8 +256,8 @@ class ChannelCursor:
                 passed.append(m.offset)  # the pump pushed it to the channel
             else:
                 out.append(m)
-        if passed and not self._settle:
-            lc.settle_many(passed)
+        if passed:
+            lc.settle_many(passed)  # (a no-op in default mode: reads settle at once)
         return out
 
     def _read_tail(self, want: int, end: int) -> list[Message]:
@@ -331,8 +332,7 @@ class ChannelCursor:
         lc = self._log_cursor
         if lc is not None:
             lc.skips.clear()
-            keep = keep_unsettled and not self._settle
-            lc.seek(stream.log_target(position), keep_unsettled=keep)
+            lc.seek(stream.log_target(position), keep_unsettled=keep_unsettled)
         self.replayed += max(self.unread - unread, 0)
         return position
 
@@ -378,18 +378,17 @@ class ChannelCursor:
                 self._log_cursor.add_skip(start, end)
 
     def sync_log_cursor(self) -> None:
-        """Default mode: move the log cursor to the channel's position (it lags while the
-        channel reads from memory). ``--durable``: only forward (gaps), keeping the unsettled."""
+        """Move the log cursor to the channel's position (it lags while the channel reads from
+        memory)."""
         lc = self._log_cursor
         if lc is None or lc.deleted:
             return
         target = self.stream.log_target(self.position)
-        if lc.position == target:
-            return
-        if self._settle:
-            lc.seek(target)
-        elif target > lc.position:
-            lc.skip_to(target)
+        if lc.position != target:
+            self._sync_to(lc, target)
+
+    def _sync_to(self, lc: Cursor, target: int) -> None:
+        lc.seek(target)
 
     def delete(self) -> None:
         """The channel is deleted: forget the cursor (the log deletes what only it kept)."""
@@ -400,6 +399,20 @@ class ChannelCursor:
             stream.log.delete_cursor(self.name)
         self._log_cursor = None
         self.position = stream.next_offset  # nothing left to read
+
+
+class DurableCursor(ChannelCursor):
+    """``--durable``: what the channel reads stays unsettled in the log until it settles it
+    (FIN, or a durable copy in one of its stores), so that a crash reads it again."""
+
+    __slots__ = ()
+
+    settles = False
+
+    def _sync_to(self, lc: Cursor, target: int) -> None:
+        # Only forward (gaps, skips), keeping the unsettled: the log cursor is the reader.
+        if target > lc.position:
+            lc.skip_to(target)
 
 
 def pushed(m: Message) -> bool:

@@ -50,37 +50,35 @@ class PushPins:
         self._topic = topic
 
     def push(self, channel: Channel, batch_pushed: list[Message], now: float) -> None:
-        """Copies of a pump batch's pushed messages (with their offsets) to one channel."""
-        copied = copies(batch_pushed)
-        if not channel.durable:
-            channel.push(copied, now)
-            return
+        """Copies of a pump batch's pushed messages (with their offsets) to one channel; what
+        it wrote to its stores (a durable channel's copies) is pinned until fsynced. Pinning
+        after the push is pinning before any sync: no task runs in between."""
         topic = self._topic
         stream = topic.stream
-        for m in batch_pushed:
-            stream.pin(m.offset)  # #topic must not pass it before this channel's copy is safe
         try:
-            written = channel.push(copied, now)
+            written = channel.push(copies(batch_pushed), now)
         except BackendError as exc:
-            # The channel holds in memory what was not stored; their pins stay, so a restart
+            # The channel holds in memory what was not stored; pinned for good, so a restart
             # pumps them again for this channel.
+            for m in batch_pushed:
+                stream.pin(m.offset)
             log.error(
                 "TOPIC(%s): channel(%s) cannot store %d pushed messages (held in memory "
                 "until a restart pumps them again) - %s",
                 topic.name,
                 channel.name,
-                len(copied),
+                len(batch_pushed),
                 exc,
             )
             topic.ctx.events.set_health(str(exc))
             return
         syncer = topic.ctx.syncer
+        if syncer is None:
+            return  # nothing is ever synced: nothing to wait for
         for store, offsets in written:
-            if syncer is None:
-                for offset in offsets:
-                    stream.unpin(offset)
-            else:
-                syncer.when_durable(store, partial(self._unpin, offsets), urgent=False)
+            for offset in offsets:
+                stream.pin(offset)  # #topic must not pass it before this channel's copy is safe
+            syncer.when_durable(store, partial(self._unpin, offsets), urgent=False)
 
     def _unpin(self, offsets: list[int], error: OSError | None) -> None:
         # Syncer callback: a channel's pushed copies are durable (or their sync failed: the

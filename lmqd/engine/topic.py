@@ -40,7 +40,7 @@ from lmqd.engine.admission import PublishCounters, PublishGate
 from lmqd.engine.backend import storage_damage
 from lmqd.engine.channel import Channel
 from lmqd.engine.context import EngineContext
-from lmqd.engine.cursor import ChannelCursor
+from lmqd.engine.cursor import ChannelCursor, DurableCursor
 from lmqd.engine.e2e import E2eLatencyStream, empty_latency
 from lmqd.engine.errors import TopicExiting
 from lmqd.engine.internal import reads_ahead
@@ -346,8 +346,8 @@ class Topic:
         cursor = (
             None
             if ephemeral or self.ephemeral
-            else ChannelCursor(
-                self.stream, name, durable=durable, at=start_at, ahead=reads_ahead(name)
+            else (DurableCursor if durable else ChannelCursor)(
+                self.stream, name, at=start_at, ahead=reads_ahead(name)
             )
         )
         channel = Channel(self.ctx, self.name, name, owner=self, cursor=cursor, durable=durable)
