@@ -32,32 +32,20 @@ from functools import partial
 from typing import Protocol
 
 from lmqd.engine.backend import BackendError, BackendQueue, StoredQueue, Syncable
-from lmqd.engine.context import EngineContext
-from lmqd.engine.deferred import DeferredQueue
 from lmqd.engine.durable import DurableAcks
-from lmqd.engine.inflight import InFlightQueue
 from lmqd.engine.lanes import LANE_SUFFIX, by_level, priority_of
 from lmqd.engine.salvage import Salvage
-from lmqd.engine.sources import ReadySources
+from lmqd.engine.sources import ChannelBasics, ReadySources
 from lmqd.message import Message
 from lmqd.storage import run_sync_jobs
 
 __all__ = ["RELEASE_CHECK_S", "DurableKeeping", "Keeping", "KeepingOwner"]
 
 
-class KeepingOwner(Protocol):
-    """The channel, as its keeping sees it (``channel.Channel``)."""
+class KeepingOwner(ChannelBasics, Protocol):
+    """The channel, as its keeping sees it."""
 
     last_backend_error: BackendError | None
-
-    @property
-    def ctx(self) -> EngineContext: ...
-
-    @property
-    def topic_name(self) -> str: ...
-
-    @property
-    def name(self) -> str: ...
 
     @property
     def subject(self) -> str: ...
@@ -66,15 +54,7 @@ class KeepingOwner(Protocol):
     def sources(self) -> ReadySources: ...
 
     @property
-    def in_flight(self) -> InFlightQueue: ...
-
-    @property
-    def deferred(self) -> DeferredQueue: ...
-
-    @property
     def disk_queues(self) -> tuple[StoredQueue, ...]: ...
-
-    def wake_at(self, deadline: float) -> None: ...
 
     def request_delivery(self) -> None: ...
 
@@ -207,13 +187,18 @@ class Keeping:
 
     def enqueue(self, messages: Sequence[Message]) -> None:
         """Messages the channel already owns (from its topic, requeued, timed out, due) onto
-        the ready queue, those with a priority into their lanes; a failed backend write holds
-        them in memory (``SpillQueue``) and turns health NOK."""
-        sources = self._channel.sources
-        if sources.lanes is not None:
+        the ready queue, those with a priority into their lanes (``_put_ranked``), the others
+        into the own store (``_put_unranked``)."""
+        if self._channel.sources.lanes is not None:
             messages = self._enqueue_ranked(messages)
             if not messages:
                 return
+        self._put_unranked(messages)
+
+    def _put_unranked(self, messages: Sequence[Message]) -> None:
+        """Into the own store: a failed backend write holds them in memory (``SpillQueue``) and
+        turns health NOK."""
+        sources = self._channel.sources
         queue = sources.queue
         if sources.unbuffered:
             queue.limit = sources.memory_limit()
@@ -512,16 +497,12 @@ class DurableKeeping(Keeping):
             lanes.hold(ranked)
             channel.request_delivery()
 
-    def enqueue(self, messages: Sequence[Message]) -> None:
+    def _put_unranked(self, messages: Sequence[Message]) -> None:
         """Requeued, timed-out or due messages. Those still holding the log are written to the
         own store (the log's low-water mark must not wait for them), their offsets settled once
         that copy is fsynced; the others are unacknowledged in a store already, so memory holds
         them without risk (at most what was in flight or deferred)."""
         sources = self._channel.sources
-        if sources.lanes is not None:
-            messages = self._enqueue_ranked(messages)
-            if not messages:
-                return
         queue = sources.queue
         pinning = [m for m in messages if m.offset >= 0]
         if pinning:

@@ -20,11 +20,12 @@ from lmqd.engine.context import EngineContext
 from lmqd.engine.stream import TopicStream
 from lmqd.message import Message, copies
 
-__all__ = ["PinsTopic", "PushPins"]
+__all__ = ["PushPins", "TopicBasics"]
 
 
-class PinsTopic(Protocol):
-    """The topic, as its pushes see it (``topic.Topic``)."""
+class TopicBasics(Protocol):
+    """What every part of a topic reads of it (``topic.Topic``); each part's own ``Protocol``
+    adds what else it needs (the parts import no topic: no import cycle)."""
 
     @property
     def ctx(self) -> EngineContext: ...
@@ -46,7 +47,7 @@ class PushPins:
 
     __slots__ = ("_topic",)
 
-    def __init__(self, topic: PinsTopic) -> None:
+    def __init__(self, topic: TopicBasics) -> None:
         self._topic = topic
 
     def push(self, channel: Channel, batch_pushed: list[Message], now: float) -> None:

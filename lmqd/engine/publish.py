@@ -33,36 +33,23 @@ import attrs
 
 from lmqd.engine.admission import PublishCounters, PublishGate, PublishRefused
 from lmqd.engine.channel import Channel
-from lmqd.engine.context import EngineContext
 from lmqd.engine.cursor import pushed
 from lmqd.engine.dedup import DedupWindow, body_digest
 from lmqd.engine.errors import TopicExiting
 from lmqd.engine.internal import waiting_beyond_topic
+from lmqd.engine.pins import TopicBasics
 from lmqd.engine.policy import TopicPolicy
-from lmqd.engine.stream import TopicStream
 from lmqd.message import Message
 from lmqd.message_ext import MessageExt
 
 __all__ = ["DEDUP_ID_WINDOW_S", "PublishOutcome", "PublishPath", "PublishTopic"]
 
 
-class PublishTopic(Protocol):
-    """The topic, as its publish path sees it (``topic.Topic``)."""
+class PublishTopic(TopicBasics, Protocol):
+    """The topic, as its publish path sees it."""
 
     message_count: int
     message_bytes: int
-
-    @property
-    def ctx(self) -> EngineContext: ...
-
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def exiting(self) -> bool: ...
-
-    @property
-    def stream(self) -> TopicStream: ...
 
     @property
     def channels(self) -> dict[str, Channel]: ...

@@ -34,13 +34,11 @@ from typing import Protocol
 
 from lmqd.engine.backend import BackendError, Syncable
 from lmqd.engine.channel_policy import ChannelPolicy, PolicyError, PolicyValue
-from lmqd.engine.context import EngineContext
 from lmqd.engine.cursor import ChannelCursor
-from lmqd.engine.deferred import DeferredQueue
 from lmqd.engine.errors import TopicExiting
 from lmqd.engine.keeping import Keeping
 from lmqd.engine.policy import shared_default
-from lmqd.engine.sources import ReadySources
+from lmqd.engine.sources import ChannelBasics, ReadySources
 from lmqd.message import Message
 from lmqd.options import Options
 
@@ -84,20 +82,11 @@ class EntryOwner(Protocol):
     def entry_changed(self) -> None: ...
 
 
-class RetryOwner(Protocol):
-    """The channel, as its policy sees it (``channel.Channel``)."""
-
-    @property
-    def ctx(self) -> EngineContext: ...
+class RetryOwner(ChannelBasics, Protocol):
+    """The channel, as its policy sees it."""
 
     @property
     def options(self) -> Options: ...
-
-    @property
-    def topic_name(self) -> str: ...
-
-    @property
-    def name(self) -> str: ...
 
     @property
     def subject(self) -> str: ...
@@ -116,11 +105,6 @@ class RetryOwner(Protocol):
 
     @property
     def sources(self) -> ReadySources: ...
-
-    @property
-    def deferred(self) -> DeferredQueue: ...
-
-    def wake_at(self, deadline: float) -> None: ...
 
     def request_delivery(self) -> None: ...
 

@@ -26,25 +26,20 @@ from __future__ import annotations
 import math
 from typing import Protocol
 
-from lmqd.engine.context import EngineContext
 from lmqd.engine.delivery import body_bytes, plan_shares, round_bytes, round_size
-from lmqd.engine.inflight import InFlightQueue
 from lmqd.engine.keeping import Keeping
 from lmqd.engine.retry import SCREEN_BUDGET, SCREEN_CHUNK, Retry
-from lmqd.engine.sources import ReadySources
+from lmqd.engine.sources import ChannelBasics, ReadySources
 from lmqd.engine.subscription import Subscription
 from lmqd.message import Message
 
 __all__ = ["RoundChannel", "deliver"]
 
 
-class RoundChannel(Protocol):
-    """The channel, as its delivery round sees it (``channel.Channel``)."""
+class RoundChannel(ChannelBasics, Protocol):
+    """The channel, as its delivery round sees it."""
 
     body_estimate: int
-
-    @property
-    def ctx(self) -> EngineContext: ...
 
     @property
     def sources(self) -> ReadySources: ...
@@ -54,9 +49,6 @@ class RoundChannel(Protocol):
 
     @property
     def retry(self) -> Retry: ...
-
-    @property
-    def in_flight(self) -> InFlightQueue: ...
 
     @property
     def clients(self) -> dict[int, Subscription]: ...

@@ -41,7 +41,7 @@ from lmqd.engine.spill import SpillQueue
 from lmqd.engine.subscription import Subscription
 from lmqd.message import Message
 
-__all__ = ["ReadySources", "SourcesOwner"]
+__all__ = ["ChannelBasics", "ReadySources", "SourcesOwner"]
 
 
 class SourcesKeeping(Protocol):
@@ -73,8 +73,9 @@ class ReadHook(Protocol):
     def skip_expired(self, cursor: ChannelCursor) -> None: ...
 
 
-class SourcesOwner(Protocol):
-    """The channel, as its sources see it (``channel.Channel``)."""
+class ChannelBasics(Protocol):
+    """What every part of a channel reads of it (``channel.Channel``); each part's own
+    ``Protocol`` adds what else it needs (the parts import no channel: no import cycle)."""
 
     @property
     def ctx(self) -> EngineContext: ...
@@ -86,6 +87,18 @@ class SourcesOwner(Protocol):
     def name(self) -> str: ...
 
     @property
+    def in_flight(self) -> InFlightQueue: ...
+
+    @property
+    def deferred(self) -> DeferredQueue: ...
+
+    def wake_at(self, deadline: float) -> None: ...
+
+
+class SourcesOwner(ChannelBasics, Protocol):
+    """The channel, as its sources see it."""
+
+    @property
     def ephemeral(self) -> bool: ...
 
     @property
@@ -95,18 +108,10 @@ class SourcesOwner(Protocol):
     def clients(self) -> dict[int, Subscription]: ...
 
     @property
-    def in_flight(self) -> InFlightQueue: ...
-
-    @property
-    def deferred(self) -> DeferredQueue: ...
-
-    @property
     def keeping(self) -> SourcesKeeping: ...
 
     @property
     def retry(self) -> ReadHook: ...
-
-    def wake_at(self, deadline: float) -> None: ...
 
 
 class ReadySources:
