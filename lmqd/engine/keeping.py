@@ -16,7 +16,7 @@ whatever the mode, and a default-mode channel pays nothing for the durable one's
   records where, acknowledging there on FIN. A requeued message still holding the log is
   written to the own store so that the log's low-water mark moves on (settled once the copy is
   fsynced), a deferred one to the deferred store, and a message held in flight while the log
-  moved to a newer segment is copied to the deferred store too (``release_log``).
+  moved to a newer segment is copied to the deferred store too (``check``).
 
 Both keep the channel's **deferred store** (``topic:channel#deferred``, opened when first
 needed): read back whole into the deferred heap at start-up and after every write
@@ -68,16 +68,16 @@ log = logging.getLogger("lmqd.channel")
 
 RELEASE_CHECK_S = 1.0
 """``--durable``: how often a channel with unsettled messages checks whether one held in flight
-keeps an older log segment than the one being written (``DurableKeeping.release_log``): a
+keeps an older log segment than the one being written (``DurableKeeping.check``): a
 comparison of two offsets, so once a second costs nothing; a segment (100 MiB by default) takes
 longer than that to fill."""
 
 
 class Keeping:
     """nsqd's default mode: a channel's own messages in memory first (see the module
-    docstring). One per channel; ``chosen`` picks the class."""
+    docstring). One per channel; ``kind`` picks the class."""
 
-    __slots__ = ("_channel", "_dq", "_open_dq")
+    __slots__ = ("_channel", "_dq")
 
     durable = False
     mem_factor = 1
@@ -90,10 +90,12 @@ class Keeping:
 
     def __init__(self, channel: KeepingOwner) -> None:
         self._channel = channel
-        ctx = channel.ctx
-        self._open_dq = partial(ctx.stores.deferred_store, channel.topic_name, channel.name)
         self._dq: BackendQueue | None = self._open_dq(False)
         """The deferred store, once open (at start-up only if it has files)."""
+
+    def _open_dq(self, create: bool) -> BackendQueue | None:
+        channel = self._channel
+        return channel.ctx.stores.deferred_store(channel.topic_name, channel.name, create)
 
     def restore(self) -> None:
         """Start-up: what an earlier run left in the deferred store goes to the deferred heap."""
@@ -128,7 +130,7 @@ class Keeping:
     def load_deferred(self, in_flight: dict[bytes, Message] | None = None) -> None:
         """Read the whole deferred store into the deferred heap (it is always read to its end).
 
-        ``in_flight``: messages just copied there while they are in flight (``release_log``),
+        ``in_flight``: messages just copied there while they are in flight (``check``),
         by id: their copies are not deferred, they stand for them on disk.
         """
         dq = self._dq
