@@ -101,6 +101,12 @@ async def test_channel_policy_errors(start_daemon: StartDaemon) -> None:
             ("POST", target, b'{"max_attempts": 3, "dead_letter_topic": "t"}', 400,
              "INVALID_POLICY: dead_letter_topic must not be the channel's own topic"),
             ("POST", target, b"{" + b" " * 70_000 + b"}", 413, "INVALID_POLICY: body too large"),
+            ("POST", target, b'{"max_attempts": ' + b"1" * 5000 + b"}", 400,
+             "INVALID_POLICY: max_attempts must be an integer from 0 to 65535"),
+            ("POST", target, b'{"backoff_jitter": ' + b"1" * 5000 + b"}", 400,
+             "INVALID_POLICY: backoff_jitter must be a number from 0 to 1"),
+            ("POST", target, b'{"backoff_ms": ' + b"[" * 60_000, 400,
+             "INVALID_POLICY: the body is not JSON"),
         ]  # fmt: skip
         for method, path, body, status, message in cases:
             r = await http(base, method, path, body or None)
