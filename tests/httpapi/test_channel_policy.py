@@ -338,7 +338,8 @@ async def test_a_dead_letter_loop_drops_what_comes_round_again(
         running = await start_daemon(http=True, max_attempts=1, **options)
         base = running.http
         for topic in cycle:
-            for path in (f"/topic/create?topic={topic}", f"/channel/create?topic={topic}&channel=c"):
+            create = (f"/topic/create?topic={topic}", f"/channel/create?topic={topic}&channel=c")
+            for path in create:
                 assert (await http(base, "POST", path)).status == 200
         for topic, target in policies.items():
             body = json.dumps({"dead_letter_topic": target}).encode()
