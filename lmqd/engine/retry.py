@@ -244,7 +244,7 @@ class Retry:
                 m.deliver_at = now + delay
             keeping.defer_owned(messages)
         else:
-            keeping.enqueue(messages)
+            keeping.requeue(messages)
 
     def give_up_exhausted(self, messages: Sequence[Message], now: float) -> list[Message]:
         """Give up the messages delivered ``max_attempts`` times; returns the others."""
