@@ -1,7 +1,7 @@
 """What a ``kill -9`` of ``lmqd --durable`` delivers again: duplicates, held messages, attempts.
 
     .venv/bin/python scripts/bench_crash.py [--kills 5] [--messages 20000] [--held 1]
-        [--requeues 2] [--settle 3] [--flags ...]
+        [--requeues 2] [--settle 5] [--flags ...]
 
 A bounded run on loopback (127.0.0.1, port 0, data in a temporary directory). Each round, on
 one data directory, against ``lmqd --durable`` with the default segment size (100 MiB) unless
@@ -43,7 +43,7 @@ from lmqd.protocol import ClientConnection, MessageFrame, Mpub, Rdy, Response, S
 
 # The checkout's root on sys.path: the lmqd subprocess helper is shared with the tests.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.support.process import LmqdProcess, start_lmqd  # noqa: E402
+from tests.support.process import LmqdProcess, start_lmqd
 
 TOPIC = "crash"
 CHANNEL = "c"
@@ -114,7 +114,7 @@ class Run:
         self.acked: set[bytes] = set()
         self.finished: set[bytes] = set()
         """Finished (FIN sent well before a kill, or by a reader after a restart)."""
-        self.kills: list[dict[str, object]] = []
+        self.kills: list[dict[str, float]] = []
 
     def start(self) -> LmqdProcess:
         return start_lmqd(self.data, ["--durable", *self.args.flags], http=False)
@@ -155,6 +155,7 @@ class Run:
         await worker.sub(200)
         bodies = [b"r%d-%d" % (number, i) for i in range(args.messages)]
         worker_finished: set[bytes] = set()
+        all_finished = trio.Event()
 
         async def work() -> None:
             while True:
@@ -162,13 +163,14 @@ class Run:
                 seen[m.body] += 1
                 await worker.send(b"FIN " + m.id + b"\n")
                 worker_finished.add(m.body)
+                if len(worker_finished) == len(bodies):
+                    all_finished.set()
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(work)
             await self.publish(address, bodies)
             with trio.fail_after(120):
-                while len(worker_finished) < len(bodies):
-                    await trio.sleep(0.05)
+                await all_finished.wait()
             await trio.sleep(args.settle)  # the FINs reach the daemon and its syncs run
             nursery.cancel_scope.cancel()
         in_flight = len(held)
@@ -208,7 +210,7 @@ class Run:
                 "duplicates": duplicates,
                 "in_flight_at_kill": in_flight,
                 "held_back": len(held) - len(missing_held),
-                "held_back_after_s": round(max(held_back_s), 2) if held_back_s else None,
+                "held_back_after_s": round(max(held_back_s, default=-1.0), 2),
                 "restart_s": round(started_s, 2),
                 "attempts_wrong": wrong_attempts,
                 "redelivered": sum(again.values()),
@@ -217,14 +219,14 @@ class Run:
         print(json.dumps(self.kills[-1]), flush=True)
         return daemon
 
-    async def main(self) -> dict[str, object]:
+    async def main(self) -> dict[str, float]:
         daemon = await trio.to_thread.run_sync(self.start)
         try:
             for number in range(self.args.kills):
                 daemon = await self.round(number, daemon)
         finally:
             daemon.terminate()
-        duplicates = [int(k["duplicates"]) for k in self.kills]  # type: ignore[call-overload]
+        duplicates = [k["duplicates"] for k in self.kills]
         return {
             "acknowledged": len(self.acked),
             "lost": len(self.acked - self.finished),
@@ -232,14 +234,9 @@ class Run:
             "duplicates_per_kill_median": statistics.median(duplicates),
             "duplicates_per_kill_max": max(duplicates),
             "duplicates_total": sum(duplicates),
-            "held_not_back": sum(
-                int(k["in_flight_at_kill"]) - int(k["held_back"])  # type: ignore[call-overload]
-                for k in self.kills
-            ),
-            "held_back_after_s_max": max(
-                (float(k["held_back_after_s"] or 0) for k in self.kills), default=0.0  # type: ignore[arg-type]
-            ),
-            "attempts_wrong": sum(int(k["attempts_wrong"]) for k in self.kills),  # type: ignore[call-overload]
+            "held_not_back": sum(k["in_flight_at_kill"] - k["held_back"] for k in self.kills),
+            "held_back_after_s_max": max(k["held_back_after_s"] for k in self.kills),
+            "attempts_wrong": sum(k["attempts_wrong"] for k in self.kills),
         }
 
 
@@ -251,7 +248,10 @@ def main() -> None:
     parser.add_argument(
         "--requeues", type=int, default=2, help="REQs of each held message before holding it"
     )
-    parser.add_argument("--settle", type=float, default=3.0, help="seconds before each kill")
+    parser.add_argument(
+        "--settle", type=float, default=5.0,
+        help="seconds before each kill (two --sync-timeout: what was finished is on disk)",
+    )  # fmt: skip
     parser.add_argument("--quiet", type=float, default=3.0, help="a restart's drain ends idle")
     parser.add_argument(
         "--flags", nargs="*", default=[], help="more lmqd flags (e.g. --max-bytes-per-file=1048576)"
