@@ -106,6 +106,8 @@ class TcpConnection:
         self.output = OutputBuffer(self._wake, self.budget)
         self._input_bytes = 0
         """This connection's parser buffer as last counted in ``budget``."""
+        self._input_peak = 0
+        """The largest ``_input_bytes`` so far (a large partial command: ``trim_after``)."""
         self.session = Session(
             broker,
             ServerConnection(Limits.from_options(broker.options)),
@@ -183,6 +185,7 @@ class TcpConnection:
             self.session.conn.discard_input()
             self.budget.release(self._input_bytes)
             self._input_bytes = 0
+            self.budget.trim_after(self._input_peak)
             log.info("CLIENT(%s): closed", self.remote_address)
 
     async def _reader(self) -> None:
@@ -241,6 +244,8 @@ class TcpConnection:
             self._input_bytes = buffered
             if delta > 0:
                 self.budget.used += delta
+                if buffered > self._input_peak:
+                    self._input_peak = buffered
             else:
                 self.budget.release(-delta)
         return ok
