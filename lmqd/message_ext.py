@@ -29,6 +29,8 @@ import attrs
 
 __all__ = [
     "DEAD_LETTER_HEADERS",
+    "DEAD_LETTER_PATH",
+    "MAX_DEAD_LETTER_PATH",
     "MAX_DEDUP_ID",
     "MAX_EXT_SIZE",
     "MAX_HEADERS",
@@ -39,11 +41,14 @@ __all__ = [
     "PRIORITY",
     "ExtError",
     "MessageExt",
+    "closes_dead_letter_loop",
     "dead_letter_ext",
+    "dead_letter_path",
     "decode_ext",
     "encode_ext",
     "ttl_and_dedup_id",
     "validate",
+    "without_dead_letter_path",
 ]
 
 PRIORITY = 0x01
@@ -279,22 +284,63 @@ DEAD_LETTER_HEADERS = ("lmq-dead-letter-topic", "lmq-dead-letter-channel",
 """What a dead-lettered message carries about where it came from (replacing the same keys from
 an earlier dead-lettering)."""
 
+DEAD_LETTER_PATH = "lmq-dead-letter-path"
+"""The topics a dead letter was dead-lettered from, oldest first, comma-separated (a topic name
+holds no comma), since it was published or last redriven: a channel whose dead-letter topic is
+on it would close a loop, and drops the message instead (``lmqd.engine.retry``; RabbitMQ's
+``x-death`` rule). A redrive starts it again (``without_dead_letter_path``)."""
+
+MAX_DEAD_LETTER_PATH = 4096
+"""Bytes a dead-letter path may take (dozens of topics): a dead letter that would need more is
+dropped as if it closed a loop, so the path always fits the headers' bound."""
+
+
+def dead_letter_path(ext: MessageExt | None) -> tuple[str, ...]:
+    """The topics a message was dead-lettered from (``DEAD_LETTER_PATH``; () for none)."""
+    if ext is not None:
+        for key, value in ext.headers:
+            if key == DEAD_LETTER_PATH:
+                return tuple(value.split(","))
+    return ()
+
+
+def closes_dead_letter_loop(ext: MessageExt | None, target: str) -> bool:
+    """Whether dead-lettering a message with ``ext`` to topic ``target`` would send it back to
+    a topic it was dead-lettered from (or make its path longer than ``MAX_DEAD_LETTER_PATH``)."""
+    path = dead_letter_path(ext)
+    if not path:
+        return False
+    return target in path or sum(map(len, path)) + len(path) + len(target) > MAX_DEAD_LETTER_PATH
+
+
+def without_dead_letter_path(ext: MessageExt | None) -> MessageExt | None:
+    """``ext`` without its dead-letter path (a redriven copy: its dead-lettering starts again);
+    the other dead-letter headers stay, for whoever looks at where it came from."""
+    if ext is None or not any(key == DEAD_LETTER_PATH for key, _ in ext.headers):
+        return ext
+    headers = tuple((k, v) for k, v in ext.headers if k != DEAD_LETTER_PATH)
+    return MessageExt(ext.priority, ext.ttl_ms, ext.dedup_id, headers)
+
 
 def dead_letter_ext(
     ext: MessageExt | None, topic: str, channel: str, reason: str, attempts: int
 ) -> MessageExt:
     """``ext`` (or none) with the dead-letter headers naming the source topic, channel, the
-    reason and the attempts; the priority and headers kept, the TTL and dedup id dropped (the
-    dead-letter topic's own policies apply there). If the headers would pass the bounds, the
-    message's own headers are dropped: the origin is what an operator needs."""
+    reason and the attempts, and ``topic`` added to its dead-letter path; the priority and
+    headers kept, the TTL and dedup id dropped (the dead-letter topic's own policies apply
+    there). If the headers would pass the bounds, the message's own headers are dropped: the
+    origin is what an operator needs (``closes_dead_letter_loop`` keeps the path within them)."""
     origin = (
         (DEAD_LETTER_HEADERS[0], topic),
         (DEAD_LETTER_HEADERS[1], channel),
         (DEAD_LETTER_HEADERS[2], reason),
         (DEAD_LETTER_HEADERS[3], str(attempts)),
+        (DEAD_LETTER_PATH, ",".join((*dead_letter_path(ext), topic))),
     )
     kept = tuple(
-        (k, v) for k, v in (ext.headers if ext is not None else ()) if k not in DEAD_LETTER_HEADERS
+        (k, v)
+        for k, v in (ext.headers if ext is not None else ())
+        if k not in DEAD_LETTER_HEADERS and k != DEAD_LETTER_PATH
     )
     priority = ext.priority if ext is not None else 0
     try:

@@ -7,12 +7,11 @@ it asks, so that a mistyped position is answered with the forms that are accepte
 
 from __future__ import annotations
 
-import re
 from datetime import UTC, datetime, timedelta
 
 import attrs
 
-__all__ = ["POSITION_FORMS", "Position", "parse_position"]
+__all__ = ["MAX_OFFSET", "POSITION_FORMS", "Position", "parse_number", "parse_position"]
 
 POSITION_FORMS = (
     "earliest, latest, offset:N, a Unix time in milliseconds (1767225600000) or an RFC 3339 "
@@ -20,7 +19,12 @@ POSITION_FORMS = (
 )
 """The accepted forms, as errors and help texts list them."""
 
-_DIGITS = re.compile(r"[0-9]{1,18}")
+MAX_OFFSET = (1 << 63) - 1
+"""The largest number a position or an offset argument stands for: offsets are int64 on disk
+and in every answer (a Unix time in milliseconds this large is far past every message), so a
+larger number means the same: past everything stored."""
+
+_MAX_DIGITS = len(str(MAX_OFFSET))
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
@@ -34,6 +38,18 @@ class Position:
     offset: int | None = None
 
 
+def parse_number(value: str) -> int | None:
+    """Decimal digits (ASCII, at least one) as a number, at most ``MAX_OFFSET``; None if
+    ``value`` is anything else. A longer number is not converted: ``int()`` takes time quadratic
+    in the digits and refuses more than 4,300."""
+    if not value or not value.isascii() or not value.isdigit():
+        return None
+    significant = value.lstrip("0")
+    if len(significant) > _MAX_DIGITS:
+        return MAX_OFFSET
+    return min(int(value), MAX_OFFSET)
+
+
 def parse_position(value: str) -> Position | None:
     """``earliest``, ``latest``, an RFC 3339 time, Unix milliseconds or ``offset:N``; None if
     ``value`` is none of them."""
@@ -42,10 +58,11 @@ def parse_position(value: str) -> Position | None:
     if value == "latest":
         return Position(latest=True)
     if value.startswith("offset:"):
-        digits = value.removeprefix("offset:")
-        return Position(offset=int(digits)) if _DIGITS.fullmatch(digits) else None
-    if _DIGITS.fullmatch(value):
-        return Position(time_ns=int(value) * 1_000_000)
+        offset = parse_number(value.removeprefix("offset:"))
+        return Position(offset=offset) if offset is not None else None
+    millis = parse_number(value)
+    if millis is not None:
+        return Position(time_ns=millis * 1_000_000)
     try:
         when = datetime.fromisoformat(value)
     except ValueError:

@@ -10,7 +10,11 @@ each restart). For ``--duration`` seconds:
   being killed) is published again, so it may be stored twice, never lost;
 * one consumer thread per verified channel (``a``, ``b``, both created before publishing starts)
   finishes most messages, requeues some (``REQ 0`` and ``REQ`` with a delay) and lets some time
-  out (``--msg-timeout`` is short), and records every body it finished;
+  out (``--msg-timeout`` is short), and records every body it finished. Its requeues are the
+  soak's deliberate faults, not a struggling consumer: they do not make it back off (``requeue(...,
+  backoff=False)``: the client's default backoff pauses it for seconds at every requeue, and it
+  could never drain), and it gives nothing up (``max_attempts=0``: crashes redeliver, and every
+  redelivery counts in ``attempts``);
 * a chaos thread, every ``--restart-every`` seconds, alternately ``kill -9``s the daemon or sends
   it SIGTERM, and starts it again on the same data directory and ports; between restarts it
   creates and deletes scratch channels and calls the HTTP admin and stats endpoints.
@@ -151,8 +155,9 @@ class Soak:
         while not self.stop_all.is_set():
             try:
                 with Consumer(
-                    TOPIC, channel, self.tcp, max_in_flight=100, timeout=CLIENT_TIMEOUT_S
-                ) as consumer:
+                    TOPIC, channel, self.tcp, max_in_flight=100, timeout=CLIENT_TIMEOUT_S,
+                    max_attempts=0,
+                ) as consumer:  # fmt: skip
                     while not self.stop_all.is_set():
                         message = consumer.get(timeout=0.5)
                         if message is None:
@@ -160,10 +165,10 @@ class Soak:
                         roll = rng.random()
                         # Misbehave only on first deliveries, so that the run converges.
                         if message.attempts == 1 and roll < 0.03:
-                            message.requeue(0.0)
+                            message.requeue(0.0, backoff=False)
                             self.requeued += 1
                         elif message.attempts == 1 and roll < 0.05:
-                            message.requeue(0.5)
+                            message.requeue(0.5, backoff=False)
                             self.requeued += 1
                         elif message.attempts == 1 and roll < 0.06:
                             self.timed_out_on_purpose += 1  # never answered: it times out

@@ -360,7 +360,7 @@ class Channel:
             self.requeue_count += len(mine)
             if self.retry.screening:
                 mine = self.retry.give_up_exhausted(mine, now)
-            self.keeping.enqueue(mine)
+            self.keeping.requeue(mine)
             log.debug("%s: client %d left, requeued %d in-flight", self.subject, cid, len(mine))
             self.request_delivery()
         if self.ephemeral and not self.clients:
@@ -419,7 +419,7 @@ class Channel:
             msg.deliver_at = now + delay
             self.keeping.defer_owned((msg,))
         else:
-            self.keeping.enqueue((msg,))
+            self.keeping.requeue((msg,))
         self.request_delivery()
 
     def touch(self, subscription: Subscription, msg_id: bytes, now: float) -> None:
@@ -487,7 +487,7 @@ class Channel:
             if self.retry.retries:
                 self.retry.retry(expired, now, 0.0)
             else:
-                self.keeping.enqueue(expired)
+                self.keeping.requeue(expired)
         due = self.deferred.pop_due(now)
         if due:
             self.keeping.enqueue(due)

@@ -128,9 +128,12 @@ class DurableAcks:
             queue, partial(self._copies_synced, list(originals)), urgent=False
         )
 
-    def settle_when_copied(self, offsets: Sequence[int], queue: StoredQueue | None) -> None:
+    def settle_when_copied(
+        self, offsets: Sequence[int], queue: StoredQueue | None, *, urgent: bool = False
+    ) -> None:
         """Settle ``offsets`` in the log once the copies written to ``queue`` are fsynced (the
-        messages themselves are acknowledged through ``alias`` from now on)."""
+        messages themselves are acknowledged through ``alias`` from now on); ``urgent``: in a
+        sync round started now, not at the queue's next scheduled one."""
         cursor = self._cursor
         if cursor is None:
             return
@@ -144,7 +147,7 @@ class DurableAcks:
             if error is None:
                 settle(listed)
 
-        self._syncer.when_durable(queue, synced, urgent=False)
+        self._syncer.when_durable(queue, synced, urgent=urgent)
 
     def _copies_synced(self, originals: list[Message], error: OSError | None) -> None:
         # Syncer callback for ack_when_copied.

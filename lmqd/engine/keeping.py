@@ -15,8 +15,13 @@ whatever the mode, and a default-mode channel pays nothing for the durable one's
   channel's stores (own, deferred, priority lanes) -- and ``DurableAcks`` (``durable.py``)
   records where, acknowledging there on FIN. A requeued message still holding the log is
   written to the own store so that the log's low-water mark moves on (settled once the copy is
-  fsynced), a deferred one to the deferred store, and a message held in flight while the log
-  moved to a newer segment is copied to the deferred store too (``check``).
+  fsynced), a deferred one to the deferred store, and a message held in flight while the
+  channel read on past it (more than what is in flight plus one sync window, ``--sync-every``)
+  or while the log moved to a newer segment is copied to the deferred store too
+  (``release.py``): a crash then replays at most that much, not everything published since
+  the held message.
+  A message requeued or timed out after it was read back from a store is written again, with
+  its attempts, so a crash does not forget its deliveries.
 
 Both keep the channel's **deferred store** (``topic:channel#deferred``, opened when first
 needed): read back whole into the deferred heap at start-up and after every write
@@ -34,12 +39,13 @@ from typing import Protocol
 from lmqd.engine.backend import BackendError, BackendQueue, StoredQueue, Syncable
 from lmqd.engine.durable import DurableAcks
 from lmqd.engine.lanes import LANE_SUFFIX, by_level, priority_of
+from lmqd.engine.release import HeldRelease
 from lmqd.engine.salvage import Salvage
 from lmqd.engine.sources import ChannelBasics, ReadySources
 from lmqd.message import Message
 from lmqd.storage import run_sync_jobs
 
-__all__ = ["RELEASE_CHECK_S", "DurableKeeping", "Keeping", "KeepingOwner"]
+__all__ = ["DurableKeeping", "Keeping", "KeepingOwner"]
 
 
 class KeepingOwner(ChannelBasics, Protocol):
@@ -65,13 +71,6 @@ class KeepingOwner(ChannelBasics, Protocol):
     ) -> list[tuple[StoredQueue, list[int]]]: ...
 
 log = logging.getLogger("lmqd.channel")
-
-RELEASE_CHECK_S = 1.0
-"""``--durable``: how often a channel with unsettled messages checks whether one held in flight
-keeps an older log segment than the one being written (``DurableKeeping.check``): a
-comparison of two offsets, so once a second costs nothing; a segment (100 MiB by default) takes
-longer than that to fill."""
-
 
 class Keeping:
     """nsqd's default mode: a channel's own messages in memory first (see the module
@@ -191,13 +190,16 @@ class Keeping:
         """Messages the channel already owns (from its topic, requeued, timed out, due) onto
         the ready queue, those with a priority into their lanes (``_put_ranked``), the others
         into the own store (``_put_unranked``)."""
+        self._enqueue(messages, rewrite=False)
+
+    def _enqueue(self, messages: Sequence[Message], *, rewrite: bool) -> None:
         if self._channel.sources.lanes is not None:
-            messages = self._enqueue_ranked(messages)
+            messages = self._enqueue_ranked(messages, rewrite=rewrite)
             if not messages:
                 return
-        self._put_unranked(messages)
+        self._put_unranked(messages, rewrite)
 
-    def _put_unranked(self, messages: Sequence[Message]) -> None:
+    def _put_unranked(self, messages: Sequence[Message], rewrite: bool) -> None:
         """Into the own store: a failed backend write holds them in memory (``SpillQueue``) and
         turns health NOK."""
         sources = self._channel.sources
@@ -207,20 +209,21 @@ class Keeping:
         error = queue.put_many_or_hold(messages)
         self._note_write(error, queue.wrote_backend, count=len(messages))
 
-    def _enqueue_ranked(self, messages: Sequence[Message]) -> Sequence[Message]:
-        """Of ``messages``, those with a priority into their lanes; returns the others."""
+    def _enqueue_ranked(self, messages: Sequence[Message], *, rewrite: bool) -> Sequence[Message]:
+        """Of ``messages``, those with a priority into their lanes (``rewrite``: requeued, see
+        ``DurableKeeping.requeue``); returns the others."""
         groups = by_level(messages)
         if not groups:
             return messages
         lanes = self._channel.sources.lanes
         assert lanes is not None
         ranked = [m for group in groups.values() for m in group]
-        self._put_ranked(ranked)
+        self._put_ranked(ranked, rewrite)
         if len(ranked) == len(messages):
             return ()
         return [m for m in messages if not priority_of(m)]
 
-    def _put_ranked(self, ranked: list[Message]) -> None:
+    def _put_ranked(self, ranked: list[Message], rewrite: bool) -> None:
         lanes = self._channel.sources.lanes
         assert lanes is not None
         self._note_write(*lanes.put_many_or_hold(ranked), count=len(ranked))
@@ -241,6 +244,11 @@ class Keeping:
         elif channel.last_backend_error is not None and wrote:
             channel.ctx.events.set_health(None)
             channel.last_backend_error = None
+
+    def requeue(self, messages: Sequence[Message]) -> None:
+        """Delivered messages that came back (``REQ 0``, a timeout, their consumer gone) onto
+        the ready queue: ``enqueue`` here."""
+        self.enqueue(messages)
 
     def defer_owned(self, messages: Sequence[Message]) -> None:
         """Messages the channel owns, their ``deliver_at`` set, into the deferred queue."""
@@ -418,7 +426,7 @@ class Keeping:
 class DurableKeeping(Keeping):
     """``--durable``: every message not FIN'd keeps a copy on disk (see the module docstring)."""
 
-    __slots__ = ("_acks", "_release_at")
+    __slots__ = ("_acks", "_release")
 
     durable = True
     mem_factor = 0
@@ -430,8 +438,8 @@ class DurableKeeping(Keeping):
             channel.ctx.syncer,
             channel.sources.cursor,
         )
-        self._release_at = math.inf
-        """When to look for in-flight messages holding an old log segment."""
+        self._release = HeldRelease(self, channel, self._acks)
+        """Copies messages held in flight out of the log's way (``release.py``)."""
         super().__init__(channel)
 
     def _aliased(self, held: Message, stored: Message) -> bool:
@@ -499,14 +507,21 @@ class DurableKeeping(Keeping):
             lanes.hold(ranked)
             channel.request_delivery()
 
-    def _put_unranked(self, messages: Sequence[Message]) -> None:
-        """Requeued, timed-out or due messages. Those still holding the log are written to the
-        own store (the log's low-water mark must not wait for them), their offsets settled once
-        that copy is fsynced; the others are unacknowledged in a store already, so memory holds
-        them without risk (at most what was in flight or deferred)."""
+    def requeue(self, messages: Sequence[Message]) -> None:
+        """As ``enqueue``, and those read back from a store are written again too (their old
+        copies acknowledged once the new ones are fsynced): the copy a crash brings back must
+        count every delivery so far, not those before it was written."""
+        self._enqueue(messages, rewrite=True)
+
+    def _put_unranked(self, messages: Sequence[Message], rewrite: bool) -> None:
+        """Requeued, timed-out or due messages. Those still holding the log (and, ``rewrite``,
+        every one) are written to the own store (the log's low-water mark must not wait for
+        them), their offsets settled once that copy is fsynced; the others are unacknowledged in
+        a store already, so memory holds them without risk (at most what was in flight or
+        deferred)."""
         sources = self._channel.sources
         queue = sources.queue
-        pinning = [m for m in messages if m.offset >= 0]
+        pinning = messages if rewrite else [m for m in messages if m.offset >= 0]
         if pinning:
             try:
                 queue.put_many(pinning)  # limit 0: straight to the own store's disk
@@ -527,13 +542,16 @@ class DurableKeeping(Keeping):
             messages = [m for m in messages if m.offset < 0]
         queue.hold(messages)
 
-    def _put_ranked(self, ranked: list[Message]) -> None:
-        # As ``enqueue``: those still holding the log get a copy in their lane's store, the
-        # others are safe in a store already.
+    def _put_ranked(self, ranked: list[Message], rewrite: bool) -> None:
+        # As ``enqueue``: those still holding the log (and, requeued, every one) get a copy in
+        # their lane's store, the others are safe in a store already.
         lanes = self._channel.sources.lanes
         assert lanes is not None
-        pinning = [m for m in ranked if m.offset >= 0]
-        lanes.hold([m for m in ranked if m.offset < 0])
+        if rewrite:
+            pinning = ranked
+        else:
+            pinning = [m for m in ranked if m.offset >= 0]
+            lanes.hold([m for m in ranked if m.offset < 0])
         for level, group in by_level(pinning).items():
             try:
                 lane = lanes.put_many(group)[level]
@@ -613,62 +631,14 @@ class DurableKeeping(Keeping):
         self._acks.clear()
 
     def delivered(self, now: float) -> None:
-        if self._release_at == math.inf:
-            self._release_at = now + RELEASE_CHECK_S
+        self._release.delivered(now)
 
     @property
     def next_check(self) -> float:
-        return self._release_at
+        return self._release.next_check
 
     def check(self, now: float) -> None:
-        """In-flight messages that hold the log's low-water mark in a segment older than the
-        one being written are copied to the deferred store, due at their deadline (where a
-        crash would bring them back), and their offsets settled once that copy is fsynced: a
-        message held long keeps neither old segments on disk nor a crash replaying everything
-        after it."""
-        if now < self._release_at:
-            return
-        channel = self._channel
-        cursor = channel.sources.cursor
-        self._release_at = math.inf
-        if cursor is None or not cursor.unsettled_count:
-            return
-        self._release_at = now + RELEASE_CHECK_S
-        log_ = cursor.stream.log
-        if log_ is None:
-            return
-        base = log_.write_segment_base
-        if cursor.low >= base:
-            return
-        held = [m for m in channel.in_flight if 0 <= m.offset < base]
-        if not held:
-            return  # held by requeues whose copies are being synced: they settle soon
-        copies = [
-            Message(m.id, m.body, m.timestamp, m.attempts, max(m.deadline, now), ext=m.ext)
-            for m in held
-        ]
-        try:
-            dq = self.open_deferred_store()
-            if dq is None:
-                return
-            dq.put_many(copies)
-        except BackendError as exc:
-            log.warning(
-                "%s: cannot copy %d long-held messages to the deferred store (they keep "
-                "holding the log): %s",
-                channel.subject,
-                len(held),
-                exc,
-            )
-            return
-        by_id = {m.id: m for m in held}
-        offsets = [m.offset for m in held]
-        for m in held:
-            m.offset = -1  # its copy in the deferred store stands for it from now on
-        self.load_deferred(by_id)
-        self._acks.settle_when_copied(offsets, dq.stored)
-        log.debug("%s: %d long-held messages copied to the deferred store", channel.subject,
-                  len(held))  # fmt: skip
+        self._release.check(now)
 
     def _flushed(self, copied: list[Message]) -> None:
         # The copies are durable: the originals are done where they were (the queues'

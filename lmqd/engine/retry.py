@@ -18,7 +18,13 @@ no await per message:
 * **Giving up** (``give_up``): to the dead-letter topic through the engine's events (the broker
   publishes them there: an ordinary topic, whose ``lmq.redrive`` channel holds them for a
   redrive), or dropped; counted either way. A dead-letter topic that cannot take them (its disk
-  failed) gets them again ``DEAD_LETTER_RETRY_S`` later: never lost to a disk error.
+  failed) gets them again ``DEAD_LETTER_RETRY_S`` later: never lost to a disk error. A dead
+  letter whose dead-letter topic it was already dead-lettered from (its
+  ``lmq-dead-letter-path``: A/c -> B and B/c -> A, longer cycles, a daemon-wide
+  ``--dead-letter-topic`` in one) is dropped and counted instead, with a WARNING: a loop of
+  policies cannot make messages circle for ever (RabbitMQ's rule for its dead-letter cycles).
+  Refusing such policies when they are set could not be complete: a channel created later, with
+  the daemon's defaults, can close a loop too.
 * **Redrive** (``take_for_redrive`` on the dead-letter topic's redrive channel, then
   ``accept_redriven`` on the target): the messages move as fresh copies with attempts 0.
 
@@ -40,6 +46,7 @@ from lmqd.engine.keeping import Keeping
 from lmqd.engine.policy import shared_default
 from lmqd.engine.sources import ChannelBasics, ReadySources
 from lmqd.message import Message
+from lmqd.message_ext import closes_dead_letter_loop, without_dead_letter_path
 from lmqd.options import Options
 
 __all__ = [
@@ -222,7 +229,7 @@ class Retry:
                 m.deliver_at = now + delay
             keeping.defer_owned(messages)
         else:
-            keeping.enqueue(messages)
+            keeping.requeue(messages)
 
     def give_up_exhausted(self, messages: Sequence[Message], now: float) -> list[Message]:
         """Give up the messages delivered ``max_attempts`` times; returns the others."""
@@ -268,17 +275,28 @@ class Retry:
         count them. If the dead-letter topic cannot take them, they wait in the deferred queue
         and are tried again (``DEAD_LETTER_RETRY_S``): never lost to a disk error."""
         channel = self._channel
-        n = len(messages)
         target = self.dead_letter_topic
         events = channel.ctx.events
         if not target or not events.takes_dead_letters:
-            if reason == REASON_EXPIRED:
-                self.expired_count += n
-            else:
-                self.max_attempts_dropped_count += n
-            channel.keeping.done(messages)
-            log.debug("%s: dropped %d messages (%s)", channel.subject, n, reason)
+            self._drop(messages, reason)
+            log.debug("%s: dropped %d messages (%s)", channel.subject, len(messages), reason)
             return
+        looping = [m for m in messages if m.ext and closes_dead_letter_loop(m.ext, target)]
+        if looping:
+            self._drop(looping, reason)
+            log.warning(
+                "%s: dropped %d dead letters (%s) instead of sending them back to %s, which "
+                "they were dead-lettered from: the channels' dead-letter topics make a loop",
+                channel.subject,
+                len(looping),
+                reason,
+                target,
+            )
+            if len(looping) == len(messages):
+                return
+            gone = set(map(id, looping))
+            messages = [m for m in messages if id(m) not in gone]
+        n = len(messages)
         try:
             durable = events.dead_letter(channel, messages, reason)
         except (BackendError, TopicExiting) as exc:
@@ -303,6 +321,14 @@ class Retry:
         log.debug(
             "%s: dead-lettered %d messages to %s (%s)", channel.subject, n, target, reason
         )
+
+    def _drop(self, messages: Sequence[Message], reason: str) -> None:
+        """Given-up messages that go nowhere: done here, counted by reason."""
+        if reason == REASON_EXPIRED:
+            self.expired_count += len(messages)
+        else:
+            self.max_attempts_dropped_count += len(messages)
+        self._channel.keeping.done(messages)
 
     def skip_expired(self, cursor: ChannelCursor) -> None:
         """Before the channel reads its cursor, once a message taken had expired
@@ -345,7 +371,10 @@ class Retry:
         get ``max_attempts`` tries again), onto the ready queue; returns the store whose sync
         makes them durable (None: not stored). Raises ``BackendError`` having taken none."""
         channel = self._channel
-        copies = [Message(m.id, m.body, m.timestamp, ext=m.ext) for m in messages]
+        copies = [
+            Message(m.id, m.body, m.timestamp, ext=without_dead_letter_path(m.ext))
+            for m in messages
+        ]
         channel.put_many(copies, now)
         channel.request_delivery()
         return channel.keeping.redrive_store()

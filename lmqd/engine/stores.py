@@ -313,7 +313,9 @@ class Stores:
         name = deferred_store_name(topic_name, channel_name)
         if not create and name not in self._preopened:
             return None
-        return self._disk(name)
+        queue = self._disk(name)
+        queue.reads_are_deliveries = False  # read whole into the deferred heap, not delivered
+        return queue
 
     def stored_lanes(self, topic_name: str, channel_name: str) -> list[int]:
         """The levels whose lane stores of the channel were opened at start-up (they have

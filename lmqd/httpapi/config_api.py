@@ -82,7 +82,7 @@ def put_option(broker: Broker, key: str, body: bytes) -> Any:
     if key == "nsqlookupd_tcp_addresses":
         try:
             value = json.loads(body)
-        except ValueError:
+        except (ValueError, RecursionError):  # nested past the stack is not a list either
             raise HttpError(400, "INVALID_VALUE") from None
         # Go unmarshals into []string: an array of strings, or null (which clears it).
         if value is None:

@@ -33,8 +33,11 @@ range (never written, lost to damage).
 ``POS`` is ``earliest`` (the oldest message stored), ``latest`` (for a channel: what the topic
 hands on from now, nsqd's default; for ``/topic/offsets``: the end), an RFC 3339 time (the first
 message published at or after it), a Unix time in milliseconds, or ``offset:N`` (the one rule:
-``lmqd.positions``). An offset outside what is stored is clamped to it: the answer's
-``"offset"`` says where the channel reads, and lmqadmin tells its user.
+``lmqd.positions``). An offset outside what is stored is clamped to it, however large (a number
+past ``MAX_OFFSET`` is that: past everything): the answer's ``"offset"`` says where the channel
+reads, and lmqadmin tells its user. Number arguments (``offset``, ``end``, ``from``, ``count``)
+are decimal digits, likewise capped; ``count`` is 1 to ``MAX_READ_COUNT`` (400
+``INVALID_ARG_COUNT`` outside, as nsqd answers an argument out of its range).
 
 Errors follow nsqd's style (``{"message": "CODE"}``): 400 ``MISSING_ARG_TOPIC`` /
 ``INVALID_ARG_TOPIC`` / ``MISSING_ARG_CHANNEL`` / ``INVALID_ARG_CHANNEL``, 404
@@ -48,7 +51,6 @@ for a channel that keeps nothing (ephemeral: it has no cursor to move). The bina
 from __future__ import annotations
 
 import base64
-import re
 from typing import TYPE_CHECKING
 
 import attrs
@@ -62,7 +64,7 @@ from lmqd.httpapi import args
 from lmqd.httpapi.asgi import HttpError, Query, Request, Response, json_response
 from lmqd.message import READ_CONTENT_TYPE, Message, encode_read_frames
 from lmqd.names import is_ephemeral, valid_name
-from lmqd.positions import Position, parse_position
+from lmqd.positions import Position, parse_number, parse_position
 from lmqd.units import MiB
 
 if TYPE_CHECKING:
@@ -82,8 +84,6 @@ event loop (reads of the log's files run in it, like every storage read of the d
 MAX_READ_BYTES = 4 * MiB
 """Body bytes one ``/topic/read`` answers at most (at least one message is always sent): keeps a
 read of large messages as short as a read of small ones."""
-
-_DIGITS = re.compile(r"[0-9]{1,18}")
 
 
 def resolve(stream: TopicStream, position: Position, *, latest: int) -> int:
@@ -124,13 +124,19 @@ class ReplayApi:
         return position
 
     @staticmethod
-    def _count(query: Query, key: str, default: int | None, *, low: int = 0) -> int | None:
+    def _count(
+        query: Query, key: str, default: int | None, *, low: int = 0, high: int | None = None
+    ) -> int | None:
+        """A number argument: decimal digits (an offset past ``MAX_OFFSET`` is taken as it:
+        past everything stored), ``low`` to ``high``, else 400 ``INVALID_ARG_<KEY>`` (nsqd's
+        rule for an argument out of its range, as ``defer`` on ``/pub``)."""
         value = query.get(key)
         if value is None:
             return default
-        if not _DIGITS.fullmatch(value) or int(value) < low:
+        number = parse_number(value)
+        if number is None or number < low or (high is not None and number > high):
             raise HttpError(400, f"INVALID_ARG_{key.upper()}")
-        return int(value)
+        return number
 
     # -- channels ----------------------------------------------------------------------------
 
@@ -218,14 +224,12 @@ class ReplayApi:
         if start is None:
             raise HttpError(400, "MISSING_ARG_OFFSET" if "offset" not in query
                             else "INVALID_ARG_OFFSET")
-        count = self._count(query, "count", DEFAULT_READ_COUNT, low=1)
+        count = self._count(query, "count", DEFAULT_READ_COUNT, low=1, high=MAX_READ_COUNT)
         assert count is not None
         end = self._count(query, "end", None)
         with_ext = query.get("ext") == "1"
         stream = topic.stream
-        entries, following = stream.read_entries(
-            start, min(count, MAX_READ_COUNT), end, MAX_READ_BYTES
-        )
+        entries, following = stream.read_entries(start, count, end, MAX_READ_BYTES)
         # Every offset of [start, following) not among the entries was asked for and not stored.
         stream.reader_lost_count += max(following - start - len(entries), 0)
         headers: tuple[tuple[str, str], ...] = (

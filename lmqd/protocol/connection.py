@@ -185,6 +185,12 @@ class ServerConnection:
         return events
 
     @property
+    def started(self) -> bool:
+        """Whether the client sent the protocol magic: nsqd's IOLoop (and its heartbeats)
+        begins only then."""
+        return self._magic_ok
+
+    @property
     def buffered_bytes(self) -> int:
         """Bytes received and held for a command not complete yet (the daemon-wide buffer
         bound counts them)."""
@@ -212,6 +218,13 @@ class ServerConnection:
         """Every byte received and not parsed (after an upgrading IDENTIFY: the first bytes of
         the new layer); they are forgotten here."""
         data = b"".join([memoryview(self._buf)[self._pos :], *self._chunks])
+        self.discard_input()
+        return data
+
+    def discard_input(self) -> None:
+        """Forget every byte received and not parsed: the connection is over, and a command
+        it never completed (a large body its client abandoned) must not hold its memory until
+        the connection object itself is collected."""
         self._buf = b""
         self._pos = 0
         self._chunks = []
@@ -219,7 +232,6 @@ class ServerConnection:
         self._chunks_scanned = 0
         self._line_scanned = 0
         self._need = 0
-        return data
 
     def resume(self) -> None:
         """The upgrade is in place: parse again (the bytes now come through the new layer)."""

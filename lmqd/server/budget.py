@@ -39,12 +39,21 @@ readers queued behind it stop waiting as soon as the total is back under the bou
 What the bound cannot drain: output stuck at consumers that stopped reading and disabled
 heartbeats (no write deadline then, as in nsqd). Each holds at most its own bound (4 MiB plus a
 message); publishers wait while they fill the budget, consumers do not.
+
+Giving memory back. A connection that ends with a large partial command (a client that sent
+most of a 4 MiB MPUB and left) frees its buffer at once (``TcpConnection.serve``), but the C
+heap keeps the freed pages: glibc returns only the top of its heap, and bodies received in many
+chunks leave it fragmented (280 abandoned 4 MiB uploads at once held ~290 MB after they were
+all freed). So such an ending asks for a heap trim (``trim_after``, glibc's ``malloc_trim``,
+what ``/debug/freememory`` does): in a worker thread, at most once per ``TRIM_INTERVAL_S``, the
+last request always served, none while no client abandons large commands.
 """
 
 from __future__ import annotations
 
 import trio
 
+from lmqd.memory import trim_heap
 from lmqd.server.output import BufferTotal
 
 OVER_BOUND_RECEIVE_SIZE = 16 * 1024
@@ -53,10 +62,22 @@ OVER_BOUND_RECEIVE_SIZE = 16 * 1024
 little before a publish is held or a body waits for its turn."""
 
 
+TRIM_AFTER_BYTES = 1024 * 1024
+"""A connection that ended holding this much of a partial command asks for a heap trim: a
+large body abandoned (``--max-body-size`` is 5 MiB); below it the freed chunks are reused."""
+
+TRIM_INTERVAL_S = 1.0
+"""The least time between two heap trims: one walks the heap's free chunks (a few ms with
+hundreds of MB free), so a flood of abandoned uploads costs a trim a second, not one each."""
+
+
 class BufferBudget(BufferTotal):
     """Bytes held in all connections' buffers against ``limit`` (see the module docstring)."""
 
-    __slots__ = ("_below", "_below_scopes", "finishing", "paused_count")
+    __slots__ = (
+        "_below", "_below_scopes", "_trim_wanted", "_trimming", "finishing", "paused_count",
+        "trims",
+    )  # fmt: skip
 
     def __init__(self, limit: int) -> None:
         super().__init__(limit)
@@ -67,6 +88,10 @@ class BufferBudget(BufferTotal):
         self._below = trio.Event()
         self._below.set()
         self._below_scopes: set[trio.CancelScope] = set()
+        self._trim_wanted = False
+        self._trimming = False
+        self.trims = 0
+        """Heap trims run (for tests and logs)."""
 
     def release(self, nbytes: int) -> None:
         """``nbytes`` left a buffer (sent, parsed, dropped); wakes paused readers once the
@@ -98,3 +123,24 @@ class BufferBudget(BufferTotal):
                 self._below = trio.Event()
                 self.paused_count += 1
             await self._below.wait()
+
+    def trim_after(self, input_bytes: int) -> None:
+        """A connection ended that held ``input_bytes`` of a partial command at most: if that
+        is ``TRIM_AFTER_BYTES`` or more, give the freed heap back to the OS soon (see the module
+        docstring)."""
+        if input_bytes < TRIM_AFTER_BYTES:
+            return
+        self._trim_wanted = True
+        if not self._trimming:
+            self._trimming = True
+            trio.lowlevel.spawn_system_task(self._trim, name="heap trim")
+
+    async def _trim(self) -> None:
+        try:
+            while self._trim_wanted:
+                self._trim_wanted = False
+                await trio.to_thread.run_sync(trim_heap)
+                self.trims += 1
+                await trio.sleep(TRIM_INTERVAL_S)
+        finally:
+            self._trimming = False

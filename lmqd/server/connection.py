@@ -17,11 +17,14 @@ publish is held (``Backpressure``) and nothing more is read from its client unti
 back under the bound, while every other command is read and applied as usual; a body already
 begun is completed, one connection at a time. The writer never pauses, so buffers drain.
 
-The writer also emits heartbeats on nsqd's ticker (every ``heartbeat_interval`` from connect, the
-ticker replaced at IDENTIFY) and bounds each send by the heartbeat interval, as nsqd's write
-deadline does: a client that stops reading is dropped. The reader drops a client that sends nothing
-for two heartbeat intervals, and stops reading while more than ``READ_PAUSE_WATER`` bytes wait to
-be sent, so a client that publishes without reading its responses cannot grow our memory.
+The writer also emits heartbeats on nsqd's ticker (every ``heartbeat_interval`` from the protocol
+magic, the ticker replaced at IDENTIFY) and bounds each send by the heartbeat interval, as nsqd's
+write deadline does: a client that stops reading is dropped. Before the magic nothing is sent
+(nsqd's IOLoop, and its ticker, start only once the 4 bytes are read). The reader drops a client
+that sends nothing for two heartbeat intervals -- also one that never sent the magic, closed
+without a frame as nsqd closes a connection whose magic it cannot read (nsqd itself would wait
+for it forever) -- and stops reading while more than ``READ_PAUSE_WATER`` bytes wait to be sent,
+so a client that publishes without reading its responses cannot grow our memory.
 
 A fatal protocol error queues its error frame after the responses already due; the writer flushes
 them and the connection closes. When the connection ends for any reason its in-flight messages are
@@ -103,6 +106,8 @@ class TcpConnection:
         self.output = OutputBuffer(self._wake, self.budget)
         self._input_bytes = 0
         """This connection's parser buffer as last counted in ``budget``."""
+        self._input_peak = 0
+        """The largest ``_input_bytes`` so far (a large partial command: ``trim_after``)."""
         self.session = Session(
             broker,
             ServerConnection(Limits.from_options(broker.options)),
@@ -117,7 +122,8 @@ class TcpConnection:
         self._writer_done = False
         self._reader_scope = trio.CancelScope()
         self._heartbeat_interval = broker.options.default_heartbeat_interval
-        self._next_heartbeat = trio.current_time() + self._heartbeat_interval
+        self._next_heartbeat = math.inf
+        """When the next heartbeat is due: never before the protocol magic (``_apply``)."""
         # Pausing the writer for a stream upgrade (one per connection at most).
         self._pause_writer = False
         self._writer_paused = trio.Event()
@@ -174,8 +180,12 @@ class TcpConnection:
             broker.clients.pop(self.id, None)
             self.session.leave(trio.current_time())
             self.output.discard()
+            # A body its client abandoned is freed now, not when the collector finds this
+            # connection's cycles (its callbacks): 280 abandoned 4 MiB MPUBs held 1.1 GB.
+            self.session.conn.discard_input()
             self.budget.release(self._input_bytes)
             self._input_bytes = 0
+            self.budget.trim_after(self._input_peak)
             log.info("CLIENT(%s): closed", self.remote_address)
 
     async def _reader(self) -> None:
@@ -207,9 +217,10 @@ class TcpConnection:
                     return
             if scope.cancelled_caught:
                 log.warning(
-                    "CLIENT(%s): no data for %.1fs (2 heartbeats), closing",
+                    "CLIENT(%s): no data for %.1fs (2 heartbeats)%s, closing",
                     self.remote_address,
                     timeout,
+                    "" if conn.started else " and no protocol magic",
                 )
                 return
             # Past the daemon-wide bound a publish waits (``Backpressure``); the rest applies.
@@ -222,13 +233,19 @@ class TcpConnection:
     def _apply(self, data: bytes | bytearray) -> bool:
         """Hand received bytes to the session and recount the parser's buffer; False once the
         connection must end."""
-        ok = self.session.receive(data, trio.current_time()) and bool(data)
-        buffered = self.session.conn.buffered_bytes
+        now = trio.current_time()
+        ok = self.session.receive(data, now) and bool(data)
+        conn = self.session.conn
+        if self._next_heartbeat == math.inf and conn.started and ok:
+            self._set_heartbeat_interval(self._heartbeat_interval, now)  # nsqd's ticker starts
+        buffered = conn.buffered_bytes
         delta = buffered - self._input_bytes
         if delta:
             self._input_bytes = buffered
             if delta > 0:
                 self.budget.used += delta
+                if buffered > self._input_peak:
+                    self._input_peak = buffered
             else:
                 self.budget.release(-delta)
         return ok

@@ -18,7 +18,10 @@ work is done by parts of one purpose each, which it composes and keeps consisten
 * ``acks.py``: acknowledgement mode (``ack_mode=True``): ``read_many`` returns ``StoredMessage``
   objects carrying a ``token`` (``tokens.py``); the persisted read position is the position of
   the oldest message not yet ``ack``-ed, so after a crash everything not acknowledged is read
-  again (at-least-once), along with any acknowledged messages that followed it.
+  again (at-least-once), along with any acknowledged messages that followed it. Where the
+  reader had got to is persisted too (``delivered``): a message read again below it was handed
+  out before the crash, and counts that delivery in its ``attempts`` (``reads_are_deliveries``:
+  a queue its owner reads ahead of delivering, all at once, says so and is not counted).
 
 Positions (``<stem>.lmq.pos.json``, ``positions.py``) are persisted only by sync jobs
 (``prepare_sync`` in the event-loop thread, ``SyncJob.run`` in a worker thread, ``sync.py``)
@@ -52,7 +55,7 @@ from lmqd.storage.repair import Damage
 from lmqd.storage.segments import Segment, SegmentList
 from lmqd.storage.sync import QueueFiles, SyncJob
 from lmqd.storage.timebase import TimeBase
-from lmqd.storage.tokens import StoredMessage
+from lmqd.storage.tokens import StoredMessage, record_token
 from lmqd.storage.write_cache import WRITE_CACHE_BYTES, WriteCache
 from lmqd.storage.writer import SegmentWriter
 from lmqd.units import MiB
@@ -109,6 +112,14 @@ class DiskQueue:
         self._timebase = timebase
         self._dirty = 0
         self._last_positions: Positions | None = None
+        self._delivered: tuple[int, int, int] | None = None
+        """Acknowledgement mode: the reader's position persisted before this opening, while
+        the reader has not passed it again (``read_many`` counts the messages below it)."""
+        self._delivered_token = -1
+        """``_delivered`` as a token (-1: none), compared with each message read."""
+        self.reads_are_deliveries = ack_mode
+        """Acknowledgement mode: each message read is delivered (a channel's own store); False
+        for a queue read ahead whole (a deferred store), whose position says nothing."""
         self._closed = False
         self.stored_message_ttls = False
         """Some message found on disk when the queue opened has its own TTL (lmq's extension;
@@ -220,7 +231,21 @@ class DiskQueue:
             return []
         out = self._reader.read_many(max_count)
         self._dirty += len(out)
+        if self._delivered_token >= 0 and out:
+            self._count_redeliveries(out)
         return out
+
+    def _count_redeliveries(self, out: list[Message]) -> None:
+        """After a crash: the messages read again below the reader's persisted position were
+        delivered before it (once more than their stored ``attempts`` say)."""
+        before = self._delivered_token
+        counting = self.reads_are_deliveries
+        for m in out:
+            if not isinstance(m, StoredMessage) or m.token >= before or not counting:
+                self._delivered = None
+                self._delivered_token = -1
+                return
+            m.attempts += 1
 
     def peek(self, max_count: int) -> list[Message]:
         """Up to ``max_count`` of the messages ``read_many`` would return next, read from the
@@ -322,6 +347,8 @@ class DiskQueue:
         self._reader.depth = 0
         self._dirty = 0
         self._acks.clear()
+        self._delivered = None
+        self._delivered_token = -1
         self._last_positions = positions
 
     def delete(self) -> None:
@@ -365,16 +392,19 @@ class DiskQueue:
         """The positions to persist now: in acknowledgement mode, the oldest message not yet
         acknowledged is where reading resumes after a restart (the reader's position if none)."""
         write = self._segments.live[-1]
-        read_segment, read_offset, read_index = (
-            self._acks.oldest_position() or self._reader.position()
-        )
+        read = self._acks.oldest_position() or self._reader.position()
+        delivered = None
+        if self._ack_mode and self.reads_are_deliveries:
+            reached = max(self._reader.position(), self._delivered or read)
+            delivered = reached if reached > read else None
         return Positions(
-            read_segment,
-            read_offset,
+            read[0],
+            read[1],
             write.number,
             write.end,
             self._reader.depth + len(self._acks.order),
-            read_index,
+            read[2],
+            delivered,
         )
 
     def _close_fds(self) -> None:
@@ -397,6 +427,10 @@ class DiskQueue:
             segments.live.append(Segment(r.number, r.path, r.end, r.skips, r.records))
         self._reader.reset(state.read_offset, state.read_consumed, state.read_index)
         self._reader.depth = state.depth
+        delivered = state.positions.delivered if state.positions is not None else None
+        if self._ack_mode and delivered is not None:
+            self._delivered = delivered
+            self._delivered_token = record_token(delivered[0], delivered[1]) + delivered[2]
         segments.next_number = state.next_number
         if state.appendable:
             self._writer.start(os.open(state.segments[-1].path, os.O_RDWR))

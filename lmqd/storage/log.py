@@ -574,9 +574,13 @@ class TopicLog:
             cursors=tuple(sorted((name, c.low) for name, c in self._cursors.items())),
             legacy=tuple(sorted(self._legacy.items())),
             adopted=self._adopted,
+            # Where each cursor had read, and before the last opening (a restart re-reading
+            # what a crash left unsettled must not forget it again before it gets there).
             read=tuple(
                 sorted(
-                    (name, c.position) for name, c in self._cursors.items() if c.position > c.low
+                    (name, read)
+                    for name, c in self._cursors.items()
+                    if (read := max(c.position, c.read_before)) > c.low
                 )
             ),
             skips=tuple(

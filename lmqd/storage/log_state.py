@@ -20,6 +20,11 @@ fsync the directory, ``sync.py``), as a disk queue's positions file is::
   crash, the messages a cursor reads again below it were delivered before (their ``attempts``).
 * ``skips`` (optional): for a cursor, the offset ranges ``[start, end)`` it steps over (a topic
   empty dropped them before the cursor read them), kept until its mark has passed them.
+* ``crc``: CRC32C of the file's JSON without this key (as written: compact, in this order), the
+  last key. A file whose content does not match it was edited or damaged: its marks cannot be
+  trusted (a cursor moved forward would skip messages without a trace), so it is refused like
+  any damaged state file and the positions are rebuilt from the segments. A file without it (an
+  older lmqd's) is read as before.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import json
 from typing import Any
 
 import attrs
+from crc32c import crc32c
 
 LOG_STATE_VERSION = 1
 
@@ -67,7 +73,13 @@ def encode_log_state(name: str, state: LogState) -> bytes:
         doc["read"] = dict(state.read)
     if state.skips:
         doc["skips"] = {k: [list(r) for r in ranges] for k, ranges in state.skips}
+    doc["crc"] = _checksum(doc)
     return json.dumps(doc, separators=(",", ":")).encode() + b"\n"
+
+
+def _checksum(doc: dict[str, Any]) -> int:
+    """CRC32C of ``doc`` as compact JSON, in its key order (the file without its ``crc``)."""
+    return crc32c(json.dumps(doc, separators=(",", ":")).encode())
 
 
 MAX_NUMBER = (1 << 63) - 1
@@ -95,6 +107,10 @@ def decode_log_state(name: str, data: bytes) -> LogState:
         raise ValueError(f"not JSON: {exc}") from None
     if not isinstance(doc, dict):
         raise ValueError("not a JSON object")
+    if "crc" in doc:
+        crc = doc.pop("crc")
+        if crc != _checksum(doc):
+            raise ValueError("its checksum does not match its content (edited or damaged)")
     version = doc.get("version")
     if type(version) is not int or version != LOG_STATE_VERSION:
         raise ValueError(f"unknown version {version!r}")

@@ -7,7 +7,10 @@ One small JSON object, replaced atomically (temp -> fsync -> rename -> fsync the
 
 ``read`` is the (segment, offset, index) of the first message not yet consumed (in
 acknowledgement mode: not yet acknowledged): the record at ``offset`` and the message's index in
-it (a batch record holds many; 0 for a single-message record). ``write`` is where the next
+it (a batch record holds many; 0 for a single-message record). ``delivered`` (optional,
+acknowledgement mode) is the (segment, offset, index) the reader had reached, where it is past
+``read``: after a crash, the messages read again below it were handed out before (their
+``attempts``, as a topic log's ``read``). ``write`` is where the next
 record goes; ``depth`` is the number of messages between them when the file was written
 (recovery recounts it, so it is a cross-check). Version 1 files (written before batch records,
 ``"read": [segment, offset]``) are still read, with index 0.
@@ -35,6 +38,8 @@ class Positions:
     depth: int
     read_index: int = 0
     """Messages of the record at the read position already consumed (batch records)."""
+    delivered: tuple[int, int, int] | None = None
+    """Acknowledgement mode: where the reader had read up to, when past ``read``."""
 
     @property
     def read(self) -> tuple[int, int]:
@@ -54,6 +59,8 @@ def encode_positions(name: str, positions: Positions) -> bytes:
         "read": [positions.read_segment, positions.read_offset, positions.read_index],
         "write": [positions.write_segment, positions.write_offset],
     }
+    if positions.delivered is not None:
+        doc["delivered"] = list(positions.delivered)
     return json.dumps(doc, separators=(",", ":")).encode() + b"\n"
 
 
@@ -93,4 +100,10 @@ def decode_positions(name: str, data: bytes) -> Positions:
     if read[:2] > write:
         raise ValueError(f"read position {read} is past write position {write}")
     index = read[2] if version > 1 else 0
-    return Positions(read[0], read[1], write[0], write[1], depth, index)
+    delivered = doc.get("delivered")
+    if delivered is not None:
+        segment, offset, after = _position(delivered, 3)
+        if (segment, offset, after) < (read[0], read[1], index) or (segment, offset) > write:
+            raise ValueError(f"delivered position {delivered} is outside the read and write")
+        delivered = (segment, offset, after)
+    return Positions(read[0], read[1], write[0], write[1], depth, index, delivered)

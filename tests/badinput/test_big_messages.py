@@ -8,12 +8,16 @@ Rules for this module (see STYLE.md, Tests):
 - meanwhile another client is served: it gets every message.
 
 The defect (issue 18): RDY 300 and 300 x 1 MiB took lmqd from 42 MB to 656 MB, a whole window of
-frames plus their joined copy in the stuck connection's output.
+frames plus their joined copy in the stuck connection's output. Issue 30: 280 clients that each
+sent most of a 4 MiB MPUB and disconnected left lmqd at 1.19 GB (the partial bodies lived on
+with their connections' objects until a garbage collection).
 """
 
 from __future__ import annotations
 
 import json
+import socket
+import struct
 import time
 import urllib.request
 
@@ -98,3 +102,37 @@ def test_big_messages_to_a_subscriber_that_never_reads_stay_within_the_byte_boun
         f"{MESSAGES} x 1 MiB to a client with RDY {STUCK_RDY} that never reads "
         f"(bound {PEAK_RSS_BOUND / MiB:.0f} MiB)"
     )
+
+
+ABANDONED_UPLOADS = 280
+ABANDONED_BODY = 4 * MiB
+ABANDONED_RSS_BOUND = 100 * MiB
+"""Above the idle daemon's RSS, after the abandoned uploads (issue 30's bound; measured: 12 MiB
+above idle, 1,095 MiB before the fix)."""
+
+
+def test_abandoned_large_uploads_give_their_memory_back(lmqd_server: LmqdProcess) -> None:
+    host, _, port = lmqd_server.tcp_address.rpartition(":")
+    assert_daemon_serves(lmqd_server.tcp_address)
+    idle = lmqd_server.rss_bytes()
+    # Most of a 4 MiB MPUB body (its count, then bytes that never make a whole message), then
+    # the client is gone: nothing in it can ever be applied.
+    partial = (
+        b"  V2MPUB abandoned\n"
+        + struct.pack(">ii", ABANDONED_BODY, 1000)
+        + b"x" * (ABANDONED_BODY - 100_000)
+    )
+    start = time.monotonic()
+    for _ in range(ABANDONED_UPLOADS):
+        with socket.create_connection((host, int(port)), timeout=10) as client:
+            client.sendall(partial)
+        assert time.monotonic() - start < 60, "the daemon stopped reading abandoned uploads"
+    deadline = time.monotonic() + 10  # the last connections are still being read
+    while (rss := lmqd_server.rss_bytes()) - idle > ABANDONED_RSS_BOUND:
+        assert time.monotonic() < deadline, (
+            f"lmqd holds {rss / MiB:.0f} MiB after {ABANDONED_UPLOADS} abandoned "
+            f"{ABANDONED_BODY // MiB} MiB uploads ({idle / MiB:.0f} MiB idle, bound "
+            f"+{ABANDONED_RSS_BOUND / MiB:.0f} MiB)"
+        )
+        time.sleep(0.2)
+    assert_daemon_serves(lmqd_server.tcp_address)

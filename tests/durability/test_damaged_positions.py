@@ -12,15 +12,17 @@ Rules for this module (STYLE.md):
 
 from __future__ import annotations
 
-import json
+import logging
 from pathlib import Path
 
+import pytest
 import trio
 
 from lmqd.message import Message
 from lmqd.protocol import MessageFrame
 from lmqd.storage import DiskQueue, TopicLog
 from lmqd.storage.files import log_state_filename, positions_filename
+from tests.storage.log_helpers import edit_state_file
 from tests.support.daemon import StartDaemon
 from tests.support.http import http
 from tests.support.wire import Connect
@@ -45,9 +47,7 @@ def _messages(count: int, start: int) -> list[Message]:
 
 
 def _edit(path: Path, **changes: object) -> None:
-    doc = json.loads(path.read_text())
-    doc.update(changes)
-    path.write_text(json.dumps(doc))
+    edit_state_file(path, **changes)
 
 
 async def test_positions_past_the_segments_are_rebuilt_and_everything_is_delivered(
@@ -97,3 +97,37 @@ async def test_positions_past_the_segments_are_rebuilt_and_everything_is_deliver
         assert channel["storage_damage"]["rebuilt_positions"] == 1  # its own store
         assert topic["storage_damage"]["lost_messages"] == 0
         assert channel["storage_damage"]["lost_messages"] == 0
+
+
+async def test_a_cursor_moved_forward_by_hand_is_found_logged_and_rebuilt(
+    start_daemon: StartDaemon, connect: Connect, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 30: a channel's mark moved forward in the log's state file (its checksum not made
+    to match) skipped 1,462 messages without a log line. Now the file is set aside, the ERROR
+    says so, and the channel reads everything on disk again: no message skipped."""
+    with trio.fail_after(TIMEOUT):
+        data = tmp_path / "data"
+        data.mkdir()
+        log = TopicLog("orders", data, timebase=_WallClock(), max_bytes_per_file=100 * 1024)
+        log.append_many(_messages(3000, 0))
+        log.create_cursor("#topic", 3000)
+        log.create_cursor("archive", 1000)  # the channel had read a thousand
+        log.close()
+        state = data / log_state_filename("orders")
+        edit_state_file(state, resign=False, cursors={"#topic": 3000, "archive": 2462})
+
+        with caplog.at_level(logging.ERROR, logger="lmqd.storage"):
+            running = await start_daemon(data, http=True)
+        assert "its checksum does not match its content" in caplog.text
+        assert "rebuilding the log state from the segments" in caplog.text
+        consumer = await connect(running.tcp)
+        await consumer.sub("orders", "archive", rdy=1000)
+        want = {m.body for m in _messages(2000, 1000)}  # what it had not read, none skipped
+        bodies: set[bytes] = set()
+        while not want <= bodies:
+            frame = await consumer.message()
+            bodies.add(frame.body)
+            await consumer.fin(frame.id)
+        r = await http(running.http, "GET", "/stats?format=json&topic=orders")
+        (topic,) = r.json()["topics"]
+        assert topic["storage_damage"]["rebuilt_positions"] == 1

@@ -35,6 +35,7 @@ ORIGIN = (
     ("lmq-dead-letter-channel", "dlq"),
     ("lmq-dead-letter-reason", "max_attempts"),
     ("lmq-dead-letter-attempts", "1"),
+    ("lmq-dead-letter-path", "t"),
 )
 
 

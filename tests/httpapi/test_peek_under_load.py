@@ -160,6 +160,7 @@ def _dead_letter_headers() -> dict[str, str]:
         "lmq-dead-letter-channel": "dlq",
         "lmq-dead-letter-reason": "max_attempts",
         "lmq-dead-letter-attempts": "1",
+        "lmq-dead-letter-path": "t",
     }
 
 

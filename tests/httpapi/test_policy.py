@@ -77,6 +77,13 @@ async def test_policy_errors(start_daemon: StartDaemon) -> None:
              "INVALID_POLICY: retention_bytes must be an integer from 0 to 9223372036854775807"),
             ("POST", "/topic/policy?topic=t", b"{" + b" " * 70_000 + b"}", 413,
              "INVALID_POLICY: body too large"),
+            # Thousands of digits (int() refuses past 4,300), nesting past the stack: 400.
+            ("POST", "/topic/policy?topic=t", b'{"ttl_ms": ' + b"9" * 5000 + b"}", 400,
+             "INVALID_POLICY: ttl_ms must be an integer from 0 to 9223372036854775807"),
+            ("POST", "/topic/policy?topic=t", b'{"ttl_ms": -' + b"9" * 3000 + b"}", 400,
+             "INVALID_POLICY: ttl_ms must be an integer from 0 to 9223372036854775807"),
+            ("POST", "/topic/policy?topic=t", b"[" * 60_000, 400,
+             "INVALID_POLICY: the body is not JSON"),
         ]
         for method, target, body, status, message in cases:
             r = await http(base, method, target, body or None)

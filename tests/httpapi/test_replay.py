@@ -19,7 +19,7 @@ import trio
 
 from lmqd.message import READ_CONTENT_TYPE, READ_FRAME, decode_read_frames
 from lmqd.message_ext import MessageExt
-from lmqd.positions import parse_position
+from lmqd.positions import MAX_OFFSET, parse_number, parse_position
 from tests.support.daemon import RunningDaemon, StartDaemon, eventually
 from tests.support.http import http
 from tests.support.wire import Wire, consume_exactly
@@ -58,8 +58,13 @@ def test_positions_parse() -> None:
     assert when is not None and when.time_ns == 1_700_000_000_500_000_000
     assert parse_position("2023-11-14T23:13:20+01:00").time_ns == 1_700_000_000 * 10**9  # type: ignore[union-attr]
     for bad in ("", "soon", "offset:", "offset:-1", "-5", "2023-11-14", "2023-11-14T22:13:20",
-                "1.5"):
+                "1.5", "offset:1e3", "offset:\u0663"):
         assert parse_position(bad) is None, bad
+    # Past int64 is past everything stored, without converting thousands of digits.
+    huge = parse_position("offset:" + "9" * 5000)
+    assert huge is not None and huge.offset == MAX_OFFSET
+    assert parse_position("offset:" + "0" * 40 + "7") == parse_position("offset:7")
+    assert parse_number("9223372036854775807") == parse_number("9223372036854775808") == MAX_OFFSET
 
 
 @pytest.mark.parametrize("mem_queue_size", [0, 10_000])
@@ -197,12 +202,24 @@ async def test_replay_errors(start_daemon: StartDaemon) -> None:
             ("GET", "/topic/read?topic=t", 400, "MISSING_ARG_OFFSET"),
             ("GET", "/topic/read?topic=t&offset=-1", 400, "INVALID_ARG_OFFSET"),
             ("GET", "/topic/read?topic=t&offset=0&count=0", 400, "INVALID_ARG_COUNT"),
+            ("GET", "/topic/read?topic=t&offset=0&count=10001", 400, "INVALID_ARG_COUNT"),
+            ("GET", "/topic/read?topic=t&offset=0&count=" + "9" * 5000, 400,
+             "INVALID_ARG_COUNT"),
+            ("GET", "/topic/read?topic=t&offset=%D9%A3", 400, "INVALID_ARG_OFFSET"),
             ("GET", "/topic/read?topic=t&offset=0&end=x", 400, "INVALID_ARG_END"),
             ("GET", "/topic/read?topic=b%20d&offset=0", 400, "INVALID_ARG_TOPIC"),
         ]
         for method, target, status, message in cases:
             r = await http(base, method, target)
             assert (r.status, r.json()) == (status, {"message": message}), target
+        # Offsets past everything stored, however many digits: clamped (seek), read as the end.
+        for to in ("offset:" + "9" * 5000, "offset:99999999999999999999", "9" * 30):
+            r = await http(base, "POST", f"/channel/seek?topic=t&channel=c&to={to}")
+            assert (r.status, r.json()) == (200, {"offset": 1}), to
+        r = await http(base, "GET", "/topic/read?topic=t&offset=" + "9" * 5000)
+        assert (r.status, r.body) == (200, b"")
+        r = await http(base, "GET", "/topic/read?topic=t&offset=0&count=10000&end=" + "9" * 40)
+        assert (r.status, len(frames(r.body))) == (200, 1)
         # A binary answer is framed as documented: one 38-byte header per message.
         r = await http(base, "GET", "/topic/read?topic=t&offset=0")
         assert len(r.body) == READ_FRAME.size + 1

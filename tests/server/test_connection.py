@@ -104,6 +104,25 @@ async def test_default_heartbeat_is_30s_and_nop_keeps_connection(
     assert len(daemon.clients) == 1
 
 
+async def test_no_heartbeat_before_the_magic_and_closed_without_a_frame(
+    daemon: Broker, nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    """nsqd's IOLoop (and its heartbeat ticker) starts only once the 4-byte magic is read; a
+    connection that never sends it gets no frame at all, and lmqd closes it after two heartbeat
+    intervals of silence without one (nsqd closes one whose magic it cannot read)."""
+    silent = serve_in_memory(daemon, nursery, "silent:1")
+    start = trio.current_time()
+    assert await silent.receive_some(1024) == b""  # nothing, not even a heartbeat, then EOF
+    assert trio.current_time() == start + 60.0
+    # The magic 10 s after connecting: the ticker starts there (nsqd's IOLoop).
+    late = Wire(serve_in_memory(daemon, nursery, "late:1"), answer_heartbeats=False)
+    start = trio.current_time()
+    await trio.sleep(10.0)
+    await late.send(MAGIC_V2)
+    assert await late.response() == b"_heartbeat_"
+    assert trio.current_time() == start + 40.0
+
+
 async def test_message_timeout_redelivers_with_attempts_two(
     daemon: Broker, nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
 ) -> None:

@@ -193,6 +193,7 @@ async def test_a_dead_lettered_message_names_where_it_came_from(
             "lmq-dead-letter-channel": "c",
             "lmq-dead-letter-reason": message["headers"]["lmq-dead-letter-reason"],
             "lmq-dead-letter-attempts": "1",
+            "lmq-dead-letter-path": "t",
         }
         assert message["headers"]["lmq-dead-letter-reason"]
         await consumer.aclose()

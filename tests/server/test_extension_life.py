@@ -225,12 +225,15 @@ async def _post(running: RunningDaemon, target: str, doc: dict[str, object]) -> 
     assert answer.status == 200, answer.body
 
 
-def _origin(topic: str, channel: str, reason: str, attempts: int) -> tuple[tuple[str, str], ...]:
+def _origin(
+    topic: str, channel: str, reason: str, attempts: int, path: str = ""
+) -> tuple[tuple[str, str], ...]:
     return (
         ("lmq-dead-letter-topic", topic),
         ("lmq-dead-letter-channel", channel),
         ("lmq-dead-letter-reason", reason),
         ("lmq-dead-letter-attempts", str(attempts)),
+        ("lmq-dead-letter-path", path or topic),
     )
 
 
@@ -238,7 +241,8 @@ async def test_dead_letters_keep_their_fields_and_name_their_origin(
     start_daemon: StartDaemon, tmp_path: Path
 ) -> None:
     """Out of attempts and expired, with the dead-letter topic on disk; a message dead-lettered
-    twice names its last origin only; one whose headers leave no room keeps only the origin."""
+    twice names its last origin (and both topics in its path); one whose headers leave no room
+    keeps only the origin."""
     with trio.fail_after(TIMEOUT):
         running = await start_daemon(tmp_path, http=True, mem_queue_size=2)
         dead = await Wire.connect(running.tcp, **NEGOTIATE)
@@ -277,7 +281,7 @@ async def test_dead_letters_keep_their_fields_and_name_their_origin(
             )
             for i in range(6)
         }
-        # 64 headers and 4 more do not fit in one message: the origin wins.
+        # 64 headers and 5 more do not fit in one message: the origin wins.
         expected[b"full"] = MessageExt(priority=2, headers=_origin("t", "c", "max_attempts", 2))
         expected[b"short"] = MessageExt(
             priority=5, headers=(("kind", "short"), *_origin("t", "c", "expired", 0))
@@ -292,7 +296,7 @@ async def test_dead_letters_keep_their_fields_and_name_their_origin(
         # Attempts start again on the dead-letter topic (the count is in the origin header).
         assert {b: f.attempts for b, f in got.items()} == {b: 1 for b in expected}
 
-        # Given up again, on t.dead/y: the origin is replaced, the rest kept.
+        # Given up again, on t.dead/y: the origin is replaced, the path grows, the rest kept.
         dead2 = await Wire.connect(running.tcp, **NEGOTIATE)
         await dead2.sub("t.dead2", "z", rdy=1)
         await again.rdy(1)
@@ -304,7 +308,8 @@ async def test_dead_letters_keep_their_fields_and_name_their_origin(
         assert (frame.attempts, twice.body, twice.attempts) == (1, frame.body, 1)
         assert twice.ext == MessageExt(
             priority=before.priority,
-            headers=before.headers[:-4] + _origin("t.dead", "y", "max_attempts", frame.attempts),
+            headers=before.headers[:-5]
+            + _origin("t.dead", "y", "max_attempts", frame.attempts, "t,t.dead"),
         )
         for wire in (dead, dead2, again, worker, producer):
             await wire.aclose()

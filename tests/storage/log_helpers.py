@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
+
+from crc32c import crc32c
 
 from lmqd.message import Message
 from lmqd.storage.log import TopicLog
@@ -15,6 +18,18 @@ from .storage_helpers import WALL_EPOCH_NS, FakeTimeBase, key
 TOPIC = "t"
 SEGMENTS = "t.lmq.*.dat"
 STATE = "t.lmq.log.json"
+
+
+def edit_state_file(path: Path, *, resign: bool = True, **changes: object) -> None:
+    """Change keys of the JSON state (or positions) file ``path``. ``resign``: its ``crc`` is
+    made to match again, as a file the daemon wrote but that disagrees with the segments (they
+    changed under it); without, it is a file edited by hand (tampered with)."""
+    doc = json.loads(path.read_text())
+    crc = doc.pop("crc", None)
+    doc.update(changes)
+    if crc is not None and "crc" not in changes:
+        doc["crc"] = crc32c(json.dumps(doc, separators=(",", ":")).encode()) if resign else crc
+    path.write_text(json.dumps(doc, separators=(",", ":")))
 
 
 def open_log(path: Path, name: str = TOPIC, **kwargs: Any) -> TopicLog:

@@ -45,6 +45,12 @@ def make_messages(count: int, start: int = 0, body_size: int = 0) -> list[Messag
     return out
 
 
+def delivered_once(messages: Sequence[Message]) -> list[Message]:
+    """``messages`` as an acknowledgement-mode queue reads them again after a crash that
+    followed their delivery: one more attempt each."""
+    return [Message(m.id, m.body, m.timestamp, m.attempts + 1) for m in messages]
+
+
 def key(m: Message) -> tuple[Any, ...]:
     """What must survive storage unchanged."""
     return (m.id, m.body, m.timestamp, m.attempts, m.deliver_at)

@@ -22,7 +22,16 @@ import pytest
 from lmqd.message import Message
 from lmqd.storage.record import BATCH_OF_ONE_OVERHEAD, SEGMENT_HEADER_SIZE
 
-from .log_helpers import STATE, entry_keys, expected, open_log, read_all, segment_files, stamped
+from .log_helpers import (
+    STATE,
+    edit_state_file,
+    entry_keys,
+    expected,
+    open_log,
+    read_all,
+    segment_files,
+    stamped,
+)
 from .storage_helpers import (
     bad_files,
     drain,
@@ -213,9 +222,7 @@ def test_log_empty_or_zeroed_middle_segment_is_damage(
 
 
 def _edit_state(path: Path, **changes: object) -> None:
-    doc = json.loads((path / STATE).read_text())
-    doc.update(changes)
-    (path / STATE).write_text(json.dumps(doc))
+    edit_state_file(path / STATE, **changes)
 
 
 @pytest.mark.parametrize(
@@ -242,6 +249,46 @@ def test_log_state_that_disagrees_is_set_aside_and_rebuilt(
     assert entry_keys(read_all(again)) == expected(0, msgs)
     assert any(p.name.startswith(STATE + ".bad") for p in bad_files(tmp_path))
     assert "rebuilding the log state from the segments" in caplog.text
+    log.close()
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        pytest.param({"cursors": {"c": 30}}, id="cursor-moved-forward"),
+        pytest.param({"next_offset": 41}, id="next-offset"),
+        pytest.param({"crc": 1}, id="checksum"),
+    ],
+)
+def test_log_state_edited_by_hand_is_set_aside_and_rebuilt(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, edit: dict[str, object]
+) -> None:
+    """A state file whose checksum does not match its content: no mark of it is trusted (a
+    cursor moved forward inside the log would skip messages and look right)."""
+    msgs, _ = _log_of_segments(tmp_path)
+    edit_state_file(tmp_path / STATE, resign=False, **edit)
+    with caplog.at_level(logging.WARNING, logger="lmqd.storage"):
+        log = open_log(tmp_path, max_bytes_per_file=LOG_BYTES)
+    assert log.rebuilt_state and log.damage.rebuilt_count == 1
+    assert dict(log.cursors) == {}
+    again = log.create_cursor("c", "earliest")
+    assert entry_keys(read_all(again)) == expected(0, msgs)
+    assert "its checksum does not match its content (edited or damaged)" in caplog.text
+    assert any(p.name.startswith(STATE + ".bad") for p in bad_files(tmp_path))
+    log.close()
+
+
+def test_log_state_without_a_checksum_is_read_as_before(tmp_path: Path) -> None:
+    """An older lmqd's state file has no ``crc``: its marks are checked as they always were."""
+    _log_of_segments(tmp_path)
+    doc = json.loads((tmp_path / STATE).read_text())
+    del doc["crc"]
+    doc["cursors"] = {"c": 12}
+    (tmp_path / STATE).write_text(json.dumps(doc))
+    log = open_log(tmp_path, max_bytes_per_file=LOG_BYTES)
+    assert not log.rebuilt_state
+    cursor = log.cursor("c")
+    assert cursor is not None and cursor.position == 12
     log.close()
 
 

@@ -41,6 +41,7 @@ from lmqd.storage.record import (
 
 from .log_helpers import (
     STATE,
+    edit_state_file,
     entry_keys,
     expected,
     open_log,
@@ -640,9 +641,7 @@ def test_damage_found_while_reading_is_set_aside_once_for_every_cursor(tmp_path:
 
 
 def _edit_state(path: Path, **changes: object) -> None:
-    doc = json.loads((path / STATE).read_text())
-    doc.update(changes)
-    (path / STATE).write_text(json.dumps(doc))
+    edit_state_file(path / STATE, **changes)
 
 
 def test_cursor_marks_outside_the_log_are_rebuilt_inside_it(

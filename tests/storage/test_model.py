@@ -55,16 +55,25 @@ class DiskQueueMachine(RuleBasedStateMachine):
         """Unacknowledged read records: log index -> token."""
         self.synced = 0
         """Log index the last persisted read position stands for."""
+        self.delivered = 0
+        """Acknowledgement mode: records of ``log`` below this index were handed out before
+        the queue was last opened (read again, they count one more attempt)."""
+        self.synced_delivered = 0
+        """Log index the last persisted reader's position (``delivered``) stands for."""
 
     @property
     def directory(self) -> Path:
         return self.root / f"g{self.generation}"
 
-    def _open(self) -> None:
+    def _open(self, delivered: int = 0) -> None:
         self.q = open_queue(self.directory, max_bytes_per_file=MAX_BYTES, ack_mode=self.ack_mode)
         self.cursor = 0
         self.tokens = {}
         self.synced = 0
+        self.delivered = self.synced_delivered = max(delivered, 0) if self.ack_mode else 0
+
+    def _reached(self) -> int:
+        return max(self.cursor, self.delivered)
 
     def _persisted_index(self) -> int:
         return min(self.tokens) if self.tokens else self.cursor
@@ -98,7 +107,10 @@ class DiskQueueMachine(RuleBasedStateMachine):
     def read(self, count: int) -> None:
         assert self.q is not None
         got = self.q.read_many(count)
-        expected = self.log[self.cursor : self.cursor + count]
+        expected = [
+            (*k[:3], k[3] + 1, *k[4:]) if i < self.delivered else k
+            for i, k in enumerate(self.log[self.cursor : self.cursor + count], self.cursor)
+        ]
         assert [key(m) for m in got] == expected
         if self.ack_mode:
             for i, m in enumerate(got):
@@ -118,13 +130,15 @@ class DiskQueueMachine(RuleBasedStateMachine):
         assert self.q is not None
         self.q.sync()
         self.synced = self._persisted_index()
+        self.synced_delivered = self._reached()
 
     @rule()
     def reopen(self) -> None:
         assert self.q is not None
         self.q.close()
-        self.log = self.log[self._persisted_index() :]
-        self._open()
+        persisted = self._persisted_index()
+        self.log = self.log[persisted:]
+        self._open(self._reached() - persisted)
 
     @rule()
     def crash(self) -> None:
@@ -135,7 +149,7 @@ class DiskQueueMachine(RuleBasedStateMachine):
         self.q.close()
         shutil.rmtree(old)
         self.log = self.log[self.synced :]
-        self._open()
+        self._open(self.synced_delivered - self.synced)
 
     @rule()
     def empty(self) -> None:
@@ -148,6 +162,7 @@ class DiskQueueMachine(RuleBasedStateMachine):
         self.cursor = 0
         self.tokens = {}
         self.synced = 0
+        self.delivered = self.synced_delivered = 0
 
     @invariant()
     def depth_matches(self) -> None:
