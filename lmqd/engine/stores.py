@@ -62,6 +62,7 @@ from lmqd.storage import (
     TopicLog,
     TopicMetadata,
 )
+from lmqd.storage.atrest import PLAIN, AtRest
 from lmqd.storage.files import name_from_stem
 from lmqd.storage.metadata import is_durable_name
 
@@ -186,8 +187,11 @@ class Stores:
         *,
         hold_data_dir: Callable[[], TimeBase],
         on_health: Callable[[str | None], None],
+        at_rest: AtRest = PLAIN,
     ) -> None:
         self.options = options
+        self.at_rest = at_rest
+        """Compression and encryption at rest, shared by every log and queue opened here."""
         self._syncer = syncer
         self._hold_data_dir = hold_data_dir
         self._on_health = on_health
@@ -205,6 +209,7 @@ class Stores:
             timebase=self._hold_data_dir(),
             max_bytes_per_file=self.options.max_bytes_per_file,
             ack_mode=self.options.durable,
+            at_rest=self.at_rest,
         )
 
     def open_log(self, name: str, *, fresh: bool = False) -> TopicLog:
@@ -217,6 +222,7 @@ class Stores:
             max_bytes_per_file=self.options.max_bytes_per_file,
             fresh=fresh,
             recover_ids=DEDUP_MAX_ENTRIES,
+            at_rest=self.at_rest,
         )
 
     def note_on_disk(self, names: Sequence[str]) -> None:

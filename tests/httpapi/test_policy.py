@@ -19,7 +19,7 @@ from tests.support.wire import Wire
 
 PUBLISH_OFF = {
     "ttl_ms": 0, "max_depth": 0, "overflow": "reject", "publish_rate": 0, "publish_burst": 0,
-    "dedup_window_ms": 0,
+    "dedup_window_ms": 0, "compression": "none",
 }
 """The TTL and publish policy keys, all off (``lmqd.engine.policy``)."""
 
