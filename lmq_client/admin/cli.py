@@ -296,6 +296,9 @@ _PAST = {"create": "created", "delete": "deleted", "empty": "emptied", "pause": 
               help="policy: messages accepted at once above the rate (0: the rate).")
 @click.option("--dedup-window", metavar="DURATION", callback=duration_ms_option,
               help="policy: drop a body equal to one published this recently (5m, 30s, 0).")
+@click.option("--compression", metavar="CODEC",
+              help="policy: how the log's new batches are compressed at rest: none, "
+                   "zstd[:LEVEL], lz4, snappy, gzip[:LEVEL] (lmqd checks it).")
 @json_option
 @click.pass_obj
 @handle_errors
@@ -311,6 +314,7 @@ def topic(
     rate: int | None,
     burst: int | None,
     dedup_window: int | None,
+    compression: str | None,
 ) -> None:
     """create | delete | empty | pause | unpause a topic, on every daemon; policy shows or sets
     a topic's policy (lmqd)."""
@@ -323,12 +327,13 @@ def topic(
         ("publish_rate", rate),
         ("publish_burst", burst),
         ("dedup_window_ms", dedup_window),
+        ("compression", compression),
     )
     changes = {key: value for key, value in given if value is not None}
     if changes and action != "policy":
         raise click.UsageError(
-            "--retention, --retention-bytes, --ttl, --max-depth, --overflow, --rate, --burst "
-            "and --dedup-window go with policy"
+            "--retention, --retention-bytes, --ttl, --max-depth, --overflow, --rate, --burst, "
+            "--dedup-window and --compression go with policy"
         )
     # With lookupds: create on every node, anything else on the nodes that have the topic.
     addresses = settings.http_addresses(None if action == "create" else topic)

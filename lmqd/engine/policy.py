@@ -134,12 +134,13 @@ def parse_update(doc: Any) -> dict[str, PolicyValue]:
         choices = STRING_KEYS.get(key)
         if key == "compression":
             if type(value) is not str:
-                raise PolicyError("compression must be a string: none, zstd[:LEVEL], lz4, "
-                                  "snappy or gzip[:LEVEL]")  # fmt: skip
+                raise PolicyError(
+                    "compression must be a string: none, zstd[:LEVEL], lz4, snappy, gzip[:LEVEL]"
+                )
             try:
                 value = str(Compression.parse(value))
             except ValueError as exc:
-                raise PolicyError(f"compression: {exc}") from None
+                raise PolicyError(f"compression invalid: {exc}") from None
         elif choices is not None:
             if type(value) is not str or value not in choices:
                 shown = ", ".join(f'"{c}"' for c in choices)

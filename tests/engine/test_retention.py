@@ -99,8 +99,8 @@ def test_policy_updates_are_checked_whole() -> None:
         ({"retention_bytes": "5"}, "retention_bytes must be an integer"),
         ({"retention_ms": 2**63}, "retention_ms must be an integer"),
         ({"ttl_ms": -1}, "ttl_ms must be an integer"),
-        ({"compression": "brotli"}, "compression: unknown compression 'brotli'"),
-        ({"compression": "zstd:99"}, "zstd level must be 1..22"),
+        ({"compression": "brotli"}, "compression invalid: unknown compression 'brotli'"),
+        ({"compression": "zstd:99"}, "compression invalid: zstd level must be 1..22"),
         ({"compression": 3}, "compression must be a string"),
     ):
         with pytest.raises(PolicyError, match=message):
