@@ -57,7 +57,6 @@ from lmqd.storage import (
 )
 from lmqd.storage.atrest import AtRestConfigError, build_at_rest
 from lmqd.storage.atrest.check import AtRestRefused, check_data_dir
-from lmqd.storage.atrest.compression import Compression
 from lmqd.storage.atrest.rewrite import rewrite_data_dir
 
 __all__ = ["EXIT_MESSAGES_LOST", "GC_THRESHOLDS", "BoundAddresses", "LmqDaemon", "run_daemon"]
@@ -128,14 +127,7 @@ class LmqDaemon:
 
     def _rewrite_at_rest(self) -> None:
         """``--rewrite-at-rest``: every segment as the settings seal now (blocking)."""
-        data_path = self.options.data_path
-        policies = {t.name: dict(t.policy) for t in load_metadata(metadata_path(data_path)).topics}
-
-        def compression_of(name: str) -> Compression | None:
-            spelling = policies.get(name, {}).get("compression")
-            return Compression.parse(str(spelling)) if spelling is not None else None
-
-        report = rewrite_data_dir(data_path, self.at_rest, compression_of)
+        report = rewrite_data_dir(self.options.data_path, self.at_rest)
         log.info(
             "AT-REST: rewrote %d of %d segment file(s) (%d left as they were: damaged)",
             report.rewritten,

@@ -58,6 +58,7 @@ from lmq_client.admin.positions import (
     stored_range,
 )
 from lmq_client.admin.pub_stream import pub
+from lmq_client.admin.rewrite import rewrite_at_rest
 from lmq_client.admin.tail_hint import TAIL_HINT_AFTER_S, say_earlier_messages_hint
 from lmq_client.admin.web.command import web
 from lmq_client.errors import ConnectionFailed, LmqClientError
@@ -535,6 +536,7 @@ cli.add_command(pub)
 cli.add_command(archive)
 cli.add_command(forward)
 cli.add_command(web)
+cli.add_command(rewrite_at_rest)
 
 
 # -- peek --------------------------------------------------------------------------------------

@@ -350,10 +350,10 @@ def render_table(snap: Snapshot, width: int = 200) -> Table:
         for rows in (snap.rows, *snap.per_node.values())
         for row in rows.values()
     )
-    if policies:
-        columns.append(Column("policy", policy_texts, POLICY_PRIORITY, "left"))
     if any(row.at_rest is not None for row in snap.rows.values()):
         columns.append(Column("stored", at_rest_texts, AT_REST_PRIORITY, "right"))
+    if policies:
+        columns.append(Column("policy", policy_texts, POLICY_PRIORITY, "left"))
     table = make_table(f"lmq stats: {', '.join(snap.nodes)}", columns, width, bold_rows=bold)
     damaged = [_damage_text(row) for row in snap.rows.values() if row.damage]
     if damaged:

@@ -397,3 +397,33 @@ async def test_flipped_bit_in_an_encrypted_batch_is_counted_damage(tmp_path: Pat
             stop_lmqd(server)
         finally:
             server.terminate()
+
+
+async def test_lmqadmin_rewrites_a_stopped_daemons_data_after_a_rotation(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from lmq_client.admin.cli import cli
+
+    data = tmp_path / "data"
+    old, new = key_file(tmp_path / "old"), key_file(tmp_path / "new")
+    items = bodies(200)
+    with trio.fail_after(30):
+        server = await start(data, ["--mem-queue-size=0", f"--encryption-key-file={old}"])
+        try:
+            await publish(server, "rot", items)
+            # Running: the data directory is held, lmqadmin refuses.
+            args = ["rewrite-at-rest", str(data), "--encryption-key-file", str(new),
+                    "--encryption-key-file", str(old)]  # fmt: skip
+            held = CliRunner().invoke(cli, args)
+            assert held.exit_code == 1 and "stop it first" in held.output, held.output
+            stop_lmqd(server)
+            missing_key = CliRunner().invoke(cli, args[:4])
+            assert missing_key.exit_code == 1 and "no key file given has" in missing_key.output
+            done = CliRunner().invoke(cli, [*args, "--json"])
+            assert done.exit_code == 0, done.output
+            assert json.loads(done.output)["rewritten"] >= 1
+            server = await start(data, ["--mem-queue-size=0", f"--encryption-key-file={new}"])
+            await consume_all(server, "rot", "c", items)
+            stop_lmqd(server)
+        finally:
+            server.terminate()

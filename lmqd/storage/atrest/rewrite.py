@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
 
 import attrs
 
@@ -52,6 +51,7 @@ from lmqd.storage.files import (
     write_file_durably,
 )
 from lmqd.storage.log_state import decode_log_state, encode_log_state
+from lmqd.storage.metadata import load_metadata, metadata_path
 from lmqd.storage.positions import decode_positions, encode_positions
 from lmqd.storage.record import (
     LOG_VERSIONS,
@@ -81,14 +81,20 @@ class RewriteReport:
     """Segment files that needed a rewrite and were left as they were (damage, old formats)."""
 
 
-def rewrite_data_dir(
-    data_path: str,
-    at_rest: AtRest,
-    compression_of: Callable[[str], Compression | None] = lambda name: None,
-) -> RewriteReport:
-    """Rewrite every segment in ``data_path`` not sealed as ``at_rest`` seals now;
-    ``compression_of(topic)``: a topic's ``compression`` policy (None: the default). Blocking;
-    ``OSError`` if a file cannot be read or written (what was rewritten before stays so)."""
+def rewrite_data_dir(data_path: str, at_rest: AtRest) -> RewriteReport:
+    """Rewrite every segment in ``data_path`` not sealed as ``at_rest`` seals now, a topic's
+    log with the topic's ``compression`` policy (from the metadata file), everything else with
+    the default. The caller holds the data directory (``DataDirLock``). Blocking; ``OSError``
+    if a file cannot be read or written (what was rewritten before stays so)."""
+    policies = {t.name: dict(t.policy) for t in load_metadata(metadata_path(data_path)).topics}
+
+    def compression_of(topic: str) -> Compression | None:
+        spelling = policies.get(topic, {}).get("compression")
+        try:
+            return Compression.parse(str(spelling)) if spelling is not None else None
+        except ValueError:
+            return None  # the engine refuses it too, and keeps the default
+
     report = RewriteReport()
     for filename in sorted(os.listdir(data_path)):
         if not is_segment_file(filename):
