@@ -25,6 +25,11 @@ message** (``/proc/<pid>/stat`` user+system, writer and reader phases together, 
 
 CPU figures are the daemon's only (the clients run in this process), but a shared 2-core machine
 still moves them: compare medians of several runs taken back to back, as the table does.
+
+``--codec-only`` measures the sealing step alone, in this process, without a daemon: each
+setting's ``Sealer.seal`` and ``Opener.open`` over the same bodies framed as a topic log frames
+them (batches of ``--batch`` messages), best of ``--runs`` timings, in µs per message: what the
+at-rest layer adds to writing and reading a message, with no scheduler or disk in the figure.
 """
 
 from __future__ import annotations
@@ -183,6 +188,52 @@ async def _create(daemon: LmqdProcess) -> None:
     await trio.to_thread.run_sync(post, f"/channel/create?topic={TOPIC}&channel=ch")
 
 
+def codec_only(bodies: list[bytes], settings: list[str], batch: int, runs: int) -> None:
+    """Time ``Sealer.seal`` and ``Opener.open`` per message for each setting (see above)."""
+    import time
+
+    from lmqd.message import Message
+    from lmqd.storage.atrest.compression import Compression
+    from lmqd.storage.atrest.keys import AES_256_GCM, CHACHA20_POLY1305, Keyring
+    from lmqd.storage.atrest.seal import Opener, Sealer
+    from lmqd.storage.encoder import encode_entries, frame_batches
+
+    stamp = 1_764_300_000_000_000_000
+    messages = [Message(b"%016x" % i, b, stamp, 0) for i, b in enumerate(bodies)]
+    records = []
+    for k in range(0, len(messages), batch):
+        entries, chunk = encode_entries(messages[k : k + batch], lambda t: 0)
+        size = sum(38 + len(b) for b in chunk)
+        records.append(bytes(frame_batches(entries, chunk, [(0, len(chunk), size)], k)))
+    plain = sum(map(len, records))
+    print(f"{len(bodies)} JSON bodies in {len(records)} batches of {batch}; best of {runs}")
+    print(f"{'setting':>10} | {'B/msg':>6} | {'seal µs/msg':>11} | {'open µs/msg':>11}")
+    for setting in settings:
+        compression, keyring = Compression(), None
+        for part in setting.split("+"):
+            if part in ("aes", "chacha"):
+                cipher = AES_256_GCM if part == "aes" else CHACHA20_POLY1305
+                keyring = Keyring([os.urandom(32)], cipher)
+            elif part != "none":
+                compression = Compression.parse(part)
+        if not compression.enabled and keyring is None:
+            print(f"{setting:>10} | {plain / len(bodies):6.1f} | {'-':>11} | {'-':>11}")
+            continue
+        sealer, opener = Sealer(compression, keyring), Opener(keyring)
+        seal_best = open_best = float("inf")
+        for _ in range(runs):
+            started = time.perf_counter()
+            sealed = [sealer.seal(r) for r in records]
+            seal_best = min(seal_best, time.perf_counter() - started)
+            started = time.perf_counter()
+            for r in sealed:
+                opener.open(r, 0, len(r))
+            open_best = min(open_best, time.perf_counter() - started)
+        stored = sum(map(len, sealed)) / len(bodies)
+        print(f"{setting:>10} | {stored:6.1f} | {seal_best / len(bodies) * 1e6:11.3f} | "
+              f"{open_best / len(bodies) * 1e6:11.3f}")  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--messages", type=int, default=200_000)
@@ -190,8 +241,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--durable", action="store_true")
     parser.add_argument("--settings", default="none,zstd,lz4,snappy,gzip,aes,zstd+aes,chacha")
     parser.add_argument("--dir", default=tempfile.gettempdir())
+    parser.add_argument("--codec-only", action="store_true")
+    parser.add_argument("--batch", type=int, default=BATCH)
     args = parser.parse_args(argv)
     bodies = json_bodies(args.messages)
+    if args.codec_only:
+        codec_only(bodies, args.settings.split(","), args.batch, args.runs)
+        return
     mean = sum(map(len, bodies)) / len(bodies)
     mode = "--durable" if args.durable else f"default mode, --mem-queue-size={MEM_QUEUE}"
     print(f"{args.messages} JSON bodies of {mean:.0f} bytes on average; {mode}; "
