@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import trio
 
+from lmqd.message import decode_read_frames
 from lmqd.protocol import Error, MessageFrame
 from tests.support.http import http
 from tests.support.process import LmqdProcess, lmqd_command, stop_lmqd
@@ -143,6 +144,9 @@ async def test_topic_compression_policy_round_trip_with_restart(tmp_path: Path, 
             policy = await get_json(server, target)
             assert policy["compression"] == codec.replace(":3", "")
             await publish(server, "zipped", items[1000:])
+            # Tools read what was published (decode_read_frames: the offset-framed bodies).
+            read = await http(address(server), "GET", "/topic/read?topic=zipped&offset=0&count=3")
+            assert [m.body for _, m in decode_read_frames(read.body)] == items[:3]
             await consume_all(server, "zipped", "c", items)
             stop_lmqd(server)
         finally:
@@ -427,3 +431,18 @@ async def test_lmqadmin_rewrites_a_stopped_daemons_data_after_a_rotation(tmp_pat
             stop_lmqd(server)
         finally:
             server.terminate()
+
+
+@pytest.mark.parametrize(
+    ("flag", "says"),
+    [
+        ("--compression=brotli", "--compression: unknown compression 'brotli'"),
+        ("--compression=zstd:40", "--compression: zstd level must be 1..22"),
+        ("--encryption-cipher=des", "--encryption-cipher: unknown cipher 'des'"),
+    ],
+)
+def test_bad_at_rest_settings_refuse_in_one_line(tmp_path: Path, flag: str, says: str) -> None:
+    done = run_refused(tmp_path / "data", [flag])
+    out = [line for line in done.stderr.splitlines() if "INFO" not in line and line.strip()]
+    assert len(out) == 1 and says in out[0], done.stderr
+    assert not (tmp_path / "data").exists() or not any((tmp_path / "data").iterdir())

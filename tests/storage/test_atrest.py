@@ -293,6 +293,39 @@ def test_nothing_readable_is_left_when_encrypted(tmp_path: Path) -> None:
         assert b"4111" not in data and b"Lovelace" not in data, path
 
 
+def test_the_start_up_check_refuses_what_it_cannot_open_and_reads_only(tmp_path: Path) -> None:
+    """A key not given, no key, a codec this build does not know: refused, naming the file; a
+    damaged batch is left to recovery (not refused)."""
+    from crc32c import crc32c
+
+    from lmqd.storage.atrest.check import AtRestRefused, check_data_dir
+
+    key = os.urandom(32)
+    log = open_log(tmp_path, at_rest=AtRest(Keyring([key])))
+    log.append_many(json_messages(50))
+    log.close()
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    assert check_data_dir(str(tmp_path), Opener(Keyring([key]))) == 1
+    for opener in (Opener(keyring()), Opener(None)):
+        with pytest.raises(AtRestRefused, match=r"t\.lmq\.000000\.dat: batch at offset 32"):
+            check_data_dir(str(tmp_path), opener)
+    # A codec byte this build does not know (the CRC made to match): refused too.
+    (segment,) = segment_files(tmp_path)
+    data = bytearray(segment.read_bytes())
+    end = SEGMENT_HEADER_SIZE + 4 + U32.unpack_from(data, SEGMENT_HEADER_SIZE)[0]
+    data[SEGMENT_HEADER_SIZE + 5] = 0x07 | (data[SEGMENT_HEADER_SIZE + 5] & 0x30)
+    U32.pack_into(data, end - 4, crc32c(bytes(data[SEGMENT_HEADER_SIZE + 4 : end - 4])))
+    segment.write_bytes(bytes(data))
+    with pytest.raises(AtRestRefused, match="unknown at-rest codec byte"):
+        check_data_dir(str(tmp_path), Opener(Keyring([key])))
+    # A bad CRC is damage, not a wrong setting: recovery's business.
+    data[end - 1] ^= 0xFF
+    segment.write_bytes(bytes(data))
+    check_data_dir(str(tmp_path), Opener(None))
+    before[segment.name] = bytes(data)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
 # -- disk queues ---------------------------------------------------------------------------------
 
 
