@@ -21,6 +21,7 @@ kept in ``LmqDaemon.lost_at_shutdown``, and ``run_daemon`` exits with ``EXIT_MES
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import gc
 import logging
@@ -51,12 +52,14 @@ from lmqd.storage import (
     DataDirLock,
     DataDirLocked,
     Metadata,
+    TopicMetadata,
     load_metadata,
     metadata_path,
     save_metadata,
 )
 from lmqd.storage.atrest import AtRestConfigError, build_at_rest
 from lmqd.storage.atrest.check import AtRestRefused, check_data_dir
+from lmqd.storage.atrest.compression import Compression
 from lmqd.storage.atrest.rewrite import rewrite_data_dir
 
 __all__ = ["EXIT_MESSAGES_LOST", "GC_THRESHOLDS", "BoundAddresses", "LmqDaemon", "run_daemon"]
@@ -172,6 +175,7 @@ class LmqDaemon:
         plan = restore_plan(metadata, on_disk)
         if not plan:
             return
+        stores.note_compressions(_compressions(plan))
         started = time.perf_counter()
         opened, failed = await trio.to_thread.run_sync(
             stores.open_stored, queues_to_open(plan, on_disk)
@@ -353,6 +357,18 @@ def _restore_policy(topic: Topic, stored: Sequence[tuple[str, int | str]]) -> No
         topic.set_policy(changes)
     except BackendError as exc:
         log.error("TOPIC(%s): applying its policy: %s", topic.name, exc)
+
+
+def _compressions(plan: Sequence[TopicMetadata]) -> dict[str, Compression]:
+    """The topics' own valid ``compression`` policies (an invalid one is refused, and logged,
+    when the topic's policy is restored)."""
+    out = {}
+    for entry in plan:
+        spelling = dict(entry.policy).get("compression")
+        if isinstance(spelling, str):
+            with contextlib.suppress(ValueError):
+                out[entry.name] = Compression.parse(spelling)
+    return out
 
 
 def _restore_channel_policy(

@@ -63,6 +63,7 @@ from lmqd.storage import (
     TopicMetadata,
 )
 from lmqd.storage.atrest import PLAIN, AtRest
+from lmqd.storage.atrest.compression import Compression
 from lmqd.storage.files import name_from_stem
 from lmqd.storage.metadata import is_durable_name
 
@@ -198,6 +199,8 @@ class Stores:
         self._preopened: dict[str, DiskQueue | TopicLog] = {}
         self._on_disk: set[str] | None = None
         """Names that had files at start-up; None until the service's scan (``note_on_disk``)."""
+        self._compressions: dict[str, Compression] = {}
+        """Restored topics' own ``compression`` policies (``note_compressions``)."""
         self._open_disk = self._disk
         """``_disk`` bound once, shared by every channel's ``LazyBackend``."""
 
@@ -223,7 +226,14 @@ class Stores:
             fresh=fresh,
             recover_ids=DEDUP_MAX_ENTRIES,
             at_rest=self.at_rest,
+            compression=self._compressions.pop(name, None),
         )
+
+    def note_compressions(self, compressions: dict[str, Compression]) -> None:
+        """Restored topics' own ``compression`` policies, so that each log opens sealing as its
+        topic will (its newest segment stays the one appended to; the policy, applied when the
+        topic is made, then changes nothing)."""
+        self._compressions = compressions
 
     def note_on_disk(self, names: Sequence[str]) -> None:
         """The names that have files in the data directory at start-up (``stored_queue_names``),

@@ -151,6 +151,8 @@ async def test_topic_compression_policy_round_trip_with_restart(tmp_path: Path, 
             stop_lmqd(server)
         finally:
             server.terminate()
+    # The restart opened the log sealing as its policy says: it went on in its segment.
+    assert len(list(tmp_path.glob("zipped.lmq.*.dat"))) == 1
 
 
 async def test_a_topic_switched_none_zstd_none_reads_every_segment(tmp_path: Path) -> None:

@@ -189,6 +189,28 @@ def test_log_round_trip_every_codec_with_restart(tmp_path: Path, codec: str, enc
     log.close()
 
 
+def test_pushed_offsets_and_extensions_are_found_in_sealed_batches(tmp_path: Path) -> None:
+    """What start-up reads without making messages (deferred times, priorities, dedup ids)
+    comes out of sealed batches too."""
+    from lmqd.message_ext import MessageExt
+
+    msgs = json_messages(100)
+    for i in (3, 50):
+        msgs[i].deliver_at = 5000.0
+    msgs[70].ext = MessageExt(priority=7, dedup_id=b"dedup-70")
+    at_rest = AtRest(keyring(), Compression.parse("zstd"))
+    log = open_log(tmp_path, at_rest=at_rest, recover_ids=10)
+    log.append_many(msgs)
+    assert log.pushed_offsets(0, 100) == [3, 50, 70]
+    log.close()
+    log = open_log(tmp_path, at_rest=at_rest, recover_ids=10)
+    assert log.pushed_offsets(0, 100) == [3, 50, 70]
+    assert [dedup for _, dedup in log.take_recovered_ids()] == [b"dedup-70"]
+    got = dict(log.read_range(0, 100))
+    assert got[70].ext is not None and got[70].ext.priority == 7
+    log.close()
+
+
 def test_log_mixes_plain_and_sealed_segments(tmp_path: Path) -> None:
     """A topic switched from none to zstd and back: every segment stays readable."""
     msgs = json_messages(300)
