@@ -70,12 +70,7 @@ from lmqd.storage.log_recovery import recover_log
 from lmqd.storage.log_retention import deletable_segments
 from lmqd.storage.log_state import LogState, encode_log_state
 from lmqd.storage.reader import DEFAULT_READ_AHEAD
-from lmqd.storage.record import (
-    LOG_FORMAT_VERSION,
-    RECORD_TYPES_BY_VERSION,
-    SEALED_LOG_FORMAT_VERSION,
-    SEGMENT_HEADER_SIZE,
-)
+from lmqd.storage.record import SEGMENT_HEADER_SIZE, log_record_types
 from lmqd.storage.repair import Damage
 from lmqd.storage.segments import SegmentList
 from lmqd.storage.sync import QueueFiles, SyncJob
@@ -202,13 +197,12 @@ class TopicLog:
 
     @property
     def compression(self) -> Compression | None:
-        """The compression new batches get (None: the daemon's default)."""
+        """The compression new batches get (None: the daemon's default); set, it applies to the
+        batches written from then on (the segments written so far keep theirs)."""
         return self._compression
 
     @compression.setter
     def compression(self, compression: Compression | None) -> None:
-        """Compress the batches written from now on so (None: the daemon's default); the
-        segments written so far keep theirs."""
         self._compression = compression
         self._writer.set_sealer(self._at_rest.sealer(compression))
 
@@ -353,7 +347,7 @@ class TopicLog:
             seg = segs[-1]
             if seg.number != number:  # the writer rolled to a new segment
                 seg = SegmentIndex(
-                    live[len(segs)], first + batches[0][0], seg.max_ns, self._new_types()
+                    live[len(segs)], first + batches[0][0], seg.max_ns, _types(self._segments)
                 )
                 segs.append(seg)
             for (b_first, b_end, _), size in zip(batches, stored, strict=True):
@@ -621,11 +615,6 @@ class TopicLog:
             ),
         )
 
-    def _new_types(self) -> tuple[int, ...]:
-        """The record types of a segment created now (sealed or not: ``SegmentList.sealed``)."""
-        sealed = self._segments.sealed
-        return RECORD_TYPES_BY_VERSION[SEALED_LOG_FORMAT_VERSION if sealed else LOG_FORMAT_VERSION]
-
     def _close_fds(self) -> None:
         for cursor in self._cursors.values():
             cursor.close()
@@ -638,7 +627,7 @@ class TopicLog:
         file = segments.entry(0)
         segments.live.append(file)  # not in bytes_on_disk: there is no file yet
         segments.next_number = 1
-        self._index.segments.append(SegmentIndex(file, 0, NO_TIMESTAMP, self._new_types()))
+        self._index.segments.append(SegmentIndex(file, 0, NO_TIMESTAMP, _types(self._segments)))
         self._unborn = True
 
     def _roll_empty(self) -> bool:
@@ -655,7 +644,7 @@ class TopicLog:
         self._writer.roll_to(fd, segments.entry(number))
         prev = index.segments[-1]
         index.segments.append(
-            SegmentIndex(segments.live[-1], index.next_offset, prev.max_ns, self._new_types())
+            SegmentIndex(segments.live[-1], index.next_offset, prev.max_ns, _types(self._segments))
         )
         log.debug("TOPICLOG(%s): segment %d expired: new segment %d", self.name, prev.number,
                   number)  # fmt: skip
@@ -679,13 +668,8 @@ class TopicLog:
 
     def _open(self) -> None:
         os.makedirs(self._dir, exist_ok=True)
-        r = recover_log(
-            self._dir,
-            self.name,
-            keep_ids=self._recover_ids,
-            opener=self._at_rest.opener,
-            sealed=self._segments.sealed,
-        )
+        keep, opener, sealed = self._recover_ids, self._at_rest.opener, self._segments.sealed
+        r = recover_log(self._dir, self.name, keep_ids=keep, opener=opener, sealed=sealed)
         damage = self._damage
         damage.corrupt_count = r.corrupt_count
         damage.corrupt_bytes = r.corrupt_bytes
@@ -713,7 +697,7 @@ class TopicLog:
             segments.live.append(file)
             segments.next_number = number + 1
             max_ns = index.segments[-1].max_ns if index.segments else NO_TIMESTAMP
-            index.segments.append(SegmentIndex(file, r.next_offset, max_ns, self._new_types()))
+            index.segments.append(SegmentIndex(file, r.next_offset, max_ns, _types(self._segments)))
         segments.bytes_on_disk = sum(seg.end for seg in segments.live)
         segments.saved_bytes = sum(seg.saved for seg in segments.live)
         self._legacy = r.legacy
@@ -739,6 +723,11 @@ class TopicLog:
                 r.next_offset,
                 len(self._cursors),
             )
+
+
+def _types(segments: SegmentList) -> tuple[int, ...]:
+    """The record types of a segment the log creates now (sealed or not)."""
+    return log_record_types(segments.sealed)
 
 
 def _non_negative(what: str, value: int | None) -> int | None:

@@ -231,6 +231,11 @@ def header_offset_size(kind: int) -> int:
     return BATCH_HEADER_SIZE
 
 
+def log_record_types(sealed: bool) -> tuple[int, ...]:
+    """The record types of a topic log's segment created now: version 5's if it seals, else 3's."""
+    return SEALED_LOG_RECORD_TYPES if sealed else LOG_RECORD_TYPES
+
+
 def types_for(readable: tuple[int, ...]) -> tuple[int, ...]:
     """Every record type a segment of one of the ``readable`` versions may hold."""
     out: list[int] = []
