@@ -51,8 +51,8 @@ def check_data_dir(data_path: str, opener: Opener) -> int:
     Reads only; ``OSError`` if a file cannot be read."""
     try:
         names = sorted(os.listdir(data_path))
-    except FileNotFoundError:
-        return 0
+    except (FileNotFoundError, NotADirectoryError):
+        return 0  # nothing stored (the daemon then says what is wrong with the path)
     checked = 0
     for name in names:
         if not is_segment_file(name):
