@@ -60,6 +60,7 @@ from lmqd.storage.record import (
     SEALED_LOG_FORMAT_VERSION,
     SEALED_TYPES,
     SEGMENT_HEADER_SIZE,
+    TYPE_MESSAGE,
     FormatError,
     decode_segment_header,
     encode_segment_header,
@@ -146,6 +147,10 @@ def _rewrite_segment(
                 return None
             record = bytes(view[pos:end])
             if not _conforms(record, want_id):
+                if record[4] == TYPE_MESSAGE:
+                    log.warning("AT-REST: %s: single-message records cannot be sealed; not "
+                                "rewritten", path)  # fmt: skip
+                    return None
                 changed = True
                 if plain is None:
                     plain = record
