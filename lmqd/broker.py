@@ -33,6 +33,7 @@ from lmqd.message_ext import MessageExt, dead_letter_ext
 from lmqd.options import Options
 from lmqd.stats import ClientStats, TopicStats
 from lmqd.storage import Metadata, TimeBase, metadata_path
+from lmqd.storage.atrest import PLAIN, AtRest
 
 __all__ = ["BoundAddresses", "Broker", "BrokerObserver", "Connection"]
 
@@ -106,6 +107,7 @@ class Broker:
         options: Options,
         *,
         hold_data_dir: Callable[[], TimeBase],
+        at_rest: AtRest = PLAIN,
     ) -> None:
         self.options = options
         self.topics: dict[str, Topic] = {}
@@ -121,7 +123,11 @@ class Broker:
             on_health=self._sync_health,
         )
         self.stores = Stores(
-            options, self.syncer, hold_data_dir=hold_data_dir, on_health=self.set_health
+            options,
+            self.syncer,
+            hold_data_dir=hold_data_dir,
+            on_health=self.set_health,
+            at_rest=at_rest,
         )
         self.engine = EngineContext(
             options=options,

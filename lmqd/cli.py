@@ -203,12 +203,14 @@ def _run(*, config: str | None, version: bool, **values: Any) -> None:
 
     # Imported here so that --help, --version and bad flags answer without loading the daemon.
     from lmqd.service import run_daemon
+    from lmqd.storage.atrest import AtRestConfigError
     from lmqd.transport.tls import TLSConfigError
 
     try:
         run_daemon(resolved.options)
-    except TLSConfigError as exc:
-        # Fail closed: TLS that was asked for and cannot be set up stops lmqd, in one line.
+    except (TLSConfigError, AtRestConfigError) as exc:
+        # Fail closed: TLS that was asked for and cannot be set up stops lmqd, in one line; so
+        # does an encryption key file that cannot be used.
         raise click.ClickException(str(exc)) from None
     except OSError as exc:
         log.critical("failed to start: %s", exc)

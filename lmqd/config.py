@@ -176,6 +176,18 @@ SETTINGS: tuple[Setting, ...] = (
             "[lmq] keep a topic's log this many ms after every channel passed it (0: no)"),
     Setting("retention-bytes", Kind.INT, "retention_bytes",
             "[lmq] keep up to this many bytes of a topic's log every channel passed (0: no)"),
+    Setting("compression", Kind.STRING, "compression",
+            "[lmq] default compression of stored batches where a topic's policy sets none: "
+            "none, zstd[:LEVEL], lz4, snappy, gzip[:LEVEL]"),
+    Setting("encryption-key-file", Kind.STRING_LIST, "encryption_key_files",
+            "[lmq] file with a 256-bit key encrypting stored messages (may be given multiple "
+            "times: the first encrypts, all decrypt)",
+            keys=("encryption_key_files",)),
+    Setting("encryption-cipher", Kind.STRING, "encryption_cipher",
+            "[lmq] aes-256-gcm or chacha20-poly1305"),
+    Setting("rewrite-at-rest", Kind.BOOL, "rewrite_at_rest",
+            "[lmq] at start-up, rewrite stored segments under the first key and the current "
+            "compression (after a key rotation, or once encryption is turned on)"),
     Setting("ttl-ms", Kind.INT, "ttl_ms",
             "[lmq] default topic TTL: drop or dead-letter messages not delivered within this "
             "many ms of their publish (0: no TTL)"),
@@ -673,3 +685,4 @@ def _check_nsqd_rules(options: Options) -> None:
         raise ConfigError("--dead-letter-topic must be a valid, non-ephemeral topic name")
     if options.auth_http_request_method not in ("get", "post"):
         raise ConfigError("--auth-http-request-method must be post or get")
+

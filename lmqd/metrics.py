@@ -47,6 +47,7 @@ lmqd_sync_rounds_total (syncer rounds run)            counter
 lmqd_sync_failures_total (failed queue syncs)         counter
 lmqd_fsync_duration_seconds (per round)               histogram
 lmqd_queue_disk_bytes                                 gauge     topic, channel
+lmqd_queue_logical_bytes                              gauge     topic, channel
 lmqd_storage_damaged_regions_total                    counter   topic, channel
 lmqd_storage_damaged_bytes_total                      counter   topic, channel
 lmqd_storage_lost_messages_total (a lower bound)      counter   topic, channel
@@ -72,7 +73,10 @@ equals ``lmqd_sync_rounds_total``). ``lmqd_queue_disk_bytes`` has one series per
 per channel store on disk: ``channel=""`` for a topic's log (every channel's messages, stored
 once), and a channel's series sums its own store and its ``#deferred`` store once open
 (``Channel.disk_queues``; a channel that never needed either has no series). Ephemeral topics
-and channels (no files) have no series.
+and channels (no files) have no series. ``lmqd_queue_logical_bytes`` has the same series: what
+those files would take with every batch plain, so ``logical / disk`` is the compression ratio at
+rest (``lmqd.storage.atrest``; equal without compression, a little smaller with encryption
+alone).
 
 The channel-policy counters (``lmqd.engine.channel_policy``): ``dead_lettered`` counts messages
 published to the channel's dead-letter topic (expired or out of attempts), ``expired`` those not
@@ -152,7 +156,7 @@ class LmqCollector(Collector):
         if clients:
             yield from self._client_metrics(topics, broker.producers())
         yield from _sync_metrics(broker.syncer.statistics())
-        yield _disk_bytes(broker)
+        yield from _disk_bytes(broker)
         yield from _damage_metrics(topics)
 
     def _daemon_metrics(self, broker: Broker, topics: list[TopicStats]) -> Iterator[Metric]:
@@ -323,19 +327,26 @@ def _sync_metrics(stats: SyncerStats) -> Iterator[Metric]:
     )
 
 
-def _disk_bytes(broker: Broker) -> GaugeMetricFamily:
+def _disk_bytes(broker: Broker) -> Iterator[GaugeMetricFamily]:
     gauge = _gauge("lmqd_queue_disk_bytes",
                    "bytes of segment files (channel \"\": the topic's log; a channel's: its "
                    "own store and its deferred store)", _CHANNEL)
+    logical = _gauge("lmqd_queue_logical_bytes",
+                     "what those segment files would take with every batch plain (no "
+                     "compression or encryption at rest)", _CHANNEL)
     for topic in list(broker.topics.values()):
         if topic.log is not None:
             gauge.add_metric([topic.name, ""], topic.log.bytes_on_disk)
+            logical.add_metric([topic.name, ""], topic.log.logical_bytes)
         for channel in list(topic.channels.values()):
             queues = channel.disk_queues
             if queues:
-                total = sum(q.bytes_on_disk for q in queues)
-                gauge.add_metric([topic.name, channel.name], total)
-    return gauge
+                gauge.add_metric([topic.name, channel.name], sum(q.bytes_on_disk for q in queues))
+                logical.add_metric(
+                    [topic.name, channel.name], sum(q.logical_bytes for q in queues)
+                )
+    yield gauge
+    yield logical
 
 
 _DAMAGE_FIELDS = (

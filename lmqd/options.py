@@ -92,6 +92,19 @@ class Options:
     retention_bytes: int = attrs.field(default=0, validator=_non_negative)
     """lmq extension: keep such segments while they and the newer ones take at most this many
     bytes (0: no size retention)."""
+    compression: str = "none"
+    """lmq extension: how stored batches are compressed where a topic's ``compression`` policy
+    says nothing (``none``, ``zstd[:LEVEL]``, ``lz4``, ``snappy``, ``gzip[:LEVEL]``;
+    ``lmqd.storage.atrest.compression``); ``lmqd.config`` checks the spelling."""
+    encryption_key_files: tuple[str, ...] = ()
+    """lmq extension: files holding 256-bit keys; every stored batch is encrypted with the
+    first, batches sealed with any of them are read (``lmqd.storage.atrest.keys``)."""
+    encryption_cipher: str = "aes-256-gcm"
+    """lmq extension: ``aes-256-gcm`` or ``chacha20-poly1305``."""
+    rewrite_at_rest: bool = False
+    """lmq extension: at start-up, before restoring, rewrite every segment not sealed as the
+    settings say now (``lmqd.storage.atrest.rewrite``): after a key rotation, or once
+    encryption is turned on, nothing stays under an old key or in clear."""
     ttl_ms: int = attrs.field(default=0, validator=_non_negative)
     """lmq extension: the default of a topic's ``ttl_ms`` policy: a message not delivered within
     this many ms of its publish is dropped or dead-lettered (0: no TTL)."""

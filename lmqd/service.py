@@ -21,6 +21,7 @@ kept in ``LmqDaemon.lost_at_shutdown``, and ``run_daemon`` exits with ``EXIT_MES
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import gc
 import logging
@@ -51,10 +52,15 @@ from lmqd.storage import (
     DataDirLock,
     DataDirLocked,
     Metadata,
+    TopicMetadata,
     load_metadata,
     metadata_path,
     save_metadata,
 )
+from lmqd.storage.atrest import AtRestConfigError, build_at_rest
+from lmqd.storage.atrest.check import AtRestRefused, check_data_dir
+from lmqd.storage.atrest.compression import Compression
+from lmqd.storage.atrest.rewrite import rewrite_data_dir
 
 __all__ = ["EXIT_MESSAGES_LOST", "GC_THRESHOLDS", "BoundAddresses", "LmqDaemon", "run_daemon"]
 
@@ -83,7 +89,11 @@ class LmqDaemon:
         # Built first: certificates or keys that cannot be used stop lmqd before anything
         # else happens (``lmqd.transport.tls.TLSConfigError``), rather than serving plaintext.
         self.security = ServerSecurity.from_options(options)
-        self.broker = Broker(options, hold_data_dir=self._hold_data_dir)
+        # Likewise key files and at-rest settings that cannot be used (``AtRestConfigError``).
+        self.at_rest = build_at_rest(
+            options.compression, options.encryption_key_files, options.encryption_cipher
+        )
+        self.broker = Broker(options, hold_data_dir=self._hold_data_dir, at_rest=self.at_rest)
         self.registration = Registration(self.broker)
         self._shutdown = trio.Event()
         self._lock: DataDirLock | None = None
@@ -117,6 +127,16 @@ class LmqDaemon:
         if self._timebase is None:
             self._timebase = AnchoredTimeBase.now(trio.current_time())
         return self._timebase
+
+    def _rewrite_at_rest(self) -> None:
+        """``--rewrite-at-rest``: every segment as the settings seal now (blocking)."""
+        report = rewrite_data_dir(self.options.data_path, self.at_rest)
+        log.info(
+            "AT-REST: rewrote %d of %d segment file(s) (%d left as they were: damaged)",
+            report.rewritten,
+            report.checked,
+            report.skipped,
+        )
 
     def _freeze_restored(self) -> None:
         """``gc.freeze()`` once the restore is done, before listening.
@@ -155,6 +175,7 @@ class LmqDaemon:
         plan = restore_plan(metadata, on_disk)
         if not plan:
             return
+        stores.note_compressions(_compressions(plan))
         started = time.perf_counter()
         opened, failed = await trio.to_thread.run_sync(
             stores.open_stored, queues_to_open(plan, on_disk)
@@ -229,8 +250,15 @@ class LmqDaemon:
         Raises ``DataDirLocked`` if another lmqd holds ``--data-path``.
         """
         broker = self.broker
+        # Before the data directory is taken (its lock file written): a data directory these
+        # at-rest settings cannot read is refused untouched (``AtRestRefused``).
+        await trio.to_thread.run_sync(
+            check_data_dir, self.options.data_path, self.at_rest.opener
+        )
         self._hold_data_dir()
         try:
+            if self.options.rewrite_at_rest:
+                await trio.to_thread.run_sync(self._rewrite_at_rest)
             await self._restore()
             if self._freeze_gc:
                 self._freeze_restored()
@@ -329,6 +357,18 @@ def _restore_policy(topic: Topic, stored: Sequence[tuple[str, int | str]]) -> No
         topic.set_policy(changes)
     except BackendError as exc:
         log.error("TOPIC(%s): applying its policy: %s", topic.name, exc)
+
+
+def _compressions(plan: Sequence[TopicMetadata]) -> dict[str, Compression]:
+    """The topics' own valid ``compression`` policies (an invalid one is refused, and logged,
+    when the topic's policy is restored)."""
+    out = {}
+    for entry in plan:
+        spelling = dict(entry.policy).get("compression")
+        if isinstance(spelling, str):
+            with contextlib.suppress(ValueError):
+                out[entry.name] = Compression.parse(spelling)
+    return out
 
 
 def _restore_channel_policy(
@@ -436,10 +476,10 @@ def run_daemon(options: Options) -> None:
         daemon = trio.run(_main, options)
     except BaseException as exc:
         error = _sole_exception(exc)
-        if isinstance(error, DataDirLocked):
+        if isinstance(error, DataDirLocked | AtRestRefused):
             log.critical("failed to start: %s", error)
             sys.exit(1)
-        if isinstance(error, OSError) and error is not exc:
+        if isinstance(error, OSError | AtRestConfigError) and error is not exc:
             raise error from None
         raise
     if daemon.lost_at_shutdown:

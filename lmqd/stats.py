@@ -262,6 +262,17 @@ class TopicStats:
     reader_lost_count: int = 0
     """lmq's extra key: offsets readers by offset (``/topic/read``, the Spark source) asked for
     and did not find stored (``TopicStream.reader_lost_count``)."""
+    stored_bytes: int = 0
+    """lmq's extra key: bytes of the topic's log segment files, as stored (compressed and
+    encrypted at rest where they are)."""
+    logical_bytes: int = 0
+    """lmq's extra key: what those files would take with their batches plain (``stored_bytes``
+    over this is the compression ratio; encryption alone makes it a little above 1)."""
+
+    @property
+    def compression_ratio(self) -> float:
+        """``logical_bytes / stored_bytes`` (1.0 while the log holds nothing)."""
+        return self.logical_bytes / self.stored_bytes if self.stored_bytes else 1.0
 
     # lmq's channel policies: the sums over the topic's channels.
     @property
@@ -291,6 +302,8 @@ class TopicStats:
             "max_attempts_dropped_count": self.max_attempts_dropped_count,
             "storage_damage": self.storage_damage.to_dict(),
             "reader_lost_count": self.reader_lost_count,
+            "stored_bytes": self.stored_bytes,
+            "logical_bytes": self.logical_bytes,
         }
         if self.publish_policy is not None:
             d.update(self.publish_policy.to_dict())

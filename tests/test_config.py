@@ -482,3 +482,18 @@ def test_topic_policy_defaults_from_flags_and_config() -> None:
     )
     assert (options.publish_rate, options.publish_burst) == (50, 80)
     assert resolve({}).options.overflow == "reject"
+
+
+def test_at_rest_settings_from_flags_and_config() -> None:
+    file = {"compression": "lz4", "encryption_key_files": ["/keys/old"], "rewrite_at_rest": True}
+    options = resolve({}, file).options
+    assert (options.compression, options.encryption_key_files, options.rewrite_at_rest) == (
+        "lz4", ("/keys/old",), True,
+    )
+    flags = {"encryption-key-file": ["/keys/new", "/keys/old"], "compression": "zstd:9",
+             "encryption-cipher": "chacha20-poly1305"}  # fmt: skip
+    options = resolve(flags, file).options
+    assert options.encryption_key_files == ("/keys/new", "/keys/old")  # the first seals
+    assert (options.compression, options.encryption_cipher) == ("zstd:9", "chacha20-poly1305")
+    defaults = resolve({}).options
+    assert (defaults.compression, defaults.encryption_key_files) == ("none", ())

@@ -147,6 +147,13 @@ def test_every_core_dependency_is_imported_by_the_daemon_clients_or_lmqadmin() -
     assert CORE - _imported_distributions(imports) == set()
 
 
+def test_at_rest_codecs_are_core_dependencies() -> None:
+    """Compression and encryption at rest (lmqd.storage.atrest) need no extra: a daemon
+    started with --encryption-key-file must never find its cipher missing."""
+    assert {"cramjam", "cryptography"} <= CORE
+    assert not any("cryptography" in names for names in EXTRAS.values())
+
+
 def test_the_spark_package_adds_exactly_the_spark_extra() -> None:
     imports = _third_party_imports(_python_files(SPARK_PACKAGE))
     assert _undeclared(imports, CORE | EXTRAS["spark"]) == {}

@@ -58,6 +58,7 @@ from lmq_client.admin.positions import (
     stored_range,
 )
 from lmq_client.admin.pub_stream import pub
+from lmq_client.admin.rewrite import rewrite_at_rest
 from lmq_client.admin.tail_hint import TAIL_HINT_AFTER_S, say_earlier_messages_hint
 from lmq_client.admin.web.command import web
 from lmq_client.errors import ConnectionFailed, LmqClientError
@@ -296,6 +297,9 @@ _PAST = {"create": "created", "delete": "deleted", "empty": "emptied", "pause": 
               help="policy: messages accepted at once above the rate (0: the rate).")
 @click.option("--dedup-window", metavar="DURATION", callback=duration_ms_option,
               help="policy: drop a body equal to one published this recently (5m, 30s, 0).")
+@click.option("--compression", metavar="CODEC",
+              help="policy: how the log's new batches are compressed at rest: none, "
+                   "zstd[:LEVEL], lz4, snappy, gzip[:LEVEL] (lmqd checks it).")
 @json_option
 @click.pass_obj
 @handle_errors
@@ -311,6 +315,7 @@ def topic(
     rate: int | None,
     burst: int | None,
     dedup_window: int | None,
+    compression: str | None,
 ) -> None:
     """create | delete | empty | pause | unpause a topic, on every daemon; policy shows or sets
     a topic's policy (lmqd)."""
@@ -323,12 +328,13 @@ def topic(
         ("publish_rate", rate),
         ("publish_burst", burst),
         ("dedup_window_ms", dedup_window),
+        ("compression", compression),
     )
     changes = {key: value for key, value in given if value is not None}
     if changes and action != "policy":
         raise click.UsageError(
-            "--retention, --retention-bytes, --ttl, --max-depth, --overflow, --rate, --burst "
-            "and --dedup-window go with policy"
+            "--retention, --retention-bytes, --ttl, --max-depth, --overflow, --rate, --burst, "
+            "--dedup-window and --compression go with policy"
         )
     # With lookupds: create on every node, anything else on the nodes that have the topic.
     addresses = settings.http_addresses(None if action == "create" else topic)
@@ -530,6 +536,7 @@ cli.add_command(pub)
 cli.add_command(archive)
 cli.add_command(forward)
 cli.add_command(web)
+cli.add_command(rewrite_at_rest)
 
 
 # -- peek --------------------------------------------------------------------------------------

@@ -82,6 +82,18 @@ def human_count(n: int) -> str:
     return f"{n:,}"
 
 
+def human_bytes(n: int) -> str:
+    """``532 B``, ``12.4 KiB``, ``3.1 GiB``: a size in a table cell."""
+    if n < 1024:
+        return f"{n} B"
+    size = n / 1024
+    for unit in ("KiB", "MiB"):
+        if size < 1024:
+            return f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} GiB"
+
+
 def human_duration(seconds: float) -> str:
     """A duration as a person reads it: ``45s``, ``12m05s``, ``3h12m``, ``2d04h``."""
     s = max(int(seconds), 0)

@@ -17,6 +17,11 @@ Storage damage (lmqd's extra ``storage_damage`` key in /stats: corrupt regions s
 messages lost, positions rebuilt) is summed like the counts; the table shows it in its caption,
 one line per topic or channel that has any, so an operator sees it without a column that is
 zero almost always. nsqd has no such key: its rows simply have none.
+
+At rest (lmqd's extra ``stored_bytes`` and ``logical_bytes`` keys of a topic: its log's files as
+stored, and what they would take with every batch plain): a "stored" column with the bytes on
+disk and the compression ratio (``logical / stored``, ``3.2x``), shown when some daemon reports
+them; ``--json`` has both counts and ``compression_ratio``.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from typing import Any
 import attrs
 from rich.table import Table
 
-from lmq_client.admin.columns import Column, human_count, make_table
+from lmq_client.admin.columns import Column, human_bytes, human_count, make_table
 from lmq_client.http import HTTPClient
 
 __all__ = ["Row", "Snapshot", "missing", "render_table", "sample", "snapshot_json"]
@@ -77,6 +82,15 @@ class Row:
     """Messages per second out of it (finished; a topic's: handed to its channels)."""
     damage: dict[str, int] = attrs.field(factory=dict)
     """lmqd's ``storage_damage`` counters, summed (empty when no daemon reported any)."""
+    at_rest: tuple[int, int] | None = None
+    """A topic's (stored, logical) bytes of its log, summed (None: no daemon reports them)."""
+
+    @property
+    def compression_ratio(self) -> float | None:
+        """Logical over stored bytes (None without at-rest figures or with nothing stored)."""
+        if self.at_rest is None or not self.at_rest[0]:
+            return None
+        return self.at_rest[1] / self.at_rest[0]
 
     @property
     def gone(self) -> int:
@@ -195,6 +209,10 @@ def _add(row: Row, data: Mapping[str, Any]) -> None:
     for p in e2e.get("percentiles") or []:
         q, v = float(p["quantile"]), float(p["value"])
         row.e2e[q] = max(row.e2e.get(q, 0.0), v)
+    stored, logical = data.get("stored_bytes"), data.get("logical_bytes")
+    if row.channel is None and isinstance(stored, int) and isinstance(logical, int):
+        before = row.at_rest or (0, 0)
+        row.at_rest = (before[0] + stored, before[1] + logical)
     damage = data.get("storage_damage")
     if isinstance(damage, Mapping):
         for key, value in damage.items():
@@ -259,6 +277,14 @@ def _cells(row: Row) -> list[str]:
     ]
 
 
+def _at_rest_text(row: Row) -> str:
+    if row.at_rest is None:
+        return "-" if row.channel is None else ""
+    ratio = row.compression_ratio
+    stored = human_bytes(row.at_rest[0])
+    return stored if ratio is None else f"{stored} {ratio:.1f}x"
+
+
 def _policy_text(row: Row) -> str:
     if row.policy is None:
         return "-" if row.channel is None else ""
@@ -273,6 +299,8 @@ def _policy_text(row: Row) -> str:
 POLICY_PRIORITY = 1
 """The policy column, when some topic has publish policies, is kept before the others: it is
 what the operator who set a policy came to see."""
+AT_REST_PRIORITY = 17
+"""The stored column goes first on a narrow terminal (``--json`` always has it)."""
 
 
 def render_table(snap: Snapshot, width: int = 200) -> Table:
@@ -286,6 +314,7 @@ def render_table(snap: Snapshot, width: int = 200) -> Table:
     bold: list[bool] = []
     cells: list[list[str]] = []
     policy_texts: list[str] = []
+    at_rest_texts: list[str] = []
     for key, row in snap.rows.items():
         name = row.topic if row.channel is None else f"  {row.channel}"
         if row.paused:
@@ -296,6 +325,7 @@ def render_table(snap: Snapshot, width: int = 200) -> Table:
         nodes.append(f"all ({len(per_node)})")
         cells.append(_cells(row))
         policy_texts.append(_policy_text(row))
+        at_rest_texts.append(_at_rest_text(row))
         if several:
             for node, node_row in per_node:
                 names.append("")
@@ -303,10 +333,12 @@ def render_table(snap: Snapshot, width: int = 200) -> Table:
                 nodes.append(node)
                 cells.append(_cells(node_row))
                 policy_texts.append(_policy_text(node_row))
+                at_rest_texts.append(_at_rest_text(node_row))
     if not snap.rows:
         names, bold, nodes = ["(no topics)"], [False], [""]
         cells = [[""] * len(_COLUMNS)]
         policy_texts = [""]
+        at_rest_texts = [""]
     columns = [Column("topic / channel", names, 0, "left")]
     if several:
         columns.append(Column("node", nodes, 1, "left"))
@@ -318,6 +350,8 @@ def render_table(snap: Snapshot, width: int = 200) -> Table:
         for rows in (snap.rows, *snap.per_node.values())
         for row in rows.values()
     )
+    if any(row.at_rest is not None for row in snap.rows.values()):
+        columns.append(Column("stored", at_rest_texts, AT_REST_PRIORITY, "right"))
     if policies:
         columns.append(Column("policy", policy_texts, POLICY_PRIORITY, "left"))
     table = make_table(f"lmq stats: {', '.join(snap.nodes)}", columns, width, bold_rows=bold)
@@ -362,4 +396,13 @@ def _row_json(row: Row) -> dict[str, Any]:
         "out_rate": row.out_rate,
         "e2e_processing_latency_ns": {f"{q:g}": v for q, v in sorted(row.e2e.items())},
         "storage_damage": dict(row.damage),
+        **(
+            {}
+            if row.at_rest is None
+            else {
+                "stored_bytes": row.at_rest[0],
+                "logical_bytes": row.at_rest[1],
+                "compression_ratio": row.compression_ratio,
+            }
+        ),
     }

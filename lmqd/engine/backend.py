@@ -103,6 +103,11 @@ class StoredQueue(BackendQueue, Syncable, Protocol):
     """A backend queue on disk (``lmqd.storage.DiskQueue``)."""
 
     @property
+    def logical_bytes(self) -> int:
+        """``bytes_on_disk`` with every batch plain (compression at rest: the ratio)."""
+        ...
+
+    @property
     def ack_mode(self) -> bool:
         """``--durable``: the persisted read position stops at the oldest unacknowledged message."""
         ...

@@ -12,15 +12,21 @@ A topic's **policy** is a small set of keys. With none set, lmqd is nsqd. The ke
   publish that would pass it does (``"reject"``: refused whole; ``"drop_oldest"``: accepted,
   the oldest waiting messages dropped); ``publish_rate`` / ``publish_burst`` are a token bucket
   in messages per second; ``dedup_window_ms`` drops a body equal to one published that recently.
+* ``compression`` (at rest, ``lmqd.storage.atrest``): how the batches the topic's log writes
+  from now on are compressed: ``none``, ``zstd`` (``zstd:1`` .. ``zstd:22``), ``lz4``,
+  ``snappy``, ``gzip`` (``gzip:1`` .. ``gzip:9``); what is already written stays as it is.
+  The daemon's ``--compression`` is the default.
 * ``ttl_ms``: a message not delivered within this many ms of its publish timestamp is not
   delivered any more: each channel dead-letters it (its ``dead_letter_topic``,
   ``lmqd.engine.channel_policy``) or drops it, and counts it (``expired_count``).
 
-Every key but ``overflow`` is an integer from 0 to 2^63-1, where 0 means off (no retention, no
-TTL, no bound, no limit, no window; ``publish_burst`` 0 means one second's worth of
-``publish_rate``). ``overflow`` is one of ``OVERFLOW_MODES``. The daemon's flags of the same
-names (``--retention-ms``, ``--ttl-ms``, ``--max-depth``, ...) are the defaults; a topic's own
-settings (``POST /topic/policy``, persisted with the metadata) override them key by key.
+Every key but ``overflow`` and ``compression`` is an integer from 0 to 2^63-1, where 0 means
+off (no retention, no TTL, no bound, no limit, no window; ``publish_burst`` 0 means one
+second's worth of ``publish_rate``). ``overflow`` is one of ``OVERFLOW_MODES``;
+``compression`` a codec's spelling, stored as ``Compression`` writes it. The daemon's flags of
+the same names (``--retention-ms``, ``--ttl-ms``, ``--max-depth``, ``--compression``, ...) are
+the defaults; a topic's own settings (``POST /topic/policy``, persisted with the metadata)
+override them key by key.
 
 ``parse_update`` is the one validator of a change, for the HTTP API and the metadata file alike:
 unknown keys and bad values are refused whole, with a message saying which and why.
@@ -34,6 +40,7 @@ from typing import Any, TypeVar
 import attrs
 
 from lmqd.options import OVERFLOW_MODES, Options
+from lmqd.storage.atrest.compression import Compression
 
 __all__ = [
     "MAX_POLICY_VALUE",
@@ -69,7 +76,7 @@ def shared_default(kind: type[_T], options: Options, make: Callable[[], _T]) -> 
 PUBLISH_KEYS = ("max_depth", "overflow", "publish_rate", "publish_burst", "dedup_window_ms")
 """The keys the publish path applies (``lmqd.engine.admission``)."""
 
-POLICY_KEYS = ("retention_ms", "retention_bytes", "ttl_ms", *PUBLISH_KEYS)
+POLICY_KEYS = ("retention_ms", "retention_bytes", "ttl_ms", *PUBLISH_KEYS, "compression")
 
 STRING_KEYS: Mapping[str, tuple[str, ...]] = {"overflow": OVERFLOW_MODES}
 """Keys whose value is a string, with the values they take; every other key is an integer."""
@@ -94,6 +101,7 @@ class TopicPolicy:
     publish_rate: int = 0
     publish_burst: int = 0
     dedup_window_ms: int = 0
+    compression: str = "none"
 
     @classmethod
     def effective(cls, options: Options, settings: Mapping[str, PolicyValue]) -> TopicPolicy:
@@ -124,7 +132,16 @@ def parse_update(doc: Any) -> dict[str, PolicyValue]:
         if key not in POLICY_KEYS:
             raise PolicyError(f"unknown key {key!r} (known: {', '.join(POLICY_KEYS)})")
         choices = STRING_KEYS.get(key)
-        if choices is not None:
+        if key == "compression":
+            if type(value) is not str:
+                raise PolicyError(
+                    "compression must be a string: none, zstd[:LEVEL], lz4, snappy, gzip[:LEVEL]"
+                )
+            try:
+                value = str(Compression.parse(value))
+            except ValueError as exc:
+                raise PolicyError(f"compression invalid: {exc}") from None
+        elif choices is not None:
             if type(value) is not str or value not in choices:
                 shown = ", ".join(f'"{c}"' for c in choices)
                 raise PolicyError(f"{key} must be one of {shown}")

@@ -62,6 +62,8 @@ from lmqd.storage import (
     TopicLog,
     TopicMetadata,
 )
+from lmqd.storage.atrest import PLAIN, AtRest
+from lmqd.storage.atrest.compression import Compression
 from lmqd.storage.files import name_from_stem
 from lmqd.storage.metadata import is_durable_name
 
@@ -186,14 +188,19 @@ class Stores:
         *,
         hold_data_dir: Callable[[], TimeBase],
         on_health: Callable[[str | None], None],
+        at_rest: AtRest = PLAIN,
     ) -> None:
         self.options = options
+        self.at_rest = at_rest
+        """Compression and encryption at rest, shared by every log and queue opened here."""
         self._syncer = syncer
         self._hold_data_dir = hold_data_dir
         self._on_health = on_health
         self._preopened: dict[str, DiskQueue | TopicLog] = {}
         self._on_disk: set[str] | None = None
         """Names that had files at start-up; None until the service's scan (``note_on_disk``)."""
+        self._compressions: dict[str, Compression] = {}
+        """Restored topics' own ``compression`` policies (``note_compressions``)."""
         self._open_disk = self._disk
         """``_disk`` bound once, shared by every channel's ``LazyBackend``."""
 
@@ -205,6 +212,7 @@ class Stores:
             timebase=self._hold_data_dir(),
             max_bytes_per_file=self.options.max_bytes_per_file,
             ack_mode=self.options.durable,
+            at_rest=self.at_rest,
         )
 
     def open_log(self, name: str, *, fresh: bool = False) -> TopicLog:
@@ -217,7 +225,15 @@ class Stores:
             max_bytes_per_file=self.options.max_bytes_per_file,
             fresh=fresh,
             recover_ids=DEDUP_MAX_ENTRIES,
+            at_rest=self.at_rest,
+            compression=self._compressions.pop(name, None),
         )
+
+    def note_compressions(self, compressions: dict[str, Compression]) -> None:
+        """Restored topics' own ``compression`` policies, so that each log opens sealing as its
+        topic will (its newest segment stays the one appended to; the policy, applied when the
+        topic is made, then changes nothing)."""
+        self._compressions = compressions
 
     def note_on_disk(self, names: Sequence[str]) -> None:
         """The names that have files in the data directory at start-up (``stored_queue_names``),

@@ -54,6 +54,7 @@ from lmqd.message_ext import MessageExt
 from lmqd.names import is_ephemeral
 from lmqd.stats import NO_E2E_LATENCY, E2eLatency, TopicStats
 from lmqd.storage import ChannelMetadata, TopicLog, TopicMetadata
+from lmqd.storage.atrest.compression import Compression
 
 __all__ = ["PUMP_BATCH", "PUMP_IDLE_S", "Topic"]
 
@@ -432,6 +433,9 @@ class Topic:
             return
         log_.retention_ms = policy.retention_ms or None
         log_.retention_bytes = policy.retention_bytes or None
+        compression = Compression.parse(policy.compression)
+        if log_.compression != compression:
+            log_.compression = compression
         self.stream.set_write_through(policy.retains or self.options.durable)
 
     # -- admin -------------------------------------------------------------------------------
@@ -579,6 +583,8 @@ class Topic:
                 else None
             ),
             storage_damage=storage_damage([self.log.damage] if self.log is not None else []),
+            stored_bytes=self.log.bytes_on_disk if self.log is not None else 0,
+            logical_bytes=self.log.logical_bytes if self.log is not None else 0,
             reader_lost_count=self.stream.reader_lost_count,
         )
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable
 from operator import itemgetter
+from typing import TYPE_CHECKING
 
 from lmqd.message import Message
 from lmqd.message_ext import ExtError, MessageExt, decode_ext
@@ -45,6 +46,7 @@ from lmqd.storage.record import (
     RECORD_PREFIX,
     RECORD_PREFIX_SIZE,
     RECORD_TYPES,
+    SEALED_TYPES,
     TYPE_MESSAGE,
     U32,
     Buffer,
@@ -53,7 +55,10 @@ from lmqd.storage.record import (
     header_offset_size,
 )
 from lmqd.storage.tokens import StoredMessage
-from lmqd.storage.verify import batch_layout, check_record, parse_optional_fields
+from lmqd.storage.verify import batch_layout, check_record, parse_optional_fields, verify_open
+
+if TYPE_CHECKING:
+    from lmqd.storage.atrest.seal import Opener
 
 _ENTRY_LENGTHS = struct.Struct(">I34x")
 """Just the body length of each batch entry, for stepping over skipped messages in C."""
@@ -372,28 +377,39 @@ def decode_record(buf: bytes | memoryview, offset: int = 0) -> tuple[Record, int
 
 
 def decode_any(
-    buf: Buffer, offset: int = 0, types: tuple[int, ...] = RECORD_TYPES
+    buf: Buffer,
+    offset: int = 0,
+    types: tuple[int, ...] = RECORD_TYPES,
+    opener: Opener | None = None,
 ) -> tuple[list[Record], int]:
     """Decode and verify the record at ``offset``, of any of ``types`` (by default a disk
-    queue's: 'M' or 'B'): its messages and its end.
+    queue's: 'M' or 'B'): its messages and its end. A sealed record is opened by ``opener``
+    (without one it is invalid here).
 
     Raises FormatError.
     """
-    end = check_record(buf, offset, len(buf), types)
+    end, _, plain = verify_open(buf, offset, len(buf), types, opener)
     if end == -1:
         raise FormatError("truncated record")
     if end < 0:
         raise FormatError("invalid record")
+    if plain is not None:
+        return decode_batch_records(plain, 0, len(plain)), end
+    if buf[offset + 4] in SEALED_TYPES:
+        raise FormatError("a sealed record, and nothing to open it with")
     if buf[offset + 4] != TYPE_MESSAGE:
         return decode_batch_records(buf, offset, end), end
     return [decode_message_record(buf, offset, end)], end
 
 
 def decode_records(
-    buf: Buffer, offset: int = 0, types: tuple[int, ...] = RECORD_TYPES
+    buf: Buffer,
+    offset: int = 0,
+    types: tuple[int, ...] = RECORD_TYPES,
+    opener: Opener | None = None,
 ) -> tuple[list[Record], int]:
     """Decode records of any of ``types`` from ``offset`` until the first incomplete or invalid
-    one.
+    one (sealed ones opened by ``opener``).
 
     Returns the messages and the offset where decoding stopped (``len(buf)`` if all were valid).
     """
@@ -401,7 +417,7 @@ def decode_records(
     end = len(buf)
     while offset < end:
         try:
-            records, next_offset = decode_any(buf, offset, types)
+            records, next_offset = decode_any(buf, offset, types, opener)
         except FormatError:
             break
         out.extend(records)

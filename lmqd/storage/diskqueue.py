@@ -44,6 +44,7 @@ from collections.abc import Iterable, Sequence
 
 from lmqd.message import Message
 from lmqd.storage.acks import AckTracker
+from lmqd.storage.atrest.seal import PLAIN, AtRest
 from lmqd.storage.errors import BackendError
 from lmqd.storage.files import fsync_dir, positions_filename, unlink_quietly
 from lmqd.storage.peek import peek_queue
@@ -86,15 +87,18 @@ class DiskQueue:
         ack_mode: bool = False,
         read_ahead: int = DEFAULT_READ_AHEAD,
         write_cache: int = WRITE_CACHE_BYTES,
+        at_rest: AtRest = PLAIN,
     ) -> None:
         if max_bytes_per_file <= SEGMENT_HEADER_SIZE:
             raise ValueError("max_bytes_per_file too small")
         self.name = name
+        self._at_rest = at_rest
         self._dir = os.fspath(data_path)
         self._ack_mode = ack_mode
         self._files = QueueFiles(name, self._dir, os.path.join(self._dir, positions_filename(name)))
         self._segments = SegmentList(name, self._dir)
         self._writer = SegmentWriter(name, self._segments, timebase, max_bytes_per_file)
+        self._writer.set_sealer(at_rest.sealer())
         self._cache = WriteCache(write_cache, enabled=not ack_mode)
         self._acks = AckTracker()
         self._damage = Damage()
@@ -108,6 +112,7 @@ class DiskQueue:
             timebase=timebase,
             ack_mode=ack_mode,
             read_ahead=read_ahead,
+            opener=at_rest.opener,
         )
         self._timebase = timebase
         self._dirty = 0
@@ -146,6 +151,11 @@ class DiskQueue:
         and set-aside ``.bad`` copies are not counted.
         """
         return self._segments.bytes_on_disk
+
+    @property
+    def logical_bytes(self) -> int:
+        """What ``bytes_on_disk`` would be without compression at rest (``TopicLog``'s)."""
+        return self._segments.bytes_on_disk + self._segments.saved_bytes
 
     @property
     def dirty_count(self) -> int:
@@ -257,6 +267,7 @@ class DiskQueue:
             self._reader.position(),
             max_count,
             self._timebase.from_wall_ns,
+            self._at_rest.opener,
         )
 
     def ack(self, token: int) -> bool:
@@ -413,7 +424,9 @@ class DiskQueue:
 
     def _open(self) -> None:
         os.makedirs(self._dir, exist_ok=True)
-        state = recover_queue(self._dir, self.name)
+        state = recover_queue(
+            self._dir, self.name, opener=self._at_rest.opener, sealed=self._segments.sealed
+        )
         self._damage.corrupt_count = state.corrupt_count
         self._damage.corrupt_bytes = state.corrupt_bytes
         self._damage.torn_bytes = state.torn_bytes
@@ -424,7 +437,7 @@ class DiskQueue:
         self.stored_message_ttls = state.message_ttls
         segments = self._segments
         for r in state.segments:
-            segments.live.append(Segment(r.number, r.path, r.end, r.skips, r.records))
+            segments.live.append(Segment(r.number, r.path, r.end, r.skips, r.records, r.saved))
         self._reader.reset(state.read_offset, state.read_consumed, state.read_index)
         self._reader.depth = state.depth
         delivered = state.positions.delivered if state.positions is not None else None
@@ -440,6 +453,7 @@ class DiskQueue:
             segments.live.append(segments.entry(number))
             segments.next_number = number + 1
         segments.bytes_on_disk = sum(seg.end for seg in segments.live)
+        segments.saved_bytes = sum(seg.saved for seg in segments.live)
         # Persist what recovery found at once, so a crash now does not redo the repairs.
         self._last_positions = self._positions()
         self._files.persist_now(encode_positions(self.name, self._last_positions))

@@ -43,8 +43,9 @@ class ExtensionNotes:
         self.dedup_ids: deque[tuple[int, bytes]] = deque(maxlen=keep_ids)
         """The newest ``keep_ids`` (timestamp ns, dedup id) seen, oldest first."""
 
-    def visit(self, view: memoryview, pos: int, end: int, count: int) -> None:
-        """Note the extension blocks of the valid record at ``view[pos:end]``."""
+    def visit(self, view: memoryview, pos: int, end: int, count: int, at: int = 0) -> None:
+        """Note the extension blocks of the valid record at ``view[pos:end]`` (``at``: its
+        file offset, unused; ``scan.RecordVisitor``)."""
         flags = view[pos + 5]
         if not flags & (FLAG_HEADERS if view[pos + 4] == TYPE_MESSAGE else BATCH_FLAG_OPTIONS):
             return

@@ -10,6 +10,7 @@ import re
 _PLAIN = re.compile(r"[a-z0-9_.-]")
 _ESCAPED = re.compile(r"%([0-9A-F]{2})")
 _SEGMENT_NUMBER = re.compile(r"(\d+)\.dat")
+_SEGMENT_FILE = re.compile(r".+\.lmq\.\d+\.dat")
 
 
 def queue_stem(name: str) -> str:
@@ -65,6 +66,11 @@ def list_segments(directory: str, name: str) -> dict[int, str]:
                 if m:
                     found[int(m.group(1))] = entry.path
     return found
+
+
+def is_segment_file(filename: str) -> bool:
+    """Whether ``filename`` is a segment file's name (of any queue or log)."""
+    return _SEGMENT_FILE.fullmatch(filename) is not None
 
 
 def unlink_quietly(path: str, log: logging.Logger) -> None:

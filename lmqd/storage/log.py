@@ -21,6 +21,9 @@ its timestamp. ``TopicLog`` is the public face; the work is done by parts of one
   topic's retention no longer keeps them).
 * ``log_state.py``: the state file (next offset, write position, every cursor's low-water mark),
   persisted by sync jobs (``sync.py``) exactly as a disk queue's positions are.
+* ``atrest/``: the sealing step under the records (compression per topic, encryption per
+  daemon): ``compression`` may change at any time, the writer then seals new batches with it;
+  old segments stay as they were written (a log mixes sealed and plain segments).
 * ``log_recovery.py``: opening verifies every segment (``recovery.py``: torn tail truncated,
   damage set aside and counted), rebuilds offsets and the index, restores the cursors with
   their marks checked against the segments.
@@ -55,6 +58,8 @@ from types import MappingProxyType
 from typing import Literal
 
 from lmqd.message import Message
+from lmqd.storage.atrest.compression import Compression
+from lmqd.storage.atrest.seal import PLAIN, AtRest
 from lmqd.storage.errors import BackendError
 from lmqd.storage.files import fsync_dir, fsync_path, log_state_filename, unlink_quietly
 from lmqd.storage.log_cache import LOG_CACHE_BYTES, TailCache
@@ -65,7 +70,7 @@ from lmqd.storage.log_recovery import recover_log
 from lmqd.storage.log_retention import deletable_segments
 from lmqd.storage.log_state import LogState, encode_log_state
 from lmqd.storage.reader import DEFAULT_READ_AHEAD
-from lmqd.storage.record import LOG_RECORD_TYPES, OFFSET_BATCH_OVERHEAD, SEGMENT_HEADER_SIZE
+from lmqd.storage.record import SEGMENT_HEADER_SIZE, log_record_types
 from lmqd.storage.repair import Damage
 from lmqd.storage.segments import SegmentList
 from lmqd.storage.sync import QueueFiles, SyncJob
@@ -103,6 +108,8 @@ class TopicLog:
         read_ahead: int = DEFAULT_READ_AHEAD,
         fresh: bool = False,
         recover_ids: int = 0,
+        at_rest: AtRest = PLAIN,
+        compression: Compression | None = None,
     ) -> None:
         if max_bytes_per_file <= SEGMENT_HEADER_SIZE:
             raise ValueError("max_bytes_per_file too small")
@@ -132,8 +139,11 @@ class TopicLog:
         self._writer = SegmentWriter(
             name, self._segments, timebase, max_bytes_per_file, subject="TOPICLOG"
         )
+        self._at_rest = at_rest
+        self._compression = compression
+        self._writer.set_sealer(at_rest.sealer(compression))
         self._damage = Damage()
-        self._index = LogIndex(name, timebase, self._damage, read_ahead)
+        self._index = LogIndex(name, timebase, self._damage, read_ahead, at_rest.opener)
         self._cache = TailCache(cache_bytes)
         self._cursors: dict[str, Cursor] = {}
         self._legacy: dict[int, int] = {}
@@ -178,6 +188,23 @@ class TopicLog:
     def bytes_on_disk(self) -> int:
         """Bytes of the log's segment files (a running sum, as a disk queue's)."""
         return self._segments.bytes_on_disk
+
+    @property
+    def logical_bytes(self) -> int:
+        """What ``bytes_on_disk`` would be without compression at rest: the plain records'
+        bytes (the compression ratio is this over ``bytes_on_disk``)."""
+        return self._segments.bytes_on_disk + self._segments.saved_bytes
+
+    @property
+    def compression(self) -> Compression | None:
+        """The compression new batches get (None: the daemon's default); set, it applies to the
+        batches written from then on (the segments written so far keep theirs)."""
+        return self._compression
+
+    @compression.setter
+    def compression(self, compression: Compression | None) -> None:
+        self._compression = compression
+        self._writer.set_sealer(self._at_rest.sealer(compression))
 
     @property
     def dirty_count(self) -> int:
@@ -316,15 +343,15 @@ class TopicLog:
         tail_cache = self._cache
         if not cache and len(tail_cache):
             tail_cache.clear()
-        for number, pos, batches in placed:
+        for number, pos, batches, stored in placed:
             seg = segs[-1]
             if seg.number != number:  # the writer rolled to a new segment
                 seg = SegmentIndex(
-                    live[len(segs)], first + batches[0][0], seg.max_ns, LOG_RECORD_TYPES
+                    live[len(segs)], first + batches[0][0], seg.max_ns, _types(self._segments)
                 )
                 segs.append(seg)
-            for b_first, b_end, payload in batches:
-                end = pos + OFFSET_BATCH_OVERHEAD + payload
+            for (b_first, b_end, _), size in zip(batches, stored, strict=True):
+                end = pos + size
                 chunk: list[Message] = []
                 if messages is not None and (cache or timestamp is None):
                     chunk = messages if b_end - b_first == whole else messages[b_first:b_end]
@@ -604,7 +631,7 @@ class TopicLog:
         file = segments.entry(0)
         segments.live.append(file)  # not in bytes_on_disk: there is no file yet
         segments.next_number = 1
-        self._index.segments.append(SegmentIndex(file, 0, NO_TIMESTAMP, LOG_RECORD_TYPES))
+        self._index.segments.append(SegmentIndex(file, 0, NO_TIMESTAMP, _types(self._segments)))
         self._unborn = True
 
     def _roll_empty(self) -> bool:
@@ -621,7 +648,7 @@ class TopicLog:
         self._writer.roll_to(fd, segments.entry(number))
         prev = index.segments[-1]
         index.segments.append(
-            SegmentIndex(segments.live[-1], index.next_offset, prev.max_ns, LOG_RECORD_TYPES)
+            SegmentIndex(segments.live[-1], index.next_offset, prev.max_ns, _types(self._segments))
         )
         log.debug("TOPICLOG(%s): segment %d expired: new segment %d", self.name, prev.number,
                   number)  # fmt: skip
@@ -645,7 +672,8 @@ class TopicLog:
 
     def _open(self) -> None:
         os.makedirs(self._dir, exist_ok=True)
-        r = recover_log(self._dir, self.name, keep_ids=self._recover_ids)
+        keep, opener, sealed = self._recover_ids, self._at_rest.opener, self._segments.sealed
+        r = recover_log(self._dir, self.name, keep_ids=keep, opener=opener, sealed=sealed)
         damage = self._damage
         damage.corrupt_count = r.corrupt_count
         damage.corrupt_bytes = r.corrupt_bytes
@@ -673,8 +701,9 @@ class TopicLog:
             segments.live.append(file)
             segments.next_number = number + 1
             max_ns = index.segments[-1].max_ns if index.segments else NO_TIMESTAMP
-            index.segments.append(SegmentIndex(file, r.next_offset, max_ns, LOG_RECORD_TYPES))
+            index.segments.append(SegmentIndex(file, r.next_offset, max_ns, _types(self._segments)))
         segments.bytes_on_disk = sum(seg.end for seg in segments.live)
+        segments.saved_bytes = sum(seg.saved for seg in segments.live)
         self._legacy = r.legacy
         self._adopted = r.adopted
         for name, low in r.cursors.items():
@@ -698,6 +727,11 @@ class TopicLog:
                 r.next_offset,
                 len(self._cursors),
             )
+
+
+def _types(segments: SegmentList) -> tuple[int, ...]:
+    """The record types of a segment the log creates now (sealed or not)."""
+    return log_record_types(segments.sealed)
 
 
 def _non_negative(what: str, value: int | None) -> int | None:

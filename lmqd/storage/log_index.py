@@ -41,6 +41,7 @@ import os
 from bisect import bisect_left, bisect_right
 from operator import attrgetter
 
+from lmqd.storage.atrest.seal import Opener
 from lmqd.storage.repair import Damage
 from lmqd.storage.segments import Segment
 from lmqd.storage.timebase import TimeBase
@@ -152,10 +153,19 @@ class LogIndex:
     """The state a topic log shares with its readers: segments (oldest first), the next offset,
     how to read them. The writer side (``log.py``) keeps it up to date."""
 
-    __slots__ = ("damage", "name", "next_offset", "read_ahead", "segments", "timebase")
+    __slots__ = ("damage", "name", "next_offset", "opener", "read_ahead", "segments", "timebase")
 
-    def __init__(self, name: str, timebase: TimeBase, damage: Damage, read_ahead: int) -> None:
+    def __init__(
+        self,
+        name: str,
+        timebase: TimeBase,
+        damage: Damage,
+        read_ahead: int,
+        opener: Opener | None = None,
+    ) -> None:
         self.name = name
+        self.opener = opener if opener is not None else Opener(None)
+        """How the readers open sealed records (``atrest/seal.py``)."""
         self.timebase = timebase
         self.damage = damage
         self.read_ahead = read_ahead

@@ -18,6 +18,12 @@ the next call. Records wholly before the wanted offset, as after a ``seek``, are
 their headers: no CRC check, no decoding. So a seek costs the index's binary searches
 (``log_index.py``) and a walk of at most one index span.
 
+A sealed record (compression or encryption at rest, ``atrest/seal.py``) is framed by its clear
+header like any other (its count and first offset are where an 'O' record has them) and, once
+its CRC has matched, opened by the log's ``Opener``: everything after works on the plain record
+it holds, as the tuple ``_verified`` returns says (the bytes, and where the record is in them).
+A sealed record that does not open is a bad record like one with a bad CRC.
+
 Regions set aside are jumped over (``Segment.bounds``). A record that fails its checks is
 handled as a disk queue's reader does (``repair.py``): the bad bytes in the rest of the segment
 are copied aside, counted and skipped, for every reader of the log at once (the regions are the
@@ -53,10 +59,13 @@ from lmqd.storage.record import (
     OFFSET_BATCH_HEADER_SIZE,
     RECORD_OVERHEAD,
     RECORD_PREFIX,
+    SEALED_TYPES,
     SEGMENT_HEADER_SIZE,
     TYPE_MESSAGE,
     TYPE_OFFSET_BATCH,
+    TYPE_SEALED_OFFSET_BATCH,
     U32,
+    FormatError,
     header_offset_size,
 )
 from lmqd.storage.repair import set_aside_damage
@@ -66,6 +75,12 @@ log = logging.getLogger("lmqd.storage")
 
 LogEntry = tuple[int, Message]
 """A message read from a topic log, with its offset."""
+Framed = tuple[int, int, int, int, int]
+"""A record found at the reader's position: (its index in ``_buf``, the index after it, type,
+first offset, message count)."""
+Verified = tuple[bytes, int, int, int, int, int, int]
+"""A record whose checks passed: (the bytes holding the plain record, its index there, the
+index after it, its plain type, first offset, message count, its size as stored)."""
 
 
 class _BadRecord(Exception):
@@ -216,7 +231,7 @@ class LogReader:
                 framed = self._frame_next()
                 if framed is None:
                     break
-                i, rec_end, kind, first, count = self._verified(framed)
+                buf, i, _rec_end, kind, first, count, stored = self._verified(framed)
             except _BadRecord:
                 repairs += 1
                 if repairs > MAX_REPAIRS_PER_READ or not self._repair():
@@ -225,7 +240,6 @@ class LogReader:
             except OSError:
                 log.error("TOPICLOG(%s): read failed", index.name, exc_info=True)
                 break
-            buf = self._buf
             if kind == TYPE_MESSAGE:
                 stamps = [RECORD_PREFIX.unpack_from(buf, i)[4]]
             else:
@@ -235,7 +249,7 @@ class LogReader:
             for j, stamp in enumerate(stamps):
                 if stamp >= ts_ns:
                     return self.seek(first + j)
-            self._pos += rec_end - i
+            self._pos += stored
             self._running = first + count
         return self.seek(index.next_offset)
 
@@ -258,7 +272,7 @@ class LogReader:
                     self._pos += rec_end - i
                     self._running = first + count
                     continue
-                i, rec_end, kind, first, count = self._verified(framed)
+                buf, i, rec_end, kind, first, count, stored = self._verified(framed)
             except _BadRecord:
                 repairs += 1
                 if repairs > MAX_REPAIRS_PER_READ or not self._repair():
@@ -269,7 +283,6 @@ class LogReader:
                 break
             if first >= until:
                 break
-            buf = self._buf
             if kind == TYPE_MESSAGE:
                 if RECORD_PREFIX.unpack_from(buf, i)[6] and first >= start:
                     found.append(first)
@@ -284,7 +297,7 @@ class LogReader:
                 found.extend(
                     first + k for k, p in enumerate(pushed) if p and start <= first + k < until
                 )
-            self._pos += rec_end - i
+            self._pos += stored
             self._running = first + count
             self._next = first + count
         if self._next > until:
@@ -339,7 +352,7 @@ class LogReader:
                 log.error("TOPICLOG(%s): read failed", self._index.name, exc_info=True)
                 return False
 
-    def _frame_next(self) -> tuple[int, int, int, int, int] | None:
+    def _frame_next(self) -> Framed | None:
         """The header of the next record from the position on, moving over set-aside regions
         and into the next segment as needed: (index of the record in ``_buf``, index after it,
         type, first offset, message count); None at the end of the log. Raises ``_BadRecord``
@@ -373,14 +386,15 @@ class LogReader:
                 raise _BadRecord
             if kind == TYPE_MESSAGE:
                 count, stated = 1, -1
-            elif kind == TYPE_OFFSET_BATCH:
+            elif kind in (TYPE_OFFSET_BATCH, TYPE_SEALED_OFFSET_BATCH):
                 count, stated = OFFSET_BATCH_HEADER.unpack_from(buf, i)[3:]
             else:
                 count, stated = BATCH_HEADER.unpack_from(buf, i)[3], -1
             return i, i + 4 + length, kind, first_offset(stated, self._running), count
 
-    def _verified(self, framed: tuple[int, int, int, int, int]) -> tuple[int, int, int, int, int]:
-        """``framed`` with its whole record in ``_buf`` and its CRC checked (``_BadRecord``)."""
+    def _verified(self, framed: Framed) -> Verified:
+        """``framed`` with its whole record in ``_buf``, its CRC checked and, sealed, opened
+        (``_BadRecord`` if either fails)."""
         i, rec_end, kind, first, count = framed
         seg = self._seg
         pos = self._pos
@@ -393,12 +407,24 @@ class LogReader:
         with memoryview(buf) as view, view[i + 4 : rec_end - 4] as covered:
             if crc32c(covered) != U32.unpack_from(buf, rec_end - 4)[0]:
                 raise _BadRecord
-        return i, rec_end, kind, first, count
+        if kind in SEALED_TYPES:
+            try:
+                plain = self._index.opener.open(buf, i, rec_end)
+            except FormatError as exc:
+                log.error(
+                    "TOPICLOG(%s): %s: sealed batch at %d: %s",
+                    self._index.name,
+                    seg.file.path,
+                    pos,
+                    exc,
+                )
+                raise _BadRecord from None
+            return plain, 0, len(plain), plain[4], first, count, length
+        return buf, i, rec_end, kind, first, count, length
 
-    def _decode(self, framed: tuple[int, int, int, int, int]) -> None:
-        """Make the verified record ``framed`` pending (``_BadRecord`` if its structure lies)."""
-        i, rec_end, kind, first, count = framed
-        buf = self._buf
+    def _decode(self, verified: Verified) -> None:
+        """Make the verified record pending (``_BadRecord`` if its structure lies)."""
+        buf, i, rec_end, kind, first, count, stored = verified
         from_wall_ns = self._index.timebase.from_wall_ns
         skip = self._next - first if self._next > first else 0
         if kind == TYPE_MESSAGE:
@@ -426,7 +452,7 @@ class LogReader:
         self._pending = msgs
         self._pending_shared = False
         self._pending_first = first + skip
-        self._pending_end = self._pos + rec_end - i
+        self._pending_end = self._pos + stored
         if self._next < first:
             self._next = first  # a gap (damage took those offsets): the next message present
 
@@ -462,6 +488,7 @@ class LogReader:
                 index.damage,
                 seg.types,
                 subject="TOPICLOG",
+                opener=index.opener,
             )
         except OSError:
             # Nothing is skipped that could not be copied aside: reading stops here until the

@@ -44,6 +44,7 @@ import os
 from collections.abc import Mapping
 from functools import partial
 from operator import itemgetter
+from typing import TYPE_CHECKING
 
 import attrs
 
@@ -57,9 +58,11 @@ from lmqd.storage.record import (
     BATCH_ENTRY_SIZE,
     LOG_FORMAT_VERSION,
     LOG_READABLE_VERSIONS,
+    LOG_VERSIONS,
     OFFSET_BATCH_HEADER,
     RECORD_PREFIX,
     RECORD_TYPES_BY_VERSION,
+    SEALED_LOG_FORMAT_VERSION,
     SEGMENT_HEADER_SIZE,
     TYPE_MESSAGE,
     TYPE_OFFSET_BATCH,
@@ -77,6 +80,9 @@ from lmqd.storage.recovery import (
     set_aside_state_file,
 )
 from lmqd.storage.segments import Segment
+
+if TYPE_CHECKING:
+    from lmqd.storage.atrest.seal import Opener
 
 log = logging.getLogger("lmqd.storage")
 
@@ -141,7 +147,7 @@ class _Indexer:
         self.adopted = adopted
         self.notes = notes
 
-    def __call__(self, view: memoryview, pos: int, end: int, count: int) -> None:
+    def __call__(self, view: memoryview, pos: int, end: int, count: int, file_pos: int) -> None:
         kind = view[pos + 4]
         if kind == TYPE_MESSAGE:
             stated = -1
@@ -154,7 +160,7 @@ class _Indexer:
             with view[at : at + count * BATCH_ENTRY_SIZE] as entries:
                 newest = max(map(_timestamp, BATCH_ENTRY.iter_unpack(entries)))
         first = first_offset(stated, self.running)
-        self.seg.add_record(pos, first, count, newest)
+        self.seg.add_record(file_pos, first, count, newest)
         self.running = first + count
         self.notes.visit(view, pos, end, count)
         where = self.adopt_at
@@ -163,15 +169,15 @@ class _Indexer:
             and self.adopted is None
             and (
                 self.number > where.read_segment
-                or (self.number == where.read_segment and pos >= where.read_offset)
+                or (self.number == where.read_segment and file_pos >= where.read_offset)
             )
         ):
-            skip = where.read_index if pos == where.read_offset else 0
+            skip = where.read_index if file_pos == where.read_offset else 0
             self.adopted = first + min(skip, count)
 
 
-def _fresh_header(number: int, *, base_offset: int) -> bytes:
-    return encode_segment_header(number, 0, base_offset=base_offset)
+def _fresh_header(number: int, *, base_offset: int, sealed: bool) -> bytes:
+    return encode_segment_header(number, 0, base_offset=base_offset, sealed=sealed)
 
 
 def _read_header(path: str) -> SegmentHeader | None:
@@ -183,9 +189,18 @@ def _read_header(path: str) -> SegmentHeader | None:
         return None
 
 
-def recover_log(directory: str, name: str, *, keep_ids: int = 0) -> RecoveredLog:
+def recover_log(
+    directory: str,
+    name: str,
+    *,
+    keep_ids: int = 0,
+    opener: Opener | None = None,
+    sealed: bool = False,
+) -> RecoveredLog:
     """Recover the log of topic ``name`` in ``directory`` (blocking: reads every segment).
-    ``keep_ids``: how many of the newest dedup ids to note (``RecoveredLog.notes``).
+    ``keep_ids``: how many of the newest dedup ids to note (``RecoveredLog.notes``);
+    ``opener``: how sealed records open; ``sealed``: the log writes sealed records (the newest
+    segment is appended to only if it has the sealed version, 5; else 3).
 
     Damaged content never raises; ``OSError`` is raised when a file cannot be read or repaired
     (as for a disk queue, skipping it could let a later start delete it unread).
@@ -225,6 +240,7 @@ def recover_log(directory: str, name: str, *, keep_ids: int = 0) -> RecoveredLog
         )
     if state is not None:
         result.missing_segments = _count_missing(name, state, numbers)
+    version = SEALED_LOG_FORMAT_VERSION if sealed else LOG_FORMAT_VERSION
     expected = 0
     max_ns = NO_TIMESTAMP
     adopted = None
@@ -232,9 +248,9 @@ def recover_log(directory: str, name: str, *, keep_ids: int = 0) -> RecoveredLog
     for number in numbers:
         path = on_disk[number]
         header = _read_header(path)
-        if header is not None and header.version == LOG_FORMAT_VERSION:
+        if header is not None and header.version in LOG_VERSIONS:
             base = max(expected, header.base_offset)
-            types = RECORD_TYPES_BY_VERSION[LOG_FORMAT_VERSION]
+            types = RECORD_TYPES_BY_VERSION[header.version]
         else:
             base = max(expected, legacy_bases.get(number, expected))
             types = (
@@ -254,10 +270,11 @@ def recover_log(directory: str, name: str, *, keep_ids: int = 0) -> RecoveredLog
         indexer = _Indexer(seg, adopt_at, adopted, result.notes)
         fmt = SegmentFormat(
             readable=LOG_READABLE_VERSIONS,
-            version=LOG_FORMAT_VERSION,
-            fresh_header=partial(_fresh_header, base_offset=base),
+            version=version,
+            fresh_header=partial(_fresh_header, base_offset=base, sealed=sealed),
             visit=indexer,
             subject="TOPICLOG",
+            opener=opener,
         )
         try:
             r = recover_segment(
@@ -278,14 +295,15 @@ def recover_log(directory: str, name: str, *, keep_ids: int = 0) -> RecoveredLog
         result.lost_messages += r.lost_messages
         if r.unsupported:
             continue
-        if r.version == LOG_FORMAT_VERSION and not seg.positions:
+        if r.version in LOG_VERSIONS and not seg.positions:
             # A fresh header (written just now) or an empty segment: its base is the floor.
-            seg.types = RECORD_TYPES_BY_VERSION[LOG_FORMAT_VERSION]
+            seg.types = RECORD_TYPES_BY_VERSION[r.version]
             seg.base = seg.next = max(seg.base, r.base_offset)
         seg.file.end = r.end
         seg.file.skips = r.skips
         seg.file.records = r.records
-        if r.version != LOG_FORMAT_VERSION:
+        seg.file.saved = r.saved
+        if r.version not in LOG_VERSIONS:
             result.legacy[number] = seg.base
         result.segments.append(seg)
         expected = seg.next

@@ -13,18 +13,22 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from lmqd.message import Message
 from lmqd.message_ext import ExtError, decode_ext
 from lmqd.storage.decoder import decode_records
 from lmqd.storage.record import (
     MAX_RECORD_LENGTH,
-    RECORD_TYPES,
+    SEALED_RECORD_TYPES,
     SEGMENT_HEADER_SIZE,
     U32,
     Record,
 )
 from lmqd.storage.segments import Segment
+
+if TYPE_CHECKING:
+    from lmqd.storage.atrest.seal import Opener
 
 __all__ = ["PEEK_CHUNK", "peek_queue"]
 
@@ -37,9 +41,11 @@ def peek_queue(
     position: tuple[int, int, int],
     count: int,
     from_wall_ns: Callable[[int], float],
+    opener: Opener | None = None,
 ) -> list[Message]:
     """Up to ``count`` messages from ``position`` = (segment number, record offset, messages of
-    that record to skip) on, oldest first; ``OSError`` if a file cannot be read."""
+    that record to skip) on, oldest first (sealed batches opened by ``opener``); ``OSError`` if
+    a file cannot be read."""
     out: list[Message] = []
     number, pos, skip = position
     for seg in segments:
@@ -51,7 +57,7 @@ def peek_queue(
             break
         fd = os.open(seg.path, os.O_RDONLY)
         try:
-            skip = _peek_segment(fd, seg, pos, skip, count, out, from_wall_ns)
+            skip = _peek_segment(fd, seg, pos, skip, count, out, from_wall_ns, opener)
         finally:
             os.close(fd)
         if skip < 0:
@@ -68,6 +74,7 @@ def _peek_segment(
     count: int,
     out: list[Message],
     from_wall_ns: Callable[[int], float],
+    opener: Opener | None,
 ) -> int:
     """Peek one segment from ``pos``; returns 0, or -1 if a region did not decode."""
     pos = max(pos, SEGMENT_HEADER_SIZE)
@@ -77,7 +84,7 @@ def _peek_segment(
             return 0
         chunk = min(stop - pos, PEEK_CHUNK)
         data = os.pread(fd, chunk, pos)
-        records, used = decode_records(data, 0, RECORD_TYPES)
+        records, used = decode_records(data, 0, SEALED_RECORD_TYPES, opener)
         if used == 0:
             if len(data) < 4:
                 return -1
@@ -85,7 +92,7 @@ def _peek_segment(
             if need <= len(data) or need > min(stop - pos, MAX_RECORD_LENGTH + 4):
                 return -1
             data = os.pread(fd, need, pos)
-            records, used = decode_records(data, 0, RECORD_TYPES)
+            records, used = decode_records(data, 0, SEALED_RECORD_TYPES, opener)
             if used == 0:
                 return -1
         for r in records[skip:]:

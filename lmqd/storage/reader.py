@@ -17,6 +17,10 @@ fails its checks is handled as recovery does (``repair.py``): the bad bytes in t
 segment are copied aside, counted and skipped, the depth recounted. A segment the reader has
 left is *retired* (``SegmentList.retire_first``); a sync job unlinks it later.
 
+A sealed batch ('b': compression or encryption at rest, ``atrest/seal.py``) is opened by the
+queue's ``Opener`` once its CRC has matched and decoded from the plain record it holds; the read
+positions and tokens stay those of the stored record. One that does not open is a bad record.
+
 In acknowledgement mode every message handed out is a ``StoredMessage`` with its token, and the
 tokens of what ``_take`` hands out go to the ``AckTracker``'s containers as one ``range`` per
 record.
@@ -36,15 +40,19 @@ from crc32c import crc32c
 
 from lmqd.message import Message
 from lmqd.storage.acks import AckTracker
+from lmqd.storage.atrest.seal import Opener
 from lmqd.storage.decoder import decode_batch, decode_message
 from lmqd.storage.record import (
     MAX_RECORD_LENGTH,
     MIN_RECORD_LENGTH,
     RECORD_OVERHEAD,
+    SEALED_RECORD_TYPES,
     SEGMENT_HEADER_SIZE,
     TYPE_BATCH,
     TYPE_MESSAGE,
+    TYPE_SEALED_BATCH,
     U32,
+    FormatError,
 )
 from lmqd.storage.repair import Damage, set_aside_damage
 from lmqd.storage.segments import Segment, SegmentList
@@ -77,6 +85,7 @@ class SegmentReader:
         "_fd",
         "_fd_segment",
         "_name",
+        "_opener",
         "_order",
         "_outstanding",
         "_pending_end",
@@ -104,8 +113,10 @@ class SegmentReader:
         timebase: TimeBase,
         ack_mode: bool,
         read_ahead: int = DEFAULT_READ_AHEAD,
+        opener: Opener | None = None,
     ) -> None:
         self._name = name
+        self._opener = opener if opener is not None else Opener(None)
         self._segment_list = segments
         self._segments = segments.live
         self._writer = writer
@@ -247,7 +258,7 @@ class SegmentReader:
                 length = unpack_u32(buf, i)[0]
                 typ = buf[i + 4]
                 if not MIN_RECORD_LENGTH <= length <= MAX_RECORD_LENGTH or (
-                    typ != TYPE_BATCH and typ != TYPE_MESSAGE
+                    typ != TYPE_BATCH and typ != TYPE_MESSAGE and typ != TYPE_SEALED_BATCH
                 ):
                     ok = False
                     break
@@ -271,6 +282,8 @@ class SegmentReader:
             token = record_token(seg.number, base + i)
             if typ == TYPE_BATCH:
                 msgs = decode_batch(buf, view, i, rec_end, token, from_wall_ns, ack_mode)
+            elif typ == TYPE_SEALED_BATCH:
+                msgs = self._open_batch(seg, base + i, buf, i, rec_end, token)
             else:
                 msgs = decode_message(buf, i, rec_end, token, from_wall_ns, ack_mode)
             if msgs is None:
@@ -286,6 +299,21 @@ class SegmentReader:
         self._buf = buf if i < len(buf) else b""
         self._buf_start = base + i if i >= len(buf) else base
         return ok
+
+    def _open_batch(
+        self, seg: Segment, pos: int, buf: bytes, i: int, rec_end: int, token: int
+    ) -> list[Message] | None:
+        """The messages of the sealed batch at ``buf[i:rec_end]`` (file position ``pos``, its
+        CRC checked); None if it does not open (damage)."""
+        try:
+            plain = self._opener.open(buf, i, rec_end)
+        except FormatError as exc:
+            log.error("DISKQUEUE(%s): %s: sealed batch at %d: %s", self._name, seg.path, pos, exc)
+            return None
+        return decode_batch(
+            plain, memoryview(plain), 0, len(plain), token, self._timebase.from_wall_ns,
+            self._ack_mode,
+        )  # fmt: skip
 
     def _take(self, want: int, out: list[Message]) -> None:
         """Move up to ``want`` messages of the pending record to ``out``; past its end, the read
@@ -339,7 +367,9 @@ class SegmentReader:
         fd = self._fd_for(seg)
         damage = self._damage
         estimated_before = damage.lost_messages
-        found, remaining = set_aside_damage(self._name, seg, fd, pos, damage)
+        found, remaining = set_aside_damage(
+            self._name, seg, fd, pos, damage, SEALED_RECORD_TYPES, opener=self._opener
+        )
         if not found:
             log.warning("DISKQUEUE(%s): %s: re-reading at %d", self._name, seg.path, pos)
             return

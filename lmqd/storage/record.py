@@ -75,13 +75,23 @@ SEGMENT_MAGIC = b"\x89LMQSEG\n"
 FORMAT_VERSION = 2
 """The version a disk queue writes: 2 since batch records. An older build reads version 1 only,
 so it leaves a version-2 segment untouched instead of taking its batches for corruption."""
-READABLE_VERSIONS = (1, 2)
-"""The versions a disk queue reads. Not 3: a topic log's segments are not a queue's."""
+SEALED_FORMAT_VERSION = 4
+"""The version a disk queue writes while it seals its batches (compression or encryption at
+rest, ``atrest/seal.py``): version 2's records plus sealed batches ('b'). A build that reads
+versions 1 and 2 only leaves such a segment untouched instead of taking its sealed batches for
+corruption; a queue that stops sealing starts a new version-2 segment."""
+READABLE_VERSIONS = (1, 2, SEALED_FORMAT_VERSION)
+"""The versions a disk queue reads. Not 3 or 5: a topic log's segments are not a queue's."""
 LOG_FORMAT_VERSION = 3
 """The version a topic log (``log.py``) writes: offset batch records ('O') and a header whose
 bytes 20..28 hold the segment's base offset. A build that reads versions 1 and 2 only leaves
 such a segment untouched (it could not tell the offsets)."""
-LOG_READABLE_VERSIONS = (1, 2, 3)
+SEALED_LOG_FORMAT_VERSION = 5
+"""The version a topic log writes while it seals its batches: version 3's records plus sealed
+offset batches ('o'), its header as version 3's (base offset)."""
+LOG_VERSIONS = (LOG_FORMAT_VERSION, SEALED_LOG_FORMAT_VERSION)
+"""The versions whose header holds a base offset (a topic log's own segments)."""
+LOG_READABLE_VERSIONS = (1, 2, 3, SEALED_LOG_FORMAT_VERSION)
 """The versions a topic log reads: its own, and a disk queue's segments (offsets assigned when
 the log first opens them, see ``log_recovery.py``)."""
 SEGMENT_HEADER_SIZE = 32
@@ -94,11 +104,29 @@ at offset 4 of every record in a hex dump of a segment."""
 TYPE_OFFSET_BATCH = 0x4F
 """'O': a batch whose header carries the topic offset of its first message (version 3, what a
 topic log writes)."""
+TYPE_SEALED_BATCH = 0x62
+"""'b': a 'B' record sealed at rest (compressed and/or encrypted, ``atrest/seal.py``)."""
+TYPE_SEALED_OFFSET_BATCH = 0x6F
+"""'o': an 'O' record sealed at rest; its first 18 bytes are laid out as an 'O' header's."""
+SEALED_TYPES = (TYPE_SEALED_BATCH, TYPE_SEALED_OFFSET_BATCH)
+PLAIN_TYPE_OF = {TYPE_SEALED_BATCH: TYPE_BATCH, TYPE_SEALED_OFFSET_BATCH: TYPE_OFFSET_BATCH}
+"""The record type a sealed record holds."""
+SEALED_TYPE_OF = {TYPE_BATCH: TYPE_SEALED_BATCH, TYPE_OFFSET_BATCH: TYPE_SEALED_OFFSET_BATCH}
 RECORD_TYPES = (TYPE_MESSAGE, TYPE_BATCH)
 """The record types of segment versions 1 and 2 (a disk queue's)."""
 LOG_RECORD_TYPES = (TYPE_OFFSET_BATCH,)
 """The record types of a version-3 segment (a topic log's)."""
-RECORD_TYPES_BY_VERSION = {1: RECORD_TYPES, 2: RECORD_TYPES, 3: LOG_RECORD_TYPES}
+SEALED_RECORD_TYPES = (TYPE_MESSAGE, TYPE_BATCH, TYPE_SEALED_BATCH)
+"""The record types of a version-4 segment (a disk queue that seals)."""
+SEALED_LOG_RECORD_TYPES = (TYPE_OFFSET_BATCH, TYPE_SEALED_OFFSET_BATCH)
+"""The record types of a version-5 segment (a topic log that seals)."""
+RECORD_TYPES_BY_VERSION = {
+    1: RECORD_TYPES,
+    2: RECORD_TYPES,
+    3: LOG_RECORD_TYPES,
+    4: SEALED_RECORD_TYPES,
+    5: SEALED_LOG_RECORD_TYPES,
+}
 """What a scanner accepts in a segment of each version. A segment whose header is damaged is
 scanned for every type of the versions its reader reads (``types_for``)."""
 
@@ -196,8 +224,16 @@ class Record(NamedTuple):
 
 
 def header_offset_size(kind: int) -> int:
-    """Bytes before the entries of a batch record of type ``kind`` ('B' or 'O')."""
-    return OFFSET_BATCH_HEADER_SIZE if kind == TYPE_OFFSET_BATCH else BATCH_HEADER_SIZE
+    """Bytes before the entries of a batch record of type ``kind`` ('B' or 'O'; for a sealed
+    one, 'b' or 'o', the bytes before its seal header)."""
+    if kind in (TYPE_OFFSET_BATCH, TYPE_SEALED_OFFSET_BATCH):
+        return OFFSET_BATCH_HEADER_SIZE
+    return BATCH_HEADER_SIZE
+
+
+def log_record_types(sealed: bool) -> tuple[int, ...]:
+    """The record types of a topic log's segment created now: version 5's if it seals, else 3's."""
+    return SEALED_LOG_RECORD_TYPES if sealed else LOG_RECORD_TYPES
 
 
 def types_for(readable: tuple[int, ...]) -> tuple[int, ...]:
@@ -209,17 +245,20 @@ def types_for(readable: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def encode_segment_header(
-    segment: int, created_ns: int, *, base_offset: int | None = None
+    segment: int, created_ns: int, *, base_offset: int | None = None, sealed: bool = False
 ) -> bytes:
     """The 32-byte header that starts segment file ``segment``: a disk queue's (version 2), or
-    with ``base_offset`` a topic log's (version 3, the base offset where ``created`` was)."""
+    with ``base_offset`` a topic log's (version 3, the base offset where ``created`` was);
+    ``sealed``: the segment may hold sealed batches (versions 4 and 5)."""
     if base_offset is None:
+        version = SEALED_FORMAT_VERSION if sealed else FORMAT_VERSION
         head = _SEGMENT_HEADER.pack(
-            SEGMENT_MAGIC, FORMAT_VERSION, SEGMENT_HEADER_SIZE, segment, created_ns
+            SEGMENT_MAGIC, version, SEGMENT_HEADER_SIZE, segment, created_ns
         )
     else:
+        version = SEALED_LOG_FORMAT_VERSION if sealed else LOG_FORMAT_VERSION
         head = _SEGMENT_HEADER.pack(
-            SEGMENT_MAGIC, LOG_FORMAT_VERSION, SEGMENT_HEADER_SIZE, segment, base_offset
+            SEGMENT_MAGIC, version, SEGMENT_HEADER_SIZE, segment, base_offset
         )
     return head + U32.pack(crc32c(head))
 
@@ -242,7 +281,7 @@ def decode_segment_header(
         raise UnsupportedVersion(f"segment format version {version} (readable: {readable})")
     if header_length != SEGMENT_HEADER_SIZE:
         raise FormatError(f"bad segment header length {header_length}")
-    if version == LOG_FORMAT_VERSION:
+    if version in LOG_VERSIONS:
         if created_ns < 0:
             raise FormatError(f"bad base offset {created_ns}")
         return SegmentHeader(version, header_length, segment, 0, created_ns)

@@ -54,7 +54,7 @@ import mmap
 import os
 import time
 from collections.abc import Callable, Mapping
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import attrs
 
@@ -71,6 +71,7 @@ from lmqd.storage.record import (
     FORMAT_VERSION,
     READABLE_VERSIONS,
     RECORD_TYPES_BY_VERSION,
+    SEALED_FORMAT_VERSION,
     SEGMENT_HEADER_SIZE,
     FormatError,
     decode_segment_header,
@@ -79,6 +80,9 @@ from lmqd.storage.record import (
 )
 from lmqd.storage.scan import RecordVisitor, scan_segment
 from lmqd.storage.verify import estimate_messages
+
+if TYPE_CHECKING:
+    from lmqd.storage.atrest.seal import Opener
 
 log = logging.getLogger("lmqd.storage")
 
@@ -115,6 +119,8 @@ class RecoveredSegment:
     """Version 3 (a topic log's segment): the base offset in its header; -1 otherwise."""
     lost_messages: int = 0
     """Messages estimated lost in the corrupt regions (``verify.estimate_messages``)."""
+    saved: int = 0
+    """Bytes its sealed records take less than the plain ones they hold (``scan.RecordScan``)."""
 
 
 @attrs.frozen
@@ -134,6 +140,8 @@ class SegmentFormat:
     """Called for each valid record found (``scan.scan_records``)."""
     subject: str = "DISKQUEUE"
     """How log lines name the owner: ``DISKQUEUE(<name>)`` or ``TOPICLOG(<name>)``."""
+    opener: Opener | None = None
+    """How sealed records open (``atrest/seal.py``); None: checked by their CRC alone."""
 
 
 QUEUE_FORMAT = SegmentFormat()
@@ -182,7 +190,9 @@ def _recover(
     count_from: int,
     fmt: SegmentFormat,
 ) -> RecoveredSegment:
-    scan = scan_segment(buf, size, count_from, readable=fmt.readable, visit=fmt.visit)
+    scan = scan_segment(
+        buf, size, count_from, readable=fmt.readable, visit=fmt.visit, opener=fmt.opener
+    )
     result = RecoveredSegment(
         number=number,
         path=path,
@@ -196,6 +206,7 @@ def _recover(
         unsupported=scan.unsupported,
         version=scan.version,
         base_offset=scan.header.base_offset if scan.header is not None else -1,
+        saved=scan.records.saved,
     )
     if scan.unsupported:
         log.error(
@@ -368,8 +379,12 @@ def load_state_file(
         return None, True
 
 
-def recover_queue(directory: str, name: str) -> RecoveredQueue:
+def recover_queue(
+    directory: str, name: str, *, opener: Opener | None = None, sealed: bool = False
+) -> RecoveredQueue:
     """Recover queue ``name`` in ``directory`` (blocking: reads every live segment).
+    ``opener``: how sealed records open; ``sealed``: the queue writes sealed records (its
+    newest segment is appended to only if it has the sealed format version).
 
     Damaged content never raises. ``OSError`` is raised when a file cannot be read or repaired
     (an I/O error, or a full disk while copying bytes aside): skipping that segment instead
@@ -409,7 +424,13 @@ def recover_queue(directory: str, name: str) -> RecoveredQueue:
         live = [n for n in numbers if n >= read_segment]
         state.missing_segments += _count_missing(name, positions, set(live))
     notes = ExtensionNotes()
-    fmt = SegmentFormat(visit=notes.visit)
+    version = SEALED_FORMAT_VERSION if sealed else FORMAT_VERSION
+    fmt = SegmentFormat(
+        version=version,
+        fresh_header=lambda number: encode_segment_header(number, time.time_ns(), sealed=sealed),
+        visit=notes.visit,
+        opener=opener,
+    )
     for index, number in enumerate(live):
         if positions is None:
             synced_end = 0
@@ -468,7 +489,7 @@ def recover_queue(directory: str, name: str) -> RecoveredQueue:
             f"and {len(consumed)} older segment(s) still on disk",
             "positions",
         )
-        rebuilt = recover_queue(directory, name)
+        rebuilt = recover_queue(directory, name, opener=opener, sealed=sealed)
         rebuilt.rebuilt_positions = True
         return rebuilt
     if positions is not None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import mmap
 import os
+from typing import TYPE_CHECKING
 
 import attrs
 
@@ -31,6 +32,9 @@ from lmqd.storage.record import RECORD_TYPES
 from lmqd.storage.scan import scan_records
 from lmqd.storage.segments import Segment
 from lmqd.storage.verify import estimate_messages
+
+if TYPE_CHECKING:
+    from lmqd.storage.atrest.seal import Opener
 
 log = logging.getLogger("lmqd.storage")
 
@@ -74,10 +78,12 @@ def set_aside_damage(
     damage: Damage,
     types: tuple[int, ...] = RECORD_TYPES,
     subject: str = "DISKQUEUE",
+    opener: Opener | None = None,
 ) -> tuple[list[tuple[int, int]], int]:
     """Set aside every bad region of ``seg`` (open as ``fd``) from ``pos`` to its end.
     ``types``: the record types valid in the segment (a disk queue's by default); ``subject``:
-    how log lines name the owner (``DISKQUEUE(<name>)`` or ``TOPICLOG(<name>)``).
+    how log lines name the owner (``DISKQUEUE(<name>)`` or ``TOPICLOG(<name>)``); ``opener``:
+    how sealed records open (one that does not is a bad region).
 
     Returns the new bad regions (start, end), not yet in ``seg.skips``, and the number of
     messages in the valid records from ``pos`` on. Raises ``OSError`` if the file cannot be
@@ -100,7 +106,7 @@ def set_aside_damage(
             for start, stop in ranges:
                 if start >= stop:
                     continue
-                scan = scan_records(mm, start, stop, types=types)
+                scan = scan_records(mm, start, stop, types=types, opener=opener)
                 remaining += scan.records
                 for bad_start, bad_end, _ in scan.regions:
                     _set_aside(

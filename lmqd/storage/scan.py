@@ -9,13 +9,16 @@ valid records and *bad regions*; what to do with the regions is ``recovery.py``'
 The record types accepted are those of the segment's format version
 (``record.RECORD_TYPES_BY_VERSION``); a caller that needs each valid record (a topic log
 building its offset and time index) passes a ``visit`` callback, called once per valid record
-in file order.
+in file order. A sealed record (``atrest/seal.py``) is valid only if the ``opener`` opens it
+(authentication, decompression, the plain record's structure): one that does not is a bad
+region like a record with a bad CRC, and the visitor gets the plain record it holds.
 """
 
 from __future__ import annotations
 
 import mmap
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import attrs
 
@@ -31,7 +34,10 @@ from lmqd.storage.record import (
     decode_segment_header,
     types_for,
 )
-from lmqd.storage.verify import find_next_record, verify_record
+from lmqd.storage.verify import find_next_record, verify_open
+
+if TYPE_CHECKING:
+    from lmqd.storage.atrest.seal import Opener
 
 
 @attrs.define(slots=True)
@@ -48,11 +54,15 @@ class RecordScan:
     """Messages in the valid record that starts at ``floor`` (0 if none does)."""
     regions: list[tuple[int, int, bool]] = attrs.field(factory=list)
     """Bad regions ``(start, end, torn)`` in order; ``torn``: the last record runs past the end."""
+    saved: int = 0
+    """Bytes the valid sealed records take less than the plain records they hold (negative if
+    more): a segment's logical size is its size plus this."""
 
 
-RecordVisitor = Callable[[memoryview, int, int, int], None]
-"""Called for each valid record: (the bytes scanned, record offset, offset after it, messages).
-The view is only valid during the call."""
+RecordVisitor = Callable[[memoryview, int, int, int, int], None]
+"""Called for each valid record: (the bytes holding it, its index there, the index after it,
+messages, its file offset). The bytes are the scanned ones (index = file offset) or, for a
+sealed record, the plain record it holds (index 0). The view is only valid during the call."""
 
 
 def scan_records(
@@ -63,9 +73,11 @@ def scan_records(
     *,
     types: tuple[int, ...] = RECORD_TYPES,
     visit: RecordVisitor | None = None,
+    opener: Opener | None = None,
 ) -> RecordScan:
     """Verify the records in ``buf[start:end]``, resynchronising after bad ones. Never raises
-    (unless ``visit`` does). ``types``: the record types valid here."""
+    (unless ``visit`` does). ``types``: the record types valid here; ``opener``: how sealed
+    records open."""
     scan = RecordScan(floor=start)
     pos = start
     seen = 0  # valid records before pos
@@ -78,12 +90,17 @@ def scan_records(
                 scan.floor = pos
                 scan.floor_count = 0
                 before_floor = seen
-            nxt, count = verify_record(view, pos, end, types)
+            nxt, count, plain = verify_open(view, pos, end, types, opener)
             if nxt > 0:
                 if pos == scan.floor:
                     scan.floor_count = count
-                if visit is not None:
-                    visit(view, pos, nxt, count)
+                if plain is not None:
+                    scan.saved += len(plain) - (nxt - pos)
+                    if visit is not None:
+                        with memoryview(plain) as opened:
+                            visit(opened, 0, len(plain), count, pos)
+                elif visit is not None:
+                    visit(view, pos, nxt, count, pos)
                 seen += count
                 pos = nxt
                 continue
@@ -128,6 +145,7 @@ def scan_segment(
     *,
     readable: tuple[int, ...] = READABLE_VERSIONS,
     visit: RecordVisitor | None = None,
+    opener: Opener | None = None,
 ) -> SegmentScan:
     """Verify the header and every record of a segment held in ``buf``. Never raises (unless
     ``visit`` does). ``readable``: the format versions the caller reads (a disk queue's by
@@ -154,7 +172,7 @@ def scan_segment(
     if not header_ok:
         resync = find_next_record(buf, SEGMENT_HEADER_SIZE, size, types)
         start = size if resync < 0 else resync
-    records = scan_records(buf, start, size, count_from, types=types, visit=visit)
+    records = scan_records(buf, start, size, count_from, types=types, visit=visit, opener=opener)
     if not header_ok:
         records.regions.insert(0, (0, start, False))
         if count_from < start:

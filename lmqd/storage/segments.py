@@ -36,10 +36,16 @@ log = logging.getLogger("lmqd.storage")
 class Segment:
     """One segment file as the queue knows it."""
 
-    __slots__ = ("end", "number", "path", "records", "skips")
+    __slots__ = ("end", "number", "path", "records", "saved", "skips")
 
     def __init__(
-        self, number: int, path: str, end: int, skips: list[tuple[int, int]], records: int
+        self,
+        number: int,
+        path: str,
+        end: int,
+        skips: list[tuple[int, int]],
+        records: int,
+        saved: int = 0,
     ) -> None:
         self.number = number
         self.path = path
@@ -49,6 +55,10 @@ class Segment:
         """Corrupt regions (start, end) the reader jumps over, sorted."""
         self.records = records
         """Messages in the file's valid records."""
+        self.saved = saved
+        """Bytes the file's sealed records take less than the plain records they hold
+        (compression at rest; negative where sealing added more than it saved): its logical
+        size is ``end + saved``."""
 
     def bounds(self, pos: int) -> tuple[int, int]:
         """Move ``pos`` past skipped regions; return it and where the next skip (or end) is."""
@@ -65,7 +75,16 @@ class Segment:
 class SegmentList:
     """The segment files of queue ``name`` in ``directory``: live, retired, the next number."""
 
-    __slots__ = ("bytes_on_disk", "directory", "live", "name", "next_number", "retired")
+    __slots__ = (
+        "bytes_on_disk",
+        "directory",
+        "live",
+        "name",
+        "next_number",
+        "retired",
+        "saved_bytes",
+        "sealed",
+    )
 
     def __init__(self, name: str, directory: str) -> None:
         self.name = name
@@ -78,6 +97,11 @@ class SegmentList:
         """The number the next segment created gets."""
         self.bytes_on_disk = 0
         """Bytes of the segment files not yet handed to a sync job to unlink."""
+        self.saved_bytes = 0
+        """The sum of those segments' ``saved``: their logical size is ``bytes_on_disk`` plus
+        this (compression at rest)."""
+        self.sealed = False
+        """Segments created now get the format version that holds sealed batches (4, 5)."""
 
     def path(self, number: int) -> str:
         """The path of segment file ``number``."""
@@ -96,7 +120,9 @@ class SegmentList:
         path = self.path(number)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
         try:
-            header = encode_segment_header(number, time.time_ns(), base_offset=base_offset)
+            header = encode_segment_header(
+                number, time.time_ns(), base_offset=base_offset, sealed=self.sealed
+            )
             pwrite_all(fd, header, 0)
         except BaseException:
             os.close(fd)
@@ -123,6 +149,7 @@ class SegmentList:
         """A new write segment, already on disk with ``seg.end`` bytes."""
         self.live.append(seg)
         self.bytes_on_disk += seg.end
+        self.saved_bytes += seg.saved
         self.next_number = seg.number + 1
 
     def retire_first(self) -> None:
@@ -138,6 +165,7 @@ class SegmentList:
             seg = retired.popleft()
             paths.append(seg.path)
             self.bytes_on_disk -= seg.end
+            self.saved_bytes -= seg.saved
         return paths
 
     def paths(self) -> list[str]:
@@ -149,6 +177,7 @@ class SegmentList:
         self.live.clear()
         self.retired.clear()
         self.bytes_on_disk = 0
+        self.saved_bytes = 0
         self.append(seg)
 
     def clear(self) -> None:
@@ -156,3 +185,4 @@ class SegmentList:
         self.live.clear()
         self.retired.clear()
         self.bytes_on_disk = 0
+        self.saved_bytes = 0

@@ -24,6 +24,7 @@ from __future__ import annotations
 import mmap
 import struct
 from operator import itemgetter
+from typing import TYPE_CHECKING
 
 from crc32c import crc32c
 
@@ -40,12 +41,16 @@ from lmqd.storage.record import (
     MIN_RECORD_LENGTH,
     RECORD_PREFIX_SIZE,
     RECORD_TYPES,
+    SEALED_TYPES,
     TYPE_MESSAGE,
     U32,
     Buffer,
     FormatError,
     header_offset_size,
 )
+
+if TYPE_CHECKING:
+    from lmqd.storage.atrest.seal import Opener
 
 _ENTRY_LENGTHS = struct.Struct(">I34x")
 """Just the body length of each batch entry, for checking a batch's structure in C."""
@@ -147,44 +152,72 @@ def batch_layout(buf: Buffer, offset: int, rec_end: int) -> tuple[int, int, int]
 
 
 def verify_record(
-    buf: Buffer, offset: int, end: int, types: tuple[int, ...] = RECORD_TYPES
+    buf: Buffer,
+    offset: int,
+    end: int,
+    types: tuple[int, ...] = RECORD_TYPES,
+    opener: Opener | None = None,
 ) -> tuple[int, int]:
     """Verify the record at ``offset`` (bounded by ``end``): (offset after it, message count).
-    ``types``: the record types valid here.
+    ``types``: the record types valid here; ``opener``: how to open a sealed record
+    (``atrest/seal.py``; without one a sealed record is checked by its CRC alone).
 
     The offset is ``-1`` if the bytes up to ``end`` are a valid *beginning* of a record that ends
     past ``end`` (what a torn write leaves), and ``-2`` if the record is invalid (bad length,
-    type, checksum or structure). Never raises for bad data.
+    type, checksum or structure; a sealed one that does not open). Never raises for bad data.
     """
+    return verify_open(buf, offset, end, types, opener)[:2]
+
+
+def verify_open(
+    buf: Buffer,
+    offset: int,
+    end: int,
+    types: tuple[int, ...] = RECORD_TYPES,
+    opener: Opener | None = None,
+) -> tuple[int, int, bytes | None]:
+    """``verify_record``, and for a sealed record that ``opener`` opened, the plain record it
+    holds (framed at offset 0, ``Opener.open``); None for a plain record."""
     if offset + 4 > end:
-        return -1, 0
+        return -1, 0, None
     length: int = U32.unpack_from(buf, offset)[0]
     if not MIN_RECORD_LENGTH <= length <= MAX_RECORD_LENGTH:
-        return -2, 0
+        return -2, 0, None
     rec_end = offset + 4 + length
     typ = buf[offset + 4] if offset + 5 <= end else types[-1]
     if typ not in types:
-        return -2, 0
+        return -2, 0, None
     if rec_end > end:
-        return -1, 0
+        return -1, 0, None
     (crc,) = U32.unpack_from(buf, rec_end - 4)
     with memoryview(buf) as whole, whole[offset + 4 : rec_end - 4] as view:
         if crc32c(view) != crc:
-            return -2, 0
+            return -2, 0, None
     try:
+        if typ in SEALED_TYPES:
+            if opener is None:
+                return rec_end, BATCH_HEADER.unpack_from(buf, offset)[3], None
+            plain = opener.open(buf, offset, rec_end)
+            return rec_end, batch_layout(plain, 0, len(plain))[0], plain
         if typ != TYPE_MESSAGE:
-            return rec_end, batch_layout(buf, offset, rec_end)[0]
+            return rec_end, batch_layout(buf, offset, rec_end)[0], None
         flags: int = buf[offset + 5]
         if flags:
             parse_optional_fields(buf, offset + RECORD_PREFIX_SIZE, rec_end - 4, flags)
     except FormatError:
-        return -2, 0
-    return rec_end, 1
+        return -2, 0, None
+    return rec_end, 1, None
 
 
-def check_record(buf: Buffer, offset: int, end: int, types: tuple[int, ...] = RECORD_TYPES) -> int:
+def check_record(
+    buf: Buffer,
+    offset: int,
+    end: int,
+    types: tuple[int, ...] = RECORD_TYPES,
+    opener: Opener | None = None,
+) -> int:
     """``verify_record`` without the count: the offset after the record, ``-1`` or ``-2``."""
-    return verify_record(buf, offset, end, types)[0]
+    return verify_open(buf, offset, end, types, opener)[0]
 
 
 def find_next_record(

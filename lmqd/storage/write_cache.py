@@ -23,7 +23,6 @@ from collections import deque
 from collections.abc import Sequence
 
 from lmqd.message import Message
-from lmqd.storage.record import BATCH_OVERHEAD
 from lmqd.storage.writer import Placed
 from lmqd.units import MiB
 
@@ -55,15 +54,15 @@ class WriteCache:
 
     def remember(self, messages: Sequence[Message], placed: list[Placed]) -> None:
         """Cache the records just written (``put_many``), or close the cache if they don't fit."""
-        size = sum(BATCH_OVERHEAD + payload for _, _, batches in placed for *_, payload in batches)
+        size = sum(sum(stored) for *_, stored in placed)
         if self.bytes + size > self.capacity:
             self.open = False  # the reader is behind: it reads the files from here on
             return
         records = self.records
         listed = messages if isinstance(messages, list) else list(messages)  # a deque can't slice
-        for number, pos, batches in placed:
-            for first, end, payload in batches:
-                rec_end = pos + BATCH_OVERHEAD + payload
+        for number, pos, batches, stored in placed:
+            for (first, end, _), record_size in zip(batches, stored, strict=True):
+                rec_end = pos + record_size
                 records.append((number, pos, rec_end, listed[first:end]))
                 pos = rec_end
         self.bytes += size

@@ -20,6 +20,15 @@ A topic log (``log.py``) passes the offset of the call's first message: its reco
 offset batches ('O') and the segments it creates get version-3 headers carrying their base
 offset (the offset of their first message).
 
+**Sealing** (compression and encryption at rest, ``atrest/seal.py``). A writer given a
+``Sealer`` frames each batch record alone, seals it, and places the sealed records in segments
+by their sealed sizes (a compressed batch takes less of a segment than its plain size, so
+segments hold what ``max_bytes_per_file`` allows of what is stored). Segments it creates get the
+sealed format versions (4, 5); a write segment of an older version is not appended to once
+sealing starts (the next write starts a new segment), so an older build leaves the sealed
+records alone. A writer without a sealer (``sealer`` None, chosen when the store is made or its
+policy changes) takes the plain path: exactly the steps above, nothing more per message.
+
 Durability is not the writer's business; it only keeps what a sync job needs: whether the write
 segment was written since the last job (``dirty``) and the descriptors of segments it rolled
 away from while dirty, which the next job fsyncs (``take_sync_fds``).
@@ -30,9 +39,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from lmqd.message import Message
+from lmqd.storage.atrest.seal import MAX_SEAL_GROWTH, Sealer
 from lmqd.storage.encoder import (
     Batch,
     encode_entries,
@@ -49,8 +59,14 @@ from lmqd.storage.timebase import TimeBase
 
 log = logging.getLogger("lmqd.storage")
 
-Placed = tuple[int, int, list[Batch]]
-"""Where a write put one segment's share of its batches: (segment number, offset, batches)."""
+Placed = tuple[int, int, list[Batch], list[int]]
+"""Where a write put one segment's share of its batches: (segment number, offset, batches,
+each batch's record size as stored)."""
+Framer = Callable[[int, list[Batch]], bytes | bytearray]
+"""Chunk ``k``'s records as bytes, given its batches."""
+
+_UNBOUNDED = 1 << 62
+"""A segment size no write reaches: planning a sealed write's batches by the batch cap alone."""
 
 
 class SegmentWriter:
@@ -65,6 +81,9 @@ class SegmentWriter:
         "_truncate_to",
         "dirty",
         "fd",
+        "roll_first",
+        "sealer",
+        "write_sealed",
     )
 
     def __init__(
@@ -89,11 +108,28 @@ class SegmentWriter:
         """Write position to cut the write segment back to before the next write (-1: none)."""
         self._pending_fds: list[int] = []
         """Rolled segments' write descriptors, handed to the next sync job to fsync."""
+        self.sealer: Sealer | None = None
+        """The store's sealing step (``set_sealer``); None: records are written plain."""
+        self.roll_first = False
+        """The write segment's format version cannot hold sealed records: the next sealed
+        write starts a new segment."""
+        self.write_sealed = False
+        """The write segment's format version holds sealed records (4 or 5)."""
+
+    def set_sealer(self, sealer: Sealer | None) -> None:
+        """Seal what is written from now on with ``sealer`` (None: plain); the segments
+        created from now on get the matching format version."""
+        self.sealer = sealer
+        self._segments.sealed = sealer is not None
+        self.roll_first = sealer is not None and not self.write_sealed
 
     def start(self, fd: int) -> None:
-        """Write through ``fd``, open on the ``SegmentList``'s last segment (opening, emptying)."""
+        """Write through ``fd``, open on the ``SegmentList``'s last segment (opening, emptying),
+        whose format version is the one the list creates (``SegmentList.sealed``)."""
         self.fd = fd
         self._truncate_to = -1
+        self.write_sealed = self._segments.sealed
+        self.roll_first = False
 
     def write(
         self,
@@ -114,10 +150,17 @@ class SegmentWriter:
         entries, bodies = encode_entries(messages, self._timebase.to_wall_ns)
         options = None if plain else encode_options(messages)
         overhead = BATCH_OVERHEAD if first_offset is None else OFFSET_BATCH_OVERHEAD
+        if self.sealer is not None:
+            return self._write_sealed(entries, bodies, first_offset, options, overhead)
         chunks = plan_batches(
             bodies, self._segments.live[-1].end, self._max_bytes, overhead, options
         )
-        return self._write_chunks(entries, bodies, chunks, first_offset, options)
+        return self._write_chunks(
+            chunks,
+            lambda _, batches: frame_batches(entries, bodies, batches, first_offset, options),
+            [[overhead + payload for *_, payload in batches] for batches in chunks],
+            first_offset,
+        )
 
     def write_plain(
         self, ids: Sequence[bytes], bodies: list[bytes], timestamp: int, first_offset: int
@@ -127,10 +170,58 @@ class SegmentWriter:
         if self._truncate_to >= 0:
             self._truncate_tail()
         entries = encode_plain(ids, bodies, timestamp)
+        if self.sealer is not None:
+            return self._write_sealed(entries, bodies, first_offset, None, OFFSET_BATCH_OVERHEAD)
         chunks = plan_batches(
             bodies, self._segments.live[-1].end, self._max_bytes, OFFSET_BATCH_OVERHEAD
         )
-        return self._write_chunks(entries, bodies, chunks, first_offset)
+        return self._write_chunks(
+            chunks,
+            lambda _, batches: frame_batches(entries, bodies, batches, first_offset),
+            [[OFFSET_BATCH_OVERHEAD + payload for *_, payload in batches] for batches in chunks],
+            first_offset,
+        )
+
+    def _write_sealed(
+        self,
+        entries: list[bytes],
+        bodies: list[bytes],
+        first_offset: int | None,
+        options: list[bytes] | None,
+        overhead: int,
+    ) -> list[Placed]:
+        """The sealed path of ``write``: batches planned by the batch cap alone, each framed
+        and sealed, then placed in segments by their sealed sizes (the write segment first,
+        unless its version cannot hold them: ``roll_first``)."""
+        sealer = self.sealer
+        assert sealer is not None
+        plan = plan_batches(
+            bodies, SEGMENT_HEADER_SIZE, _UNBOUNDED, overhead + MAX_SEAL_GROWTH, options
+        )[0]
+        records = [
+            sealer.seal(frame_batches(entries, bodies, [batch], first_offset, options))
+            for batch in plan
+        ]
+        max_bytes = self._max_bytes
+        chunks: list[list[Batch]] = [[]]
+        sealed: list[list[bytes]] = [[]]
+        pos = max_bytes if self.roll_first else self._segments.live[-1].end
+        for batch, record in zip(plan, records, strict=True):
+            if pos + len(record) > max_bytes and (pos > SEGMENT_HEADER_SIZE):
+                chunks.append([])
+                sealed.append([])
+                pos = SEGMENT_HEADER_SIZE
+            chunks[-1].append(batch)
+            sealed[-1].append(record)
+            pos += len(record)
+        placed = self._write_chunks(
+            chunks,
+            lambda k, _: b"".join(sealed[k]),
+            [list(map(len, chunk)) for chunk in sealed],
+            first_offset,
+        )
+        self.roll_first = False
+        return placed
 
     def take_sync_fds(self) -> list[int]:
         """The descriptors a sync job must fsync, now owned by the caller (``prepare_sync``).
@@ -159,13 +250,14 @@ class SegmentWriter:
 
     def _write_chunks(
         self,
-        entries: list[bytes],
-        bodies: list[bytes],
         chunks: list[list[Batch]],
+        frame: Framer,
+        sizes: list[list[int]],
         first_offset: int | None,
-        options: list[bytes] | None = None,
     ) -> list[Placed]:
-        """Write the planned batches; returns (segment, offset, batches) per segment written."""
+        """Write the planned batches, each chunk's bytes made by ``frame``; ``sizes``: each
+        record's size as stored. Returns (segment, offset, batches, sizes) per segment
+        written."""
         segments = self._segments
         seg = segments.live[-1]
         start_end = seg.end
@@ -187,7 +279,7 @@ class SegmentWriter:
                     pos = SEGMENT_HEADER_SIZE
                 else:
                     wrote_current = True
-                data = frame_batches(entries, bodies, batches, first_offset, options)
+                data = frame(k, batches)
                 pwrite_all(fd, data, pos)
                 pos += len(data)
                 written.append((len(data), batches[-1][1] - batches[0][0]))
@@ -207,13 +299,18 @@ class SegmentWriter:
             seg.end = start_end + size
             seg.records += count
             segments.bytes_on_disk += size
+            if self.sealer is not None:
+                saved = _saved(chunks[0], sizes[0], first_offset)
+                seg.saved += saved
+                segments.saved_bytes += saved
             self.dirty = True
-            placed.append((seg.number, start_end, chunks[0]))
-        for (number, cfd, path), (size, count), batches in zip(
-            created, written[1:], chunks[1:], strict=True
+            placed.append((seg.number, start_end, chunks[0], sizes[0]))
+        for (number, cfd, path), (size, count), batches, stored in zip(
+            created, written[1:], chunks[1:], sizes[1:], strict=True
         ):
-            self.roll_to(cfd, Segment(number, path, SEGMENT_HEADER_SIZE + size, [], count))
-            placed.append((number, SEGMENT_HEADER_SIZE, batches))
+            saved = 0 if self.sealer is None else _saved(batches, stored, first_offset)
+            self.roll_to(cfd, Segment(number, path, SEGMENT_HEADER_SIZE + size, [], count, saved))
+            placed.append((number, SEGMENT_HEADER_SIZE, batches, stored))
         return placed
 
     def _truncate_tail(self) -> None:
@@ -238,4 +335,11 @@ class SegmentWriter:
             os.close(self.fd)
         self.fd = fd
         self.dirty = True
+        self.write_sealed = self._segments.sealed
         self._segments.append(seg)
+
+
+def _saved(batches: list[Batch], stored: list[int], first_offset: int | None) -> int:
+    """Bytes the sealed records ``stored`` take less than the plain records of ``batches``."""
+    overhead = BATCH_OVERHEAD if first_offset is None else OFFSET_BATCH_OVERHEAD
+    return sum(overhead + payload for *_, payload in batches) - sum(stored)

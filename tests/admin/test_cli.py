@@ -194,7 +194,7 @@ def test_topic_policy(lmqd_module_server: LmqdProcess) -> None:
     http = server.http_address
     assert run(server, "topic", "create", "pol").exit_code == 0
     publish_off = ("max_depth=0, overflow=reject, publish_rate=0, publish_burst=0, "
-                   "dedup_window_ms=0")  # fmt: skip
+                   "dedup_window_ms=0, compression=none")  # fmt: skip
     result = run(server, "topic", "policy", "pol")
     assert (result.exit_code, result.output) == (
         0, f"topic pol on {http}: retention_ms=0, retention_bytes=0, ttl_ms=0, {publish_off}\n",
@@ -210,7 +210,7 @@ def test_topic_policy(lmqd_module_server: LmqdProcess) -> None:
         "policies": {http: {
             "retention_ms": 604_800_000, "retention_bytes": 10 * 1024**2, "ttl_ms": 0,
             "max_depth": 0, "overflow": "reject", "publish_rate": 0, "publish_burst": 0,
-            "dedup_window_ms": 0,
+            "dedup_window_ms": 0, "compression": "none",
         }},
     }  # fmt: skip
     assert run(server, "topic", "policy", "pol", "--retention", "1.5h").exit_code == 0
@@ -269,7 +269,8 @@ def test_topic_publish_policy_and_its_counters_in_stats(lmqd_module_server: Lmqd
                  "drop_oldest", "--rate", "100", "--burst", "200", "--dedup-window", "5m")
     assert (result.exit_code, result.output) == (0, (
         f"topic bounded on {http}: retention_ms=0, retention_bytes=0, ttl_ms=0, max_depth=10000, "
-        "overflow=drop_oldest, publish_rate=100, publish_burst=200, dedup_window_ms=300000\n"
+        "overflow=drop_oldest, publish_rate=100, publish_burst=200, dedup_window_ms=300000, "
+        "compression=none\n"
     ))  # fmt: skip
     result = run(server, "--json", "topic", "policy", "bounded", "--max-depth", "2",
                  "--overflow", "reject")  # fmt: skip

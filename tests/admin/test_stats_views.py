@@ -190,3 +190,33 @@ def test_in_and_out_rates_between_samples(lmqd_module_server: LmqdProcess) -> No
     assert topic_row.rate == channel_row.rate == pytest.approx(20 / elapsed)
     assert topic_row.out_rate == pytest.approx(20 / elapsed)  # all handed to the channel
     assert channel_row.out_rate == pytest.approx(10 / elapsed)  # ten finished
+
+
+def test_stats_shows_stored_bytes_and_the_compression_ratio(
+    lmqd_module_server: LmqdProcess,
+) -> None:
+    """A topic whose policy compresses at rest (``lmqadmin topic policy --compression``): the
+    stored column shows its log's bytes and the ratio, ``--json`` the figures."""
+    server = lmqd_module_server
+    assert server.http_address is not None
+    http = HTTPClient(server.http_address)
+    http.topic_action("create", "zipped")
+    set_policy = run(server, "topic", "policy", "zipped", "--compression", "zstd")
+    assert set_policy.exit_code == 0 and "compression=zstd" in set_policy.output
+    refused = run(server, "topic", "policy", "zipped", "--compression", "brotli")
+    assert refused.exit_code == 1 and "unknown compression 'brotli'" in refused.output
+    body = json.dumps({"user": "someone", "event": "page_view", "path": "/items/1"}).encode()
+    with Producer(server.tcp_address) as producer:
+        for _ in range(20):
+            producer.mpub("zipped", [body] * 1000)
+    deadline = time.monotonic() + TIMEOUT
+    while True:  # the topic's memory tail goes to its log past --mem-queue-size
+        data = json.loads(run(server, "--json", "stats", "zipped").output)
+        (topic,) = data["topics"]
+        if topic["stored_bytes"] > 0 or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert topic["logical_bytes"] > 3 * topic["stored_bytes"] > 0, topic
+    assert topic["compression_ratio"] == topic["logical_bytes"] / topic["stored_bytes"]
+    table = run(server, "stats", "zipped", "--interval", "0", columns=250).output
+    assert "stored" in table and f"{topic['compression_ratio']:.1f}x" in table, table

@@ -148,6 +148,16 @@ def test_policy_editor_saves_and_shows_validation_errors_at_the_field(
         policy = http(node.http, "GET", "/topic/policy?topic=policed")[1]
         assert policy["ttl_ms"] == 60000 and policy["max_depth"] == 0
 
+    # Compression at rest (issue 27): a codec lmqd does not know is refused at its field.
+    page.fill("#field-compression", "brotli")
+    page.click("#policy-form button")
+    assert "unknown compression 'brotli'" in page.inner_text("#error-compression")
+    page.fill("#field-compression", "zstd:9")
+    page.click("#policy-form button")
+    page.wait_for_selector("#flash")
+    for node in cluster.nodes:
+        assert http(node.http, "GET", "/topic/policy?topic=policed")[1]["compression"] == "zstd:9"
+
     page.goto(console.url("/policy/policed/c"))
     page.fill("#field-backoff_jitter", "2")
     page.click("#policy-form button")

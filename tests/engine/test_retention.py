@@ -32,7 +32,7 @@ SEGMENT = 1000
 
 PUBLISH_OFF = {
     "ttl_ms": 0, "max_depth": 0, "overflow": "reject", "publish_rate": 0, "publish_burst": 0,
-    "dedup_window_ms": 0,
+    "dedup_window_ms": 0, "compression": "none",
 }
 """The TTL and publish policy keys, all off (``lmqd.engine.policy``)."""
 
@@ -78,6 +78,14 @@ async def consume_all(topic: Topic, count: int, client_id: int = 1) -> None:
     channel.finish_many(client.sub, [m.id for m in client.received], trio.current_time())  # type: ignore[arg-type]
 
 
+def test_compression_policy_is_stored_as_spelled_canonically() -> None:
+    assert parse_update({"compression": "ZSTD-3"}) == {"compression": "zstd"}
+    assert parse_update({"compression": "zstd:9"}) == {"compression": "zstd:9"}
+    options = Options(compression="lz4")
+    assert TopicPolicy.effective(options, {}).compression == "lz4"
+    assert TopicPolicy.effective(options, {"compression": "none"}).compression == "none"
+
+
 def test_policy_updates_are_checked_whole() -> None:
     assert parse_update({"retention_ms": 5, "retention_bytes": 0, "ttl_ms": 9}) == {
         "retention_ms": 5, "retention_bytes": 0, "ttl_ms": 9,
@@ -91,6 +99,9 @@ def test_policy_updates_are_checked_whole() -> None:
         ({"retention_bytes": "5"}, "retention_bytes must be an integer"),
         ({"retention_ms": 2**63}, "retention_ms must be an integer"),
         ({"ttl_ms": -1}, "ttl_ms must be an integer"),
+        ({"compression": "brotli"}, "compression invalid: unknown compression 'brotli'"),
+        ({"compression": "zstd:99"}, "compression invalid: zstd level must be 1..22"),
+        ({"compression": 3}, "compression must be a string"),
     ):
         with pytest.raises(PolicyError, match=message):
             parse_update(bad)

@@ -516,8 +516,9 @@ def test_topic_statistics_snapshot(tmp_path: Path) -> None:
         "topic_name", "channels", "depth", "backend_depth", "message_count", "message_bytes",
         "paused", "e2e_processing_latency",
         "dead_letter_count", "expired_count", "max_attempts_dropped_count",  # lmq's, after
-        "storage_damage", "reader_lost_count",
+        "storage_damage", "reader_lost_count", "stored_bytes", "logical_bytes",
     ]  # fmt: skip
+    assert d["stored_bytes"] == d["logical_bytes"] > 0  # nothing compressed: the same
     assert d["channels"][0]["clients"] == []
     assert d["e2e_processing_latency"] == {"count": 0, "percentiles": None}
     with pytest.raises(AttributeError):

@@ -34,6 +34,8 @@ CHANNEL_KEYS = ["channel_name", "depth", "backend_depth", "in_flight_count", "de
 LMQ_EXTRA_KEYS = ["storage_damage"]
 """lmq's keys after nsqd's and the policy counters in each topic and channel object (nsqd's
 clients ignore them)."""
+TOPIC_EXTRA_KEYS = ["reader_lost_count", "stored_bytes", "logical_bytes"]
+"""lmq's keys after those in each topic object only."""
 CLIENT_KEYS = ["client_id", "hostname", "version", "remote_address", "state", "ready_count",
                "in_flight_count", "message_count", "finish_count", "requeue_count", "connect_ts",
                "sample_rate", "deflate", "snappy", "user_agent", "tls", "tls_cipher_suite",
@@ -112,7 +114,7 @@ async def test_stats_json_has_nsqds_shape_and_counts(start_daemon: StartDaemon) 
         orders, other = stats["topics"]  # sorted by name
         assert [orders["topic_name"], other["topic_name"]] == ["orders", "other"]
         for topic in stats["topics"]:
-            assert list(topic) == TOPIC_KEYS + LMQ_EXTRA_KEYS + ["reader_lost_count"]
+            assert list(topic) == TOPIC_KEYS + LMQ_EXTRA_KEYS + TOPIC_EXTRA_KEYS
         bodies = [b"p1", b"p2", b"m1", b"m2", b"m3", b"later"]
         assert orders["message_count"] == 6
         assert orders["message_bytes"] == sum(len(b) for b in bodies)

@@ -144,12 +144,12 @@ def test_the_cache_opens_only_empty_and_closes_when_a_write_does_not_fit() -> No
     assert not cache.open
     cache.reader_caught_up()
     assert cache.open
-    first = (0, SEGMENT_HEADER_SIZE, [(0, 2, 2 * (BATCH_ENTRY_SIZE + 10))])
+    first = (0, SEGMENT_HEADER_SIZE, [(0, 2, 2 * (BATCH_ENTRY_SIZE + 10))], [_record(2, 10)])
     cache.remember(msgs[:2], [first])
     assert cache.bytes == _record(2, 10)
     assert cache.records[0] == (0, SEGMENT_HEADER_SIZE, SEGMENT_HEADER_SIZE + cache.bytes, msgs[:2])
     # Three more messages do not fit: the cache closes, what it holds stays for the reader.
-    cache.remember(msgs[2:5], [(0, 200, [(0, 3, 3 * (BATCH_ENTRY_SIZE + 10))])])
+    cache.remember(msgs[2:5], [(0, 200, [(0, 3, 3 * (BATCH_ENTRY_SIZE + 10))], [_record(3, 10)])])
     assert not cache.open and len(cache.records) == 1
     cache.reader_caught_up()  # not empty yet: it stays closed
     assert not cache.open

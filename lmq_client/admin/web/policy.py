@@ -1,7 +1,7 @@
 """The policy editor: ``/policy/T`` (retention, TTL, max depth and overflow, publish rate and
-burst, dedup window) and ``/policy/T/C`` (max attempts, dead-letter topic, backoff), read from
-and written to every node that has the topic through lmqd's ``/topic/policy`` and
-``/channel/policy``.
+burst, dedup window, compression at rest) and ``/policy/T/C`` (max attempts, dead-letter topic,
+backoff), read from and written to every node that has the topic through lmqd's
+``/topic/policy`` and ``/channel/policy``.
 
 The form shows the first node's effective policy (and says where another node differs). Only
 the keys the user changed are sent -- a key a topic never set keeps following the daemon's flag
@@ -33,6 +33,8 @@ TOPIC_KEYS = {
     "publish_rate": "messages per second accepted (0: no limit)",
     "publish_burst": "messages accepted at once above the rate (0: the rate)",
     "dedup_window_ms": "an equal body within this many ms is stored once (0: off)",
+    "compression": "how the log's new batches are compressed at rest: none, zstd[:LEVEL], lz4, "
+    "snappy, gzip[:LEVEL]",
 }
 CHANNEL_KEYS = {
     "max_attempts": "deliveries before a message is given up (0: unlimited)",
@@ -41,7 +43,7 @@ CHANNEL_KEYS = {
     "backoff_max_ms": "the cap of that delay, doubling per attempt (ms; 0: one hour)",
     "backoff_jitter": "fraction of the delay taken off at random, 0 to 1",
 }
-TEXT_KEYS = ("overflow", "dead_letter_topic")
+TEXT_KEYS = ("overflow", "dead_letter_topic", "compression")
 
 
 def field_of(message: str, keys: list[str]) -> str:
