@@ -113,6 +113,7 @@ from lmqd.stats import ChannelStats, ClientStats, E2eLatency, TopicStats
 
 if TYPE_CHECKING:
     from lmqd.broker import Broker
+    from lmqd.mirror.service import Replication
 
 __all__ = ["LmqCollector", "make_registry"]
 
@@ -396,11 +397,16 @@ def _quantile_label(q: float) -> str:
     return str(int(q)) if float(q).is_integer() else repr(q)
 
 
-def make_registry(broker: Broker) -> CollectorRegistry:
-    """A registry for one daemon: lmqd's collector plus the standard process/GC/platform ones
-    (a private registry, so several daemons in one process do not clash)."""
+def make_registry(broker: Broker, replication: Replication | None = None) -> CollectorRegistry:
+    """A registry for one daemon: lmqd's collector (and replication's, ``lmqd.mirror.metrics``)
+    plus the standard process/GC/platform ones (a private registry, so several daemons in one
+    process do not clash)."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(LmqCollector(broker))
+    if replication is not None:
+        from lmqd.mirror.metrics import MirrorCollector
+
+        registry.register(MirrorCollector(replication))
     ProcessCollector(registry=registry)
     GCCollector(registry=registry)
     PlatformCollector(registry=registry)

@@ -41,6 +41,9 @@ from lmqd.engine.policy import PolicyError, parse_update
 from lmqd.engine.salvage import Salvage
 from lmqd.engine.stores import queues_to_open, restore_plan, stored_queue_names
 from lmqd.engine.topic import Topic
+from lmqd.mirror.follower import MirrorRefused
+from lmqd.mirror.role import RoleFileError
+from lmqd.mirror.service import Replication
 from lmqd.options import Options
 from lmqd.registration import Registration
 from lmqd.server import serve_tcp
@@ -85,6 +88,8 @@ class LmqDaemon:
         self.security = ServerSecurity.from_options(options)
         self.broker = Broker(options, hold_data_dir=self._hold_data_dir)
         self.registration = Registration(self.broker)
+        self.replication = Replication(self.broker, announce=self.registration.announce)
+        """Mirrors of this node, or the primary it mirrors (``lmqd.mirror``)."""
         self._shutdown = trio.Event()
         self._lock: DataDirLock | None = None
         self._timebase: AnchoredTimeBase | None = None
@@ -231,12 +236,15 @@ class LmqDaemon:
         broker = self.broker
         self._hold_data_dir()
         try:
+            await trio.to_thread.run_sync(self.replication.load)
             await self._restore()
             if self._freeze_gc:
                 self._freeze_restored()
             async with trio.open_nursery() as nursery:
                 broker.attach(nursery)
                 await nursery.start(broker.syncer.run)
+                # Before the listeners: a mirror refuses writes from the first connection on.
+                await self.replication.start(nursery)
                 tcp = await nursery.start(serve_tcp, broker, self.security)
                 http, https = await self._start_http(nursery)
                 broker.addresses = BoundAddresses(tcp=tcp, http=http, https=https)
@@ -278,6 +286,7 @@ class LmqDaemon:
                     broker=self.broker,
                     address=options.https_address,
                     tls=tls.http_context,
+                    replication=self.replication,
                 )
             )
         http = None
@@ -292,6 +301,7 @@ class LmqDaemon:
                     broker=self.broker,
                     address=options.http_address,
                     tls_required_https_port=refuse_port,
+                    replication=self.replication,
                 )
             )
         return http, https
@@ -436,7 +446,7 @@ def run_daemon(options: Options) -> None:
         daemon = trio.run(_main, options)
     except BaseException as exc:
         error = _sole_exception(exc)
-        if isinstance(error, DataDirLocked):
+        if isinstance(error, DataDirLocked | MirrorRefused | RoleFileError):
             log.critical("failed to start: %s", error)
             sys.exit(1)
         if isinstance(error, OSError) and error is not exc:

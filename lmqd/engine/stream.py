@@ -159,7 +159,14 @@ class TopicStream:
         the bytes of a range a cursor read, without summing its bodies."""
         self.tail = MemoryTail(start)
         self.cursors: list[StreamCursor] = []
-        """The channels' cursors (``cursor.py``): what ``trim`` and ``prepare_sync`` look at."""
+        """The channels' cursors (``cursor.py``), and mirrors' holds (``holds.py``): what
+        ``trim`` and ``prepare_sync`` look at."""
+        self.on_append: Callable[[], None] | None = None
+        """Called once per batch taken while a mirror waits for news of this stream (a long
+        poll, ``lmqd.mirror.primary``); None otherwise: one attribute test per publish."""
+        self.held = 0
+        """Mirrors holding this stream (``holds.py``): channels then note the offset of each
+        message they read from the tail, so that they can tell a mirror what they hold."""
         self.pushed: list[int] = []
         """Offsets of the pushed messages (deferred, or with a priority) not yet passed by every
         cursor, sorted."""
