@@ -29,7 +29,7 @@ finished in the last second before it was lost (at least once).
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from lmqd.engine.channel import Channel
 from lmqd.engine.cursor import pushed
@@ -154,12 +154,20 @@ def keep_unfinished(topic: Topic, oldest: int | None) -> None:
         cursor.seek(target)
 
 
-def restore_unfinished(channel: Channel, stream_offsets: Sequence[int], now: float) -> int:
+def restore_unfinished(
+    channel: Channel,
+    stream_offsets: Sequence[int],
+    now: float,
+    *,
+    due: Mapping[int, float] | None = None,
+    attempts: Mapping[int, int] | None = None,
+) -> int:
     """Put copies of the messages at ``stream_offsets`` (read from the topic's stream) into the
-    channel, as the primary held them: deferred ones wait for their time, those with a
-    priority go to their lanes, the rest are ready (``Channel.put_many``). Returns how many
-    were found (the caller reports the others). Raises ``BackendError`` (a durable channel's
-    stores: they are written at once, and the caller syncs them)."""
+    channel, as the primary held them: deferred ones wait for their time (``due``: trio time
+    by offset, where the primary's channel had its own, a REQ's delay), those with a priority
+    go to their lanes, the rest are ready (``Channel.put_many``); ``attempts`` by offset.
+    Returns how many were found (the caller reports the others). Raises ``BackendError`` (a
+    durable channel's stores: they are written at once, and the caller syncs them)."""
     cursor = channel.cursor
     if not stream_offsets or cursor is None:
         return 0
@@ -169,8 +177,12 @@ def restore_unfinished(channel: Channel, stream_offsets: Sequence[int], now: flo
         found += stream.messages_at(list(stream_offsets[i : i + RESTORE_CHUNK]))
     if not found:
         return 0
-    if channel.durable:
-        for m in found:
+    for m in found:
+        if due and m.offset in due:
+            m.deliver_at = due[m.offset]
+        if attempts and m.offset in attempts:
+            m.attempts = attempts[m.offset]
+        if channel.durable:
             m.offset = -1  # its copy in the channel's stores stands for it from now on
     channel.put_many(found, now)
     channel.request_delivery()

@@ -90,7 +90,14 @@ class Replication:
             self._serve_mirrors()
             return
         own = [n for n, t in self.broker.topics.items() if not t.ephemeral]
+        took = self.role.promoted_from
         if self.role.following is None and own:
+            if not options.mirror_force and took is not None:
+                raise MirrorRefused(
+                    f"--mirror-of {options.mirror_of}: this node was promoted over "
+                    f"{took.address} (epoch {self.role.epoch}): following a primary again would "
+                    "drop what it accepted since; --mirror-force copies the primary afresh"
+                )
             if not options.mirror_force:
                 raise MirrorRefused(
                     f"--mirror-of {options.mirror_of}: --data-path {options.data_path} holds "
@@ -184,7 +191,11 @@ class Replication:
                 if state.untracked_ids:
                     offsets += await _find_ids(topic, state.untracked_ids)
                 offsets.sort()
-                found = restore_unfinished(channel, offsets, now)
+                log_ = topic.stream.log
+                assert log_ is not None
+                due = {o: log_.timebase.from_wall_ns(ms * 1_000_000) for o, ms in state.deferred}
+                found = restore_unfinished(channel, offsets, now, due=due,
+                                           attempts=dict(state.attempts))  # fmt: skip
                 summary["channels"] += 1
                 summary["restored"] += found
                 summary["missing"] += len(offsets) - found

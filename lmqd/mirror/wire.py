@@ -5,13 +5,15 @@ and channels (``GET /mirror/topics``) and the sections of a fetch (``POST /mirro
 handed it on, its paused flag and policy, and per non-ephemeral channel where it reads
 (``position``), the ranges it steps over (``skips``, a topic empty), what it holds unfinished by
 offset as ranges (``unfinished``: in flight, requeued, deferred, in its priority lanes; the
-offsets of a channel that keeps up are a few ranges, whatever their number), how many it holds
-whose offsets it does not know (``untracked``: read back from its own disk stores), its paused
-flag and policy::
+offsets of a channel that keeps up are a few ranges, whatever their number), the due times of
+its deferred ones (``deferred``: a REQ's delay is the channel's, not the log's) and the attempts
+of those delivered more than once, how many it holds whose offsets it does not know
+(``untracked``: read back from its own disk stores), its paused flag and policy::
 
     {"node_id": "9a1e...", "epoch": 0, "topics": {"orders": {
         "earliest": 0, "end": 1200, "pumped": 1200, "paused": false, "policy": {},
         "channels": {"billing": {"position": 1150, "skips": [], "unfinished": [[1100, 1150]],
+                                 "deferred": [[1101, 1700000060000]], "attempts": [[1102, 3]],
                                  "untracked": 0, "paused": false, "policy": {}}}}}}
 
 **Fetch**: the mirror posts, for each topic, the offset it reads from and the offset below which
@@ -89,10 +91,21 @@ def describe_channel(channel: Channel) -> dict[str, Any]:
         for _, _, messages in sources.lanes.memory():
             held += messages
     offsets, ids = unfinished_offsets(held)
+    log_ = cursor.stream.log
+    assert log_ is not None
+    to_wall = log_.timebase.to_wall_ns
     return {
         "position": cursor.position,
         "skips": [list(r) for r in cursor.skips],
         "unfinished": to_ranges(offsets),
+        "deferred": sorted(
+            [m.offset, to_wall(m.deliver_at) // 1_000_000]
+            for m in channel.deferred
+            if m.offset >= 0
+        ),
+        "attempts": sorted(
+            [m.offset, m.attempts] for m in held if m.attempts > 1 and m.offset >= 0
+        ),
         "untracked": len(ids) + sources.stored_depth,
         "untracked_ids": [i.decode("ascii", "replace") for i in ids[:MAX_UNTRACKED_IDS]],
         "paused": channel.paused,
@@ -178,6 +191,11 @@ class ChannelFollow:
     position: int
     skips: tuple[tuple[int, int], ...] = ()
     unfinished: tuple[tuple[int, int], ...] = ()
+    deferred: tuple[tuple[int, int], ...] = ()
+    """(offset, due time in wall-clock ms) of the unfinished messages waiting for a time (a
+    DPUB's, or a REQ's delay, which only the channel knows)."""
+    attempts: tuple[tuple[int, int], ...] = ()
+    """(offset, attempts) of the unfinished messages delivered more than once."""
     untracked: int = 0
     untracked_ids: tuple[str, ...] = ()
     paused: bool = False
@@ -195,6 +213,8 @@ class ChannelFollow:
             position=_offset(doc["position"]),
             skips=_ranges(doc.get("skips", [])),
             unfinished=_ranges(doc.get("unfinished", [])),
+            deferred=_pairs(doc.get("deferred", [])),
+            attempts=_pairs(doc.get("attempts", [])),
             untracked=_offset(doc.get("untracked", 0)),
             untracked_ids=tuple(str(i) for i in doc.get("untracked_ids", [])),
             paused=bool(doc.get("paused", False)),
@@ -206,6 +226,8 @@ class ChannelFollow:
             "position": self.position,
             "skips": [list(r) for r in self.skips],
             "unfinished": [list(r) for r in self.unfinished],
+            "deferred": [list(p) for p in self.deferred],
+            "attempts": [list(p) for p in self.attempts],
             "untracked": self.untracked,
             "untracked_ids": list(self.untracked_ids),
             "paused": self.paused,
@@ -260,6 +282,14 @@ def _offset(value: Any) -> int:
     if type(value) is not int or value < 0:
         raise ValueError(f"not an offset: {value!r}")
     return value
+
+
+def _pairs(value: Any) -> tuple[tuple[int, int], ...]:
+    out = []
+    for item in value:
+        first, second = item
+        out.append((_offset(first), _offset(second)))
+    return tuple(out)
 
 
 def _ranges(value: Any) -> tuple[tuple[int, int], ...]:
