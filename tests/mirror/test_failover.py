@@ -140,7 +140,7 @@ def test_kill_9_the_primary_promote_the_mirror_consumers_carry_on(tmp_path: Path
             with Producer(mirror.tcp) as refused, pytest.raises(NSQError) as info:
                 refused.publish(TOPIC, b"no")
             assert f"E_PUB_FAILED PUB failed mirror of {primary.http}" in str(info.value)
-            assert http(mirror.http, "POST", f"/topic/create?topic=x")[0] == 403
+            assert http(mirror.http, "POST", "/topic/create?topic=x")[0] == 403
             assert lookup_ports(lk.http) == [primary.tcp_port]
 
             primary.process.kill()  # kill -9: what the primary held in memory is gone
