@@ -116,6 +116,7 @@ class MirrorHold:
         self.position = floor
         self.released += released
         stream.trim()
+        self.sync_log_cursor()  # dirties the log: the syncer's next tick deletes what may go
         return released
 
     # -- what the stream asks of its cursors (``stream.StreamCursor``) -----------------------
