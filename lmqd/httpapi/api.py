@@ -134,7 +134,7 @@ class HttpApi(AsgiApp):
         add("POST", "/channel/pause", channel_write(self.channel_pause))
         add("POST", "/channel/unpause", channel_write(self.channel_pause))
         # lmq's replay and reading by offset (replay.py)
-        self.replay = ReplayApi(broker)
+        self.replay = ReplayApi(broker, self.mirror.replica_of)
         add("POST", "/channel/seek", channel_write(self.replay.channel_seek))
         add("GET", "/topic/offsets", self.replay.topic_offsets)
         add("GET", "/topic/read", self.replay.topic_read)

@@ -113,6 +113,11 @@ class MirrorApi:
 
         return create
 
+    def replica_of(self) -> list[str]:
+        """The nodes whose offsets this one has: its primary (a mirror), the primary it took
+        over from (a promoted mirror); ``/topics/offsets`` tells readers (the Spark source)."""
+        return self.replication.replica_of() if self.replication is not None else []
+
     def _followed(self, topic: str, channel: str) -> bool:
         t = self.broker.topic_or_none(topic)
         return t is not None and t.channel_or_none(channel) is not None

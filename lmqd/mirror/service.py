@@ -240,6 +240,15 @@ class Replication:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(os.path.join(self.options.data_path, STATE_FILENAME))
 
+    def replica_of(self) -> list[str]:
+        """The HTTP addresses of the nodes whose offsets this one has: the primary it follows,
+        or the one it was promoted over."""
+        follower = self.follower
+        if follower is not None:
+            return [follower.primary.removeprefix("https://")]
+        took = self.role.promoted_from
+        return [took.address.removeprefix("https://")] if took is not None else []
+
     # -- statistics --------------------------------------------------------------------------
 
     def mirror_statistics(self, now: float) -> MirrorStats | None:
