@@ -31,6 +31,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 
+import attrs
+
 from lmqd.engine.channel import Channel
 from lmqd.engine.cursor import pushed
 from lmqd.engine.topic import Topic
@@ -38,7 +40,10 @@ from lmqd.message import Message
 
 __all__ = [
     "UNFINISHED_CURSOR",
+    "Copy",
+    "PlainRun",
     "advance_copy",
+    "copy_spans",
     "follow_channel",
     "follow_pumped",
     "keep_unfinished",
@@ -57,7 +62,23 @@ UNFINISHED_CURSOR = "#unfinished"
 """The log cursor that keeps the segments of the followed channels' unfinished messages."""
 
 
-def store_copies(topic: Topic, entries: Sequence[tuple[int, Message]]) -> int:
+@attrs.frozen
+class PlainRun:
+    """Consecutive plain messages of a copy (no extension, not deferred, attempts 0, one
+    timestamp: a publish's), as columns: stored without a message object each
+    (``TopicLog.append_plain``), the common case of a mirror's copy."""
+
+    first: int
+    ids: list[bytes]
+    bodies: list[bytes]
+    timestamp: int
+
+
+Copy = PlainRun | tuple[int, Message]
+"""What a mirror stores: a plain run, or one message at its offset."""
+
+
+def store_copies(topic: Topic, copies: Sequence[Copy]) -> int:
     """Append the primary's messages at their offsets (ascending, at or after the topic's
     end; those below it are skipped: a copy already stored); returns how many were stored.
     Raises ``BackendError`` having stored none of the run that failed (the earlier runs
@@ -66,33 +87,77 @@ def store_copies(topic: Topic, entries: Sequence[tuple[int, Message]]) -> int:
     log_ = stream.log
     if log_ is None:
         raise ValueError(f"topic {topic.name} has no log to copy into")
-    fresh = [e for e in entries if e[0] >= stream.next_offset]
-    if not fresh:
-        return 0
     stored = 0
-    start = 0
-    while start < len(fresh):
-        end = start + 1
-        while end < len(fresh) and fresh[end][0] == fresh[end - 1][0] + 1:
-            end += 1
-        run = fresh[start:end]
-        first = run[0][0]
-        messages = [m for _, m in run]
-        log_.append_many(messages, first, cache=False)
-        nbytes = sum(len(m.body) for m in messages)
-        stream.next_offset = first + len(messages)
-        stream.tail.reset(stream.next_offset)
-        stream.byte_marks.note(stream.next_offset, nbytes)
-        stream.note_pushed([first + k for k, m in enumerate(messages) if pushed(m)])
-        topic.message_count += len(messages)
+    nbytes = 0
+    pending: list[tuple[int, Message]] = []
+    for copy in copies:
+        if isinstance(copy, PlainRun):
+            stored, nbytes = _store_messages(topic, pending, stored, nbytes)
+            pending = []
+            skip = max(stream.next_offset - copy.first, 0)
+            if skip >= len(copy.ids):
+                continue
+            first = copy.first + skip
+            bodies = copy.bodies[skip:] if skip else copy.bodies
+            log_.append_plain(copy.ids[skip:] if skip else copy.ids, bodies, copy.timestamp, first)
+            size = sum(map(len, bodies))
+            _stored(topic, first + len(bodies), size)
+            stored += len(bodies)
+            nbytes += size
+        elif copy[0] >= stream.next_offset:
+            if pending and copy[0] != pending[-1][0] + 1:
+                stored, nbytes = _store_messages(topic, pending, stored, nbytes)
+                pending = []
+            pending.append(copy)
+    stored, nbytes = _store_messages(topic, pending, stored, nbytes)
+    if stored:
+        topic.message_count += stored
         topic.message_bytes += nbytes
-        stored += len(messages)
-        start = end
-    stream.wrote_backend = True
-    syncer = topic.ctx.syncer
-    if syncer is not None:
-        syncer.note_dirty(stream)
+        stream.wrote_backend = True
+        syncer = topic.ctx.syncer
+        if syncer is not None:
+            syncer.note_dirty(stream)
     return stored
+
+
+def copy_spans(copies: Sequence[Copy]) -> list[tuple[int, int]]:
+    """The offsets ``copies`` hold, as ``[start, end)`` ranges (ascending as they are)."""
+    spans: list[tuple[int, int]] = []
+    for copy in copies:
+        if isinstance(copy, PlainRun):
+            start, end = copy.first, copy.first + len(copy.ids)
+        else:
+            start, end = copy[0], copy[0] + 1
+        if spans and spans[-1][1] == start:
+            spans[-1] = (spans[-1][0], end)
+        else:
+            spans.append((start, end))
+    return spans
+
+
+def _store_messages(
+    topic: Topic, run: list[tuple[int, Message]], stored: int, nbytes: int
+) -> tuple[int, int]:
+    """A run of consecutive offsets, as message objects."""
+    if not run:
+        return stored, nbytes
+    stream = topic.stream
+    log_ = stream.log
+    assert log_ is not None
+    first = run[0][0]
+    messages = [m for _, m in run]
+    log_.append_many(messages, first, cache=False)
+    size = sum(len(m.body) for m in messages)
+    _stored(topic, first + len(messages), size)
+    stream.note_pushed([first + k for k, m in enumerate(messages) if pushed(m)])
+    return stored + len(messages), nbytes + size
+
+
+def _stored(topic: Topic, end: int, nbytes: int) -> None:
+    stream = topic.stream
+    stream.next_offset = end
+    stream.tail.reset(end)
+    stream.byte_marks.note(end, nbytes)
 
 
 def advance_copy(topic: Topic, until: int) -> None:

@@ -52,6 +52,7 @@ from lmqd.engine.cursor import READ_ALL
 from lmqd.engine.policy import PolicyError, parse_update
 from lmqd.engine.replica import (
     advance_copy,
+    copy_spans,
     follow_channel,
     follow_pumped,
     keep_unfinished,
@@ -495,7 +496,8 @@ class Follower:
                 log.error("MIRROR: TOPIC(%s): cannot store the copies: %s", name, exc)
                 self.broker.set_health(str(exc))
                 continue
-            link.answered(section, asked, entries, copy_was_empty=asked == 0, now=now)
+            link.answered(section, asked, copy_spans(entries), copy_was_empty=asked == 0,
+                          now=now)  # fmt: skip
             self._acknowledge(topic, link)
 
     def _acknowledge(self, topic: Topic, link: TopicLink) -> None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterable
 
+from lmqd.engine.replica import Copy, PlainRun
 from lmqd.message import Message
 from lmqd.message_ext import decode_ext, encode_ext
 from lmqd.storage import TimeBase
@@ -41,29 +42,37 @@ def encode_copies(entries: Iterable[tuple[int, Message]], timebase: TimeBase) ->
     fixed = COPY_FRAME.size - 4
     to_wall = timebase.to_wall_ns
     parts: list[bytes] = []
+    append = parts.append
     for offset, m in entries:
-        block = encode_ext(m.ext, check=False) if m.ext is not None else b""
         body = m.body
+        ext = m.ext
+        if ext is None and not m.deliver_at:  # NSQ's messages: the common case, no branch more
+            append(pack(fixed + len(body), offset, m.timestamp, m.attempts, 0, m.id, 0))
+            append(body)
+            continue
+        block = encode_ext(ext, check=False) if ext is not None else b""
         due = to_wall(m.deliver_at) if m.deliver_at else 0
-        parts.append(
-            pack(fixed + len(block) + len(body), offset, m.timestamp, m.attempts, due, m.id,
-                 len(block))
-        )  # fmt: skip
+        append(pack(fixed + len(block) + len(body), offset, m.timestamp, m.attempts, due, m.id,
+                    len(block)))  # fmt: skip
         if block:
-            parts.append(block)
-        parts.append(body)
+            append(block)
+        append(body)
     return b"".join(parts)
 
 
-def decode_copies(data: bytes, timebase: TimeBase) -> list[tuple[int, Message]]:
-    """The ``(offset, message)`` pairs of ``encode_copies``; raises ``ValueError`` (an
+def decode_copies(data: bytes, timebase: TimeBase) -> list[Copy]:
+    """What ``encode_copies`` encoded, ready to store (``replica.store_copies``): consecutive
+    plain messages of one timestamp (no extension, not deferred, attempts 0: a publish's) as
+    a ``PlainRun`` of columns, any other as ``(offset, message)``. Raises ``ValueError`` (an
     ``ExtError`` for a bad extension block) if the data is not framed so."""
-    out: list[tuple[int, Message]] = []
+    out: list[Copy] = []
     unpack = COPY_FRAME.unpack_from
     header = COPY_FRAME.size
     from_wall = timebase.from_wall_ns
     pos = 0
     end = len(data)
+    run: PlainRun | None = None
+    run_end = -1
     while pos < end:
         if pos + header > end:
             raise ValueError("truncated copy frame")
@@ -72,11 +81,20 @@ def decode_copies(data: bytes, timebase: TimeBase) -> list[tuple[int, Message]]:
         if size < header - 4 + length or stop > end or offset < 0:
             raise ValueError("malformed copy frame")
         start = pos + header
+        pos = stop
+        if not (length or due or attempts):
+            if run is None or offset != run_end or ts != run.timestamp:
+                run = PlainRun(offset, [], [], ts)
+                out.append(run)
+            run.ids.append(msg_id)
+            run.bodies.append(data[start:stop])
+            run_end = offset + 1
+            continue
+        run = None
         m = Message(msg_id, data[start + length : stop], ts, attempts)
         if due:
             m.deliver_at = from_wall(due)
         if length:
             m.ext = decode_ext(data[start : start + length])
         out.append((offset, m))
-        pos = stop
     return out

@@ -33,7 +33,6 @@ from collections.abc import Sequence
 
 import attrs
 
-from lmqd.message import Message
 from lmqd.mirror.stats import MirrorTopicStats
 from lmqd.mirror.wire import Section
 
@@ -85,15 +84,17 @@ class Missing:
     """The first offset of the gap (-1: none)."""
 
 
-def missing_offsets(asked: int, next_offset: int, offsets: Sequence[int]) -> list[tuple[int, int]]:
-    """The ranges ``[start, end)`` of ``[asked, next_offset)`` not among ``offsets`` (ascending,
-    each in that range)."""
+def missing_offsets(
+    asked: int, next_offset: int, spans: Sequence[tuple[int, int]]
+) -> list[tuple[int, int]]:
+    """The ranges ``[start, end)`` of ``[asked, next_offset)`` not in ``spans`` (the ranges
+    an answer brought, ascending)."""
     out: list[tuple[int, int]] = []
     position = asked
-    for offset in offsets:
-        if offset > position:
-            out.append((position, offset))
-        position = max(position, offset + 1)
+    for start, end in spans:
+        if start > position:
+            out.append((position, start))
+        position = max(position, end)
     if next_offset > position:
         out.append((position, next_offset))
     return out
@@ -124,19 +125,21 @@ class TopicLink:
         self,
         section: Section,
         asked: int,
-        entries: Sequence[tuple[int, Message]],
+        spans: Sequence[tuple[int, int]],
         *,
         copy_was_empty: bool,
         now: float,
     ) -> Missing:
         """A fetch answer's section for this topic, asked from ``asked``, whose messages were
-        ``entries`` (ascending offsets). Returns what went missing (and logs a gap)."""
+        at the offsets ``spans`` (``[start, end)`` ranges, ascending). Returns what went
+        missing (and logs a gap)."""
         self.primary_end = section.end
         self.primary_earliest = section.earliest
         self.next_ts = section.next_ts
         self.caught_up = section.next_offset >= section.end
-        self.copied += sum(1 for offset, _ in entries if offset >= asked)
-        holes = missing_offsets(asked, section.next_offset, [o for o, _ in entries if o >= asked])
+        spans = [(max(start, asked), end) for start, end in spans if end > asked]
+        self.copied += sum(end - start for start, end in spans)
+        holes = missing_offsets(asked, section.next_offset, spans)
         if not holes:
             return Missing()
         skipped = gap = 0

@@ -18,6 +18,7 @@ import trio
 
 from lmqd.engine.holds import MirrorHold, restored_holds, unfinished_offsets
 from lmqd.engine.replica import (
+    PlainRun,
     advance_copy,
     follow_channel,
     promote_topic,
@@ -138,17 +139,20 @@ def test_unfinished_offsets() -> None:
 def test_copies_are_stored_at_their_offsets_gaps_kept(tmp_path: Path) -> None:
     topic = make_topic(tmp_path)
     topic.following = True
-    copies = [(0, Message(b"0" * 16, b"a", 1)), (1, Message(b"1" * 16, b"b", 2)),
-              (5, Message(b"5" * 16, b"c", 3, deliver_at=30.0))]  # fmt: skip
+    copies: list[Any] = [(0, Message(b"0" * 16, b"a", 1)), (1, Message(b"1" * 16, b"b", 2)),
+                         (5, Message(b"5" * 16, b"c", 3, deliver_at=30.0))]  # fmt: skip
     assert store_copies(topic, copies) == 3
     assert store_copies(topic, copies) == 0  # stored already: never twice
+    assert store_copies(topic, [PlainRun(4, [b"4" * 16, b"5" * 16, b"6" * 16],
+                                         [b"d", b"e", b"f"], 4)]) == 1  # only 6 is new
     advance_copy(topic, 9)
     stream = topic.stream
     assert stream.next_offset == 9
     entries, _ = stream.read_entries(0, 100)
-    key = [(o, m.id, m.timestamp) for o, m in copies]
+    key = [(o, m.id, m.timestamp) for o, m in copies] + [(6, b"6" * 16, 4)]
     assert [(o, m.id, m.timestamp) for o, m in entries] == key
     assert entries[2][1].deliver_at == pytest.approx(30.0)
+    assert entries[3][1].body == b"f"
     assert stream.pushed == [5]
     topic.close()
     again = make_topic(tmp_path)

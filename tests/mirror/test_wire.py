@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 
+from lmqd.engine.replica import PlainRun, copy_spans
 from lmqd.message import Message
 from lmqd.message_ext import MessageExt
 from lmqd.mirror.frames import decode_copies, encode_copies
@@ -31,15 +32,20 @@ def test_copy_frames_keep_every_field_and_the_due_time() -> None:
     deferred = Message(b"0123456789abcdef", b"later", 7, 2, deliver_at=160.0)
     plain = Message(b"fedcba9876543210", b"now", 8)
     data = encode_copies([(10, deferred), (12, Message(b"a" * 16, b"x", 9, ext=ext)),
-                          (13, plain)], PRIMARY)  # fmt: skip
+                          (13, plain), (14, Message(b"b" * 16, b"also", 8)),
+                          (16, Message(b"c" * 16, b"later", 8))], PRIMARY)  # fmt: skip
     got = decode_copies(data, MIRROR)
-    assert [o for o, _ in got] == [10, 12, 13]
-    first, second, third = (m for _, m in got)
-    assert (first.id, first.body, first.timestamp, first.attempts) == (deferred.id, b"later", 7, 2)
+    assert copy_spans(got) == [(10, 11), (12, 15), (16, 17)]
+    first, second = got[0], got[1]
+    assert isinstance(first, tuple) and isinstance(second, tuple)
+    m = first[1]
+    assert (first[0], m.id, m.body, m.timestamp, m.attempts) == (10, deferred.id, b"later", 7, 2)
     # Due 60 s after the primary's trio time 100 -> 60 s after the mirror's 5, same wall time.
-    assert first.deliver_at == pytest.approx(65.0)
-    assert second.ext == ext
-    assert (third.body, third.deliver_at, third.ext) == (b"now", 0.0, None)
+    assert m.deliver_at == pytest.approx(65.0)
+    assert second[1].ext == ext
+    # Plain messages of one publish (one timestamp, consecutive offsets) come as columns.
+    assert got[2] == PlainRun(13, [plain.id, b"b" * 16], [b"now", b"also"], 8)
+    assert got[3] == PlainRun(16, [b"c" * 16], [b"later"], 8)
 
 
 def test_copy_frames_refuse_truncated_and_malformed_data() -> None:
@@ -61,7 +67,8 @@ def test_sections_round_trip() -> None:
     assert (first.topic, first.next_offset, first.end, first.since, first.next_ts) == (
         "orders", 5, 9, 3, 77,
     )
-    assert first.new_hold and decode_copies(first.frames, MIRROR)[0][0] == 4
+    assert first.new_hold and decode_copies(first.frames, MIRROR) == [PlainRun(4, [b"1" * 16],
+                                                                              [b"b"], 1)]
     assert (second.topic, second.frames, second.new_hold) == ("idle", b"", False)
     with pytest.raises(ValueError):
         decode_sections(data[:-3])
