@@ -193,7 +193,7 @@ def takeover_once(args: argparse.Namespace) -> dict[str, float]:
                       "--broadcast-address=127.0.0.1")
         mirror_http, mirror_tcp = mirror.address("HTTP"), mirror.address("TCP")
         assert mirror_http is not None and mirror_tcp is not None
-        received: list[float] = []
+        received: list[tuple[float, str]] = []
         stop = threading.Event()
         target = [primary.address("TCP")]
 
@@ -218,7 +218,9 @@ def takeover_once(args: argparse.Namespace) -> dict[str, float]:
                 while not stop.is_set():
                     message = consumer.get(timeout=0.1)
                     if message is not None:
-                        received.append(time.monotonic())
+                        # Which node delivered it (the blocking client's connection knows).
+                        source = getattr(message._conn, "address", "")
+                        received.append((time.monotonic(), source))
                         message.finish()
 
         threads = [threading.Thread(target=f, daemon=True) for f in (publish, consume)]
@@ -239,9 +241,14 @@ def takeover_once(args: argparse.Namespace) -> dict[str, float]:
             promoted = time.monotonic()
             target[0] = mirror_tcp
             deadline = killed + 60
-            while len(received) == before and time.monotonic() < deadline:
+
+            def from_mirror() -> float | None:
+                return next((t for t, source in received[before:] if source == mirror_tcp), None)
+
+            while (first := from_mirror()) is None and time.monotonic() < deadline:
                 time.sleep(0.005)
-            first = received[before] if len(received) > before else float("nan")
+            if first is None:
+                first = float("nan")
             return {"promote_s": promoted - killed, "first_message_s": first - killed}
         finally:
             stop.set()
