@@ -11,8 +11,9 @@ against a primary alone and against a primary followed by a mirror (``--mirror-o
 ``--runs`` times, on 127.0.0.1 ports from the OS. For each: the primary's CPU per message
 (``/proc``, user + system, divided by the messages published and consumed: the difference is
 what one mirror costs the primary), and with a mirror its lag, sampled every ``SAMPLE_S`` from
-its ``/stats`` while the writer runs (p50, p99 and max of ``lag_seconds`` and
-``lag_messages``), the time from the writer's start until the copy is complete, the copy rate
+the primary's and the mirror's HTTP APIs while the writer runs (the primary's end minus the
+copy's, and the age of the newest message copied while some are missing: p50, p99, max), the
+time from the writer's start until the copy is complete, the copy rate
 (messages published / that time) and the mirror's CPU per message copied.
 
 ``takeover``: an lmqlookupd, a primary registered with it and its mirror; a publisher sends
@@ -101,11 +102,20 @@ def run_load(args: argparse.Namespace, bins: Path, with_mirror: bool) -> dict[st
                     time.sleep(0.05)
 
                 def sample() -> None:
+                    # The lag as an observer sees it: the primary's end now against the copy's,
+                    # and the age of the newest message copied while any is missing.
                     while not stop.is_set():
+                        end = get(http, f"/topic/offsets?topic={TOPIC}")["end"]
                         t = followed(mirror_http)
                         if t is not None:
-                            samples.append((time.monotonic(), t["lag_seconds"],
-                                            t["lag_messages"], t["end_offset"]))  # fmt: skip
+                            copied = t["end_offset"]
+                            behind = max(end - copied, 0)
+                            age = 0.0
+                            if behind and copied:
+                                last = get(mirror_http, f"/topic/read?topic={TOPIC}&offset="
+                                           f"{copied - 1}&count=1&format=json")["messages"]
+                                age = (time.time_ns() - last[0]["timestamp"]) / 1e9 if last else 0
+                            samples.append((time.monotonic(), age, behind, copied))
                         time.sleep(SAMPLE_S)
 
                 sampler = threading.Thread(target=sample, daemon=True)
