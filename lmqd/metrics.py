@@ -89,6 +89,9 @@ stores; every topic and channel has them, at 0 until damage is found. They count
 daemon started, what start-up recovery found included (a restart counts again what is still on
 disk), so ``rate()`` and ``increase()`` over them behave as for any counter reset by a restart.
 
+Replication's families (``lmqd_mirror_*`` on a mirror, ``lmqd_primary_mirror_*`` on a primary
+with mirrors) come from ``lmqd.mirror.metrics``, registered beside this collector.
+
 The registry also carries prometheus-client's standard ``process_*``, ``python_gc_*`` and
 ``python_info`` collectors.
 """
