@@ -1,12 +1,14 @@
 """Mirrors (docs/mirrors.md): the copy under NSQ's benchmark load, and the cost of a takeover.
 
     .venv/bin/python scripts/bench_mirror.py load [--runs 3] [--duration 10] [--size 100]
-        [--batch-size 200] [--rdy 2500] [--mirror-flag=--durable ...] [--nsq-bin DIR]
+        [--batch-size 200] [--rdy 2500] [--rate N] [--mirror-flag=--durable ...] [--nsq-bin DIR]
     .venv/bin/python scripts/bench_mirror.py takeover [--runs 3] [--rate 2000]
     .venv/bin/python scripts/bench_mirror.py recovery [--messages 10000000] [--size 100]
         [--runs 3] [--keep DIR]
 
-``load``: NSQ's own benchmark (``bench_writer`` for ``--duration`` seconds, then ``bench_reader``)
+``load``: NSQ's own benchmark (``bench_writer`` for ``--duration`` seconds, then ``bench_reader``;
+with ``--rate``, a paced writer of MPUBs of ``--batch-size`` at that rate instead of
+``bench_writer``)
 against a primary alone and against a primary followed by a mirror (``--mirror-of``), in turn,
 ``--runs`` times, on 127.0.0.1 ports from the OS. For each: the primary's CPU per message
 (``/proc``, user + system, divided by the messages published and consumed: the difference is
@@ -105,8 +107,11 @@ def run_load(args: argparse.Namespace, bins: Path, with_mirror: bool) -> dict[st
                     # The lag as an observer sees it: the primary's end now against the copy's,
                     # and the age of the newest message copied while any is missing.
                     while not stop.is_set():
-                        end = get(http, f"/topic/offsets?topic={TOPIC}")["end"]
-                        t = followed(mirror_http)
+                        try:
+                            end = get(http, f"/topic/offsets?topic={TOPIC}")["end"]
+                            t = followed(mirror_http)
+                        except OSError:  # stopping: the daemons are gone
+                            return
                         if t is not None:
                             copied = t["end_offset"]
                             behind = max(end - copied, 0)
@@ -126,8 +131,12 @@ def run_load(args: argparse.Namespace, bins: Path, with_mirror: bool) -> dict[st
             cpu0 = primary.cpu_seconds()
             mcpu0 = mirror.cpu_seconds() if mirror else 0.0
             started = time.monotonic()
-            published, _ = run_program([str(bins / "bench_writer"), *common,
-                                        f"--batch-size={args.batch_size}", duration])
+            if args.rate:
+                published = paced_writer(tcp, args.rate, args.duration, args.size,
+                                         args.batch_size)  # fmt: skip
+            else:
+                published, _ = run_program([str(bins / "bench_writer"), *common,
+                                            f"--batch-size={args.batch_size}", duration])
             written = time.monotonic()
             cpu1 = primary.cpu_seconds()
             consumed, _ = run_program([str(bins / "bench_reader"), *common, "--channel=ch",
@@ -166,6 +175,25 @@ def run_load(args: argparse.Namespace, bins: Path, with_mirror: bool) -> dict[st
             if mirror is not None:
                 mirror.terminate(BENCH_SHUTDOWN_TIMEOUT_S)
             primary.terminate(BENCH_SHUTDOWN_TIMEOUT_S)
+
+
+def paced_writer(tcp: str, rate: int, seconds: int, size: int, batch: int) -> float:
+    """``bench_writer`` at a given rate: MPUBs of ``batch`` bodies, each sent when it is due;
+    the messages published."""
+    from lmq_client.sync import Producer
+
+    bodies = [b"x" * size] * batch
+    sent = 0
+    with Producer(tcp) as producer:
+        start = time.monotonic()
+        while time.monotonic() - start < seconds:
+            due = start + sent / rate
+            delay = due - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            producer.mpub(TOPIC, bodies)
+            sent += batch
+    return float(sent)
 
 
 def load_main(args: argparse.Namespace) -> None:
@@ -216,7 +244,7 @@ def takeover_once(args: argparse.Namespace) -> dict[str, float]:
                             address = target[0]
                             producer.publish(TOPIC, b"%d" % n)
                             n += 1
-                            time.sleep(1 / args.rate)
+                            time.sleep(1 / (args.rate or 2000))
                             if target[0] != address:
                                 break
                 except Exception:
@@ -341,7 +369,9 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=100)
     parser.add_argument("--batch-size", type=int, default=200)
     parser.add_argument("--rdy", type=int, default=2500)
-    parser.add_argument("--rate", type=int, default=2000, help="takeover: messages per second")
+    parser.add_argument("--rate", type=int, default=0,
+                        help="messages per second (load: instead of bench_writer's all it can; "
+                             "takeover: default 2000)")
     parser.add_argument("--messages", type=int, default=10_000_000, help="recovery")
     parser.add_argument("--keep", default=None, help="recovery: keep (and reuse) this directory")
     parser.add_argument("--mirror-flag", action="append", default=[])
