@@ -241,10 +241,11 @@ class LmqDaemon:
             if self._freeze_gc:
                 self._freeze_restored()
             async with trio.open_nursery() as nursery:
-                broker.attach(nursery)
                 await nursery.start(broker.syncer.run)
-                # Before the listeners: a mirror refuses writes from the first connection on.
+                # Before the topics' tasks (a mirror's topics do not pump) and the listeners (a
+                # mirror refuses writes from the first connection on).
                 await self.replication.start(nursery)
+                broker.attach(nursery)
                 tcp = await nursery.start(serve_tcp, broker, self.security)
                 http, https = await self._start_http(nursery)
                 broker.addresses = BoundAddresses(tcp=tcp, http=http, https=https)

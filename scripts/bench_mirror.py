@@ -326,11 +326,15 @@ def recovery_main(args: argparse.Namespace) -> None:
             post(http, f"/topic/create?topic={TOPIC}")
             post(http, f"/channel/create?topic={TOPIC}&channel=ch")
             filled = 0
+            seconds = 10.0
             while filled < args.messages:
+                before = filled
                 run_program([str(bins / "bench_writer"), f"--nsqd-tcp-address={tcp}",
-                                       f"--topic={TOPIC}", f"--size={args.size}",
-                                       "--batch-size=200", "--runfor=20s"])  # fmt: skip
+                             f"--topic={TOPIC}", f"--size={args.size}", "--batch-size=200",
+                             f"--runfor={seconds:.2f}s"])  # fmt: skip
                 filled = get(http, f"/topic/offsets?topic={TOPIC}")["end"]
+                rate = max(filled - before, 1) / seconds
+                seconds = min(max((args.messages - filled) / rate, 0.05), 20.0)
                 print(f"filled {filled:,}", file=sys.stderr, flush=True)
             daemon.process.send_signal(signal.SIGKILL)
             daemon.terminate()

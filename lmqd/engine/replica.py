@@ -194,7 +194,8 @@ def follow_channel(channel: Channel, position: int, skips: Sequence[tuple[int, i
     if cursor.position == position and cursor.skips == list(skips):
         return position
     at = cursor.seek(position)
-    cursor.replay_until = 0  # not a replay: the primary's pump pushed what it had to
+    if not cursor.ahead:
+        cursor.replay_until = 0  # not a replay: the primary's pump pushed what it had to
     for start, end in skips:
         if end > at:
             cursor.skip(max(start, at), end)

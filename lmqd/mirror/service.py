@@ -120,10 +120,9 @@ class Replication:
         self.broker.guard = follower
         for (topic, channel) in follower.local_channels:
             follower.add_local_channel(topic, channel)
-        for name in follower.followed:
-            topic_ = self.broker.topic_or_none(name)
-            if topic_ is not None:
-                topic_.following = True
+        for topic_ in self.broker.topics.values():
+            if not topic_.ephemeral:
+                topic_.following = True  # every stored topic of a mirror is its primary's
         await nursery.start(follower.run)
 
     def _serve_mirrors(self) -> None:

@@ -125,7 +125,7 @@ def describe_topic(topic: Topic) -> dict[str, Any]:
         "channels": {
             name: describe_channel(c)
             for name, c in sorted(topic.channels.items())
-            if c.cursor is not None and not c.exiting and not c.cursor.ahead
+            if c.cursor is not None and not c.exiting
         },
     }
 

@@ -13,9 +13,11 @@ Rules for this module:
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -188,13 +190,25 @@ def test_kill_9_the_primary_promote_the_mirror_consumers_carry_on(tmp_path: Path
                 process.terminate()
 
 
-def test_a_mirror_that_sees_the_primary_again_catches_up(tmp_path: Path) -> None:
+@contextlib.contextmanager
+def followed_pair(tmp_path: Path, published: int) -> Iterator[list[Daemon]]:
+    """``[primary, mirror]`` with ``published`` messages copied; a test may replace either
+    (a restart), and what the list holds at the end is stopped."""
     primary = lmqd(tmp_path / "p")
-    mirror = lmqd(tmp_path / "m", f"--mirror-of={primary.http}")
+    pair = [primary, lmqd(tmp_path / "m", f"--mirror-of={primary.http}")]
     try:
         with Producer(primary.tcp) as producer:
-            producer.mpub(TOPIC, [b"a"] * 100)
-        eventually(lambda: caught_up(mirror.http, 100), bool, 20)
+            producer.mpub(TOPIC, [b"a"] * published)
+        eventually(lambda: caught_up(pair[1].http, published), bool, 20)
+        yield pair
+    finally:
+        for process in reversed(pair):
+            process.terminate()
+
+
+def test_a_mirror_that_sees_the_primary_again_catches_up(tmp_path: Path) -> None:
+    with followed_pair(tmp_path, 100) as pair:
+        primary, mirror = pair
         port = primary.http_port
         assert primary.stop() == 0  # SIGTERM: the primary writes everything and stops
         state = eventually(lambda: mirror_stats(mirror.http),
@@ -203,24 +217,16 @@ def test_a_mirror_that_sees_the_primary_again_catches_up(tmp_path: Path) -> None
         # Backoff: the failures grow slower than one a second.
         time.sleep(3)
         assert mirror_stats(mirror.http)["failures"] <= state["failures"] + 3
-        primary = lmqd(tmp_path / "p", f"--http-address=127.0.0.1:{port}")
+        primary = pair[0] = lmqd(tmp_path / "p", f"--http-address=127.0.0.1:{port}")
         with Producer(primary.tcp) as producer:
             producer.mpub(TOPIC, [b"b"] * 50)
         eventually(lambda: caught_up(mirror.http, 150), bool, 60)
         assert read_all(mirror.http) == read_all(primary.http)
         assert topic_state(mirror.http)["gap_messages"] == 0  # type: ignore[index]
-    finally:
-        mirror.terminate()
-        primary.terminate()
 
 
 def test_the_promoted_node_refuses_to_follow_the_old_primary(tmp_path: Path) -> None:
-    primary = lmqd(tmp_path / "p")
-    mirror = lmqd(tmp_path / "m", f"--mirror-of={primary.http}")
-    try:
-        with Producer(primary.tcp) as producer:
-            producer.mpub(TOPIC, [b"a"] * 10)
-        eventually(lambda: caught_up(mirror.http, 10), bool, 20)
+    with followed_pair(tmp_path, 10) as (primary, mirror):
         status, summary = http(mirror.http, "POST", "/mirror/promote")
         assert status == 200 and summary["epoch"] == 1, summary
         assert http(mirror.http, "POST", "/mirror/promote")[1] == {"message": "NOT_A_MIRROR"}
@@ -241,9 +247,6 @@ def test_the_promoted_node_refuses_to_follow_the_old_primary(tmp_path: Path) -> 
             assert mirror_stats(forced.http)["epoch"] == 0
         finally:
             forced.terminate()
-    finally:
-        mirror.terminate()
-        primary.terminate()
 
 
 def test_something_that_is_not_lmqd_at_the_address(tmp_path: Path) -> None:
@@ -278,12 +281,7 @@ def test_something_that_is_not_lmqd_at_the_address(tmp_path: Path) -> None:
 
 
 def test_mirror_status_and_stats_in_lmqadmin(tmp_path: Path) -> None:
-    primary = lmqd(tmp_path / "p")
-    mirror = lmqd(tmp_path / "m", f"--mirror-of={primary.http}")
-    try:
-        with Producer(primary.tcp) as producer:
-            producer.mpub(TOPIC, [b"a"] * 10)
-        eventually(lambda: caught_up(mirror.http, 10), bool, 20)
+    with followed_pair(tmp_path, 10) as (primary, mirror):
         for args in (("mirror", "status"), ("stats", "--interval", "0")):
             done = subprocess.run(
                 lmqadmin_command(mirror.tcp, "--http-address", mirror.http,
@@ -300,6 +298,46 @@ def test_mirror_status_and_stats_in_lmqadmin(tmp_path: Path) -> None:
         )  # fmt: skip
         doc = json.loads(done.stdout)[primary.http]
         assert doc["role"] == "primary" and len(doc["mirrors"]) == 1
+
+
+def test_new_topics_and_replay_channels_of_the_mirror(tmp_path: Path) -> None:
+    primary = lmqd(tmp_path / "p")
+    mirror = lmqd(tmp_path / "m", f"--mirror-of={primary.http}")
+    try:
+        eventually(lambda: mirror_stats(mirror.http)["state"], lambda s: s == "following", 20)
+        # A topic created after the mirror came, its messages consumed at once: the primary
+        # kept them for the mirror (a hold made with the topic), which copies every one.
+        with Producer(primary.tcp) as producer:
+            producer.mpub("fresh", [b"f%d" % i for i in range(100)])
+        with Consumer("fresh", "c", primary.tcp, max_in_flight=100) as consumer:
+            for _ in range(100):
+                message = consumer.get(timeout=10)
+                assert message is not None
+                message.finish()
+        eventually(lambda: http(mirror.http, "GET", "/stats?format=json")[1]["mirror"]["topics"],
+                   lambda ts: any(t["topic_name"] == "fresh" and t["end_offset"] == 100
+                                  and t["gap_messages"] == 0 for t in ts), 20)  # fmt: skip
+        assert [base64.b64decode(m["body"]) for m in read_all(mirror.http, "fresh")] == [
+            b"f%d" % i for i in range(100)
+        ]
+        # A followed channel is the primary's: no consumer on the mirror...
+        with Consumer("fresh", "c", mirror.tcp) as refused:
+            assert refused.get(timeout=1) is None
+        # ... but a replay channel of the mirror's own reads the copy.
+        assert http(mirror.http, "POST", "/channel/create?topic=fresh&channel=audit"
+                                         "&from=earliest")[0] == 200  # fmt: skip
+        with Consumer("fresh", "audit", mirror.tcp, max_in_flight=100) as replay:
+            bodies = []
+            while len(bodies) < 100:
+                message = replay.get(timeout=10)
+                assert message is not None
+                bodies.append(message.body)
+                message.finish()
+        assert sorted(bodies) == sorted(b"f%d" % i for i in range(100))
+        time.sleep(1.5)  # the next look at the primary leaves the mirror's own channel alone
+        assert http(mirror.http, "GET", "/stats?format=json&topic=fresh&channel=audit")[1][
+            "topics"][0]["channels"][0]["channel_name"] == "audit"
+        assert http(mirror.http, "POST", "/channel/delete?topic=fresh&channel=c")[0] == 403
     finally:
         mirror.terminate()
         primary.terminate()

@@ -49,38 +49,30 @@ async def consume(topic: Topic, client: FakeClient, count: int) -> list[Message]
     return client.received
 
 
-async def test_a_hold_keeps_what_the_channels_read_from_memory(tmp_path: Path) -> None:
+@pytest.mark.parametrize("held", [True, False], ids=["held", "not held"])
+async def test_a_hold_keeps_what_the_channels_read_from_memory(tmp_path: Path, held: bool) -> None:
     topic = make_topic(tmp_path, mem_queue_size=1000)
-    hold = MirrorHold(topic.stream, "m1")
+    hold = MirrorHold(topic.stream, "m1") if held else None
     client = FakeClient(1, ready=100)
     async with trio.open_nursery() as nursery:
         topic.attach(nursery)
         client.subscribe(topic.get_channel("c"))
         topic.publish([b"a%d" % i for i in range(10)], trio.current_time())
         received = await consume(topic, client, 10)
-        # Read from memory, they know their offsets (a mirror is told what is unfinished so).
-        assert [m.offset for m in received] == list(range(10))
         entries, following = topic.stream.read_entries(0, 100)
-        assert [(o, m.body) for o, m in entries] == [(i, b"a%d" % i) for i in range(10)]
-        assert following == 10
-        hold.acknowledge(6)
-        assert topic.stream.tail.start == 6  # the mirror has 0..5: memory forgets them
-        hold.acknowledge(10)
-        assert len(topic.stream.tail) == 0
-        topic.close()
-        nursery.cancel_scope.cancel()
-
-
-async def test_without_a_hold_memory_forgets_what_every_channel_read(tmp_path: Path) -> None:
-    topic = make_topic(tmp_path, mem_queue_size=1000)
-    client = FakeClient(1, ready=100)
-    async with trio.open_nursery() as nursery:
-        topic.attach(nursery)
-        client.subscribe(topic.get_channel("c"))
-        topic.publish([b"a%d" % i for i in range(10)], trio.current_time())
-        received = await consume(topic, client, 10)
-        assert [m.offset for m in received] == [-1] * 10  # nobody asks: no loop sets them
-        assert topic.stream.read_entries(0, 100)[0] == []
+        if hold is None:
+            # Nobody asks: no loop sets the offsets, and memory forgets what every channel read.
+            assert [m.offset for m in received] == [-1] * 10
+            assert entries == []
+        else:
+            # Read from memory, they know their offsets (a mirror is told what is unfinished so).
+            assert [m.offset for m in received] == list(range(10))
+            assert [(o, m.body) for o, m in entries] == [(i, b"a%d" % i) for i in range(10)]
+            assert following == 10
+            hold.acknowledge(6)
+            assert topic.stream.tail.start == 6  # the mirror has 0..5: memory forgets them
+            hold.acknowledge(10)
+            assert len(topic.stream.tail) == 0
         topic.close()
         nursery.cancel_scope.cancel()
 
