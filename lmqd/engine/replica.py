@@ -183,6 +183,9 @@ def follow_pumped(topic: Topic, pumped: int) -> None:
     if value != stream.pumped:
         stream.pumped = value
         stream.move_topic_cursor()
+        for channel in topic.channels.values():
+            if channel.clients:  # a mirror's own replay channel: more to read (the pump's job)
+                channel.request_delivery()
 
 
 def follow_channel(channel: Channel, position: int, skips: Sequence[tuple[int, int]]) -> int:

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from lmq_client.errors import NSQError
+from lmq_client.errors import NSQError, SubFailedError
 from lmq_client.sync import Consumer, Producer
 from tests.cluster.procs import Daemon, eventually, http, lmqd, lookupd
 from tests.support.process import lmqadmin_command
@@ -321,8 +321,11 @@ def test_new_topics_and_replay_channels_of_the_mirror(tmp_path: Path) -> None:
             b"f%d" % i for i in range(100)
         ]
         # A followed channel is the primary's: no consumer on the mirror...
-        with Consumer("fresh", "c", mirror.tcp) as refused:
-            assert refused.get(timeout=1) is None
+        refusal = f"E_SUB_FAILED SUB failed mirror of {primary.http}"
+        with pytest.raises(SubFailedError, match=refusal), Consumer(
+            "fresh", "c", mirror.tcp
+        ) as refused:
+            refused.get(timeout=1)
         # ... but a replay channel of the mirror's own reads the copy.
         assert http(mirror.http, "POST", "/channel/create?topic=fresh&channel=audit"
                                          "&from=earliest")[0] == 200  # fmt: skip
