@@ -27,7 +27,7 @@ from typing import Any
 import trio
 
 from lmqd.broker import Broker
-from lmqd.engine.backend import StoredQueue
+from lmqd.engine.backend import BackendError, StoredQueue
 from lmqd.engine.channel import Channel
 from lmqd.engine.replica import follow_channel, follow_pumped, promote_topic, restore_unfinished
 from lmqd.engine.topic import Topic
@@ -193,8 +193,15 @@ class Replication:
                 log_ = topic.stream.log
                 assert log_ is not None
                 due = {o: log_.timebase.from_wall_ns(ms * 1_000_000) for o, ms in state.deferred}
-                found = restore_unfinished(channel, offsets, now, due=due,
-                                           attempts=dict(state.attempts))  # fmt: skip
+                try:
+                    found = restore_unfinished(channel, offsets, now, due=due,
+                                               attempts=dict(state.attempts))  # fmt: skip
+                except BackendError as exc:
+                    # A durable channel's stores refused them: the promotion goes on (the
+                    # node is the primary now either way), and says what it could not do.
+                    log.error("MIRROR: CHANNEL(%s:%s): %d unfinished messages not restored: %s",
+                              name, cname, len(offsets), exc)  # fmt: skip
+                    found = 0
                 summary["channels"] += 1
                 summary["restored"] += found
                 summary["missing"] += len(offsets) - found
@@ -208,7 +215,10 @@ class Replication:
             summary["topics"] += 1
         if durable_queues:
             jobs = [job for q in durable_queues if (job := q.prepare_sync()) is not None]
-            await trio.to_thread.run_sync(run_sync_jobs, jobs)
+            for job, error in zip(jobs, await trio.to_thread.run_sync(run_sync_jobs, jobs),
+                                  strict=True):  # fmt: skip
+                if error is not None:
+                    log.error("MIRROR: promotion: sync of %s failed: %s", job.name, error)
         primary = Peer(follower.primary, follower.primary_node_id, follower.primary_epoch)
         role = NodeRole(
             self.role.node_id,
