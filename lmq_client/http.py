@@ -120,8 +120,11 @@ class HTTPClient:
         except urllib.error.HTTPError as exc:
             raw = exc.read()
             try:
-                message = str(json.loads(raw)["message"])
-            except (ValueError, KeyError, TypeError):
+                doc = json.loads(raw)
+                message = str(doc["message"])
+                if doc.get("primary"):  # a mirror (lmqd: docs/mirrors.md) names its primary
+                    message += f" (primary: {doc['primary']})"
+            except (ValueError, KeyError, TypeError, AttributeError):
                 message = raw.decode("utf-8", "replace").strip() or str(exc.reason)
             raise HTTPError(address, exc.code, message) from None
         except urllib.error.URLError as exc:

@@ -35,7 +35,7 @@ from lmqd.stats import ClientStats, TopicStats
 from lmqd.storage import Metadata, TimeBase, metadata_path
 from lmqd.storage.atrest import PLAIN, AtRest
 
-__all__ = ["BoundAddresses", "Broker", "BrokerObserver", "Connection"]
+__all__ = ["BoundAddresses", "Broker", "BrokerObserver", "Connection", "NotPrimary", "WriteGuard"]
 
 log = logging.getLogger("lmqd.broker")
 
@@ -99,6 +99,34 @@ class BrokerObserver(Protocol):
         ...
 
 
+class NotPrimary(Exception):
+    """A write refused because this node mirrors another (``lmqd.mirror``); ``str()`` names
+    the primary, and ``primary`` is its address."""
+
+    def __init__(self, message: str, primary: str) -> None:
+        super().__init__(message)
+        self.primary = primary
+
+
+class WriteGuard(Protocol):
+    """What refuses writes while the node is a mirror (``lmqd.mirror.follower``): None from
+    both means allowed."""
+
+    @property
+    def primary(self) -> str:
+        """The primary's address."""
+        ...
+
+    def refuse_topic(self, topic: str) -> str | None:
+        """Why a write to ``topic`` (a publish, its admin) is refused."""
+        ...
+
+    def refuse_channel(self, topic: str, channel: str) -> str | None:
+        """Why a channel's admin or a subscription to it is refused (a mirror's own replay
+        channels are allowed)."""
+        ...
+
+
 class Broker:
     """One lmqd's topics, connections, health and publish paths."""
 
@@ -146,6 +174,8 @@ class Broker:
         so a failure between two scrapes of ``lmqd_healthy`` is not missed."""
         self._next_client_id = 0
         self._observers: list[BrokerObserver] = []
+        self.guard: WriteGuard | None = None
+        """While this node mirrors another (``lmqd.mirror``): what refuses writes."""
 
     def add_observer(self, observer: BrokerObserver) -> None:
         """Tell ``observer`` about topic and channel creation and deletion from now on."""
@@ -291,6 +321,21 @@ class Broker:
             except Exception:
                 log.error("TOPIC(%s): close failed", topic.name, exc_info=True)
 
+    # -- writes refused on a mirror ----------------------------------------------------------
+
+    def check_topic_write(self, topic: str) -> None:
+        """Raise ``NotPrimary`` if this node mirrors another and ``topic`` is one it follows."""
+        guard = self.guard
+        if guard is not None and (reason := guard.refuse_topic(topic)) is not None:
+            raise NotPrimary(reason, guard.primary)
+
+    def check_channel_write(self, topic: str, channel: str) -> None:
+        """Raise ``NotPrimary`` if ``channel`` of ``topic`` may not be changed or consumed
+        here (a followed channel of a mirror)."""
+        guard = self.guard
+        if guard is not None and (reason := guard.refuse_channel(topic, channel)) is not None:
+            raise NotPrimary(reason, guard.primary)
+
     # -- the one publish path (TCP PUB/MPUB/DPUB and HTTP /pub, /mpub) -----------------------
 
     def publish(
@@ -306,8 +351,10 @@ class Broker:
         Raises ``BackendError`` (nothing stored; health turns NOK), ``TopicExiting``, or
         ``PublishRefused`` (a publish policy refused it; nothing stored). With ``--durable``
         the messages are written but not yet fsynced: answer the publisher after
-        ``after_durable``. The rate limit is the caller's (``publish_gate``).
+        ``after_durable``. The rate limit is the caller's (``publish_gate``). On a mirror,
+        ``NotPrimary`` (nothing stored).
         """
+        self.check_topic_write(topic_name)
         topic = self.get_topic(topic_name)
         try:
             topic.publish(bodies, trio.current_time(), defer, exts, keep=False)
@@ -328,6 +375,7 @@ class Broker:
         """``publish`` for a run of commands (``sizes``: messages each) through the topic's
         publish policies: a prefix of the commands is accepted, the next one may be refused
         (``PublishOutcome``). Raises as ``publish`` does for failures of the whole run."""
+        self.check_topic_write(topic_name)
         topic = self.get_topic(topic_name)
         try:
             outcome = topic.publish_run(
@@ -349,7 +397,9 @@ class Broker:
     def publish_gate(self, topic_name: str) -> PublishGate | None:
         """The topic's publish policies (created with the daemon's defaults if the topic does
         not exist yet); None without any, or if the topic cannot be created (the publish then
-        fails as usual)."""
+        fails as usual; on a mirror, as ``NotPrimary``)."""
+        if self.guard is not None and self.guard.refuse_topic(topic_name) is not None:
+            return None
         topic = self.topics.get(topic_name)
         if topic is None:
             try:

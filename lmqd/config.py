@@ -188,6 +188,24 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("rewrite-at-rest", Kind.BOOL, "rewrite_at_rest",
             "[lmq] at start-up, rewrite stored segments under the first key and the current "
             "compression (after a key rotation, or once encryption is turned on)"),
+    # -- replication (lmq: docs/mirrors.md)
+    Setting("mirror-of", Kind.STRING, "mirror_of",
+            "[lmq] follow the primary lmqd at this HTTP address ([https://]host:port) as its "
+            "mirror: reads served, writes refused, until POST /mirror/promote"),
+    Setting("mirror-force", Kind.BOOL, "mirror_force",
+            "[lmq] with --mirror-of: drop this node's own topics, or a copy of another primary "
+            "or of an older epoch, and copy the primary afresh"),
+    Setting("mirror-max-lag", Kind.INT, "mirror_max_lag",
+            "[lmq] on a primary: messages of a topic kept for a mirror that has not copied "
+            "them; past it they are released and the mirror reports a gap (0: no bound)"),
+    Setting("mirror-tls-root-ca-file", Kind.STRING, "mirror_tls_root_ca_file",
+            "[lmq] CA certificates that sign an https:// primary's (default: the system's)"),
+    Setting("mirror-tls-cert", Kind.STRING, "mirror_tls_cert",
+            "[lmq] client certificate for an https:// primary with a client-auth policy"),
+    Setting("mirror-tls-key", Kind.STRING, "mirror_tls_key",
+            "[lmq] private key of --mirror-tls-cert"),
+    Setting("mirror-tls-insecure-skip-verify", Kind.BOOL, "mirror_tls_insecure_skip_verify",
+            "[lmq] don't verify an https:// primary's certificate"),
     Setting("ttl-ms", Kind.INT, "ttl_ms",
             "[lmq] default topic TTL: drop or dead-letter messages not delivered within this "
             "many ms of their publish (0: no TTL)"),
@@ -685,4 +703,16 @@ def _check_nsqd_rules(options: Options) -> None:
         raise ConfigError("--dead-letter-topic must be a valid, non-ephemeral topic name")
     if options.auth_http_request_method not in ("get", "post"):
         raise ConfigError("--auth-http-request-method must be post or get")
-
+    if options.mirror_of:
+        rest = options.mirror_of.removeprefix("https://").removeprefix("http://")
+        try:
+            split_address(rest)
+        except ValueError as exc:
+            raise ConfigError(f"--mirror-of: {exc}") from None
+    if options.mirror_tls_key and not options.mirror_tls_cert:
+        raise ConfigError("--mirror-tls-key needs --mirror-tls-cert")
+    tls_flags = (options.mirror_tls_root_ca_file or options.mirror_tls_cert
+                 or options.mirror_tls_insecure_skip_verify)  # fmt: skip
+    if tls_flags and not options.mirror_of.startswith("https://"):
+        # A security flag must never be accepted and ignored.
+        raise ConfigError("--mirror-tls-* flags need an https:// --mirror-of address")

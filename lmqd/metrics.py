@@ -93,6 +93,9 @@ stores; every topic and channel has them, at 0 until damage is found. They count
 daemon started, what start-up recovery found included (a restart counts again what is still on
 disk), so ``rate()`` and ``increase()`` over them behave as for any counter reset by a restart.
 
+Replication's families (``lmqd_mirror_*`` on a mirror, ``lmqd_primary_mirror_*`` on a primary
+with mirrors) come from ``lmqd.mirror.metrics``, registered beside this collector.
+
 The registry also carries prometheus-client's standard ``process_*``, ``python_gc_*`` and
 ``python_info`` collectors.
 """
@@ -117,6 +120,7 @@ from lmqd.stats import ChannelStats, ClientStats, E2eLatency, TopicStats
 
 if TYPE_CHECKING:
     from lmqd.broker import Broker
+    from lmqd.mirror.service import Replication
 
 __all__ = ["LmqCollector", "make_registry"]
 
@@ -407,11 +411,16 @@ def _quantile_label(q: float) -> str:
     return str(int(q)) if float(q).is_integer() else repr(q)
 
 
-def make_registry(broker: Broker) -> CollectorRegistry:
-    """A registry for one daemon: lmqd's collector plus the standard process/GC/platform ones
-    (a private registry, so several daemons in one process do not clash)."""
+def make_registry(broker: Broker, replication: Replication | None = None) -> CollectorRegistry:
+    """A registry for one daemon: lmqd's collector (and replication's, ``lmqd.mirror.metrics``)
+    plus the standard process/GC/platform ones (a private registry, so several daemons in one
+    process do not clash)."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(LmqCollector(broker))
+    if replication is not None:
+        from lmqd.mirror.metrics import MirrorCollector
+
+        registry.register(MirrorCollector(replication))
     ProcessCollector(registry=registry)
     GCCollector(registry=registry)
     PlatformCollector(registry=registry)

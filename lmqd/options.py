@@ -105,6 +105,20 @@ class Options:
     """lmq extension: at start-up, before restoring, rewrite every segment not sealed as the
     settings say now (``lmqd.storage.atrest.rewrite``): after a key rotation, or once
     encryption is turned on, nothing stays under an old key or in clear."""
+    # -- replication (lmq; ``lmqd.mirror``, docs/mirrors.md)
+    mirror_of: str = ""
+    """The primary's HTTP address (``[https://]host:port``) this node mirrors ("": none)."""
+    mirror_force: bool = False
+    """Follow ``mirror_of`` even if that means dropping local data (own topics, a copy of
+    another node or of an older epoch)."""
+    mirror_max_lag: int = attrs.field(default=10_000_000, validator=_non_negative)
+    """A primary keeps at most this many messages per topic for a mirror that has not copied
+    them (0: no bound). 10 M messages: ~1 GB of 100-byte messages on disk, a 100 s outage of a
+    mirror at 100k messages a second."""
+    mirror_tls_root_ca_file: str = ""
+    mirror_tls_cert: str = ""
+    mirror_tls_key: str = ""
+    mirror_tls_insecure_skip_verify: bool = False
     ttl_ms: int = attrs.field(default=0, validator=_non_negative)
     """lmq extension: the default of a topic's ``ttl_ms`` policy: a message not delivered within
     this many ms of its publish is dropped or dead-lettered (0: no TTL)."""

@@ -42,6 +42,9 @@ from lmqd.engine.policy import PolicyError, parse_update
 from lmqd.engine.salvage import Salvage
 from lmqd.engine.stores import queues_to_open, restore_plan, stored_queue_names
 from lmqd.engine.topic import Topic
+from lmqd.mirror.follower import MirrorRefused
+from lmqd.mirror.role import RoleFileError
+from lmqd.mirror.service import Replication
 from lmqd.options import Options
 from lmqd.registration import Registration
 from lmqd.server import serve_tcp
@@ -95,6 +98,8 @@ class LmqDaemon:
         )
         self.broker = Broker(options, hold_data_dir=self._hold_data_dir, at_rest=self.at_rest)
         self.registration = Registration(self.broker)
+        self.replication = Replication(self.broker, announce=self.registration.announce)
+        """Mirrors of this node, or the primary it mirrors (``lmqd.mirror``)."""
         self._shutdown = trio.Event()
         self._lock: DataDirLock | None = None
         self._timebase: AnchoredTimeBase | None = None
@@ -257,14 +262,18 @@ class LmqDaemon:
         )
         self._hold_data_dir()
         try:
+            await trio.to_thread.run_sync(self.replication.load)
             if self.options.rewrite_at_rest:
                 await trio.to_thread.run_sync(self._rewrite_at_rest)
             await self._restore()
             if self._freeze_gc:
                 self._freeze_restored()
             async with trio.open_nursery() as nursery:
-                broker.attach(nursery)
                 await nursery.start(broker.syncer.run)
+                # Before the topics' tasks (a mirror's topics do not pump) and the listeners (a
+                # mirror refuses writes from the first connection on).
+                await self.replication.start(nursery)
+                broker.attach(nursery)
                 tcp = await nursery.start(serve_tcp, broker, self.security)
                 http, https = await self._start_http(nursery)
                 broker.addresses = BoundAddresses(tcp=tcp, http=http, https=https)
@@ -306,6 +315,7 @@ class LmqDaemon:
                     broker=self.broker,
                     address=options.https_address,
                     tls=tls.http_context,
+                    replication=self.replication,
                 )
             )
         http = None
@@ -320,6 +330,7 @@ class LmqDaemon:
                     broker=self.broker,
                     address=options.http_address,
                     tls_required_https_port=refuse_port,
+                    replication=self.replication,
                 )
             )
         return http, https
@@ -476,7 +487,7 @@ def run_daemon(options: Options) -> None:
         daemon = trio.run(_main, options)
     except BaseException as exc:
         error = _sole_exception(exc)
-        if isinstance(error, DataDirLocked | AtRestRefused):
+        if isinstance(error, DataDirLocked | AtRestRefused | MirrorRefused | RoleFileError):
             log.critical("failed to start: %s", error)
             sys.exit(1)
         if isinstance(error, OSError | AtRestConfigError) and error is not exc:

@@ -10,6 +10,8 @@ The layers (docs/architecture.md, "The house"), lowest first::
     engine    engine, transport                       queue logic on plain def; TLS, compression
                                                       and AUTH around the V2 codec
     broker    broker                                  what the network layers call
+    mirror    mirror                                  replication: a primary's mirrors, a
+                                                      mirror's follower, promotion
     metrics   metrics                                 the Prometheus collector over the broker
     network   server, httpapi, lookupd, registration, statsd_push
                                                       I/O around the broker (lookupd: lmqlookupd;
@@ -44,11 +46,12 @@ LAYERS: dict[str, int] = {
     **dict.fromkeys(("protocol", "storage", "lookup"), 3),
     **dict.fromkeys(("engine", "transport"), 4),
     "broker": 5,
-    "metrics": 6,
-    **dict.fromkeys(("server", "httpapi", "lookupd", "registration", "statsd_push"), 7),
-    "service": 8,
-    "cli": 9,
-    "__main__": 10,
+    "mirror": 6,
+    "metrics": 7,
+    **dict.fromkeys(("server", "httpapi", "lookupd", "registration", "statsd_push"), 8),
+    "service": 9,
+    "cli": 10,
+    "__main__": 11,
 }
 
 

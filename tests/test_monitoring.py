@@ -19,6 +19,8 @@ from typing import Any, Protocol
 import pytest
 import yaml
 
+from tests.support.process import start_lmqd, stop_lmqd
+
 ROOT = Path(__file__).resolve().parent.parent
 MONITORING = ROOT / "docs" / "monitoring"
 ALERTS = MONITORING / "lmqd-alerts.yml"
@@ -91,15 +93,23 @@ def test_dashboard_queries_are_valid_promql(tmp_path: Path) -> None:
 
 
 @pytest.mark.lmqd_args("--e2e-processing-latency-percentile=0.99")
-def test_every_metric_used_is_one_lmqd_exports(lmqd_server: LmqdServer) -> None:
+def test_every_metric_used_is_one_lmqd_exports(lmqd_server: LmqdServer, tmp_path: Path) -> None:
     http = lmqd_server.http_address
     assert http is not None
     # A topic and a channel, so that their families have samples too.
     for path in ("/topic/create?topic=t", "/channel/create?topic=t&channel=c"):
         request = urllib.request.Request(f"http://{http}{path}", method="POST")
         urllib.request.urlopen(request, timeout=10).read()
-    text = urllib.request.urlopen(f"http://{http}/metrics", timeout=10).read().decode()
-    families = set(re.findall(r"^# TYPE (\S+) (\S+)$", text, re.MULTILINE))
+    # And a mirror of it (docs/mirrors.md): its families, and the primary's of its mirrors.
+    mirror = start_lmqd(tmp_path / "mirror", [f"--mirror-of={http}"])
+    try:
+        assert mirror.http_address is not None
+        texts = [_metrics_with(mirror.http_address, "lmqd_mirror_lag_seconds{"),
+                 _metrics_with(http, "lmqd_primary_mirror_lag_messages{")]  # fmt: skip
+    finally:
+        stop_lmqd(mirror)
+    families = {f for text in texts for f in re.findall(r"^# TYPE (\S+) (\S+)$", text,
+                                                         re.MULTILINE)}  # fmt: skip
     exported: set[str] = set()
     for name, kind in families:
         exported.add(name)
@@ -111,6 +121,17 @@ def test_every_metric_used_is_one_lmqd_exports(lmqd_server: LmqdServer) -> None:
     assert used, "no metric names found in the expressions"
     missing = used - exported - NOT_FROM_LMQD
     assert not missing, f"dashboard/alerts use metrics lmqd does not export: {sorted(missing)}"
+
+
+def _metrics_with(http: str, sample: str) -> str:
+    """The node's ``/metrics`` once it has a sample starting with ``sample`` (bounded)."""
+    text = ""
+    for _ in range(200):
+        text = urllib.request.urlopen(f"http://{http}/metrics", timeout=10).read().decode()
+        if sample in text:
+            return text
+        time.sleep(0.05)
+    raise AssertionError(f"{http}/metrics has no {sample}: {text[-2000:]}")
 
 
 class LoggingServer(LmqdServer, Protocol):

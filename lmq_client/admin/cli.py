@@ -50,6 +50,7 @@ from lmq_client.admin.common import (
     size_bytes_option,
 )
 from lmq_client.admin.forward import forward
+from lmq_client.admin.mirror import mirror
 from lmq_client.admin.positions import (
     POSITION_HELP,
     check_position,
@@ -537,6 +538,7 @@ cli.add_command(archive)
 cli.add_command(forward)
 cli.add_command(web)
 cli.add_command(rewrite_at_rest)
+cli.add_command(mirror)
 
 
 # -- peek --------------------------------------------------------------------------------------

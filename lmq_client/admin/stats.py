@@ -22,6 +22,9 @@ At rest (lmqd's extra ``stored_bytes`` and ``logical_bytes`` keys of a topic: it
 stored, and what they would take with every batch plain): a "stored" column with the bytes on
 disk and the compression ratio (``logical / stored``, ``3.2x``), shown when some daemon reports
 them; ``--json`` has both counts and ``compression_ratio``.
+
+Replication (lmqd's ``mirror`` and ``mirrors`` keys, docs/mirrors.md) goes in the caption too: a
+mirror's primary, state, lag and gap, a primary's mirrors (``admin/mirror.py``'s lines).
 """
 
 from __future__ import annotations
@@ -31,9 +34,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
+from rich.markup import escape
 from rich.table import Table
 
 from lmq_client.admin.columns import Column, human_bytes, human_count, make_table
+from lmq_client.admin.mirror import mirror_lines
 from lmq_client.http import HTTPClient
 
 __all__ = ["Row", "Snapshot", "missing", "render_table", "sample", "snapshot_json"]
@@ -116,6 +121,9 @@ class Snapshot:
     """Totals over every daemon."""
     per_node: dict[str, dict[Key, Row]] = attrs.field(factory=dict)
     """Each daemon's own rows, by its HTTP address."""
+    replication: dict[str, dict[str, Any]] = attrs.field(factory=dict)
+    """lmqd's ``mirror`` (a mirror's view of its primary) and ``mirrors`` (a primary's) keys
+    of each daemon's /stats that has them (docs/mirrors.md)."""
 
 
 def sample(
@@ -127,6 +135,7 @@ def sample(
     """Poll every daemon's /stats once; rates from ``previous`` when given."""
     rows: dict[Key, Row] = {}
     per_node: dict[str, dict[Key, Row]] = {}
+    replication: dict[str, dict[str, Any]] = {}
     taken_at = time.monotonic()
     for client in clients:
         data = client.stats(topic, channel)
@@ -135,9 +144,13 @@ def sample(
         node_rows: dict[Key, Row] = {}
         _merge(node_rows, topics, channel)
         per_node[client.address] = node_rows
+        shown = {key: data[key] for key in ("mirror", "mirrors") if data.get(key)}
+        if shown:
+            replication[client.address] = shown
     snap = Snapshot(
-        taken_at=taken_at, nodes=[c.address for c in clients], rows=rows, per_node=per_node
-    )
+        taken_at=taken_at, nodes=[c.address for c in clients], rows=rows, per_node=per_node,
+        replication=replication,
+    )  # fmt: skip
     if previous is not None:
         elapsed = taken_at - previous.taken_at
         _rates(rows, previous.rows, elapsed)
@@ -355,9 +368,11 @@ def render_table(snap: Snapshot, width: int = 200) -> Table:
     if policies:
         columns.append(Column("policy", policy_texts, POLICY_PRIORITY, "left"))
     table = make_table(f"lmq stats: {', '.join(snap.nodes)}", columns, width, bold_rows=bold)
-    damaged = [_damage_text(row) for row in snap.rows.values() if row.damage]
-    if damaged:
-        lines = [f"[bold red]{line}[/bold red]" for line in damaged]
+    damaged = [f"[bold red]{_damage_text(row)}[/bold red]" for row in snap.rows.values()
+               if row.damage]  # fmt: skip
+    mirrors = [line for node, doc in snap.replication.items() for line in mirror_lines(node, doc)]
+    if damaged or mirrors:
+        lines = damaged + [escape(line) for line in mirrors]
         if table.caption:
             lines.append(str(table.caption))
         table.caption = "\n".join(lines)
@@ -384,7 +399,7 @@ def snapshot_json(snap: Snapshot) -> dict[str, Any]:
             parent = by_topic.get(row.topic)
             if parent is not None:
                 parent["channels"].append({"channel": row.channel, **entry})
-    return {"nodes": snap.nodes, "topics": topics}
+    return {"nodes": snap.nodes, "topics": topics, "replication": snap.replication}
 
 
 def _row_json(row: Row) -> dict[str, Any]:

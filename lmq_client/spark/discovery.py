@@ -25,9 +25,11 @@ from lmq_client.errors import ConnectionFailed, LmqClientError
 from lmq_client.http import HTTPClient, HTTPError
 from lmq_client.lookupd import lookup_nodes
 from lmq_client.spark.errors import LmqSourceError
-from lmq_client.spark.nodes import NodeSpellings, http_address_of
+from lmq_client.spark.nodes import NodeSpellings, http_address_of, same_host
+from lmq_client.spark.offsets import SourceOffsets
 from lmq_client.spark.planner import Known
 from lmq_client.spark.source_options import SourceOptions
+from lmqd.net import split_address
 
 __all__ = ["MAX_LISTED_TOPICS", "NodeAnswer", "NodeDirectory"]
 
@@ -63,6 +65,9 @@ class NodeDirectory:
         """The topics read: the ``subscribe`` list, or those found matching the pattern."""
         self._found_at = -math.inf
         self._unreachable: set[str] = set()
+        self.replica_of: dict[str, list[str]] = {}
+        """Per node, the nodes whose offsets it has (lmqd's ``replica_of``, docs/mirrors.md: a
+        mirror's primary, or the primary a promoted mirror took over from)."""
 
     # -- which nodes, which topics -------------------------------------------------------------
 
@@ -198,15 +203,39 @@ class NodeDirectory:
         client = HTTPClient(node, timeout=self.options.timeout_s)
         data = client.request("GET", "/topics/offsets", params)
         try:
-            offsets = json.loads(data)["topics"]
+            doc = json.loads(data)
+            offsets = doc["topics"]
             result = {
                 str(t): Known(int(o["earliest"]), int(o["end"])) for t, o in offsets.items()
             }
+            replicas = [str(a) for a in doc.get("replica_of") or []]
         except (KeyError, TypeError, ValueError, AttributeError):
             raise LmqClientError(f"{node}: its /topics/offsets answer is not lmqd's") from None
+        if replicas:
+            self.replica_of[node] = replicas
         if names is None:
             return result
         return {t: known for t, known in result.items() if t in names}
+
+    def replicated(self, node: str, topic: str, start: SourceOffsets) -> tuple[str, int] | None:
+        """Where a node new to the query continues a node of its ``replica_of`` that the
+        query read (``start`` has the pair): that node and its offset. A mirror holds its
+        primary's offsets, so a query moved from one to the other goes on exactly there."""
+        for former in self.replica_of.get(node, ()):
+            try:
+                host, port = split_address(former)
+            except ValueError:
+                continue
+            for key, offset in start.positions.get(topic, {}).items():
+                if key == node:
+                    continue
+                try:
+                    other_host, other_port = split_address(key)
+                except ValueError:
+                    continue
+                if other_port == port and same_host(host, other_host):
+                    return key, offset
+        return None
 
     def offset_at(self, node: str, topic: str, time_ms: int) -> tuple[int, bool]:
         """The offset of ``topic``'s first message on ``node`` published at or after

@@ -264,6 +264,8 @@ class LmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """The last plan: its start and end as Spark has them, and where each pair begins."""
         self._latest: dict[str, Any] | None = None
         self._absent: set[str] = set()
+        self._start = SourceOffsets({})
+        """The start of the batch being planned (``_new_start`` looks in it)."""
 
     def _offsets(self, doc: Mapping[str, Any]) -> SourceOffsets:
         topics = self.options.topics or tuple(sorted(self.directory.topics()))
@@ -365,6 +367,7 @@ class LmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         elif isinstance(limit, ReadMinRows):
             min_rows = limit.min_rows
         now = time.monotonic()
+        self._start = start
         plan = plan_batch(
             start, known,
             new_start=self._new_start,
@@ -388,6 +391,11 @@ class LmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _new_start(self, topic: str, node: str, known: Known) -> int:
         """Where a pair new to a running query starts: the offset ``startingOffsets`` gives it
         by name, else its earliest (Kafka reads a new partition from its start)."""
+        former = self.directory.replicated(node, topic, self._start)
+        if former is not None:
+            log.info("SPARK(%s): %s has the offsets of %s: it goes on from %d", topic, node,
+                     former[0], former[1])  # fmt: skip
+            return former[1]
         starting = self.options.starting
         if starting is not None and starting.kind == "offsets":
             value = self._positions.named(starting, topic, node)

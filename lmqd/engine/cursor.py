@@ -179,6 +179,12 @@ class ChannelCursor:
         return max(n, 0)
 
     @property
+    def skips(self) -> list[tuple[int, int]]:
+        """The ranges ``[start, end)`` at or after the position that the cursor steps over (a
+        topic empty dropped them before it got there)."""
+        return list(self._skips)
+
+    @property
     def low(self) -> int:
         """The low-water mark the log keeps for this channel (its position without a log)."""
         lc = self._log_cursor
@@ -277,6 +283,10 @@ class ChannelCursor:
         own = min(max(others - pos, 0), len(msgs))
         if own < len(msgs):
             msgs = msgs[:own] + copies(msgs[own:])
+        if stream.held:
+            # A mirror follows (``holds.py``): what the channel holds is told to it by offset.
+            for offset, m in enumerate(msgs, pos):
+                m.offset = offset
         if stream.pushed_between(max(pos, self.replay_until), after):
             replay = self.replay_until
             msgs = [m for k, m in enumerate(msgs, pos) if k < replay or not pushed(m)]

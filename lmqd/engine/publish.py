@@ -314,6 +314,8 @@ class PublishPath:
             channel.message_count += count
             channel.consumer_ready()
         topic.wake_pump()
+        if stream.on_append is not None:  # a mirror waits for news (``lmqd.mirror.primary``)
+            stream.on_append()
 
     # -- max_depth ---------------------------------------------------------------------------
 

@@ -65,6 +65,7 @@ from __future__ import annotations
 import logging
 from bisect import bisect_left, insort
 from collections.abc import Callable, Sequence
+from operator import attrgetter, itemgetter
 from typing import Protocol
 
 from lmqd.engine.bytemarks import ByteMarks
@@ -85,6 +86,9 @@ CACHE_REACH = 4096
 what the log appends next from the log's tail cache (1 MiB: ~7,500 messages of 100 bytes), so
 the log keeps the messages it appends as objects while one is (``_cache_wanted``)."""
 
+_message = itemgetter(1)
+_body = attrgetter("body")
+
 READ_CHUNK = 256
 """Messages ``read_entries`` takes from the log per step while it watches its byte budget: a
 step of 100-byte messages is one read-ahead of the log's reader."""
@@ -98,6 +102,10 @@ def _take_within(
     if budget < 0:
         out.extend(got)
         return budget
+    total = sum(map(len, map(_body, map(_message, got))))  # C loops: no bytecode per message
+    if total < budget:
+        out.extend(got)
+        return budget - total
     for entry in got:
         size = len(entry[1].body)
         if out and size > budget:
@@ -159,7 +167,14 @@ class TopicStream:
         the bytes of a range a cursor read, without summing its bodies."""
         self.tail = MemoryTail(start)
         self.cursors: list[StreamCursor] = []
-        """The channels' cursors (``cursor.py``): what ``trim`` and ``prepare_sync`` look at."""
+        """The channels' cursors (``cursor.py``), and mirrors' holds (``holds.py``): what
+        ``trim`` and ``prepare_sync`` look at."""
+        self.on_append: Callable[[], None] | None = None
+        """Called once per batch taken while a mirror waits for news of this stream (a long
+        poll, ``lmqd.mirror.primary``); None otherwise: one attribute test per publish."""
+        self.held = 0
+        """Mirrors holding this stream (``holds.py``): channels then note the offset of each
+        message they read from the tail, so that they can tell a mirror what they hold."""
         self.pushed: list[int] = []
         """Offsets of the pushed messages (deferred, or with a priority) not yet passed by every
         cursor, sorted."""

@@ -48,7 +48,7 @@ from lmqd.engine.pins import PushPins
 from lmqd.engine.policy import PolicyValue, TopicPolicy, shared_default
 from lmqd.engine.publish import PublishOutcome, PublishPath
 from lmqd.engine.salvage import Salvage
-from lmqd.engine.stream import TOPIC_CURSOR, TopicStream
+from lmqd.engine.stream import TopicStream
 from lmqd.message import Message, copies
 from lmqd.message_ext import MessageExt
 from lmqd.names import is_ephemeral
@@ -79,8 +79,8 @@ class Topic:
     __slots__ = (
         "_metadata", "_nursery", "_paused", "_pump_active_at", "_pump_running", "_pump_scope",
         "_run_scope", "_wakeup", "ahead", "channels", "ctx", "durable", "ephemeral", "exiting",
-        "message_bytes", "message_count", "name", "options", "pins", "policy", "policy_settings",
-        "publishing", "stream",
+        "following", "message_bytes", "message_count", "name", "options", "pins", "policy",
+        "policy_settings", "publishing", "stream",
     )  # fmt: skip
 
     def __init__(self, ctx: EngineContext, name: str, *, log: TopicLog | None = None) -> None:
@@ -94,6 +94,9 @@ class Topic:
         self._metadata: TopicMetadata | None = None
         """The metadata file's entry for this topic, until something in it changes."""
         self.exiting = False
+        self.following = False
+        """A mirror's copy of a primary's topic (``replica.py``): it does not pump; its
+        ``pumped`` offset and its channels' positions are the primary's."""
         self.channels: dict[str, Channel] = {}
         self.ahead: list[Channel] = []
         """Internal channels: they read the stream ahead of the pump (``internal.py``)."""
@@ -248,6 +251,7 @@ class Topic:
     def _pump_ready(self) -> bool:
         return (
             not self.paused
+            and not self.following
             and self.stream.depth > 0
             and any(not c.exiting and _pumped_to(c) for c in self.channels.values())
         )
@@ -376,7 +380,8 @@ class Topic:
         log_ = self.stream.log
         if log_ is None:
             return []
-        return sorted(name for name in log_.cursors if name != TOPIC_CURSOR)
+        # ``#`` starts no channel name: ``#topic``, and mirrors' holds (``holds.py``).
+        return sorted(name for name in log_.cursors if not name.startswith("#"))
 
     def delete_channel(self, name: str) -> None:
         """Delete a channel and its stored messages (``KeyError`` if absent). An ephemeral

@@ -25,6 +25,7 @@ import math
 import re
 import socket
 import time
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -53,6 +54,7 @@ from lmqd.httpapi.asgi import (
 from lmqd.httpapi.channel_policy import ChannelPolicyApi
 from lmqd.httpapi.config_api import get_option, put_option
 from lmqd.httpapi.extension import batch_exts, request_ext
+from lmqd.httpapi.mirror import MirrorApi
 from lmqd.httpapi.peek import PeekApi
 from lmqd.httpapi.policy import PolicyApi
 from lmqd.httpapi.replay import ReplayApi
@@ -66,6 +68,7 @@ from lmqd.net import split_address
 if TYPE_CHECKING:
     from lmqd.broker import Broker
     from lmqd.engine.channel import Channel
+    from lmqd.mirror.service import Replication
 
 __all__ = ["HttpApi"]
 
@@ -91,9 +94,12 @@ class HttpApi(AsgiApp):
         *,
         http_port: int = -1,
         tls_required_https_port: int | None = None,
+        replication: Replication | None = None,
     ) -> None:
         super().__init__()
         self.broker = broker
+        self.replication = replication
+        """The node's replication (``lmqd.mirror``): None in tools and tests without one."""
         self.http_port = http_port
         """The bound HTTP port, reported by /info (``-1`` as nsqd reports a unix socket)."""
         if tls_required_https_port is not None:
@@ -101,42 +107,51 @@ class HttpApi(AsgiApp):
             # request, whatever its path, gets this (the spaces are nsqd's, it uses Sprintf).
             body = f'{{"message": "TLS_REQUIRED", "https_port": {tls_required_https_port}}}'
             self.refusal = Response(403, body.encode(), JSON_CONTENT_TYPE)
-        self.registry = make_registry(broker)
+        self.registry = make_registry(broker, replication)
         """trio time of the last full collection ``/debug/freememory`` ran."""
         self.quiet_paths = frozenset({"/pub", "/mpub"})
         # Prometheus scrapes /metrics and health checks poll /ping every few seconds: their
         # request lines at INFO would bury everything else in the log.
         self.debug_paths = frozenset({"/metrics", "/ping"})
         add = self.router.add
+        # lmq's replication (mirror.py): on a mirror, writes to what it follows are refused.
+        self.mirror = MirrorApi(broker, replication)
+        topic_write = self.mirror.guarded
+        channel_write = partial(self.mirror.guarded, channel=True)
         add("GET", "/ping", self.ping)
         add("GET", "/info", self.info)
-        add("POST", "/pub", self.pub)
-        add("POST", "/mpub", self.mpub)
+        add("POST", "/pub", topic_write(self.pub))
+        add("POST", "/mpub", topic_write(self.mpub))
         add("GET", "/stats", self.stats)
-        add("POST", "/topic/create", self.topic_create)
-        add("POST", "/topic/delete", self.topic_delete)
-        add("POST", "/topic/empty", self.topic_empty)
-        add("POST", "/topic/pause", self.topic_pause)
-        add("POST", "/topic/unpause", self.topic_pause)
-        add("POST", "/channel/create", self.channel_create)
-        add("POST", "/channel/delete", self.channel_delete)
-        add("POST", "/channel/empty", self.channel_empty)
-        add("POST", "/channel/pause", self.channel_pause)
-        add("POST", "/channel/unpause", self.channel_pause)
+        add("POST", "/topic/create", topic_write(self.topic_create))
+        add("POST", "/topic/delete", topic_write(self.topic_delete))
+        add("POST", "/topic/empty", topic_write(self.topic_empty))
+        add("POST", "/topic/pause", topic_write(self.topic_pause))
+        add("POST", "/topic/unpause", topic_write(self.topic_pause))
+        add("POST", "/channel/create", self.mirror.channel_create(self.channel_create))
+        add("POST", "/channel/delete", channel_write(self.channel_delete))
+        add("POST", "/channel/empty", channel_write(self.channel_empty))
+        add("POST", "/channel/pause", channel_write(self.channel_pause))
+        add("POST", "/channel/unpause", channel_write(self.channel_pause))
         # lmq's replay and reading by offset (replay.py)
-        self.replay = ReplayApi(broker)
-        add("POST", "/channel/seek", self.replay.channel_seek)
+        self.replay = ReplayApi(broker, self.mirror.replica_of)
+        add("POST", "/channel/seek", channel_write(self.replay.channel_seek))
         add("GET", "/topic/offsets", self.replay.topic_offsets)
         add("GET", "/topic/read", self.replay.topic_read)
         add("GET", "/topics/offsets", self.replay.topics_offsets)
         self.policy = PolicyApi(broker)  # lmq's topic policies (policy.py)
         add("GET", "/topic/policy", self.policy.topic_policy)
-        add("POST", "/topic/policy", self.policy.topic_policy)
+        add("POST", "/topic/policy", topic_write(self.policy.topic_policy))
         # lmq's channel policies and redrive (channel_policy.py)
         self.channel_policy = ChannelPolicyApi(broker, self._existing_channel)
         add("GET", "/channel/policy", self.channel_policy.channel_policy)
-        add("POST", "/channel/policy", self.channel_policy.channel_policy)
-        add("POST", "/channel/redrive", self.channel_policy.channel_redrive)
+        add("POST", "/channel/policy", channel_write(self.channel_policy.channel_policy))
+        add("POST", "/channel/redrive", channel_write(self.channel_policy.channel_redrive))
+        add("GET", "/mirror", self.mirror.status)
+        add("GET", "/mirror/topics", self.mirror.topics)
+        add("POST", "/mirror/fetch", self.mirror.fetch)
+        add("POST", "/mirror/forget", self.mirror.forget)
+        add("POST", "/mirror/promote", self.mirror.promote)
         self.peek = PeekApi(broker)  # lmq: look into a queue without consuming (peek.py)
         add("GET", "/peek", self.peek.peek)
         add("GET", "/config/:opt", self.config)
@@ -333,6 +348,16 @@ class HttpApi(AsgiApp):
         if memory is not None:
             document["memory"] = {key: memory[key] for key in MEMORY_KEYS}
         document["producers"] = [p.to_dict() for p in producers] if producers else None
+        replication = self.replication
+        if replication is not None:
+            # lmq: replication (docs/mirrors.md), keys nsqd's tools ignore.
+            now = trio.current_time()
+            mirror = replication.mirror_statistics(now)
+            if mirror is not None:
+                document["mirror"] = mirror.to_dict()
+            links = replication.link_statistics(now)
+            if links:
+                document["mirrors"] = [m.to_dict() for m in links]
         return Response(200, go_json(document), "application/json; charset=utf-8")
 
     # -- topic administration ----------------------------------------------------------------

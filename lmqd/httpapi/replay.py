@@ -17,7 +17,9 @@ of them exists in nsqd, and nsqd's own calls are unchanged (``/channel/create`` 
   those below ``earliest``), which the topic counts.
 * ``GET /topics/offsets[?topics=A,B]``: ``{"topics": {"A": {"earliest", "end", "pumped"}}}``
   for every topic (or those named that exist) in one answer: a reader of many topics (the Spark
-  source's ``subscribe``, ``subscribePattern``) asks each node once per micro-batch.
+  source's ``subscribe``, ``subscribePattern``) asks each node once per micro-batch. A mirror,
+  and a promoted one, add ``"replica_of": ["host:port"]``: the node whose offsets it has (its
+  primary), so that a reader moved to it goes on where it stood there (docs/mirrors.md).
 * ``GET /topic/read?topic=T&offset=N[&count=M][&end=E][&format=json][&ext=1]``: the messages
   from offset ``N`` on, consuming nothing (the Spark source, ``lmqadmin tail --from``): binary
   frames by default, JSON on request (layouts in docs/http.md). Messages' priority and headers
@@ -51,6 +53,7 @@ for a channel that keeps nothing (ephemeral: it has no cursor to move). The bina
 from __future__ import annotations
 
 import base64
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import attrs
@@ -101,8 +104,12 @@ def resolve(stream: TopicStream, position: Position, *, latest: int) -> int:
 class ReplayApi:
     """The handlers above, for ``HttpApi`` to route."""
 
-    def __init__(self, broker: Broker) -> None:
+    def __init__(
+        self, broker: Broker, replica_of: Callable[[], list[str]] | None = None
+    ) -> None:
         self.broker = broker
+        self._replica_of = replica_of
+        """The nodes whose offsets this one has (``/topics/offsets``' ``replica_of``)."""
 
     # -- shared checks (nsqd's order: topic name, channel name, existence) -------------------
 
@@ -215,6 +222,9 @@ class ReplayApi:
                 "end": stream.next_offset,
                 "pumped": stream.pumped,
             }
+        replicas = self._replica_of() if self._replica_of is not None else []
+        if replicas:
+            return json_response({"topics": answer, "replica_of": replicas})
         return json_response({"topics": answer})
 
     async def topic_read(self, request: Request) -> Response:

@@ -33,6 +33,7 @@ from lmqd.net import bind_listener, format_address
 
 if TYPE_CHECKING:
     from lmqd.broker import Broker
+    from lmqd.mirror.service import Replication
 
 __all__ = ["serve_http"]
 
@@ -74,6 +75,7 @@ async def serve_http(
     *,
     tls: ssl.SSLContext | None = None,
     tls_required_https_port: int | None = None,
+    replication: Replication | None = None,
     task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the nsqd HTTP API for ``daemon`` on ``address`` (``host:port``, port 0 allowed)
@@ -88,7 +90,8 @@ async def serve_http(
         sockname = sock.getsockname()
         bound = (str(sockname[0]), int(sockname[1]))
         # HttpApi speaks ASGI 3 with plain mappings rather than hypercorn's TypedDicts.
-        api = HttpApi(broker, http_port=bound[1], tls_required_https_port=tls_required_https_port)
+        api = HttpApi(broker, http_port=bound[1], tls_required_https_port=tls_required_https_port,
+                      replication=replication)  # fmt: skip
         app = cast(ASGIFramework, api)
         config = _hypercorn_config(tls)
         if tls is None:

@@ -117,22 +117,33 @@ class Registration:
 
     # -- BrokerObserver --------------------------------------------------------------------------
 
+    def _registered(self, topic: str) -> bool:
+        """Whether ``topic`` is registered: an NSQ name, and not a topic this node mirrors
+        (``lmqd.mirror``: consumers must find the primary while it is one)."""
+        guard = self._broker.guard
+        return is_nsq_name(topic) and (guard is None or guard.refuse_topic(topic) is None)
+
+    def announce(self) -> None:
+        """Register every topic and channel with every connected lookupd again (a mirror
+        promoted to primary: its topics were not registered while it mirrored)."""
+        self._broadcast(list(self.registrations()))
+
     def topic_created(self, topic: str) -> None:
-        if is_nsq_name(topic):
+        if self._registered(topic):
             self._broadcast([Register(topic=topic)])
 
     def topic_deleted(self, topic: str, channels: Sequence[str]) -> None:
-        if is_nsq_name(topic):
+        if self._registered(topic):
             commands: list[Command] = [Unregister(topic=topic)]
             commands += [Unregister(topic=topic, channel=c) for c in channels if is_nsq_name(c)]
             self._broadcast(commands)
 
     def channel_created(self, topic: str, channel: str) -> None:
-        if is_nsq_name(topic) and is_nsq_name(channel):
+        if self._registered(topic) and is_nsq_name(channel):
             self._broadcast([Register(topic=topic, channel=channel)])
 
     def channel_deleted(self, topic: str, channel: str) -> None:
-        if is_nsq_name(topic) and is_nsq_name(channel):
+        if self._registered(topic) and is_nsq_name(channel):
             self._broadcast([Unregister(topic=topic, channel=channel)])
 
     def options_changed(self, options: Options) -> None:
@@ -169,7 +180,7 @@ class Registration:
         """What a new connection registers: each topic bare if it has no (registrable)
         channels, otherwise once per channel (nsqd's connect callback)."""
         for topic in list(self._broker.topics.values()):
-            if not is_nsq_name(topic.name):
+            if not self._registered(topic.name):
                 continue
             channels = [name for name in topic.channels if is_nsq_name(name)]
             if not channels:

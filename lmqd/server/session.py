@@ -49,7 +49,7 @@ from functools import partial
 
 import attrs
 
-from lmqd.broker import Broker
+from lmqd.broker import Broker, NotPrimary
 from lmqd.engine.admission import PublishGate, PublishRefused
 from lmqd.engine.backend import BackendError
 from lmqd.engine.channel import Channel
@@ -520,7 +520,7 @@ class Session:
             self.broker.publish(topic, bodies, defer, exts)
         except PublishRefused as exc:  # the policy came on since the run started
             raise errors.publish_failed(kind, str(exc)) from exc
-        except (BackendError, TopicExiting) as exc:
+        except (BackendError, TopicExiting, NotPrimary) as exc:
             raise errors.publish_failed(kind, str(exc) or "exiting") from exc
         # Messages, as nsqd counts them (an MPUB adds its length), however the run was coalesced.
         self.pub_counts[topic] = self.pub_counts.get(topic, 0) + len(bodies)
@@ -567,7 +567,7 @@ class Session:
             defer = first.defer_ms / 1000 if isinstance(first, Dpub | Xpub) else 0.0
             try:
                 outcome = self.broker.publish_run(topic, bodies, sizes[:paid], defer, exts)
-            except (BackendError, TopicExiting) as exc:
+            except (BackendError, TopicExiting, NotPrimary) as exc:
                 raise errors.publish_failed(_kind(first), str(exc) or "exiting") from exc
             accepted = outcome.accepted
             if accepted:
@@ -623,11 +623,12 @@ class Session:
 
     def _subscribe(self, topic_name: str, channel_name: str) -> None:
         try:
+            self.broker.check_channel_write(topic_name, channel_name)
             topic = self.broker.get_topic(topic_name)
             created = topic.channel_or_none(channel_name) is None
             channel = topic.get_channel(channel_name)
             self.subscription = channel.add_consumer(self)
-        except TooManyConsumers as exc:
+        except (TooManyConsumers, NotPrimary) as exc:
             raise errors.sub_failed(str(exc)) from exc
         except TopicExiting as exc:
             raise errors.sub_failed("exiting") from exc

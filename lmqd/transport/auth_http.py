@@ -48,6 +48,7 @@ from lmqd.transport.auth import (
     check_authorized,
     parse_auth_response,
 )
+from lmqd.transport.http_client import HttpClientError, open_stream
 
 __all__ = [
     "MAX_AUTH_RESPONSE_SIZE",
@@ -154,40 +155,21 @@ async def _http_request(
         headers.append(("Content-Type", "application/x-www-form-urlencoded"))
         headers.append(("Content-Length", str(len(body))))
     try:
-        stream = await _connect(parts.hostname, port, https, ssl_context, connect_timeout)
+        stream = await open_stream(
+            parts.hostname, port,
+            ssl_context=(ssl_context or ssl.create_default_context()) if https else None,
+            connect_timeout=connect_timeout,
+        )  # fmt: skip
         async with stream:
             return await _exchange(stream, method, target, headers, body)
+    except HttpClientError as exc:
+        raise AuthQueryError(str(exc)) from None
     except OSError as exc:
         raise AuthQueryError(f"cannot connect ({exc.strerror or exc})") from None
     except trio.BrokenResourceError as exc:
         raise AuthQueryError(f"connection failed ({exc.__cause__ or exc})") from None
     except h11.ProtocolError as exc:
         raise AuthQueryError(f"invalid HTTP answer ({exc})") from None
-
-
-async def _connect(
-    host: str, port: int, https: bool, ssl_context: ssl.SSLContext | None, connect_timeout: float
-) -> trio.abc.Stream:
-    stream: trio.abc.Stream | None = None
-    try:
-        with trio.move_on_after(connect_timeout):
-            stream = await trio.open_tcp_stream(host, port)
-            if https:
-                stream = trio.SSLStream(
-                    stream,
-                    ssl_context or ssl.create_default_context(),
-                    server_hostname=host,
-                    https_compatible=True,
-                )
-                await stream.do_handshake()
-            return stream
-    except BaseException:
-        if stream is not None:
-            await trio.aclose_forcefully(stream)
-        raise
-    if stream is not None:
-        await trio.aclose_forcefully(stream)
-    raise AuthQueryError(f"cannot connect within {connect_timeout:g}s")
 
 
 async def _exchange(

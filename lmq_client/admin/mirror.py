@@ -1,0 +1,156 @@
+"""``lmqadmin mirror``: replication (docs/mirrors.md) -- a node's role and its mirrors' or its
+primary's state, promotion, and forgetting a mirror.
+
+* ``lmqadmin --http-address M mirror promote``: makes the mirror at ``M`` a primary (``POST
+  /mirror/promote``) and prints what it did; exactly one ``--http-address``.
+* ``lmqadmin [--http-address A ...] mirror status``: each node's role, epoch and, for a mirror,
+  its primary and every followed topic (state, lag in messages and seconds, gap), for a primary,
+  its mirrors (lag, last contact, released).
+* ``lmqadmin --http-address P mirror forget MIRROR_ID``: the primary ``P`` drops a mirror and
+  what it kept for it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+from rich.table import Table
+
+from lmq_client.admin.common import (
+    EXIT_USAGE,
+    Settings,
+    emit_json,
+    fail,
+    handle_errors,
+    json_option,
+    make_console,
+)
+from lmq_client.errors import LmqClientError
+from lmq_client.http import HTTPClient
+
+__all__ = ["mirror", "mirror_lines"]
+
+
+@click.group()
+def mirror() -> None:
+    """Mirrors: promote one, see their state, forget one."""
+
+
+def _one_address(settings: Settings, what: str) -> HTTPClient:
+    addresses = settings.http_addresses()
+    if len(addresses) != 1:
+        fail(f"{what} needs exactly one --http-address (got {len(addresses)})", EXIT_USAGE)
+    return HTTPClient(addresses[0], timeout=max(settings.timeout, 30.0))
+
+
+def _json(client: HTTPClient, data: bytes) -> dict[str, Any]:
+    try:
+        doc = json.loads(data)
+    except ValueError:
+        raise LmqClientError(f"{client.address}: the answer is not lmqd's JSON") from None
+    if not isinstance(doc, dict):
+        raise LmqClientError(f"{client.address}: the answer is not lmqd's JSON")
+    return doc
+
+
+@mirror.command()
+@json_option
+@click.pass_obj
+@handle_errors
+def promote(settings: Settings) -> None:
+    """Make the mirror at --http-address a primary (stops following; its channels resume where
+    the primary's stood; it registers with its lookupds)."""
+    client = _one_address(settings, "mirror promote")
+    summary = _json(client, client.request("POST", "/mirror/promote"))
+    if settings.as_json:
+        emit_json(summary)
+        return
+    click.echo(
+        f"{client.address}: promoted to primary at epoch {summary.get('epoch')} in "
+        f"{summary.get('seconds')}s: {summary.get('topics')} topic(s), "
+        f"{summary.get('channels')} channel(s), {summary.get('restored')} unfinished "
+        f"message(s) restored, {summary.get('missing')} missing, "
+        f"{summary.get('untracked')} untracked"
+    )
+
+
+@mirror.command()
+@click.argument("mirror_id", metavar="MIRROR_ID")
+@click.pass_obj
+@handle_errors
+def forget(settings: Settings, mirror_id: str) -> None:
+    """On the primary at --http-address: drop mirror MIRROR_ID (its node id, as `mirror
+    status` shows it) and release what was kept for it."""
+    client = _one_address(settings, "mirror forget")
+    client.request("POST", "/mirror/forget", {"mirror": mirror_id})
+    click.echo(f"{client.address}: mirror {mirror_id} forgotten")
+
+
+@mirror.command()
+@json_option
+@click.pass_obj
+@handle_errors
+def status(settings: Settings) -> None:
+    """Each node's role and epoch; a mirror's primary and followed topics; a primary's
+    mirrors."""
+    docs = {}
+    for client in settings.http_clients():
+        docs[client.address] = _json(client, client.request("GET", "/mirror"))
+    if settings.as_json:
+        emit_json(docs)
+        return
+    console = make_console()
+    for address, doc in docs.items():
+        for line in mirror_lines(address, doc):
+            console.print(line)
+        topics = (doc.get("mirror") or {}).get("topics") or []
+        if topics:
+            table = Table(box=None, pad_edge=False)
+            for column in ("topic", "state", "lag", "lag (s)", "copied", "gap", "channels"):
+                table.add_column(column, justify="left" if column in ("topic", "state")
+                                 else "right")  # fmt: skip
+            for t in topics:
+                table.add_row(
+                    t["topic_name"], t["state"], str(t["lag_messages"]),
+                    f"{t['lag_seconds']:.1f}", str(t["copied_messages"]),
+                    str(t["gap_messages"]), str(t["channels"]),
+                )  # fmt: skip
+            console.print(table)
+
+
+def mirror_lines(address: str, doc: dict[str, Any]) -> list[str]:
+    """A node's replication in a few lines (``/mirror``, or ``/stats``' ``mirror`` and
+    ``mirrors`` keys): shared by ``mirror status`` and ``lmqadmin stats``."""
+    lines = []
+    m = doc.get("mirror")
+    if m:
+        contact = m["seconds_since_contact"]
+        last = "never" if contact < 0 else f"{contact:.1f}s ago"
+        lag = max((t["lag_messages"] for t in m["topics"]), default=0)
+        lag_s = max((t["lag_seconds"] for t in m["topics"]), default=0.0)
+        gap = sum(t["gap_messages"] for t in m["topics"])
+        lines.append(
+            f"{address}: mirror of {m['primary']} (epoch {m['epoch']}): {m['state']}, lag "
+            f"{lag} msgs / {lag_s:.1f}s, last contact {last}"
+            + (f", GAP {gap} msgs" if gap else "")
+            + (f", error: {m['last_error']}" if m["last_error"] else "")
+        )
+    elif "role" in doc:
+        took = doc.get("promoted_from")
+        lines.append(
+            f"{address}: primary (epoch {doc['epoch']})"
+            + (f", promoted from {took['address']}" if took else "")
+        )
+    elif doc.get("mirrors"):
+        lines.append(f"{address}: primary with {len(doc['mirrors'])} mirror(s)")
+    for link in doc.get("mirrors") or []:
+        contact = link["seconds_since_contact"]
+        last = "not since start" if contact < 0 else f"{contact:.1f}s ago"
+        lines.append(
+            f"  mirror {link['mirror_id']} at {link['address'] or link['remote_address']}: "
+            f"lag {link['lag_messages']} msgs, last contact {last}"
+            + (f", released {link['released_messages']}" if link["released_messages"] else "")
+        )
+    return lines
