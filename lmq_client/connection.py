@@ -14,28 +14,19 @@ Everything async goes through anyio (task groups, events, cancel scopes, ``anyio
 so one code base runs in asyncio and trio applications alike; the protocol itself is the sans-IO
 codec and knows neither.
 
-Writing is synchronous: ``write()`` appends bytes to an output list and wakes the writer, which
-sends everything pending in one ``send``. So a thousand FINs queued by message handlers cost
-one send, and commands keep the order in which they were written.
-
-Commands that the daemon answers (IDENTIFY, SUB, PUB, MPUB, DPUB, CLS) get a ``Reply``; the daemon
-answers them in order (go-nsq#320: the protocol is FIFO on one connection), so replies are a
-deque matched to response and error frames as they arrive. That is what lets a Producer pipeline:
-many publishes in flight, each caller woken by its own answer. ``_heartbeat_`` frames are not
-answers: the reader writes ``NOP`` for them. Non-fatal errors (E_FIN_FAILED, E_REQ_FAILED,
-E_TOUCH_FAILED) answer nothing either; they go to ``on_error``. A fatal error answers the oldest
-outstanding command; the daemon then closes, and every other outstanding command fails with
-``ConnectionFailed`` (the daemon stored nothing after the failing command).
-
-Message frames are handed to ``on_messages`` once per received buffer, as a list, so a consumer
-handles a burst of deliveries with one call.
+After the handshake the connection's protocol state is a sans-IO ``lmq_client.core.Link``
+(made by ``make_link``: the consumer core's own for a consumer): writing is a plain call that
+appends to the link's output and wakes the writer, which sends everything pending in one
+``send`` (a thousand FINs queued by message handlers cost one send); answers are matched to
+commands in order, heartbeats get their ``NOP`` and errors are sorted there. The reader hands
+each received buffer's decoded frames to ``receive`` (the consumer core's), or by default to the
+link and the message frames, as one list, to ``on_messages``. A daemon silent for two heartbeat
+intervals plus ``HEARTBEAT_GRACE`` is gone.
 """
 
 from __future__ import annotations
 
 import logging
-import math
-from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -43,7 +34,9 @@ import anyio
 from anyio.abc import ByteStream, TaskStatus
 
 from lmq_client._util import USER_AGENT, identify_body, parse_identify_response
-from lmq_client.errors import ConnectionFailed, LmqClientError, NSQError, error_from_frame
+from lmq_client.core.link import RECEIVE_SIZE, Link, max_rdy_count
+from lmq_client.core.link import Reply as CoreReply
+from lmq_client.errors import ConnectionFailed, LmqClientError, NSQError, reason
 from lmq_client.streams import CompressedStream, PrefixedStream, start_tls
 from lmq_client.transport import (
     PLAIN,
@@ -53,29 +46,19 @@ from lmq_client.transport import (
     plan_upgrades,
 )
 from lmqd.net import split_address
-from lmqd.protocol import (
-    Auth,
-    ClientConnection,
-    Error,
-    MessageFrame,
-    Nop,
-    Response,
-    encode_identify,
-)
+from lmqd.protocol import Auth, ClientConnection, FrameEvent, MessageFrame, encode_identify
 
 __all__ = ["Connection", "Reply", "open_tcp_stream"]
 
 log = logging.getLogger("lmq_client.connection")
 
-# One receive takes up to this much: a full RDY window of small messages in one call.
-RECEIVE_SIZE = 256 * 1024
-# Extra time past two heartbeat intervals before declaring the daemon dead: the daemon's ticker
-# and our clock drift apart a little, and a busy daemon may send a heartbeat late.
-HEARTBEAT_GRACE = 5.0
-
 StreamOpener = Callable[[str], Awaitable[ByteStream]]
 MessagesCallback = Callable[["Connection", list[MessageFrame]], None]
 ErrorCallback = Callable[["Connection", NSQError], None]
+LinkFactory = Callable[[dict[str, Any], float], Link]
+"""``make_link(server_settings, now)``: the link for a connection whose handshake is done."""
+Receiver = Callable[[Any, list[FrameEvent], float], None]
+"""``receive(link, events, now)``: the decoded frames of one read."""
 
 
 async def open_tcp_stream(address: str) -> ByteStream:
@@ -84,35 +67,20 @@ async def open_tcp_stream(address: str) -> ByteStream:
     return await anyio.connect_tcp(host, port)
 
 
-class Reply:
+class Reply(CoreReply):
     """The daemon's answer to one command, to be awaited with ``wait()``."""
 
-    __slots__ = ("_data", "_done", "_error")
+    __slots__ = ("_event",)
 
     def __init__(self) -> None:
-        self._done = anyio.Event()
-        self._data = b""
-        self._error: BaseException | None = None
-
-    def set(self, data: bytes) -> None:
-        self._data = data
-        self._done.set()
-
-    def fail(self, error: BaseException) -> None:
-        self._error = error
-        self._done.set()
-
-    @property
-    def done(self) -> bool:
-        """True once the answer (or the failure) arrived."""
-        return self._done.is_set()
+        super().__init__()
+        self._event = anyio.Event()
+        self.waker = self._event.set
 
     async def wait(self) -> bytes:
         """The response frame's data (``b"OK"``...); raises ``NSQError`` or ``ConnectionFailed``."""
-        await self._done.wait()
-        if self._error is not None:
-            raise self._error
-        return self._data
+        await self._event.wait()
+        return self.result()
 
 
 class Connection:
@@ -136,6 +104,8 @@ class Connection:
         on_error: ErrorCallback | None = None,
         open_stream: StreamOpener = open_tcp_stream,
         transport: TransportOptions = PLAIN,
+        make_link: LinkFactory | None = None,
+        receive: Receiver | None = None,
     ) -> None:
         self.address = address
         self.heartbeat_interval = heartbeat_interval
@@ -148,57 +118,64 @@ class Connection:
         self.on_error = on_error
         self.server_settings: dict[str, Any] = {}
         self.auth_identity: dict[str, Any] | None = None
-        self.error: LmqClientError | None = None
-        """Why the connection ended (None while it is open or after a clean close)."""
+        self.link: Link | None = None
+        """The protocol state, once the handshake is done."""
+        self._make_link = make_link
+        self._receive = receive
+        self._handshake_error: LmqClientError | None = None
         self._open_stream = open_stream
         self._codec = ClientConnection()
         self._stream: ByteStream | None = None
-        self._out: list[bytes] = []
         self._wake_writer = anyio.Event()
         self._flushed = anyio.Event()
         self._flushed.set()
-        self._replies: deque[Reply] = deque()
         # A cancel scope needs a running event loop: made when ``run`` starts.
         self._cancel: anyio.CancelScope | None = None
         self._close_requested = False
         self._closed = anyio.Event()
-        self._open = False
 
     def __repr__(self) -> str:
-        return f"<Connection {self.address} open={self._open}>"
+        return f"<Connection {self.address} open={self.is_open}>"
 
     @property
     def is_open(self) -> bool:
         """True between the end of the handshake and the end of the connection."""
-        return self._open
+        return self.link is not None and self.link.open
+
+    @property
+    def error(self) -> LmqClientError | None:
+        """Why the connection ended (None while it is open)."""
+        return self.link.error if self.link is not None else self._handshake_error
 
     @property
     def max_rdy_count(self) -> int:
         """The daemon's RDY ceiling (pynsq assumes 2500 when the daemon does not say)."""
-        value = self.server_settings.get("max_rdy_count", 2500)
-        return value if isinstance(value, int) and value > 0 else 2500
+        return max_rdy_count(self.server_settings)
 
     # -- writing ---------------------------------------------------------------------------------
 
     def write(self, data: bytes) -> None:
         """Queue bytes (one or more encoded commands) for the writer; never blocks."""
-        if not self._open:
-            raise self._not_open()
-        self._out.append(data)
-        self._wake_writer.set()
-        if self._flushed.is_set():
-            self._flushed = anyio.Event()
+        if self.link is None:
+            raise ConnectionFailed(self.address, "not connected")
+        self.link.write(data)
 
     def command(self, data: bytes) -> Reply:
         """Queue a command that the daemon answers; ``await reply.wait()`` for the answer."""
-        self.write(data)
+        if self.link is None:
+            raise ConnectionFailed(self.address, "not connected")
         reply = Reply()
-        self._replies.append(reply)
+        self.link.command(data, reply)
         return reply
 
     async def request(self, data: bytes) -> bytes:
         """Send a command and wait for its answer (see ``Reply.wait``)."""
         return await self.command(data).wait()
+
+    def _output_queued(self) -> None:
+        self._wake_writer.set()
+        if self._flushed.is_set():
+            self._flushed = anyio.Event()
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -216,12 +193,27 @@ class Connection:
         with self._cancel:
             try:
                 await self._connect()
-                self._open = True
+                now = anyio.current_time()
+                if self._make_link is not None:
+                    link = self._make_link(self.server_settings, now)
+                else:
+                    link = Link(self.address, heartbeat_interval=self.heartbeat_interval,
+                                now=now, settings=self.server_settings)  # fmt: skip
+                link.wake = self._output_queued
+                if self.on_error is not None:
+                    on_error = self.on_error
+                    link.on_error = lambda _, error: on_error(self, error)
+                self.link = link
+                if link.out:
+                    self._output_queued()
                 task_status.started(self)
                 async with anyio.create_task_group() as tasks:
-                    tasks.start_soon(self._writer, tasks.cancel_scope)
-                    await self._reader()
+                    tasks.start_soon(self._writer, link, tasks.cancel_scope)
+                    await self._reader(link)
                     tasks.cancel_scope.cancel()
+            except LmqClientError as exc:
+                self._handshake_error = exc
+                raise
             finally:
                 self._shutdown()
                 if self._stream is not None:
@@ -233,7 +225,7 @@ class Connection:
         self._close_requested = True
         if self._cancel is not None:
             self._cancel.cancel()
-        if self._open or self._stream is not None:
+        if self._stream is not None or self.link is not None:
             await self._closed.wait()
 
     async def wait_closed(self) -> None:
@@ -244,29 +236,16 @@ class Connection:
         """Wait until everything written so far was sent (or the connection ended)."""
         await self._flushed.wait()
 
-    def _not_open(self) -> ConnectionFailed:
-        if self.error is None:
-            return ConnectionFailed(self.address, "not connected")
-        if isinstance(self.error, ConnectionFailed):
-            return ConnectionFailed(self.address, self.error.reason)
-        return ConnectionFailed(self.address, f"connection closed after {self.error}")
-
     def _shutdown(self) -> None:
-        self._open = False
-        if self.error is None:
-            self.error = ConnectionFailed(self.address, "connection closed")
-        # Each waiter gets its own exception object: one instance raised in many tasks would
-        # collect all their tracebacks.
-        while self._replies:
-            self._replies.popleft().fail(self._not_open())
-        self._out.clear()
+        if self.link is not None:
+            self.link.lost(ConnectionFailed(self.address, "connection closed"))
         self._flushed.set()
         self._closed.set()
 
-    def _lost(self, reason: str) -> None:
-        if self.error is None:
-            self.error = ConnectionFailed(self.address, reason)
-            log.info("NSQD(%s): %s", self.address, reason)
+    def _lost(self, link: Link, why: str) -> None:
+        if link.error is None:
+            log.info("NSQD(%s): %s", self.address, why)
+            link.lost(ConnectionFailed(self.address, why))
 
     async def _connect(self) -> None:
         reader = FrameReader(self.address)
@@ -281,7 +260,7 @@ class Connection:
         except TimeoutError:
             raise ConnectionFailed(self.address, "timed out connecting") from None
         except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
-            raise ConnectionFailed(self.address, f"cannot connect ({_reason(exc)})") from None
+            raise ConnectionFailed(self.address, f"cannot connect ({reason(exc)})") from None
         log.debug("NSQD(%s): connected, %s", self.address, self.server_settings)
 
     async def _upgrade(self, reader: FrameReader) -> None:
@@ -331,95 +310,52 @@ class Connection:
 
     # -- the two tasks ---------------------------------------------------------------------------
 
-    async def _writer(self, cancel: anyio.CancelScope) -> None:
+    async def _writer(self, link: Link, cancel: anyio.CancelScope) -> None:
         stream = self._stream
         assert stream is not None
         try:
             while True:
-                if not self._out:
+                data = link.take_output()
+                if not data:
                     self._flushed.set()
                     await self._wake_writer.wait()
                     self._wake_writer = anyio.Event()
                     continue
-                data = b"".join(self._out)
-                self._out.clear()
                 await stream.send(data)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
-            self._lost(f"connection lost while writing ({_reason(exc)})")
+            self._lost(link, f"connection lost while writing ({reason(exc)})")
         finally:
             cancel.cancel()
 
-    async def _reader(self) -> None:
+    async def _reader(self, link: Link) -> None:
         stream = self._stream
         assert stream is not None
         codec = self._codec
-        timeout = (
-            2 * self.heartbeat_interval + HEARTBEAT_GRACE
-            if self.heartbeat_interval > 0
-            else math.inf
-        )
-        while True:
-            with anyio.move_on_after(timeout):
+        receive = self._receive or self._receive_frames
+        while link.open:
+            with anyio.move_on_after(link.silence_limit):
                 try:
                     data = await stream.receive(RECEIVE_SIZE)
                 except anyio.EndOfStream:
-                    self._lost("connection closed by the daemon")
+                    self._lost(link, "connection closed by the daemon")
                     return
                 except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
-                    self._lost(f"connection lost ({_reason(exc)})")
+                    self._lost(link, f"connection lost ({reason(exc)})")
                     return
                 # Socket streams give bytes already; bytes() of bytes is free.
                 codec.receive_data(bytes(data))
                 try:
                     while events := codec.next_events():
-                        self._dispatch(events)
+                        receive(link, events, anyio.current_time())
                 except Exception as exc:  # a malformed frame: nothing more can be trusted
                     log.warning("NSQD(%s): protocol error", self.address, exc_info=True)
-                    self._lost(f"protocol error ({exc})")
-                    return
-                if not self._open:  # a fatal error frame
+                    self._lost(link, f"protocol error ({exc})")
                     return
                 continue
-            self._lost(f"no data for {timeout:.0f}s (heartbeats missed)")
+            self._lost(link, f"no data for {link.silence_limit:.0f}s (heartbeats missed)")
             return
 
-    def _dispatch(self, events: list[Response | Error | MessageFrame]) -> None:
-        messages: list[MessageFrame] = []
-        for event in events:
-            if type(event) is MessageFrame:
-                messages.append(event)
-            elif isinstance(event, Response):
-                if event.is_heartbeat:
-                    self.write(Nop().encode())
-                elif self._replies:
-                    self._replies.popleft().set(event.data)
-                else:
-                    log.warning("NSQD(%s): unexpected response %r", self.address, event.data)
-            elif isinstance(event, Error):
-                error = error_from_frame(event.code, event.text, address=self.address)
-                if not error.fatal:
-                    log.info("NSQD(%s): %s", self.address, error)
-                    if self.on_error is not None:
-                        self.on_error(self, error)
-                    continue
-                log.warning("NSQD(%s): %s", self.address, error)
-                # The daemon closes after a fatal error: refuse new commands right away, so a
-                # Producer reconnects instead of writing into the dying connection.
-                self.error = error
-                self._open = False
-                if self._replies:
-                    self._replies.popleft().fail(error)
-                elif self.on_error is not None:
-                    self.on_error(self, error)
-                break
+    def _receive_frames(self, link: Link, events: list[FrameEvent], now: float) -> None:
+        messages = link.receive(events, now)
         if messages and self.on_messages is not None:
             self.on_messages(self, messages)
-
-
-def _reason(exc: BaseException) -> str:
-    if isinstance(exc, OSError) and exc.strerror:
-        return exc.strerror
-    if isinstance(exc, anyio.BrokenResourceError) and exc.__cause__ is not None:
-        # a failed TLS handshake or a corrupt compressed stream: the cause says which
-        return str(exc.__cause__) or type(exc.__cause__).__name__
-    return str(exc) or type(exc).__name__

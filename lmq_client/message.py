@@ -5,13 +5,13 @@ from __future__ import annotations
 from typing import Protocol
 
 from lmqd.message_ext import MessageExt
-from lmqd.protocol import Fin, Req, Touch
+from lmqd.protocol import Req, Touch, encode_fin
 
 __all__ = ["Message"]
 
 
 class Link(Protocol):
-    """Where a message's answers go: an async ``Connection`` or the blocking client's socket."""
+    """Where a message's answers go: its connection's ``lmq_client.core.Link``."""
 
     @property
     def address(self) -> str: ...
@@ -23,7 +23,7 @@ class Link(Protocol):
 
 
 class Outcomes(Protocol):
-    """Who is told about answers (the Consumer, for in-flight counts and backoff)."""
+    """Who is told about answers (the consumer core: counters and backoff)."""
 
     def _message_done(self, message: Message, *, success: bool, backoff: bool) -> None: ...
 
@@ -85,7 +85,7 @@ class Message:
 
     def finish(self) -> None:
         """FIN: the message is done and will not be delivered again."""
-        self._respond(Fin(id=self.id).encode(), success=True, backoff=False)
+        self._respond(encode_fin(self.id), success=True, backoff=False)
 
     def requeue(self, delay: float = 0.0, *, backoff: bool = True) -> None:
         """REQ: deliver the message again ``delay`` seconds from now (0: as soon as possible).
