@@ -126,7 +126,8 @@ class Soak:
             while not self.stop_all.is_set():
                 try:
                     if producer is None:
-                        producer = Producer(self.tcp, timeout=CLIENT_TIMEOUT_S)
+                        producer = Producer(self.tcp, connect_timeout=CLIENT_TIMEOUT_S,
+                                            response_timeout=CLIENT_TIMEOUT_S)
                     self.publish_attempts += 1
                     producer.mpub(TOPIC, bodies)
                 except (OSError, NSQError):
