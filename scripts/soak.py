@@ -152,7 +152,7 @@ class Soak:
         while not self.stop_all.is_set():
             try:
                 with Consumer(
-                    TOPIC, channel, self.tcp, max_in_flight=100, timeout=CLIENT_TIMEOUT_S
+                    TOPIC, channel, self.tcp, max_in_flight=100, connect_timeout=CLIENT_TIMEOUT_S
                 ) as consumer:
                     while not self.stop_all.is_set():
                         message = consumer.get(timeout=0.5)
