@@ -30,7 +30,7 @@ from collections.abc import Iterable, Sequence
 import attrs
 
 from lmq_client.backoff import Backoff
-from lmq_client.lookupd import Discovery
+from lmq_client.core.discovery import Discovery
 
 __all__ = ["Action", "Connect", "Disconnect", "QueryLookupds", "Schedule"]
 
