@@ -31,13 +31,13 @@ import anyio
 import anyio.to_thread
 from anyio.abc import TaskGroup, TaskStatus
 
-from lmq_client._util import address_list, check_name
+from lmq_client._front import ConsumerFront
 from lmq_client.connection import Connection, StreamOpener, open_tcp_stream
 from lmq_client.core.consumer import ConsumerCore, ConsumerLink
-from lmq_client.core.options import ConsumerOptions, ConsumerSettings, from_settings
+from lmq_client.core.options import ConsumerSettings
 from lmq_client.core.schedule import Connect, Disconnect
 from lmq_client.errors import ConnectionFailed, LmqClientError, NSQError
-from lmq_client.lookupd import lookup_producers, lookupd_addresses
+from lmq_client.lookupd import lookup_producers
 from lmq_client.message import Message
 from lmq_client.stats import ConsumerStats
 
@@ -61,7 +61,7 @@ async def _threaded_lookup(lookupd: str, topic: str, *, request_timeout: float) 
     )
 
 
-class Consumer:
+class Consumer(ConsumerFront):
     """Consume ``topic``/``channel`` from the daemon(s) at ``address`` and/or the daemons that
     the lookupds at ``lookupd_http_addresses`` list for the topic (``host:port`` or URLs;
     ``lookupd_query`` replaces the HTTP query itself, e.g. with a scripted lookupd in tests).
@@ -87,25 +87,15 @@ class Consumer:
         rng: random.Random | None = None,
         **settings: Unpack[ConsumerSettings],
     ) -> None:
-        check_name("topic", topic)
-        check_name("channel", channel)
-        self.options = options = from_settings(ConsumerOptions, dict(settings))
-        self.topic = topic
-        self.channel = channel
-        self.lookupd_addresses = lookupd_addresses(lookupd_http_addresses)
-        given = [address] if isinstance(address, str) else list(address)
-        if not given and not self.lookupd_addresses:
-            raise ValueError("give daemon addresses, lookupd_http_addresses, or both")
-        self.addresses = address_list(given) if given else []
+        super().__init__(topic, channel, address, lookupd_http_addresses, dict(settings))
         self.handler = handler
-        self.concurrency = concurrency or options.max_in_flight
+        self.concurrency = concurrency or self.options.max_in_flight
         self.on_give_up = on_give_up
         self._lookupd_query = lookupd_query or functools.partial(
-            _threaded_lookup, request_timeout=options.lookupd_timeout
+            _threaded_lookup, request_timeout=self.options.lookupd_timeout
         )
         self._open_stream = open_stream
         self._rng = rng or random.Random()
-        self._core: ConsumerCore | None = None
         self._tasks: TaskGroup | None = None
         self._session: contextlib.AbstractAsyncContextManager[Consumer] | None = None
         self._scopes: dict[str, anyio.CancelScope] = {}
@@ -117,39 +107,11 @@ class Consumer:
         """The deadline the timer task sleeps until (it is woken for an earlier one)."""
         self._stopped = anyio.Event()
 
-    # -- state -----------------------------------------------------------------------------------
-
     @property
     def core(self) -> ConsumerCore:
         if self._core is None:
             raise RuntimeError("the consumer is not running: use `async with Consumer(...)`")
         return self._core
-
-    @property
-    def connected_addresses(self) -> list[str]:
-        """Daemons this consumer is subscribed on right now."""
-        return list(self._core.links) if self._core is not None else []
-
-    @property
-    def discovered_addresses(self) -> list[str]:
-        """Daemons the lookupds listed in their last answer (sorted)."""
-        discovery = self._core.schedule.discovery if self._core is not None else None
-        return sorted(discovery.producers) if discovery is not None else []
-
-    def rdy_counts(self) -> dict[str, int]:
-        """The RDY last sent on each live connection, by daemon address."""
-        core = self._core
-        return {a: link.rdy for a, link in core.links.items()} if core is not None else {}
-
-    def statistics(self) -> ConsumerStats:
-        """Counters and state, for logs and tests."""
-        if self._core is None:
-            return ConsumerStats(0, 0, 0, 0, 0, 0)
-        return self._core.statistics()
-
-    def requeue_delay_for(self, message: Message) -> float:
-        """The delay of an automatic requeue: ``requeue_delay * attempts``, capped (go-nsq)."""
-        return self.options.requeue_delay_for(message.attempts)
 
     async def wait_connections(self, count: int) -> None:
         """Wait until the consumer is subscribed on exactly ``count`` daemons."""
@@ -173,6 +135,8 @@ class Consumer:
             else:
                 try:
                     yield self
+                except anyio.get_cancelled_exc_class():
+                    raise  # the task group's own scope, or an outer one, deals with it
                 except BaseException as exc:
                     error = exc
                 else:
@@ -235,10 +199,7 @@ class Consumer:
             raise RuntimeError("a Consumer runs once")
         self._tasks = tasks
         now = anyio.current_time()
-        core = self._core = ConsumerCore(
-            self.topic, self.channel, self.addresses, lookupds=bool(self.lookupd_addresses),
-            options=self.options, rng=self._rng, clock=anyio.current_time, now=now,
-        )  # fmt: skip
+        core = self._new_core(self._rng, anyio.current_time, now)
         core.notify = self._notified
         core.start(now)
         tasks.start_soon(self._timers)
@@ -293,7 +254,7 @@ class Consumer:
         core = self.core
         conn = Connection(
             address, heartbeat_interval=self.options.heartbeat_interval,
-            connect_timeout=self.options.connect_timeout, identify=self._identify(),
+            connect_timeout=self.options.connect_timeout, identify=self._identify,
             open_stream=self._open_stream, transport=self.options.transport,
             make_link=lambda settings, now: core.connected(address, settings, now),
             receive=self._receive,
@@ -318,10 +279,6 @@ class Consumer:
                 assert isinstance(link, ConsumerLink)
                 core.ended(link, now, link.error)
             self._after()
-
-    def _identify(self) -> dict[str, Any]:
-        msg_timeout = self.options.msg_timeout
-        return {} if msg_timeout is None else {"msg_timeout": round(msg_timeout * 1000)}
 
     def _receive(self, link: ConsumerLink, events: list[Any], now: float) -> None:
         self.core.receive(link, events, now)

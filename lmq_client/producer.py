@@ -78,6 +78,8 @@ class Producer:
             else:
                 try:
                     yield self
+                except anyio.get_cancelled_exc_class():
+                    raise  # the task group's own scope, or an outer one, deals with it
                 except BaseException as exc:
                     error = exc
             finally:

@@ -20,14 +20,13 @@ from collections.abc import Callable, Iterator, Sequence
 from types import TracebackType
 from typing import Unpack
 
-from lmq_client._util import address_list, check_name
+from lmq_client._front import ConsumerFront
 from lmq_client.core.consumer import ConsumerCore, ConsumerLink
-from lmq_client.core.options import ConsumerOptions, ConsumerSettings, from_settings
+from lmq_client.core.options import ConsumerSettings
 from lmq_client.core.schedule import Connect, Disconnect
 from lmq_client.errors import ConnectionFailed, LmqClientError, NSQError, all_addresses_failed
-from lmq_client.lookupd import lookup_producers, lookupd_addresses
+from lmq_client.lookupd import lookup_producers
 from lmq_client.message import Message
-from lmq_client.stats import ConsumerStats
 from lmq_client.sync.connection import SocketConnection
 
 __all__ = ["Consumer"]
@@ -40,7 +39,7 @@ ready messages to run out: a window of 2500 messages is answered in ~10 sends, a
 refills it while the rest are handled."""
 
 
-class Consumer:
+class Consumer(ConsumerFront):
     """A blocking consumer of ``topic``/``channel`` on one or several daemons, listed in
     ``address`` and/or found through the lookupds at ``lookupd_http_addresses``.
 
@@ -69,28 +68,14 @@ class Consumer:
         rng: random.Random | None = None,
         **settings: Unpack[ConsumerSettings],
     ) -> None:
-        check_name("topic", topic)
-        check_name("channel", channel)
-        self.options = options = from_settings(ConsumerOptions, dict(settings))
-        self.topic = topic
-        self.channel = channel
-        self.lookupd_addresses = lookupd_addresses(lookupd_http_addresses)
-        given = [address] if isinstance(address, str) else list(address)
-        if not given and not self.lookupd_addresses:
-            raise ValueError("give daemon addresses, lookupd_http_addresses, or both")
-        self.addresses = address_list(given) if given else []
+        super().__init__(topic, channel, address, lookupd_http_addresses, dict(settings))
         self.on_give_up = on_give_up
         now = time.monotonic()
-        self._core = core = ConsumerCore(
-            topic, channel, self.addresses, lookupds=bool(self.lookupd_addresses),
-            options=options, rng=rng or random.Random(), clock=time.monotonic, now=now,
-        )  # fmt: skip
+        core = self._new_core(rng or random.Random(), time.monotonic, now)
         core.notify = self._notified
         self._conns: dict[str, SocketConnection] = {}
         self._closed = False
         self._due = -math.inf
-        msg_timeout = options.msg_timeout
-        self._identify = {} if msg_timeout is None else {"msg_timeout": round(msg_timeout * 1000)}
         try:
             core.start(now)
             failures = self._act(strict=True)
@@ -101,29 +86,15 @@ class Consumer:
             self.close()
             raise
 
-    # -- state -----------------------------------------------------------------------------------
+    @property
+    def core(self) -> ConsumerCore:
+        assert self._core is not None
+        return self._core
 
     @property
     def address(self) -> str:
         """The daemon consumed from (the first connected one, when there are several)."""
-        return next(iter(self._core.links), "")
-
-    @property
-    def connected_addresses(self) -> list[str]:
-        """The daemons subscribed on right now."""
-        return list(self._core.links)
-
-    def rdy_counts(self) -> dict[str, int]:
-        """The RDY last sent on each connection, by daemon address."""
-        return {a: link.rdy for a, link in self._core.links.items()}
-
-    def statistics(self) -> ConsumerStats:
-        """Counters and state, as the async consumer's ``statistics()``."""
-        return self._core.statistics()
-
-    def requeue_delay_for(self, message: Message) -> float:
-        """The delay of ``run``'s requeue: ``requeue_delay * attempts``, capped (go-nsq)."""
-        return self.options.requeue_delay_for(message.attempts)
+        return next(iter(self.core.links), "")
 
     # -- consuming -------------------------------------------------------------------------------
 
@@ -160,7 +131,7 @@ class Consumer:
 
     def get(self, timeout: float | None = None) -> Message | None:
         """The next message, waiting up to ``timeout`` seconds (None: until one comes)."""
-        core = self._core
+        core = self.core
         deadline = math.inf if timeout is None else time.monotonic() + timeout
         while not self._closed:
             now = time.monotonic()
@@ -189,7 +160,7 @@ class Consumer:
         if self._closed:
             return
         self._closed = True
-        self._core.close(time.monotonic())
+        self.core.close(time.monotonic())
         self._flush(0)
         for conn in self._conns.values():
             conn.close()
@@ -211,7 +182,7 @@ class Consumer:
 
     def _act(self, *, strict: bool = False) -> list[ConnectionFailed]:
         """Carry out the core's actions (dials block). ``strict``: a daemon's error is raised."""
-        core = self._core
+        core = self.core
         failures: list[ConnectionFailed] = []
         while actions := core.take_actions():
             for action in actions:
@@ -230,7 +201,7 @@ class Consumer:
 
     def _dial(self, address: str, *, strict: bool) -> ConnectionFailed | None:
         """Connect to ``address`` and wait for the SUB's answer (``connect_timeout`` each)."""
-        core = self._core
+        core = self.core
         try:
             conn = SocketConnection(
                 address, connect_timeout=self.options.connect_timeout,
@@ -271,7 +242,7 @@ class Consumer:
         conn.close()
         link = conn.link
         assert isinstance(link, ConsumerLink)
-        self._core.ended(link, time.monotonic(), error)
+        self.core.ended(link, time.monotonic(), error)
         self._due = -math.inf
 
     def _flush(self, at_least: int) -> None:
@@ -292,7 +263,7 @@ class Consumer:
         if any(c.buffered() for c in conns):
             timeout = 0.0
         ready, _, _ = select.select([c.socket for c in conns], [], [], timeout)
-        core = self._core
+        core = self.core
         for conn in conns:
             if conn.socket in ready or conn.buffered():
                 try:
