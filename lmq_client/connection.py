@@ -26,8 +26,9 @@ intervals plus ``HEARTBEAT_GRACE`` is gone.
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import anyio
@@ -127,8 +128,12 @@ class Connection:
         self._codec = ClientConnection()
         self._stream: ByteStream | None = None
         self._wake_writer = anyio.Event()
-        self._flushed = anyio.Event()
-        self._flushed.set()
+        self._writer_parked = False
+        self._quiet = False
+        self._sending = False
+        self._flushed: anyio.Event | None = None
+        """Made by ``flush()`` when it has to wait; set by the writer once nothing is left."""
+        self._ended = False
         # A cancel scope needs a running event loop: made when ``run`` starts.
         self._cancel: anyio.CancelScope | None = None
         self._close_requested = False
@@ -173,9 +178,38 @@ class Connection:
         return await self.command(data).wait()
 
     def _output_queued(self) -> None:
-        self._wake_writer.set()
-        if self._flushed.is_set():
-            self._flushed = anyio.Event()
+        if self._writer_parked and not self._quiet:
+            self._writer_parked = False
+            self._wake_writer.set()
+
+    @contextlib.contextmanager
+    def quietly(self) -> Iterator[None]:
+        """Queue commands without waking the writer: the caller sends them with ``send_now``."""
+        self._quiet = True
+        try:
+            yield
+        finally:
+            self._quiet = False
+
+    async def send_now(self) -> None:
+        """Send what is queued from this task, unless a send is under way (which takes it
+        along): a publisher waiting for its answer saves the writer task's wake-up. The send is
+        shielded: a command is never half-sent."""
+        link = self.link
+        stream = self._stream
+        if self._sending or link is None or stream is None or not link.open:
+            return
+        self._sending = True
+        try:
+            with anyio.CancelScope(shield=True):
+                while data := link.take_output():
+                    await stream.send(data)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
+            self._lost(link, f"connection lost while writing ({reason(exc)})")
+        finally:
+            self._sending = False
+        if link.out:
+            self._output_queued()
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -234,13 +268,24 @@ class Connection:
 
     async def flush(self) -> None:
         """Wait until everything written so far was sent (or the connection ended)."""
+        link = self.link
+        if self._ended or link is None or not (link.out or self._sending):
+            return
+        if self._flushed is None:
+            self._flushed = anyio.Event()
         await self._flushed.wait()
 
     def _shutdown(self) -> None:
         if self.link is not None:
             self.link.lost(ConnectionFailed(self.address, "connection closed"))
-        self._flushed.set()
+        self._ended = True
+        self._set_flushed()
         self._closed.set()
+
+    def _set_flushed(self) -> None:
+        flushed, self._flushed = self._flushed, None
+        if flushed is not None:
+            flushed.set()
 
     def _lost(self, link: Link, why: str) -> None:
         if link.error is None:
@@ -315,13 +360,18 @@ class Connection:
         assert stream is not None
         try:
             while True:
-                data = link.take_output()
+                data = b"" if self._sending else link.take_output()
                 if not data:
-                    self._flushed.set()
-                    await self._wake_writer.wait()
+                    self._set_flushed()
+                    # One event per wait, not per write: writes while the writer is busy add to
+                    # ``link.out``, which it takes when its send is done.
                     self._wake_writer = anyio.Event()
+                    self._writer_parked = True
+                    await self._wake_writer.wait()
                     continue
+                self._sending = True
                 await stream.send(data)
+                self._sending = False
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
             self._lost(link, f"connection lost while writing ({reason(exc)})")
         finally:
@@ -332,8 +382,11 @@ class Connection:
         assert stream is not None
         codec = self._codec
         receive = self._receive or self._receive_frames
-        while link.open:
-            with anyio.move_on_after(link.silence_limit):
+        # One cancel scope for the whole loop, its deadline pushed on after each read (a scope per
+        # read cost ~5 us on asyncio).
+        with anyio.CancelScope() as silence:
+            while link.open:
+                silence.deadline = anyio.current_time() + link.silence_limit
                 try:
                     data = await stream.receive(RECEIVE_SIZE)
                 except anyio.EndOfStream:
@@ -351,9 +404,8 @@ class Connection:
                     log.warning("NSQD(%s): protocol error", self.address, exc_info=True)
                     self._lost(link, f"protocol error ({exc})")
                     return
-                continue
+        if silence.cancelled_caught:
             self._lost(link, f"no data for {link.silence_limit:.0f}s (heartbeats missed)")
-            return
 
     def _receive_frames(self, link: Link, events: list[FrameEvent], now: float) -> None:
         messages = link.receive(events, now)

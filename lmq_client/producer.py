@@ -225,14 +225,18 @@ class Producer:
         await self._send(command, 1, extension=ext)
 
     async def _send(self, command: bytes, messages: int, *, extension: bool = False) -> None:
-        await self.connect()
+        conn = await self.connect()
+        core = self._core
         try:
-            reply = self._core.publish(command, messages=messages, extension=extension,
-                                       reply=Reply())  # fmt: skip
+            with conn.quietly():
+                reply = core.publish(command, messages=messages, extension=extension,
+                                     reply=Reply())  # fmt: skip
         except ConnectionFailed:
             # Lost between connect() and now: nothing was sent, so one retry is safe.
-            await self.connect()
-            reply = self._core.publish(command, messages=messages, extension=extension,
-                                       reply=Reply())  # fmt: skip
+            conn = await self.connect()
+            with conn.quietly():
+                reply = core.publish(command, messages=messages, extension=extension,
+                                     reply=Reply())  # fmt: skip
+        await conn.send_now()
         assert isinstance(reply, Reply)
         await reply.wait()
