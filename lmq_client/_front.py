@@ -3,6 +3,7 @@ and their state, read from the core (``lmq_client.core.ConsumerCore``)."""
 
 from __future__ import annotations
 
+import logging
 import random
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -15,6 +16,8 @@ from lmq_client.message import Message
 from lmq_client.stats import ConsumerStats
 
 __all__ = ["ConsumerFront"]
+
+log = logging.getLogger("lmq_client.consumer")
 
 
 class ConsumerFront:
@@ -76,3 +79,14 @@ class ConsumerFront:
     def requeue_delay_for(self, message: Message) -> float:
         """The delay of an automatic requeue: ``requeue_delay * attempts``, capped (go-nsq)."""
         return self.options.requeue_delay_for(message.attempts)
+
+    def _handled(self, message: Message, *, failed: bool) -> None:
+        """A handler returned (the message is finished) or raised (called in its ``except``:
+        requeued after ``requeue_delay_for`` with backoff), unless it answered itself."""
+        if failed:
+            log.warning("consumer %s/%s: handler failed on %r", self.topic, self.channel,
+                        message, exc_info=True)  # fmt: skip
+            if not message.responded:
+                message.requeue(self.requeue_delay_for(message))
+        elif not message.responded:
+            message.finish()

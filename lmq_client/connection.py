@@ -26,9 +26,8 @@ intervals plus ``HEARTBEAT_GRACE`` is gone.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -129,7 +128,8 @@ class Connection:
         self._stream: ByteStream | None = None
         self._wake_writer = anyio.Event()
         self._writer_parked = False
-        self._quiet = False
+        self.quiet = False
+        """While set, queued output does not wake the writer (``send_now`` sends it)."""
         self._sending = False
         self._flushed: anyio.Event | None = None
         """Made by ``flush()`` when it has to wait; set by the writer once nothing is left."""
@@ -178,34 +178,30 @@ class Connection:
         return await self.command(data).wait()
 
     def _output_queued(self) -> None:
-        if self._writer_parked and not self._quiet:
+        if self._writer_parked and not self.quiet:
             self._writer_parked = False
             self._wake_writer.set()
 
-    @contextlib.contextmanager
-    def quietly(self) -> Iterator[None]:
-        """Queue commands without waking the writer: the caller sends them with ``send_now``."""
-        self._quiet = True
-        try:
-            yield
-        finally:
-            self._quiet = False
-
     async def send_now(self) -> None:
         """Send what is queued from this task, unless a send is under way (which takes it
-        along): a publisher waiting for its answer saves the writer task's wake-up. The send is
-        shielded: a command is never half-sent."""
+        along): a publisher waiting for its answer saves the writer task's wake-up (queue its
+        command with ``quiet`` set, so the writer is not woken for it). A send cancelled half-way
+        may have sent part of a command: the connection is closed then."""
         link = self.link
         stream = self._stream
         if self._sending or link is None or stream is None or not link.open:
             return
         self._sending = True
         try:
-            with anyio.CancelScope(shield=True):
-                while data := link.take_output():
-                    await stream.send(data)
+            while data := link.take_output():
+                await stream.send(data)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
             self._lost(link, f"connection lost while writing ({reason(exc)})")
+        except anyio.get_cancelled_exc_class():
+            self._lost(link, "a send was cancelled half-way")
+            if self._cancel is not None:
+                self._cancel.cancel()
+            raise
         finally:
             self._sending = False
         if link.out:
@@ -382,30 +378,34 @@ class Connection:
         assert stream is not None
         codec = self._codec
         receive = self._receive or self._receive_frames
-        # One cancel scope for the whole loop, its deadline pushed on after each read (a scope per
-        # read cost ~5 us on asyncio).
-        with anyio.CancelScope() as silence:
-            while link.open:
-                silence.deadline = anyio.current_time() + link.silence_limit
-                try:
-                    data = await stream.receive(RECEIVE_SIZE)
-                except anyio.EndOfStream:
-                    self._lost(link, "connection closed by the daemon")
-                    return
-                except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
-                    self._lost(link, f"connection lost ({reason(exc)})")
-                    return
-                # Socket streams give bytes already; bytes() of bytes is free.
-                codec.receive_data(bytes(data))
-                try:
-                    while events := codec.next_events():
-                        receive(link, events, anyio.current_time())
-                except Exception as exc:  # a malformed frame: nothing more can be trusted
-                    log.warning("NSQD(%s): protocol error", self.address, exc_info=True)
-                    self._lost(link, f"protocol error ({exc})")
-                    return
-        if silence.cancelled_caught:
-            self._lost(link, f"no data for {link.silence_limit:.0f}s (heartbeats missed)")
+        # The silence deadline is checked when a scope set for it expires, not re-armed on every
+        # read (a timer per read cost a few us on asyncio): the scope is set again from the
+        # time of the last read until a whole silence limit has passed without one. A cancelled
+        # receive loses no data.
+        while link.open:
+            with anyio.CancelScope(deadline=link.heard_at + link.silence_limit) as silence:
+                while link.open:
+                    try:
+                        data = await stream.receive(RECEIVE_SIZE)
+                    except anyio.EndOfStream:
+                        self._lost(link, "connection closed by the daemon")
+                        return
+                    except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
+                        self._lost(link, f"connection lost ({reason(exc)})")
+                        return
+                    now = link.heard_at = anyio.current_time()
+                    # Socket streams give bytes already; bytes() of bytes is free.
+                    codec.receive_data(bytes(data))
+                    try:
+                        while events := codec.next_events():
+                            receive(link, events, now)
+                    except Exception as exc:  # a malformed frame: nothing more can be trusted
+                        log.warning("NSQD(%s): protocol error", self.address, exc_info=True)
+                        self._lost(link, f"protocol error ({exc})")
+                        return
+            if silence.cancelled_caught and anyio.current_time() >= link.deadline:
+                self._lost(link, f"no data for {link.silence_limit:.0f}s (heartbeats missed)")
+                return
 
     def _receive_frames(self, link: Link, events: list[FrameEvent], now: float) -> None:
         messages = link.receive(events, now)

@@ -32,6 +32,7 @@ import anyio.to_thread
 from anyio.abc import TaskGroup, TaskStatus
 
 from lmq_client._front import ConsumerFront
+from lmq_client._tasks import owned_task_group
 from lmq_client.connection import Connection, StreamOpener, open_tcp_stream
 from lmq_client.core.consumer import ConsumerCore, ConsumerLink
 from lmq_client.core.options import ConsumerSettings
@@ -122,29 +123,15 @@ class Consumer(ConsumerFront):
 
     @contextlib.asynccontextmanager
     async def _run(self) -> AsyncIterator[Consumer]:
-        # Errors (the body's, or starting) are raised after the task group, as they are: not
-        # wrapped in an exception group.
-        error: BaseException | None = None
-        async with anyio.create_task_group() as tasks:
+        async with owned_task_group() as tasks:
             try:
                 self._start(tasks)
                 while not self.core.started:
                     await self._changed.wait()
-            except BaseException as exc:
-                error = exc
-            else:
-                try:
-                    yield self
-                except anyio.get_cancelled_exc_class():
-                    raise  # the task group's own scope, or an outer one, deals with it
-                except BaseException as exc:
-                    error = exc
-                else:
-                    await self._drain()
+                yield self
+                await self._drain()  # not when the body raised: the daemons redeliver
             finally:
                 self._stop()
-        if error is not None:
-            raise error
 
     async def __aenter__(self) -> Consumer:
         if self._session is not None:
@@ -337,10 +324,6 @@ class Consumer(ConsumerFront):
             try:
                 await handler(message)
             except Exception:
-                log.warning("consumer %s/%s: handler failed on %r", self.topic, self.channel,
-                            message, exc_info=True)  # fmt: skip
-                if not message.responded:
-                    message.requeue(self.requeue_delay_for(message))
+                self._handled(message, failed=True)
             else:
-                if not message.responded:
-                    message.finish()
+                self._handled(message, failed=False)

@@ -20,6 +20,7 @@ from typing import Any, Unpack
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
+from lmq_client._tasks import owned_task_group
 from lmq_client._util import address_list, check_name
 from lmq_client.connection import Connection, Reply, StreamOpener, open_tcp_stream
 from lmq_client.core.link import Link
@@ -66,28 +67,14 @@ class Producer:
 
     @contextlib.asynccontextmanager
     async def _run(self) -> AsyncIterator[Producer]:
-        # Errors (connecting, or the body's) are raised after the task group, as they are: not
-        # wrapped in an exception group.
-        error: BaseException | None = None
-        async with anyio.create_task_group() as tasks:
+        async with owned_task_group() as tasks:
             self._tasks = tasks
             try:
                 await self.connect()
-            except BaseException as exc:
-                error = exc
-            else:
-                try:
-                    yield self
-                except anyio.get_cancelled_exc_class():
-                    raise  # the task group's own scope, or an outer one, deals with it
-                except BaseException as exc:
-                    error = exc
+                yield self
             finally:
                 self._tasks = None
                 await self.aclose()
-                tasks.cancel_scope.cancel()
-        if error is not None:
-            raise error
 
     async def __aenter__(self) -> Producer:
         if self._session is not None:
@@ -225,18 +212,20 @@ class Producer:
         await self._send(command, 1, extension=ext)
 
     async def _send(self, command: bytes, messages: int, *, extension: bool = False) -> None:
-        conn = await self.connect()
-        core = self._core
+        conn = self._conn
+        if conn is None or not conn.is_open:
+            conn = await self.connect()
+        reply = Reply()
+        conn.quiet = True  # queued quietly: sent from this task by send_now
         try:
-            with conn.quietly():
-                reply = core.publish(command, messages=messages, extension=extension,
-                                     reply=Reply())  # fmt: skip
+            self._core.publish(command, messages=messages, extension=extension, reply=reply)
         except ConnectionFailed:
             # Lost between connect() and now: nothing was sent, so one retry is safe.
+            conn.quiet = False
             conn = await self.connect()
-            with conn.quietly():
-                reply = core.publish(command, messages=messages, extension=extension,
-                                     reply=Reply())  # fmt: skip
+            conn.quiet = True
+            self._core.publish(command, messages=messages, extension=extension, reply=reply)
+        finally:
+            conn.quiet = False
         await conn.send_now()
-        assert isinstance(reply, Reply)
         await reply.wait()

@@ -20,13 +20,15 @@ pynsq==0.9.1 gnsq==1.0.2 ansq==0.3.0``) in a scratch virtualenv, ``--venv``
 virtualenv. ansq's reader keeps ``RDY 1`` per connection; the bench raises it to
 ``--max-in-flight`` with ansq's own ``connection.rdy()``, as the others get it from their
 ``max_in_flight``. The clients run in turn, in the same order in every run; medians are over
-the runs.
+the runs. ``--lmq-source DIR`` runs the lmq clients from another tree (an earlier commit's
+``git archive``: before and after).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -61,7 +63,11 @@ def run_client(python: str, client: str, address: str, topic: str, a: argparse.N
                ) -> dict[str, Any]:  # fmt: skip
     command = [python, str(CHILD), client, address, topic, str(a.messages), str(a.size),
                str(a.batch), str(a.max_in_flight), str(a.limit)]  # fmt: skip
-    done = subprocess.run(command, capture_output=True, text=True, timeout=a.limit * 4 + 300)
+    env = dict(os.environ)
+    if a.lmq_source is not None and client in LMQ_CLIENTS:
+        env["PYTHONPATH"] = str(a.lmq_source)  # ahead of the checkout's editable install
+    done = subprocess.run(command, capture_output=True, text=True, timeout=a.limit * 4 + 300,
+                          env=env)  # fmt: skip
     if done.returncode != 0:
         raise RuntimeError(f"{client} failed:\n{done.stderr[-3000:]}")
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
@@ -94,6 +100,9 @@ def main() -> None:
     parser.add_argument("--client", action="append", choices=[*LMQ_CLIENTS, *OTHER_CLIENTS],
                         help="only these clients (repeatable; default: all six)")
     parser.add_argument("--venv", type=Path, default=Path("/tmp/lmq-bench-clients"))
+    parser.add_argument("--lmq-source", type=Path,
+                        help="a directory holding another lmq_client (and lmqd) to run as the lmq "
+                        "clients, e.g. an earlier commit's `git archive`")
     parser.add_argument("--markdown", action="store_true")
     a = parser.parse_args()
     clients = a.client or [*LMQ_CLIENTS, *OTHER_CLIENTS]

@@ -121,13 +121,9 @@ class Consumer(ConsumerFront):
             try:
                 handler(message)
             except Exception:
-                log.warning("consumer %s/%s: handler failed on %r", self.topic, self.channel,
-                            message, exc_info=True)  # fmt: skip
-                if not message.responded:
-                    message.requeue(self.requeue_delay_for(message))
+                self._handled(message, failed=True)
             else:
-                if not message.responded:
-                    message.finish()
+                self._handled(message, failed=False)
 
     def get(self, timeout: float | None = None) -> Message | None:
         """The next message, waiting up to ``timeout`` seconds (None: until one comes)."""
