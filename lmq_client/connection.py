@@ -27,11 +27,12 @@ intervals plus ``HEARTBEAT_GRACE`` is gone.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
-from anyio.abc import ByteStream, TaskStatus
+from anyio.abc import ByteStream, SocketAttribute, SocketStream, TaskStatus
 
 from lmq_client._util import USER_AGENT, identify_body, parse_identify_response
 from lmq_client.core.link import RECEIVE_SIZE, Link, max_rdy_count
@@ -128,6 +129,8 @@ class Connection:
         self._stream: ByteStream | None = None
         self._wake_writer = anyio.Event()
         self._writer_parked = False
+        self._raw_fd: int | None = None
+        """The socket's file descriptor while sends may go straight to it (``_send``)."""
         self.quiet = False
         """While set, queued output does not wake the writer (``send_now`` sends it)."""
         self._sending = False
@@ -194,7 +197,7 @@ class Connection:
         self._sending = True
         try:
             while data := link.take_output():
-                await stream.send(data)
+                await self._send(stream, data)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
             self._lost(link, f"connection lost while writing ({reason(exc)})")
         except anyio.get_cancelled_exc_class():
@@ -272,6 +275,7 @@ class Connection:
         await self._flushed.wait()
 
     def _shutdown(self) -> None:
+        self._raw_fd = None  # closed next: the number may soon be another file's
         if self.link is not None:
             self.link.lost(ConnectionFailed(self.address, "connection closed"))
         self._ended = True
@@ -324,6 +328,9 @@ class Connection:
             log.info("NSQD(%s): authenticated as %s", self.address, self.auth_identity)
         # Frames that came right behind the last handshake frame go to the reader task.
         self._stream = self._with_rest(reader)
+        if isinstance(self._stream, SocketStream) and os.name == "posix":
+            # plain TCP: the bytes on the socket are the protocol's
+            self._raw_fd = self._stream.extra(SocketAttribute.raw_socket).fileno()
 
     def _with_rest(self, reader: FrameReader) -> ByteStream:
         assert self._stream is not None
@@ -349,6 +356,28 @@ class Connection:
                 ) from None
             reader.receive_data(bytes(received))
 
+    async def _send(self, stream: ByteStream, data: bytes) -> None:
+        """``stream.send(data)``, but straight to the socket while the kernel takes it all: a
+        send through anyio yields to the event loop once (and on asyncio enters a shielded
+        cancel scope), ~15 us per command on this machine, which a publisher waiting for its
+        answer pays on every publish. Only on a plain TCP stream (no TLS, no compression), and
+        only until the kernel's buffer is full once: then the rest, and every send after it, go
+        through anyio (whose buffered bytes a direct send could overtake). The file descriptor
+        is written (asyncio hands out no socket to send on); POSIX only."""
+        fd = self._raw_fd
+        if fd is not None:
+            try:
+                sent = os.write(fd, data)  # the socket is non-blocking: EAGAIN, not a wait
+            except BlockingIOError:
+                sent = 0
+            except OSError as exc:
+                raise anyio.BrokenResourceError(reason(exc)) from exc
+            if sent == len(data):
+                return
+            self._raw_fd = None
+            data = data[sent:]
+        await stream.send(data)
+
     # -- the two tasks ---------------------------------------------------------------------------
 
     async def _writer(self, link: Link, cancel: anyio.CancelScope) -> None:
@@ -366,7 +395,7 @@ class Connection:
                     await self._wake_writer.wait()
                     continue
                 self._sending = True
-                await stream.send(data)
+                await self._send(stream, data)
                 self._sending = False
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
             self._lost(link, f"connection lost while writing ({reason(exc)})")
