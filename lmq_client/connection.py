@@ -4,7 +4,7 @@ Theory of operation
 -------------------
 The framing is the sans-IO ``lmqd.protocol.ClientConnection``; this module only moves bytes.
 ``run()`` connects, sends the magic and IDENTIFY (with ``feature_negotiation``), performs the
-upgrades the daemon granted (TLS, then snappy or deflate, then AUTH: ``lmq_client.transport``),
+upgrades the daemon granted (TLS, then snappy or deflate, then AUTH: ``lmq_client.handshake``),
 reports itself started, then runs a reader and a writer task until either ends. After the
 upgrades the stream is an ``anyio.streams.tls.TLSStream`` and/or an
 ``lmq_client.streams.CompressedStream`` around the socket, and the two tasks do not know the
@@ -22,6 +22,10 @@ commands in order, heartbeats get their ``NOP`` and errors are sorted there. The
 each received buffer's decoded frames to ``receive`` (the consumer core's), or by default to the
 link and the message frames, as one list, to ``on_messages``. A daemon silent for two heartbeat
 intervals plus ``HEARTBEAT_GRACE`` is gone.
+
+A publisher waiting for its answer need not wake the writer: it queues its command ``quiet`` and
+sends it from its own task (``send_now``). On plain TCP, sends go straight to the socket while
+the kernel takes them whole (``_send``: anyio's send yields to the loop once per call).
 """
 
 from __future__ import annotations
@@ -34,20 +38,14 @@ from typing import Any
 import anyio
 from anyio.abc import ByteStream, SocketAttribute, SocketStream, TaskStatus
 
-from lmq_client._util import USER_AGENT, identify_body, parse_identify_response
+from lmq_client._util import USER_AGENT, identify_body
 from lmq_client.core.link import RECEIVE_SIZE, Link, max_rdy_count
 from lmq_client.core.link import Reply as CoreReply
 from lmq_client.errors import ConnectionFailed, LmqClientError, NSQError, reason
-from lmq_client.streams import CompressedStream, PrefixedStream, start_tls
-from lmq_client.transport import (
-    PLAIN,
-    FrameReader,
-    TransportOptions,
-    parse_auth_answer,
-    plan_upgrades,
-)
+from lmq_client.handshake import handshake
+from lmq_client.transport import PLAIN, TransportOptions
 from lmqd.net import split_address
-from lmqd.protocol import Auth, ClientConnection, FrameEvent, MessageFrame, encode_identify
+from lmqd.protocol import ClientConnection, FrameEvent, MessageFrame
 
 __all__ = ["Connection", "Reply", "open_tcp_stream"]
 
@@ -293,68 +291,21 @@ class Connection:
             link.lost(ConnectionFailed(self.address, why))
 
     async def _connect(self) -> None:
-        reader = FrameReader(self.address)
         try:
             with anyio.fail_after(self.connect_timeout):
                 self._stream = await self._open_stream(self.address)
-                await self._stream.send(
-                    self._codec.initial_bytes() + encode_identify(self.identify)
-                )
-                self.server_settings = parse_identify_response(await self._handshake_frame(reader))
-                await self._upgrade(reader)
+                done = await handshake(self._stream, self.address, self.identify, self.transport)
         except TimeoutError:
             raise ConnectionFailed(self.address, "timed out connecting") from None
         except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
             raise ConnectionFailed(self.address, f"cannot connect ({reason(exc)})") from None
-        log.debug("NSQD(%s): connected, %s", self.address, self.server_settings)
-
-    async def _upgrade(self, reader: FrameReader) -> None:
-        """TLS, compression, AUTH, as the daemon's IDENTIFY answer says (nsqd's order)."""
-        assert self._stream is not None
-        upgrades = plan_upgrades(self.transport, self.server_settings, self.address)
-        if upgrades.tls:
-            host, _ = split_address(self.address)
-            # The handshake is bounded by connect_timeout, like the rest of _connect.
-            self._stream = await start_tls(
-                self._with_rest(reader), self.transport.ssl_context(), server_hostname=host
-            )
-            await self._expect_ok(reader, "TLS")
-        if upgrades.codec is not None:
-            self._stream = CompressedStream(self._with_rest(reader), upgrades.codec)
-            await self._expect_ok(reader, upgrades.codec.name)
-        if upgrades.auth_secret is not None:
-            await self._stream.send(Auth(secret=upgrades.auth_secret).encode())
-            self.auth_identity = parse_auth_answer(await self._handshake_frame(reader))
-            log.info("NSQD(%s): authenticated as %s", self.address, self.auth_identity)
-        # Frames that came right behind the last handshake frame go to the reader task.
-        self._stream = self._with_rest(reader)
+        self._stream = done.stream
+        self.server_settings = done.server_settings
+        self.auth_identity = done.auth_identity
         if isinstance(self._stream, SocketStream) and os.name == "posix":
-            # plain TCP: the bytes on the socket are the protocol's
+            # plain TCP: the bytes on the socket are the protocol's (``_send``)
             self._raw_fd = self._stream.extra(SocketAttribute.raw_socket).fileno()
-
-    def _with_rest(self, reader: FrameReader) -> ByteStream:
-        assert self._stream is not None
-        rest = reader.take_rest()
-        return PrefixedStream(self._stream, rest) if rest else self._stream
-
-    async def _expect_ok(self, reader: FrameReader, upgrade: str) -> None:
-        data = await self._handshake_frame(reader)
-        if data != b"OK":
-            raise ConnectionFailed(self.address, f"invalid answer {data[:50]!r} after {upgrade}")
-
-    async def _handshake_frame(self, reader: FrameReader) -> bytes:
-        assert self._stream is not None
-        while True:
-            data = reader.next_response()
-            if data is not None:
-                return data
-            try:
-                received = await self._stream.receive(RECEIVE_SIZE)
-            except anyio.EndOfStream:
-                raise ConnectionFailed(
-                    self.address, "connection closed during the handshake"
-                ) from None
-            reader.receive_data(bytes(received))
+        log.debug("NSQD(%s): connected, %s", self.address, self.server_settings)
 
     async def _send(self, stream: ByteStream, data: bytes) -> None:
         """``stream.send(data)``, but straight to the socket while the kernel takes it all: a
