@@ -17,10 +17,11 @@ and wait; every decision is made here, from what they report and the time they p
   ``timers`` must run next (backoff pause, RDY redistribution, redials, lookupd polls, silent
   daemons, the end of ``close_timeout``).
 
-Messages are answered by the application through ``Message.finish/requeue/touch``, which write
-to their link and report here (``_message_done``): counters, and the backoff (``Flow``), whose
-RDY 0 goes out before the failed message's REQ (go-nsq's order). Those reports carry no time, so
-the core reads ``clock()`` for them; everything else takes ``now``.
+Messages are answered by the application through ``Message.finish/requeue/touch``, which hand
+their command to the core (``_answer``): counters, the backoff (``Flow``), whose RDY 0 goes out
+before the failed message's REQ (go-nsq's order), and the command queued on the message's link.
+Those calls carry no time, so the core reads ``clock()`` for them; everything else takes
+``now``.
 
 A message delivered more than ``max_attempts`` times is not handed out as one to handle:
 ``next_message`` flags it to be given up (the give-up hook sees it, then it is finished). A
@@ -90,6 +91,11 @@ class ConsumerCore:
         self.clock = clock
         self.notify: Callable[[], None] = _nothing
         """Set by the driver: called when an answer changed ``deadline`` or ``drained``."""
+        self.send_now: Callable[[Link], None] | None = None
+        """Set by a driver without a writer task (the blocking one): called when a link's
+        output should go out now: after a TOUCH, and after an answer once no received message
+        waits to be handed out (the application has caught up; during a burst, answers wait
+        for the next ``get()`` and go out together)."""
         self.schedule = Schedule(
             addresses, lookupds=lookupds, poll_interval=options.lookupd_poll_interval,
             poll_jitter=options.lookupd_poll_jitter,
@@ -270,18 +276,23 @@ class ConsumerCore:
 
     # -- answers (from Message) ------------------------------------------------------------------
 
-    def _message_done(self, message: Message, *, success: bool, backoff: bool) -> None:
+    def _answer(self, message: Message, command: bytes, *, success: bool, backoff: bool
+                ) -> None:  # fmt: skip
+        """``message`` answered with ``command`` (FIN or REQ): counters, backoff, and the command
+        queued on its link, after the backoff's RDY 0 for a failure (go-nsq's order: the daemon
+        cannot hand the message straight back during the pause). A message whose connection
+        is gone cannot be answered (the daemon delivers it again)."""
+        link = message._conn
         self.unanswered -= 1
         if success:
             self.finished += 1
+            if link.open:
+                link.write(command)
             if self.flow.backoff.level == 0:  # the common case: nothing else changes
-                if self.closing and self.unanswered == 0:
-                    self.notify()
+                self._after_answer(link)
                 return
         else:
             self.requeued += 1
-        if self.closing and self.unanswered == 0:
-            self.notify()
         if (success or backoff) and self.flow.outcome(self.clock(), failure=not success):
             paused_until = self.flow.backoff.paused_until
             if paused_until is not None:
@@ -291,6 +302,22 @@ class ConsumerCore:
                 log.info("consumer %s/%s: backoff over", self.topic, self.channel)
             self._update_rdy()
             self.notify()
+        if not success and link.open:
+            link.write(command)
+        self._after_answer(link)
+
+    def _touch(self, message: Message, command: bytes) -> None:
+        link = message._conn
+        if link.open:
+            link.write(command)
+            if self.send_now is not None:
+                self.send_now(link)
+
+    def _after_answer(self, link: Link) -> None:
+        if self.closing and self.unanswered == 0:
+            self.notify()
+        if self.send_now is not None and not self.ready and link.out:
+            self.send_now(link)
 
     def _answered(self) -> None:
         self.unanswered -= 1

@@ -4,9 +4,10 @@ Everything happens inside ``get()`` (and the iteration, and ``run``): it does wh
 is due (dials, lookupd queries, which block for at most ``connect_timeout`` and
 ``lookupd_timeout``; the end of a backoff pause), sends what the core and the answers queued,
 hands out a message already received, or waits on every connection at once (``select``) until
-one has bytes or the core's next deadline. Answers (``finish``, ``requeue``, ``touch``) are
-queued on their connection and sent at the next ``get()`` that has nothing ready (or once
-``FLUSH_AT`` commands are waiting, or at ``close()``), so a burst of FINs costs one send.
+one has bytes or the core's next deadline. Answers (``finish``, ``requeue``) go out at once when
+no received message waits to be handed out; during a burst they are queued on their connection
+and sent by the next ``get()`` (once ``FLUSH_AT`` are waiting, or when nothing is ready), so a
+burst of FINs costs a few sends. ``touch`` goes out at once.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Unpack
 
 from lmq_client._front import ConsumerFront
 from lmq_client.core.consumer import ConsumerCore, ConsumerLink
+from lmq_client.core.link import Link
 from lmq_client.core.options import ConsumerSettings
 from lmq_client.core.schedule import Connect, Disconnect
 from lmq_client.errors import ConnectionFailed, LmqClientError, NSQError, all_addresses_failed
@@ -73,6 +75,7 @@ class Consumer(ConsumerFront):
         now = time.monotonic()
         core = self._new_core(rng or random.Random(), time.monotonic, now)
         core.notify = self._notified
+        core.send_now = self._send_now
         self._conns: dict[str, SocketConnection] = {}
         self._closed = False
         self._due = -math.inf
@@ -175,6 +178,14 @@ class Consumer(ConsumerFront):
 
     def _notified(self) -> None:
         self._due = -math.inf
+
+    def _send_now(self, link: Link) -> None:
+        conn = self._conns.get(link.address)
+        if conn is not None and conn.link is link:
+            try:
+                conn.flush()
+            except ConnectionFailed as exc:
+                self._lost(conn, exc)
 
     def _act(self, *, strict: bool = False) -> list[ConnectionFailed]:
         """Carry out the core's actions (dials block). ``strict``: a daemon's error is raised."""

@@ -310,3 +310,26 @@ def test_a_discovered_producer_whose_connection_ended_is_asked_for_again() -> No
     assert core.take_actions() == [QueryLookupds()]
     core.answered(11.1, [])  # no longer listed: not dialled again
     assert core.take_actions() == []
+
+
+def test_a_driver_without_writer_is_told_to_send_once_the_application_caught_up() -> None:
+    """The blocking driver's ``send_now``: answers of a burst wait for each other, the last one
+    (nothing received is left to hand out) and every TOUCH go out at once."""
+    core = make_core(["a:1"], Clock(), max_in_flight=10)
+    told: list[bytes] = []
+    core.send_now = lambda link: told.append(link.take_output())
+    core.start(0.0)
+    core.take_actions()
+    link = subscribe(core, "a:1", 0.0)
+    sent(link)
+    core.receive(link, [message(1), message(2), message(3)], 1.0)
+    first, _ = core.next_message() or pytest.fail()
+    first.finish()
+    assert told == []  # two more are waiting to be handed out
+    second, _ = core.next_message() or pytest.fail()
+    second.touch()
+    assert told == [b"FIN " + msg_id(1) + b"\nTOUCH " + msg_id(2) + b"\n"]
+    second.finish()
+    third, _ = core.next_message() or pytest.fail()
+    third.requeue(0, backoff=False)
+    assert told[1:] == [b"FIN " + msg_id(2) + b"\nREQ " + msg_id(3) + b" 0\n"]
