@@ -14,6 +14,7 @@ The blocking client for scripts and Spark executors is ``lmq_client.sync``; the 
 
 from lmq_client.backoff import Backoff
 from lmq_client.consumer import Consumer, ConsumerStats
+from lmq_client.core import ConsumerOptions, ProducerOptions, ProducerStats
 from lmq_client.errors import ConnectionFailed, InvalidNameError, LmqClientError, NSQError
 from lmq_client.message import Message
 from lmq_client.producer import Producer
@@ -23,11 +24,14 @@ __all__ = [
     "Backoff",
     "ConnectionFailed",
     "Consumer",
+    "ConsumerOptions",
     "ConsumerStats",
     "InvalidNameError",
     "LmqClientError",
     "Message",
     "NSQError",
     "Producer",
+    "ProducerOptions",
+    "ProducerStats",
     "TransportOptions",
 ]

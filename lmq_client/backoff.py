@@ -2,10 +2,10 @@
 backoff state.
 
 ``Backoff`` is used twice: by the consumers when handlers fail and between reconnect attempts.
-``BackoffState`` is go-nsq's consumer backoff as plain state with ``now`` passed in, shared by
-the async consumer (``lmq_client.consumer``) and the blocking one (``lmq_client.sync``): a
-failure raises the level and pauses the flow (RDY 0 everywhere) for ``delay(level)``; when the
-pause ends the consumer probes with RDY 1 on one connection; a success lowers the level (at 0
+``BackoffState`` is go-nsq's consumer backoff as plain state with ``now`` passed in, held by the
+consumer core's flow control (``lmq_client.core.flow``) for every front end: a failure raises
+the level and pauses the flow (RDY 0 everywhere) for ``delay(level)``; when the pause ends the
+consumer probes with RDY 1 on one connection; a success lowers the level (at 0
 the full RDY is back, otherwise another, shorter, pause follows) and a failure raises it.
 Outcomes reported during a pause belong to messages that were in flight when it began, and are
 not counted, so one burst of failures counts once. Free of any event loop, so it is tested on

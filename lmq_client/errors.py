@@ -30,6 +30,7 @@ __all__ = [
     "SubFailedError",
     "TouchFailedError",
     "error_from_frame",
+    "reason",
 ]
 
 NON_FATAL_CODES = frozenset({"E_FIN_FAILED", "E_REQ_FAILED", "E_TOUCH_FAILED"})
@@ -204,3 +205,14 @@ def all_addresses_failed(failures: Sequence[ConnectionFailed]) -> ConnectionFail
 
 class InvalidNameError(LmqClientError, ValueError):
     """A topic or channel name that no daemon would accept (checked before sending)."""
+
+
+def reason(exc: BaseException) -> str:
+    """A short text for why an I/O operation failed, the same in every front end: an OS error's
+    ``strerror``; for a wrapper raised ``from`` its cause (anyio's ``BrokenResourceError`` around
+    a failed TLS handshake or a corrupt compressed stream), the cause's reason."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    if exc.__cause__ is not None:
+        return reason(exc.__cause__)
+    return str(exc) or type(exc).__name__

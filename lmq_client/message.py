@@ -2,30 +2,25 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from lmqd.message_ext import MessageExt
-from lmqd.protocol import Fin, Req, Touch
+from lmqd.protocol import Req, Touch, encode_fin
+
+if TYPE_CHECKING:
+    from lmq_client.core.link import Link
 
 __all__ = ["Message"]
 
 
-class Link(Protocol):
-    """Where a message's answers go: an async ``Connection`` or the blocking client's socket."""
-
-    @property
-    def address(self) -> str: ...
-
-    @property
-    def is_open(self) -> bool: ...
-
-    def write(self, data: bytes) -> None: ...
-
-
 class Outcomes(Protocol):
-    """Who is told about answers (the Consumer, for in-flight counts and backoff)."""
+    """Who sends the answers and is told about them (the consumer core: order, counters,
+    backoff)."""
 
-    def _message_done(self, message: Message, *, success: bool, backoff: bool) -> None: ...
+    def _answer(self, message: Message, command: bytes, *, success: bool, backoff: bool
+                ) -> None: ...  # fmt: skip
+
+    def _touch(self, message: Message, command: bytes) -> None: ...
 
 
 class Message:
@@ -46,7 +41,7 @@ class Message:
         timestamp: int,
         attempts: int,
         conn: Link,
-        consumer: Outcomes | None,
+        consumer: Outcomes,
         ext: MessageExt | None = None,
     ) -> None:
         self.id = id
@@ -85,7 +80,7 @@ class Message:
 
     def finish(self) -> None:
         """FIN: the message is done and will not be delivered again."""
-        self._respond(Fin(id=self.id).encode(), success=True, backoff=False)
+        self._respond(encode_fin(self.id), success=True, backoff=False)
 
     def requeue(self, delay: float = 0.0, *, backoff: bool = True) -> None:
         """REQ: deliver the message again ``delay`` seconds from now (0: as soon as possible).
@@ -102,23 +97,10 @@ class Message:
         """TOUCH: reset the message's timeout (the daemon's ``msg_timeout``) to start now."""
         if self.responded:
             raise RuntimeError(f"{self!r} was already answered")
-        if self._conn.is_open:
-            self._conn.write(Touch(id=self.id).encode())
+        self._consumer._touch(self, Touch(id=self.id).encode())
 
     def _respond(self, command: bytes, *, success: bool, backoff: bool) -> None:
         if self.responded:
             raise RuntimeError(f"{self!r} was already answered")
         self.responded = True
-        consumer = self._consumer
-        if consumer is not None and not success and backoff:
-            # A failure that starts (or deepens) a backoff: the consumer's RDY 0 goes out before
-            # the REQ, so the daemon cannot hand the message straight back during the pause
-            # (go-nsq's order: OnBackoff, then the REQ).
-            consumer._message_done(self, success=success, backoff=backoff)
-            if self._conn.is_open:
-                self._conn.write(command)
-            return
-        if self._conn.is_open:
-            self._conn.write(command)
-        if consumer is not None:
-            consumer._message_done(self, success=success, backoff=backoff)
+        self._consumer._answer(self, command, success=success, backoff=backoff)

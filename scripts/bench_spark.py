@@ -77,7 +77,8 @@ class RowsWriter(DataSourceWriter):
         options = self.options
         column = options.body_column
         assert column is not None
-        with Producer(list(options.addresses), timeout=options.timeout_s) as producer:
+        with Producer(list(options.addresses), connect_timeout=options.timeout_s,
+                      response_timeout=options.timeout_s) as producer:
             publisher = BatchingPublisher(producer, options.topic,
                                           batch_size=options.batch_size,
                                           batch_bytes=options.batch_bytes)

@@ -130,7 +130,8 @@ class Soak:
             while not self.stop_all.is_set():
                 try:
                     if producer is None:
-                        producer = Producer(self.tcp, timeout=CLIENT_TIMEOUT_S)
+                        producer = Producer(self.tcp, connect_timeout=CLIENT_TIMEOUT_S,
+                                            response_timeout=CLIENT_TIMEOUT_S)
                     self.publish_attempts += 1
                     producer.mpub(TOPIC, bodies)
                 except (OSError, NSQError):
@@ -155,7 +156,7 @@ class Soak:
         while not self.stop_all.is_set():
             try:
                 with Consumer(
-                    TOPIC, channel, self.tcp, max_in_flight=100, timeout=CLIENT_TIMEOUT_S,
+                    TOPIC, channel, self.tcp, max_in_flight=100, connect_timeout=CLIENT_TIMEOUT_S,
                     max_attempts=0,
                 ) as consumer:  # fmt: skip
                     while not self.stop_all.is_set():

@@ -279,7 +279,8 @@ def pub(
     published = batches = 0
     try:
         with Producer(
-            addresses, timeout=settings.timeout, transport=settings.transport
+            addresses, connect_timeout=settings.timeout, response_timeout=settings.timeout,
+            transport=settings.transport,
         ) as producer, progress:
             producer.connect()  # an unreachable daemon is reported now, not at the first line
             task = progress.add_task("pub", total=None, topic=topic)

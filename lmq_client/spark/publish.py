@@ -334,7 +334,8 @@ ProducerFactory = Callable[[list[str], float], MessageProducer]
 def _sync_producer(
     addresses: list[str], timeout: float, transport: TransportOptions = PLAIN
 ) -> MessageProducer:
-    return Producer(addresses, timeout=timeout, transport=transport)
+    return Producer(addresses, connect_timeout=timeout, response_timeout=timeout,
+                    transport=transport)
 
 
 def write_partition(

@@ -26,6 +26,7 @@ from lmqd.protocol.events import (
     Sub,
     Touch,
     Xpub,
+    encode_fin,
     encode_identify,
     one_per_command,
 )
@@ -96,6 +97,7 @@ __all__ = [
     "decode_identify_body",
     "default_settings",
     "encode_error",
+    "encode_fin",
     "encode_identify",
     "encode_message",
     "encode_messages",

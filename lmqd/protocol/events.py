@@ -154,6 +154,11 @@ class Rdy:
         return b"RDY %d\n" % self.count
 
 
+def encode_fin(msg_id: bytes) -> bytes:
+    """``Fin(id=msg_id).encode()`` without the event object (a consumer's per-message path)."""
+    return b"FIN " + msg_id + b"\n"
+
+
 @attrs.frozen(kw_only=True, slots=True)
 class Fin:
     """FIN: the message was processed."""
@@ -162,7 +167,7 @@ class Fin:
 
     def encode(self) -> bytes:
         """The command on the wire."""
-        return b"FIN " + self.id + b"\n"
+        return encode_fin(self.id)
 
 
 @attrs.frozen(kw_only=True, slots=True)

@@ -386,3 +386,35 @@ async def test_sub_error_is_retried(autojump_clock: trio.abc.Clock) -> None:
                 assert consumer.connected_addresses == []
                 await trio.sleep(1.001)
                 assert consumer.connected_addresses == ["a:1"]
+
+
+async def test_run_in_a_nursery_until_close(autojump_clock: trio.abc.Clock) -> None:
+    """``await nursery.start(consumer.run)`` (started once the daemon was tried), then
+    ``close()``: CLS, the handler's FIN, and ``run`` returns without an exception."""
+    net = FakeNetwork()
+    handled = trio.Event()
+
+    async def handler(message: Message) -> None:
+        handled.set()
+
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            commands: list[object] = []
+
+            async def daemon() -> None:
+                fake = await net.accept()
+                await fake.subscribe()
+                await fake.expect(Rdy)
+                await fake.deliver(msg_id(1), b"one")
+                commands.append(await fake.next_command())
+                await fake.expect(Cls)
+                await fake.respond(b"CLOSE_WAIT")
+
+            nursery.start_soon(daemon)
+            consumer = Consumer("t", "c", "a:1", handler=handler, open_stream=net.open_stream)
+            await nursery.start(consumer.run)
+            assert consumer.connected_addresses == ["a:1"]
+            await handled.wait()
+            await consumer.close()
+    assert commands == [Fin(id=msg_id(1))]
+    assert consumer.statistics().finished == 1

@@ -33,13 +33,15 @@ def _depth(server: LmqdProcess, topic: str) -> int:
 
 
 def test_publish_mpub_dpub_then_consume(lmqd_server: LmqdProcess) -> None:
-    with Producer(lmqd_server.tcp_address, timeout=5) as producer:
+    with Producer(lmqd_server.tcp_address, connect_timeout=5) as producer:
         producer.publish("s", b"one")
         producer.mpub("s", [b"two", b"three"])
         producer.dpub("s", 50, b"four")
         assert producer.address == lmqd_server.tcp_address
     assert _depth(lmqd_server, "s") == 4  # no channel yet: the topic holds all four
-    with Consumer("s", "c", lmqd_server.tcp_address, max_in_flight=10, timeout=5) as consumer:
+    with Consumer(
+        "s", "c", lmqd_server.tcp_address, max_in_flight=10, connect_timeout=5
+    ) as consumer:
         bodies: list[bytes] = []
         while len(bodies) < 4:
             message = consumer.get(timeout=5)
@@ -54,7 +56,7 @@ def test_publish_mpub_dpub_then_consume(lmqd_server: LmqdProcess) -> None:
 
 
 def test_errors_carry_codes_and_connection_recovers(lmqd_server: LmqdProcess) -> None:
-    producer = Producer(lmqd_server.tcp_address, timeout=5)
+    producer = Producer(lmqd_server.tcp_address, connect_timeout=5)
     with pytest.raises(errors.BadMessageError) as info:
         producer.publish("s", b"")
     assert info.value.code == "E_BAD_MESSAGE"
@@ -73,7 +75,7 @@ def test_unreachable_daemon_names_address() -> None:
         port = s.getsockname()[1]  # nothing listens here once closed
     address = f"127.0.0.1:{port}"
     with pytest.raises(ConnectionError) as info:
-        Producer(address, timeout=2).publish("t", b"x")
+        Producer(address, connect_timeout=2).publish("t", b"x")
     assert isinstance(info.value, errors.ConnectionFailed)
     assert address in str(info.value)
 
@@ -82,7 +84,7 @@ def test_failover_to_second_address(lmqd_server: LmqdProcess) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         dead = f"127.0.0.1:{s.getsockname()[1]}"
-    producer = Producer([dead, lmqd_server.tcp_address], timeout=2)
+    producer = Producer([dead, lmqd_server.tcp_address], connect_timeout=2)
     producer.publish("f", b"x")
     assert producer.address == lmqd_server.tcp_address
     # picklable for Spark (no socket inside), and usable after unpickling
@@ -94,7 +96,7 @@ def test_failover_to_second_address(lmqd_server: LmqdProcess) -> None:
 
 def test_idle_producer_survives_heartbeat_timeout(lmqd_server: LmqdProcess) -> None:
     """Idle past two heartbeat intervals: the daemon drops the connection; publish reconnects."""
-    producer = Producer(lmqd_server.tcp_address, timeout=5, heartbeat_interval=1.0)
+    producer = Producer(lmqd_server.tcp_address, connect_timeout=5, heartbeat_interval=1.0)
     producer.publish("idle", b"first")
     time.sleep(2.6)  # 2 missed heartbeat answers (1 s each) and a little
     producer.publish("idle", b"second")  # must not fail on the dead socket
@@ -117,10 +119,10 @@ def test_requeue_backs_off_then_probes(lmqd_server: LmqdProcess) -> None:
     """A requeue with backoff sets RDY 0 for the backoff delay, then RDY 1 on one daemon; a
     success ends the backoff and the full RDY comes back (the async consumer's rules)."""
     backoff = Backoff(base=0.5, max_delay=0.5, jitter=0.0)
-    with Producer(lmqd_server.tcp_address, timeout=5) as producer:
+    with Producer(lmqd_server.tcp_address, connect_timeout=5) as producer:
         producer.mpub("bo", [b"a", b"b"])
     with Consumer(
-        "bo", "c", lmqd_server.tcp_address, max_in_flight=5, timeout=5, backoff=backoff
+        "bo", "c", lmqd_server.tcp_address, max_in_flight=5, connect_timeout=5, backoff=backoff
     ) as consumer:
         address = lmqd_server.tcp_address
         first = consumer.get(timeout=5)
@@ -149,7 +151,7 @@ def test_run_gives_up_after_max_attempts(lmqd_server: LmqdProcess) -> None:
     off; after ``max_attempts`` deliveries ``on_give_up`` sees the message, then it is
     finished."""
     address = lmqd_server.tcp_address
-    with Producer(address, timeout=5) as producer:
+    with Producer(address, connect_timeout=5) as producer:
         producer.publish("poison", b"bad")
         producer.publish("poison", b"good")
     attempts: list[tuple[bytes, int]] = []
@@ -157,11 +159,11 @@ def test_run_gives_up_after_max_attempts(lmqd_server: LmqdProcess) -> None:
 
     def give_up(message: Message) -> None:
         gave_up.append((message.body, message.attempts))
-        with Producer(address, timeout=5) as producer:
+        with Producer(address, connect_timeout=5) as producer:
             producer.publish("poison", b"last")  # the handler stops at this one
 
     consumer = Consumer(
-        "poison", "c", address, timeout=5, max_attempts=2, on_give_up=give_up,
+        "poison", "c", address, connect_timeout=5, max_attempts=2, on_give_up=give_up,
         requeue_delay=0.05, backoff=Backoff(base=0.05, max_delay=0.1, jitter=0.0),
     )
 
@@ -189,7 +191,7 @@ def test_run_gives_up_after_max_attempts(lmqd_server: LmqdProcess) -> None:
 
 def test_blocking_clients_publish_and_consume_lmq_fields(lmqd_server: LmqdProcess) -> None:
     address = lmqd_server.tcp_address
-    with Producer(address, timeout=5) as producer:
+    with Producer(address, connect_timeout=5) as producer:
         producer.publish("fields", b"a", headers={"k": "v"}, priority=3, ttl=30.0)
         producer.mpub("fields", [b"b", b"c"], priority=2, dedup_ids=[b"1", b"2"])
         producer.dpub("fields", 10, b"d", headers={"late": "yes"})
@@ -197,7 +199,7 @@ def test_blocking_clients_publish_and_consume_lmq_fields(lmqd_server: LmqdProces
         with pytest.raises(ValueError, match="ttl"):
             producer.publish("fields", b"x", ttl=0)
     got = {}
-    with Consumer("fields", "c", address, max_in_flight=10, timeout=5) as consumer:
+    with Consumer("fields", "c", address, max_in_flight=10, connect_timeout=5) as consumer:
         for _ in range(5):
             m = consumer.get(timeout=5)
             assert m is not None

@@ -342,7 +342,7 @@ async def test_blocking_producer_tls_compression_and_auth(compression: str, cert
             address = await nursery.start(serve_one, script)
 
             def publish() -> None:
-                with sync.Producer(address, transport=transport, timeout=10) as producer:
+                with sync.Producer(address, transport=transport, connect_timeout=10) as producer:
                     producer.publish("t", b"one")
                     producer.publish("t", b"two" * 100_000)
 
@@ -382,7 +382,8 @@ async def test_blocking_client_refuses_untrusted_certificate(certs: Certs) -> No
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:
             address = await nursery.start(serve_one, script)
-            producer = sync.Producer(address, transport=TransportOptions(tls=True), timeout=10)
+            producer = sync.Producer(address, transport=TransportOptions(tls=True),
+                                     connect_timeout=10)
             with pytest.raises(errors.ConnectionFailed, match="CERTIFICATE_VERIFY_FAILED"):
                 await trio.to_thread.run_sync(functools.partial(producer.publish, "t", b"x"))
 
@@ -446,10 +447,10 @@ async def test_blocking_client_keeps_bytes_behind_a_handshake_frame(
             address = await nursery.start(serve_one, script)
 
             def publish_then_idle() -> None:
-                with sync.Producer(address, transport=transport, timeout=10) as producer:
+                with sync.Producer(address, transport=transport, connect_timeout=10) as producer:
                     producer.publish("t", b"x")
                     # the heartbeat came with the OK: an idle check answers it with NOP
-                    assert producer._conn is not None
-                    producer._conn.poll_idle()
+                    assert producer.address is not None
+                    producer.poll()
 
             await trio.to_thread.run_sync(publish_then_idle)

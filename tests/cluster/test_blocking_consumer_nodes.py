@@ -49,7 +49,7 @@ def take(consumer: Consumer, count: int) -> list[str]:
 def test_two_daemons_one_lost_and_redialled(tmp_path: Path, nodes: list[Daemon]) -> None:
     a, b = nodes
     with Consumer("t", "c", [a.tcp, b.tcp], max_in_flight=4, reconnect_backoff=FAST,
-                  timeout=5) as consumer:  # fmt: skip
+                  connect_timeout=5) as consumer:  # fmt: skip
         assert consumer.rdy_counts() == {a.tcp: 2, b.tcp: 2}
         for node in nodes:
             with Producer(node.tcp) as producer:
@@ -82,6 +82,6 @@ def test_given_daemons_that_are_all_down_fail_the_constructor(tmp_path: Path) ->
     address = node.tcp
     node.check_stop()
     with pytest.raises(ConnectionError, match=address):
-        Consumer("t", "c", [address], timeout=2)
+        Consumer("t", "c", [address], connect_timeout=2)
     with pytest.raises(ValueError, match="give daemon addresses, lookupd_http_addresses"):
         Consumer("t", "c")

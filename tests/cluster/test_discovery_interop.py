@@ -117,7 +117,7 @@ def test_blocking_consumer_finds_both_nodes(cluster: tuple[Daemon, list[Daemon]]
     published = publish_everywhere(lookupd, nodes, "blocking")
     received: list[str] = []
     with BlockingConsumer("blocking", "readers", lookupd_http_addresses=f"http://{lookupd.http}",
-                          max_in_flight=16, timeout=5) as consumer:  # fmt: skip
+                          max_in_flight=16, connect_timeout=5) as consumer:  # fmt: skip
         assert sorted(consumer.connected_addresses) == sorted(node.tcp for node in nodes)
         assert sorted(consumer.rdy_counts().values()) == [8, 8]
         deadline = time.monotonic() + WITHIN_S

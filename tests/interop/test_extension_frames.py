@@ -68,7 +68,7 @@ def publish_with_fields(server: LmqdProcess) -> dict[bytes, tuple[str, int]]:
     client.topic_action("create", TOPIC)
     for channel in CHANNELS:
         client.channel_action("create", TOPIC, channel)
-    with Producer(server.tcp_address, timeout=5) as producer:
+    with Producer(server.tcp_address, connect_timeout=5) as producer:
         producer.publish(TOPIC, b"xpub-single", headers={"trace": "t-1"}, priority=7)
         producer.mpub(TOPIC, [b"xpub-multi-0", b"xpub-multi-1"], headers={"batch": "b"})
         producer.dpub(TOPIC, 50, b"xpub-deferred", priority=9)
@@ -85,7 +85,8 @@ def publish_with_fields(server: LmqdProcess) -> dict[bytes, tuple[str, int]]:
         )  # fmt: skip
         assert answer == b"OK"
     reference: dict[bytes, tuple[str, int]] = {}
-    with Consumer(TOPIC, "reference", server.tcp_address, max_in_flight=COUNT, timeout=5) as c:
+    with Consumer(TOPIC, "reference", server.tcp_address, max_in_flight=COUNT,
+                  connect_timeout=5) as c:
         for _ in range(COUNT):
             m = c.get(timeout=5)
             assert m is not None, f"reference consumer got {len(reference)} of {COUNT}"
