@@ -172,7 +172,8 @@ class Cursor:
         """Read from ``offset`` on (clamped to the log's earliest offset and its end). The
         unsettled messages are forgotten (the mark becomes the new position), or, with
         ``keep_unsettled``, keep holding the mark until settled (a channel's messages in flight
-        across a seek). Returns the new position."""
+        across a seek). What is read after a seek is a replay, not a redelivery after a crash:
+        ``read_before`` goes no further than the new position. Returns the new position."""
         acks = self._acks
         if keep_unsettled and acks is not None and acks.outstanding:
             held = self._held
@@ -186,7 +187,10 @@ class Cursor:
             self._held = None
         self._acks = None
         self.dirty += 1
-        return self._reader.seek(offset)
+        position = self._reader.seek(offset)
+        if self.read_before > position:
+            self.read_before = position
+        return position
 
     def add_skip(self, start: int, end: int) -> None:
         """The owner will step over ``[start, end)`` (at or after its position): persisted

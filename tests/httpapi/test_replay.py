@@ -88,6 +88,33 @@ async def test_a_channel_created_from_earliest_replays_the_retained_log(
         assert replayed == ([b"a", b"b", b"c", b"d"] if mem_queue_size == 0 else [b"d"])
 
 
+@pytest.mark.parametrize("durable", [False, True])
+@pytest.mark.parametrize("how", ["create", "seek"])
+async def test_replayed_messages_are_first_deliveries(
+    start_daemon: StartDaemon, how: str, durable: bool
+) -> None:
+    """A channel created from the earliest offset, or moved back to it, delivers what it replays
+    (what another channel took first) with attempts 1: nothing of it was delivered to the
+    channel before."""
+    with trio.fail_after(TIMEOUT):
+        running = await start_daemon(
+            http=True, mem_queue_size=0, retention_ms=3_600_000, durable=durable
+        )
+        await publish(running, "t", [b"a", b"b", b"c"])
+        assert await consume(running, "t", "first", 3) == [b"a", b"b", b"c"]
+        if how == "create":
+            r = await http(running.http, "POST", "/channel/create?topic=t&channel=c&from=earliest")
+        else:
+            await http(running.http, "POST", "/channel/create?topic=t&channel=c")
+            r = await http(running.http, "POST", "/channel/seek?topic=t&channel=c&to=earliest")
+        assert r.status == 200
+        wire = await Wire.connect(running.tcp)
+        await wire.sub("t", "c", rdy=10)
+        got = [await wire.message() for _ in range(3)]
+        assert [(m.body, m.attempts) for m in got] == [(b"a", 1), (b"b", 1), (b"c", 1)]
+        await wire.aclose()
+
+
 async def test_replay_from_a_time_and_seek(start_daemon: StartDaemon) -> None:
     with trio.fail_after(TIMEOUT):
         running = await start_daemon(http=True, mem_queue_size=0)

@@ -385,6 +385,25 @@ def test_unsettled_messages_are_read_again_after_a_restart(tmp_path: Path) -> No
     again.close()
 
 
+def test_a_seek_back_replays_rather_than_redelivers(tmp_path: Path) -> None:
+    """A cursor created at the end and moved back reads first deliveries; after a restart, a
+    seek below the persisted read position ends the redelivery count there."""
+    log = open_log(tmp_path, max_bytes_per_file=SMALL)
+    log.append_many(stamped(30))
+    cursor = log.create_cursor("c", "latest")
+    assert cursor.read_before == 30
+    assert cursor.seek(0) == 0 and cursor.read_before == 0
+    cursor.read_many(12)
+    cursor.settle_many(list(range(7)))
+    log.close()
+    log = open_log(tmp_path, max_bytes_per_file=SMALL)
+    restored = log.cursor("c")
+    assert restored is not None and (restored.low, restored.read_before) == (7, 12)
+    assert restored.seek(9) == 9 and restored.read_before == 9
+    assert restored.seek(20) == 20 and restored.read_before == 9
+    log.close()
+
+
 def test_settled_reads_move_the_mark_with_the_position(tmp_path: Path) -> None:
     log = open_log(tmp_path)
     log.append_many(stamped(10))
