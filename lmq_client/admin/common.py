@@ -29,7 +29,7 @@ from lmq_client.errors import (
     all_addresses_failed,
 )
 from lmq_client.http import HTTPClient, HTTPError
-from lmq_client.lookupd import LookupdNode, lookup_nodes, merge_nodes
+from lmq_client.lookupd import LookupdNode, lookup_nodes, lookupd_url, merge_nodes
 from lmq_client.transport import PLAIN, TransportOptions
 from lmqd.net import split_address
 
@@ -107,6 +107,16 @@ class Settings:
 
     def http_clients(self, topic: str | None = None) -> list[HTTPClient]:
         return [HTTPClient(a, timeout=self.timeout) for a in self.http_addresses(topic)]
+
+    def post_to_lookupds(self, path: str, params: dict[str, str]) -> None:
+        """nsqadmin's delete: also drop the keys from every lookupd (a node's UNREGISTER keeps
+        them), so the topic or channel leaves /topics and /channels."""
+        for lookupd in self.lookupd:
+            url = lookupd_url(lookupd, path, params)
+            try:
+                HTTPClient.fetch(url, address=lookupd, timeout=self.timeout, method="POST")
+            except LmqClientError as exc:
+                log.warning("lookupd %s: %s", lookupd, exc)
 
 
 def parse_addresses(values: Iterable[str], option: str) -> list[str]:

@@ -68,7 +68,7 @@ from lmqd.storage.log_index import NO_TIMESTAMP, LogIndex, SegmentIndex
 from lmqd.storage.log_reader import LogEntry, LogReader
 from lmqd.storage.log_recovery import recover_log
 from lmqd.storage.log_retention import deletable_segments
-from lmqd.storage.log_state import LogState, encode_log_state
+from lmqd.storage.log_state import LogState, encode_log_state, snapshot_log_state
 from lmqd.storage.reader import DEFAULT_READ_AHEAD
 from lmqd.storage.record import SEGMENT_HEADER_SIZE, log_record_types
 from lmqd.storage.repair import Damage
@@ -593,31 +593,10 @@ class TopicLog:
         self._cache.drop_segments_before(segs[0].number)
 
     def _state(self) -> LogState:
-        write = self._segments.live[-1]
-        return LogState(
-            next_offset=self._index.next_offset,
-            write_segment=write.number,
-            write_offset=write.end,
-            cursors=tuple(sorted((name, c.low) for name, c in self._cursors.items())),
-            legacy=tuple(sorted(self._legacy.items())),
-            adopted=self._adopted,
-            # Where each cursor had read, and before the last opening (a restart re-reading
-            # what a crash left unsettled must not forget it again before it gets there).
-            read=tuple(
-                sorted(
-                    (name, read)
-                    for name, c in self._cursors.items()
-                    if (read := max(c.position, c.read_before)) > c.low
-                )
-            ),
-            skips=tuple(
-                sorted(
-                    (name, pending)
-                    for name, c in self._cursors.items()
-                    if c.skips and (pending := c.pending_skips())
-                )
-            ),
-        )
+        return snapshot_log_state(
+            self._index.next_offset, self._segments.live[-1], self._cursors, self._legacy,
+            self._adopted,
+        )  # fmt: skip
 
     def _close_fds(self) -> None:
         for cursor in self._cursors.values():
@@ -675,13 +654,7 @@ class TopicLog:
         keep, opener, sealed = self._recover_ids, self._at_rest.opener, self._segments.sealed
         r = recover_log(self._dir, self.name, keep_ids=keep, opener=opener, sealed=sealed)
         damage = self._damage
-        damage.corrupt_count = r.corrupt_count
-        damage.corrupt_bytes = r.corrupt_bytes
-        damage.torn_bytes = r.torn_bytes
-        damage.missing_segments = r.missing_segments
-        damage.rebuilt_positions = r.rebuilt_state
-        damage.lost_messages = r.lost_messages
-        damage.rebuilt_count = r.rebuilt_count
+        damage.add(r.damage)
         self.stored_message_ttls = r.notes.message_ttls
         self._recovered_ids = list(r.notes.dedup_ids)
         segments = self._segments

@@ -23,12 +23,12 @@ appended after the last sync and lost in a crash are given again: they were neve
 Cursors. The state file's low-water marks are checked against the segments, never trusted
 blindly: a mark before the first offset on disk moves to it (logged: those messages are gone);
 a mark past the log's end cannot be true, so the cursor is rebuilt at the earliest offset on
-disk (logged at ERROR, counted in ``rebuilt_count``): its channel reads again what is there
-rather than skip what it had not read. A missing or damaged state file restores no cursor
-(``rebuilt_state``): whoever owns the cursors recreates them, at the earliest offset if nothing
-may be lost. A state file that disagrees with the segments as a whole (its write segment lies
-beyond every segment on disk, or its write offset outside that file) is set aside and treated
-as damaged: its cursors' marks cannot be trusted either.
+disk (logged at ERROR, counted in ``damage.rebuilt_count``): its channel reads again what is
+there rather than skip what it had not read. A missing or damaged state file restores no cursor
+(``damage.rebuilt_positions``): whoever owns the cursors recreates them, at the earliest offset
+if nothing may be lost. A state file that disagrees with the segments as a whole (its write
+segment lies beyond every segment on disk, or its write offset outside that file) is set aside
+and treated as damaged: its cursors' marks cannot be trusted either.
 
 Adoption. When a log opens a directory where a topic's disk queue left its segments (same file
 names) and no log state file exists yet, those segments become the start of the log and the
@@ -79,6 +79,7 @@ from lmqd.storage.recovery import (
     recover_segment,
     set_aside_state_file,
 )
+from lmqd.storage.repair import Damage
 from lmqd.storage.segments import Segment
 
 if TYPE_CHECKING:
@@ -110,19 +111,13 @@ class RecoveredLog:
     """Base offsets of the segments of a disk queue's format, by segment number."""
     adopted: int | None
     state: LogState | None
-    corrupt_count: int = 0
-    corrupt_bytes: int = 0
-    torn_bytes: int = 0
-    missing_segments: int = 0
-    rebuilt_state: bool = False
-    """The state file was missing (with segments present) or damaged."""
+    damage: Damage = attrs.Factory(Damage)
+    """What recovery found: corrupt regions set aside, torn bytes, missing segments, the state
+    file rebuilt (``rebuilt_positions``: it was missing with segments present, or damaged), and
+    ``rebuilt_count``: the state file (missing, damaged or disagreeing) and cursors rebuilt."""
     read: dict[str, int] = attrs.Factory(dict)
     skips: dict[str, list[tuple[int, int]]] = attrs.Factory(dict)
     """Each restored cursor's read position when the state was written (if past its mark)."""
-    lost_messages: int = 0
-    """Messages estimated lost in the corrupt regions (``verify.estimate_messages``)."""
-    rebuilt_count: int = 0
-    """The state file (missing, damaged or disagreeing) and cursors rebuilt from the segments."""
     notes: ExtensionNotes = attrs.Factory(ExtensionNotes)
     """What the segments' messages carry of lmq's extension (TTLs, the newest dedup ids)."""
 
@@ -229,17 +224,18 @@ def recover_log(
         legacy={},
         adopted=state.adopted if state is not None else None,
         state=state,
-        rebuilt_state=damaged or (state is None and bool(numbers) and adopt_at is None),
         notes=ExtensionNotes(keep_ids),
     )
-    if result.rebuilt_state and not damaged:
+    found = result.damage
+    found.rebuilt_positions = damaged or (state is None and bool(numbers) and adopt_at is None)
+    if found.rebuilt_positions and not damaged:
         log.warning(
             "TOPICLOG(%s): %s missing; rebuilding the log state from the segments",
             name,
             state_path,
         )
     if state is not None:
-        result.missing_segments = _count_missing(name, state, numbers)
+        found.missing_segments = _count_missing(name, state, numbers)
     version = SEALED_LOG_FORMAT_VERSION if sealed else LOG_FORMAT_VERSION
     expected = 0
     max_ns = NO_TIMESTAMP
@@ -287,12 +283,12 @@ def recover_log(
             )
         except FileNotFoundError:
             log.error("TOPICLOG(%s): %s vanished during recovery", name, path)
-            result.missing_segments += 1
+            found.missing_segments += 1
             continue
-        result.corrupt_count += r.corrupt_count
-        result.corrupt_bytes += r.corrupt_bytes
-        result.torn_bytes += r.torn_bytes
-        result.lost_messages += r.lost_messages
+        found.corrupt_count += r.corrupt_count
+        found.corrupt_bytes += r.corrupt_bytes
+        found.torn_bytes += r.torn_bytes
+        found.lost_messages += r.lost_messages
         if r.unsupported:
             continue
         if r.version in LOG_VERSIONS and not seg.positions:
@@ -318,8 +314,8 @@ def recover_log(
             name,
             result.adopted,
         )
-    if result.rebuilt_state:
-        result.rebuilt_count += 1
+    if found.rebuilt_positions:
+        found.rebuilt_count += 1
     if state is not None:
         earliest = result.segments[0].base if result.segments else result.next_offset
         for cursor, low in state.cursors:
@@ -334,7 +330,7 @@ def recover_log(
                     earliest,
                 )
                 result.cursors[cursor] = earliest
-                result.rebuilt_count += 1
+                found.rebuilt_count += 1
                 continue
             result.cursors[cursor] = _clamped(name, cursor, low, earliest, result.next_offset)
         result.read = {c: p for c, p in state.read if c in result.cursors}

@@ -30,10 +30,15 @@ fsync the directory, ``sync.py``), as a disk queue's positions file is::
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import attrs
 from crc32c import crc32c
+
+if TYPE_CHECKING:
+    from lmqd.storage.log_cursor import Cursor
+    from lmqd.storage.segments import Segment
 
 LOG_STATE_VERSION = 1
 
@@ -55,6 +60,41 @@ class LogState:
     crash the messages between a cursor's mark and this were delivered before (``attempts``)."""
     skips: tuple[tuple[str, tuple[tuple[int, int], ...]], ...] = ()
     """(name, ranges) of each cursor with ranges to step over, sorted by name."""
+
+
+def snapshot_log_state(
+    next_offset: int,
+    write: Segment,
+    cursors: Mapping[str, Cursor],
+    legacy: Mapping[int, int],
+    adopted: int | None,
+) -> LogState:
+    """A log's state now: its end, its write segment's end (``write``), every cursor's mark,
+    read position and pending skips."""
+    return LogState(
+        next_offset=next_offset,
+        write_segment=write.number,
+        write_offset=write.end,
+        cursors=tuple(sorted((name, c.low) for name, c in cursors.items())),
+        legacy=tuple(sorted(legacy.items())),
+        adopted=adopted,
+        # Where each cursor had read, and before the last opening (a restart re-reading what a
+        # crash left unsettled must not forget it again before it gets there).
+        read=tuple(
+            sorted(
+                (name, read)
+                for name, c in cursors.items()
+                if (read := max(c.position, c.read_before)) > c.low
+            )
+        ),
+        skips=tuple(
+            sorted(
+                (name, pending)
+                for name, c in cursors.items()
+                if c.skips and (pending := c.pending_skips())
+            )
+        ),
+    )
 
 
 def encode_log_state(name: str, state: LogState) -> bytes:

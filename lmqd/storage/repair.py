@@ -63,6 +63,16 @@ class Damage:
         """A copy of the counters (the engine turns it into ``lmqd.stats.StorageDamage``)."""
         return attrs.evolve(self)
 
+    def add(self, other: Damage) -> None:
+        """Count ``other``'s findings too (recovery's, into a store's running counters)."""
+        self.corrupt_count += other.corrupt_count
+        self.corrupt_bytes += other.corrupt_bytes
+        self.torn_bytes += other.torn_bytes
+        self.missing_segments += other.missing_segments
+        self.rebuilt_positions = self.rebuilt_positions or other.rebuilt_positions
+        self.lost_messages += other.lost_messages
+        self.rebuilt_count += other.rebuilt_count
+
     def add_region(self, size: int, messages: int) -> None:
         """Count one region set aside: ``size`` bytes, ``messages`` estimated lost."""
         self.corrupt_count += 1
