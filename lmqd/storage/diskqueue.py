@@ -52,7 +52,7 @@ from lmqd.storage.positions import Positions, encode_positions
 from lmqd.storage.reader import DEFAULT_READ_AHEAD, SegmentReader
 from lmqd.storage.record import SEGMENT_HEADER_SIZE
 from lmqd.storage.recovery import recover_queue
-from lmqd.storage.repair import Damage
+from lmqd.storage.repair import Damage, DamageCounters
 from lmqd.storage.segments import Segment, SegmentList
 from lmqd.storage.sync import QueueFiles, SyncJob
 from lmqd.storage.timebase import TimeBase
@@ -64,7 +64,7 @@ from lmqd.units import MiB
 log = logging.getLogger("lmqd.storage")
 
 
-class DiskQueue:
+class DiskQueue(DamageCounters):
     """A ``lmqd.engine.backend.BackendQueue`` stored in segment files under ``data_path``.
 
     Opening recovers the queue (blocking: it reads every live segment; call it from a worker
@@ -180,33 +180,9 @@ class DiskQueue:
         return self._closed
 
     @property
-    def corrupt_count(self) -> int:
-        """Corrupt regions found (at start-up and while reading) and set aside."""
-        return self._damage.corrupt_count
-
-    @property
-    def corrupt_bytes(self) -> int:
-        return self._damage.corrupt_bytes
-
-    @property
-    def torn_bytes(self) -> int:
-        """Bytes of torn writes truncated at start-up (a crash mid-write; not data loss)."""
-        return self._damage.torn_bytes
-
-    @property
-    def missing_segments(self) -> int:
-        """Segment files the positions file expected that were not found."""
-        return self._damage.missing_segments
-
-    @property
     def rebuilt_positions(self) -> bool:
         """True if the positions file was missing or damaged and was rebuilt from the segments."""
         return self._damage.rebuilt_positions
-
-    @property
-    def damage(self) -> Damage:
-        """What this queue found wrong with its files since it was opened (recovery included)."""
-        return self._damage.snapshot()
 
     def put_many(self, messages: Sequence[Message]) -> None:
         """Append messages in order; raises ``BackendError`` having stored none of them.

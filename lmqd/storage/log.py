@@ -71,7 +71,7 @@ from lmqd.storage.log_retention import deletable_segments
 from lmqd.storage.log_state import LogState, encode_log_state, snapshot_log_state
 from lmqd.storage.reader import DEFAULT_READ_AHEAD
 from lmqd.storage.record import SEGMENT_HEADER_SIZE, log_record_types
-from lmqd.storage.repair import Damage
+from lmqd.storage.repair import Damage, DamageCounters
 from lmqd.storage.segments import SegmentList
 from lmqd.storage.sync import QueueFiles, SyncJob
 from lmqd.storage.timebase import TimeBase
@@ -86,7 +86,7 @@ StartAt = int | Literal["earliest", "latest"]
 """Where a new cursor starts: an offset, or the log's earliest offset or its end."""
 
 
-class TopicLog:
+class TopicLog(DamageCounters):
     """The segment log of one durable topic in ``data_path``; see the module docstring.
 
     Opening recovers it (blocking: it reads every segment). It raises ``OSError`` if the files
@@ -220,33 +220,9 @@ class TopicLog:
         return self._closed
 
     @property
-    def corrupt_count(self) -> int:
-        """Corrupt regions found (at start-up and while reading) and set aside."""
-        return self._damage.corrupt_count
-
-    @property
-    def corrupt_bytes(self) -> int:
-        return self._damage.corrupt_bytes
-
-    @property
-    def torn_bytes(self) -> int:
-        """Bytes of torn writes truncated at start-up (a crash mid-write; not data loss)."""
-        return self._damage.torn_bytes
-
-    @property
-    def missing_segments(self) -> int:
-        """Segment files the state file expected that were not found."""
-        return self._damage.missing_segments
-
-    @property
     def rebuilt_state(self) -> bool:
         """True if the state file was missing or damaged: no cursor was restored."""
         return self._damage.rebuilt_positions
-
-    @property
-    def damage(self) -> Damage:
-        """What this log found wrong with its files since it was opened (recovery included)."""
-        return self._damage.snapshot()
 
     @property
     def adopted_offset(self) -> int | None:

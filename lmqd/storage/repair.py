@@ -80,6 +80,37 @@ class Damage:
         self.lost_messages += messages
 
 
+class DamageCounters:
+    """The damage counters a store shows (``DiskQueue``, ``TopicLog``): read from its
+    ``_damage``, which its recovery and its readers add to."""
+
+    _damage: Damage
+
+    @property
+    def corrupt_count(self) -> int:
+        """Corrupt regions found (at start-up and while reading) and set aside."""
+        return self._damage.corrupt_count
+
+    @property
+    def corrupt_bytes(self) -> int:
+        return self._damage.corrupt_bytes
+
+    @property
+    def torn_bytes(self) -> int:
+        """Bytes of torn writes truncated at start-up (a crash mid-write; not data loss)."""
+        return self._damage.torn_bytes
+
+    @property
+    def missing_segments(self) -> int:
+        """Segment files the positions or state file expected that were not found."""
+        return self._damage.missing_segments
+
+    @property
+    def damage(self) -> Damage:
+        """What the store found wrong with its files since it was opened (recovery included)."""
+        return self._damage.snapshot()
+
+
 def set_aside_damage(
     name: str,
     seg: Segment,
