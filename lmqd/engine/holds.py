@@ -40,6 +40,7 @@ offsets (a loop over the batch): measured in docs/benchmarks.md ("Mirrors").
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Iterable
 
 from lmqd.engine.stream import TopicStream
@@ -62,7 +63,19 @@ def is_hold_name(name: str) -> bool:
 class MirrorHold:
     """One mirror's hold on one topic's stream; see the module docstring."""
 
-    __slots__ = ("_log_cursor", "mirror_id", "position", "released", "since", "stream")
+    __slots__ = (
+        "_log_cursor",
+        "answered_end",
+        "caught_up_at",
+        "contact_at",
+        "copied",
+        "fetched_from",
+        "mirror_id",
+        "position",
+        "released",
+        "since",
+        "stream",
+    )
 
     def __init__(self, stream: TopicStream, mirror_id: str, *, at: int | None = None) -> None:
         """The hold of mirror ``mirror_id``: restored from the stream's log if it has one,
@@ -84,6 +97,18 @@ class MirrorHold:
             if log_ is not None:
                 lc = log_.create_cursor(name, stream.log_target(self.position))
         self._log_cursor = lc
+        # What ``fetched`` learns, for ``--min-insync-mirrors`` (``insync.py``).
+        self.copied = self.position
+        """The offset below which the mirror said it has its copy (fsynced, if durable); unlike
+        ``position``, never moved by ``release``."""
+        self.fetched_from = self.position
+        """Where the mirror's last fetch read from: what it has stored."""
+        self.contact_at = -math.inf
+        """When (trio time) the mirror last fetched this topic."""
+        self.caught_up_at = -math.inf
+        """When a fetch of the mirror last asked from at least ``answered_end``."""
+        self.answered_end = stream.next_offset
+        """The stream's end when the mirror was last answered (``answered``)."""
         stream.cursors.append(self)
         stream.held += 1
 
@@ -94,6 +119,31 @@ class MirrorHold:
     def lag(self) -> int:
         """Offsets the mirror has not copied yet."""
         return max(self.stream.next_offset - self.position, 0)
+
+    def fetched(self, offset: int, acked: int, now: float) -> None:
+        """A fetch of the mirror at ``now``: it has stored everything below ``offset``, and
+        durably (if it is durable) below ``acked``."""
+        end = self.stream.next_offset
+        offset = min(offset, end)
+        acked = min(acked, offset)
+        self.contact_at = now
+        if offset >= self.answered_end:
+            self.caught_up_at = now
+        self.fetched_from = offset
+        if acked > self.copied:
+            self.copied = acked
+        self.acknowledge(acked)
+
+    def answered(self) -> None:
+        """A fetch of the mirror is answered now: to be caught up, its next fetch asks from at
+        least the stream's end of this moment."""
+        self.answered_end = self.stream.next_offset
+
+    def joined(self, contact_at: float, now: float) -> None:
+        """A hold made for a topic new to a mirror already known: in sync from the start
+        (nothing to copy yet) as far as the mirror's last contact says."""
+        self.contact_at = contact_at
+        self.caught_up_at = now
 
     def acknowledge(self, offset: int) -> None:
         """The mirror has (durably, if it is durable) everything below ``offset``."""
