@@ -184,6 +184,12 @@ class Broker:
         )
         """``--min-insync-mirrors``: the publishes held for the mirrors (``engine/insync.py``);
         None (asynchronous replication) costs a publish one test."""
+        self.after_published: Callable[[str, DurableCallback], bool] = (
+            self.after_durable if self.insync is None else self._after_insync
+        )
+        """When a publisher may be answered ``OK`` for what it published to a topic so far:
+        once fsynced (``--durable``, ``after_durable``), then stored by
+        ``--min-insync-mirrors`` mirrors (``_after_insync``); chosen once."""
 
     def add_observer(self, observer: BrokerObserver) -> None:
         """Tell ``observer`` about topic and channel creation and deletion from now on."""
@@ -446,17 +452,15 @@ class Broker:
         self.syncer.when_durable(queue, callback, urgent=True)
         return True
 
-    def after_published(self, topic_name: str, callback: DurableCallback) -> bool:
-        """When a publisher may be answered ``OK`` for what it published to the topic so far:
-        once fsynced (``--durable``, ``after_durable``), then stored by
-        ``--min-insync-mirrors`` mirrors; ``callback(error)`` as ``after_durable``'s, the
-        error a ``NotEnoughMirrors`` if the mirrors did not store it in time.
-
-        Returns False, and never calls back, when there is nothing to wait for.
+    def _after_insync(self, topic_name: str, callback: DurableCallback) -> bool:
+        """``after_published`` with ``--min-insync-mirrors``: ``callback(error)`` as
+        ``after_durable``'s, once the mirrors stored it too, the error a ``NotEnoughMirrors``
+        if they did not in time. False, and no call back, when there is nothing to wait for.
         """
         insync = self.insync
+        assert insync is not None
         topic = self.topics.get(topic_name)
-        if insync is None or topic is None or topic.ephemeral or topic.stream.log is None:
+        if topic is None or topic.ephemeral or topic.stream.log is None:
             return self.after_durable(topic_name, callback)
         stream = topic.stream
 
