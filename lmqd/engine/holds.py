@@ -47,7 +47,15 @@ from lmqd.engine.stream import TopicStream
 from lmqd.message import Message
 from lmqd.storage import Cursor
 
-__all__ = ["HOLD_PREFIX", "MirrorHold", "is_hold_name", "restored_holds", "unfinished_offsets"]
+__all__ = [
+    "HOLD_PREFIX",
+    "MirrorHold",
+    "forget_offsets",
+    "is_hold_name",
+    "note_offsets",
+    "restored_holds",
+    "unfinished_offsets",
+]
 
 log = logging.getLogger("lmqd.mirror")
 
@@ -204,15 +212,52 @@ def restored_holds(stream: TopicStream) -> list[str]:
     return sorted(name[len(HOLD_PREFIX) :] for name in log_.cursors if is_hold_name(name))
 
 
-def unfinished_offsets(messages: Iterable[Message]) -> tuple[list[int], list[bytes]]:
-    """Of the messages a channel holds unfinished, the offsets known (sorted) and the ids of
-    those whose offset it no longer knows (read back from one of its own stores)."""
-    offsets: list[int] = []
+# -- the offsets of what a channel keeps in its own stores -----------------------------------
+#
+# A message a channel of a held stream requeues (REQ, a timeout, its consumer gone), defers or
+# copies out of its log's way (``release.py``) goes to the channel's own stores, and what they
+# give back is a new ``Message`` without its offset. So the channel's keeping notes the offset by
+# id when the message goes (``note_offsets``) and forgets it when the message is done
+# (``forget_offsets``: FIN, dead-lettered, dropped; the channel emptied clears them all): the
+# notes are the offsets of every message the channel keeps unfinished in its stores, on disk or
+# read back, which ``unfinished_offsets`` adds to what it holds. A note outliving its message
+# (a way out not seen here) costs a duplicate after a promotion, never a loss. Cost: a dict of
+# the requeued messages' ids while a mirror holds the stream; nothing without one.
+
+
+def note_offsets(
+    notes: dict[bytes, int] | None, stream: TopicStream | None, messages: Iterable[Message]
+) -> dict[bytes, int] | None:
+    """``notes`` with the offsets of ``messages`` (made if needed), if a mirror holds
+    ``stream``; returned as it is otherwise."""
+    if stream is None or not stream.held:
+        return notes
+    if notes is None:
+        notes = {}
+    for m in messages:
+        if m.offset >= 0:
+            notes[m.id] = m.offset
+    return notes
+
+
+def forget_offsets(notes: dict[bytes, int] | None, messages: Iterable[Message]) -> None:
+    """``messages`` are done: their notes go."""
+    if notes:
+        for m in messages:
+            notes.pop(m.id, None)
+
+
+def unfinished_offsets(
+    messages: Iterable[Message], notes: dict[bytes, int] | None = None
+) -> tuple[list[int], list[bytes]]:
+    """Of the messages a channel holds unfinished, the offsets known (sorted; with those of
+    ``notes``, what it keeps in its stores) and the ids of those whose offset it does not know
+    (read back from one of its stores before the stream was held, or after a restart)."""
+    offsets: set[int] = set(notes.values()) if notes else set()
     ids: list[bytes] = []
     for m in messages:
         if m.offset >= 0:
-            offsets.append(m.offset)
-        else:
+            offsets.add(m.offset)
+        elif notes is None or m.id not in notes:
             ids.append(m.id)
-    offsets.sort()
-    return offsets, ids
+    return sorted(offsets), ids

@@ -95,7 +95,12 @@ def describe_channel(channel: Channel) -> dict[str, Any]:
     if sources.lanes is not None:
         for _, _, messages in sources.lanes.memory():
             held += messages
-    offsets, ids = unfinished_offsets(held)
+    notes = channel.keeping.offset_notes
+    offsets, ids = unfinished_offsets(held, notes)
+    # What the own store has on disk, less those of it whose offsets are noted.
+    on_disk = sources.stored_depth
+    if notes:
+        on_disk = max(on_disk - (len(notes) - sum(1 for m in held if m.id in notes)), 0)
     log_ = cursor.stream.log
     assert log_ is not None
     to_wall = log_.timebase.to_wall_ns
@@ -111,7 +116,7 @@ def describe_channel(channel: Channel) -> dict[str, Any]:
         "attempts": sorted(
             [m.offset, m.attempts] for m in held if m.attempts > 1 and m.offset >= 0
         ),
-        "untracked": len(ids) + sources.stored_depth,
+        "untracked": len(ids) + on_disk,
         "untracked_ids": [i.decode("ascii", "replace") for i in ids[:MAX_UNTRACKED_IDS]],
         "paused": channel.paused,
         "policy": dict(channel.policy_settings),
