@@ -463,15 +463,22 @@ class Broker:
         if topic is None or topic.ephemeral or topic.stream.log is None:
             return self.after_durable(topic_name, callback)
         stream = topic.stream
+        now = trio.current_time()
+        queue = topic.durable_queue
+        if queue is None:
+            insync.wait(stream, now, callback)
+            return True
+        # --durable: the fsync and the mirrors at once (the mirror is told at once that
+        # publishers wait for it, so it neither lingers nor waits for a later fetch).
+        outcome: list[OSError | None] = []
 
-        def synced(error: OSError | None) -> None:
-            if error is not None:
-                callback(error)
-            else:
-                insync.wait(stream, trio.current_time(), callback)
+        def one(error: OSError | None) -> None:
+            outcome.append(error)
+            if len(outcome) == 2:
+                callback(outcome[0] if outcome[0] is not None else outcome[1])
 
-        if not self.after_durable(topic_name, synced):
-            insync.wait(stream, trio.current_time(), callback)
+        self.syncer.when_durable(queue, one, urgent=True)
+        insync.wait(stream, now, one)
         return True
 
     async def publish_durable(
