@@ -54,6 +54,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -204,21 +205,31 @@ def paced_writer(tcp: str, rate: int, seconds: int, size: int, batch: int) -> fl
     return float(sent)
 
 
-def load_main(args: argparse.Namespace) -> None:
-    bins = nsq_bin(args.nsq_bin)
-    runs: dict[bool, list[dict[str, Any]]] = {False: [], True: []}
-    for i in range(args.runs):
-        for with_mirror in (False, True):
-            r = run_load(args, bins, with_mirror)
-            runs[with_mirror].append(r)
-            print(f"run {i + 1} {'mirror' if with_mirror else 'alone':>6}: "
+def compare(
+    runs: int, once: Callable[[bool], dict[str, Any]], short: tuple[str, str],
+    long: tuple[str, str],
+) -> None:
+    """``once(False)`` and ``once(True)`` in turn, ``runs`` times: a line per run (stderr,
+    labelled ``short``) and the medians (labelled ``long``)."""
+    rows: dict[bool, list[dict[str, Any]]] = {False: [], True: []}
+    for i in range(runs):
+        for which in (False, True):
+            r = once(which)
+            rows[which].append(r)
+            print(f"run {i + 1} {short[which]:>6}: "
                   + json.dumps({k: round(v, 3) if isinstance(v, float) else v
                                 for k, v in r.items()}), file=sys.stderr, flush=True)  # fmt: skip
-    for with_mirror, rows in runs.items():
-        keys = [k for k, v in rows[0].items() if isinstance(v, int | float) and k != "mirror"]
-        medians = {k: statistics.median(r[k] for r in rows) for k in keys}
-        print(("with one mirror" if with_mirror else "primary alone") + ": "
-              + ", ".join(f"{k} {v:,.3f}" for k, v in medians.items()))  # fmt: skip
+    for which, done in rows.items():
+        keys = [k for k, v in done[0].items() if isinstance(v, int | float)
+                and not isinstance(v, bool)]  # fmt: skip
+        medians = {k: statistics.median(r[k] for r in done) for k in keys}
+        print(long[which] + ": " + ", ".join(f"{k} {v:,.3f}" for k, v in medians.items()))
+
+
+def load_main(args: argparse.Namespace) -> None:
+    bins = nsq_bin(args.nsq_bin)
+    compare(args.runs, lambda with_mirror: run_load(args, bins, with_mirror),
+            ("alone", "mirror"), ("primary alone", "with one mirror"))  # fmt: skip
 
 
 # -- takeover --------------------------------------------------------------------------------------
@@ -484,19 +495,8 @@ def acks_once(args: argparse.Namespace, bins: Path, insync: bool) -> dict[str, A
 
 def acks_main(args: argparse.Namespace) -> None:
     bins = nsq_bin(args.nsq_bin)
-    runs: dict[bool, list[dict[str, Any]]] = {False: [], True: []}
-    for i in range(args.runs):
-        for insync in (False, True):
-            r = acks_once(args, bins, insync)
-            runs[insync].append(r)
-            print(f"run {i + 1} {'insync' if insync else 'async':>6}: "
-                  + json.dumps({k: round(v, 3) if isinstance(v, float) else v
-                                for k, v in r.items()}), file=sys.stderr, flush=True)  # fmt: skip
-    for insync, rows in runs.items():
-        keys = [k for k, v in rows[0].items() if isinstance(v, int | float) and k != "insync"]
-        medians = {k: statistics.median(r[k] for r in rows) for k in keys}
-        print(("--min-insync-mirrors=1" if insync else "asynchronous") + ": "
-              + ", ".join(f"{k} {v:,.3f}" for k, v in medians.items()))  # fmt: skip
+    compare(args.runs, lambda insync: acks_once(args, bins, insync), ("async", "insync"),
+            ("asynchronous", "--min-insync-mirrors=1"))  # fmt: skip
 
 
 def main() -> None:
