@@ -32,6 +32,10 @@ it as not kept before it came, and those at or above it as a gap.
 passed (the mirror copies them, and the primary's channels' skips, which the mirror follows, step
 over them there too): an offset the primary accepted is copied or reported, never skipped.
 
+**In sync.** Each fetch also tells the hold what the mirror stored and when it asked
+(``fetched``, ``answered``): ``insync.py`` judges from those whether the mirror is in sync and
+how far it has copied, for ``--min-insync-mirrors``.
+
 Costs: the hold is one entry more in ``stream.cursors`` (``trim``, ``_cache_wanted`` and a tail
 read look at it), and with a hold the channels reading the tail copy the messages and set their
 offsets (a loop over the batch): measured in docs/benchmarks.md ("Mirrors").
