@@ -23,6 +23,7 @@ from lmqd.engine.backend import BackendError, Syncable
 from lmqd.engine.channel import Channel
 from lmqd.engine.channel_policy import REDRIVE_CHANNEL
 from lmqd.engine.context import DeadLetterSource, EngineContext, Named
+from lmqd.engine.insync import InSyncAcks, NotEnoughMirrors
 from lmqd.engine.publish import PublishOutcome
 from lmqd.engine.salvage import Salvage
 from lmqd.engine.stores import Stores
@@ -176,6 +177,19 @@ class Broker:
         self._observers: list[BrokerObserver] = []
         self.guard: WriteGuard | None = None
         """While this node mirrors another (``lmqd.mirror``): what refuses writes."""
+        self.insync: InSyncAcks | None = (
+            InSyncAcks(options.min_insync_mirrors, options.mirror_ack_timeout)
+            if options.min_insync_mirrors > 0
+            else None
+        )
+        """``--min-insync-mirrors``: the publishes held for the mirrors (``engine/insync.py``);
+        None (asynchronous replication) costs a publish one test."""
+        self.after_published: Callable[[str, DurableCallback], bool] = (
+            self.after_durable if self.insync is None else self._after_insync
+        )
+        """When a publisher may be answered ``OK`` for what it published to a topic so far:
+        once fsynced (``--durable``, ``after_durable``), then stored by
+        ``--min-insync-mirrors`` mirrors (``_after_insync``); chosen once."""
 
     def add_observer(self, observer: BrokerObserver) -> None:
         """Tell ``observer`` about topic and channel creation and deletion from now on."""
@@ -306,6 +320,8 @@ class Broker:
         topic.delete()
         self.stores.topic_deleted(name)
         log.info("TOPIC(%s): deleted", name)
+        if self.insync is not None:
+            self.insync.drop(name, "topic deleted")
         if not topic.ephemeral:
             self.syncer.metadata_changed()
         self._topic_deleted(name, channels)
@@ -356,6 +372,8 @@ class Broker:
         """
         self.check_topic_write(topic_name)
         topic = self.get_topic(topic_name)
+        if self.insync is not None:
+            self._check_insync(topic)
         try:
             topic.publish(bodies, trio.current_time(), defer, exts, keep=False)
         except BackendError as exc:
@@ -377,6 +395,8 @@ class Broker:
         (``PublishOutcome``). Raises as ``publish`` does for failures of the whole run."""
         self.check_topic_write(topic_name)
         topic = self.get_topic(topic_name)
+        if self.insync is not None:
+            self._check_insync(topic)
         try:
             outcome = topic.publish_run(
                 bodies, sizes, trio.current_time(), defer, exts, keep=False
@@ -387,6 +407,16 @@ class Broker:
         if outcome.stored:
             self._stored(topic)
         return outcome
+
+    def _check_insync(self, topic: Topic) -> None:
+        """``--min-insync-mirrors``: raise ``NotEnoughMirrors`` before anything is stored if
+        too few mirrors are in sync (ephemeral topics are never mirrored: not held)."""
+        assert self.insync is not None
+        if topic.ephemeral or topic.stream.log is None:
+            return
+        refusal = self.insync.refusal(topic.stream, trio.current_time())
+        if refusal is not None:
+            raise refusal
 
     def _stored(self, topic: Topic) -> None:
         if self._health_error is not None and topic.wrote_backend and not topic.durable:
@@ -422,6 +452,35 @@ class Broker:
         self.syncer.when_durable(queue, callback, urgent=True)
         return True
 
+    def _after_insync(self, topic_name: str, callback: DurableCallback) -> bool:
+        """``after_published`` with ``--min-insync-mirrors``: ``callback(error)`` as
+        ``after_durable``'s, once the mirrors stored it too, the error a ``NotEnoughMirrors``
+        if they did not in time. False, and no call back, when there is nothing to wait for.
+        """
+        insync = self.insync
+        assert insync is not None
+        topic = self.topics.get(topic_name)
+        if topic is None or topic.ephemeral or topic.stream.log is None:
+            return self.after_durable(topic_name, callback)
+        stream = topic.stream
+        now = trio.current_time()
+        queue = topic.durable_queue
+        if queue is None:
+            insync.wait(stream, now, callback)
+            return True
+        # --durable: the fsync and the mirrors at once (the mirror is told at once that
+        # publishers wait for it, so it neither lingers nor waits for a later fetch).
+        outcome: list[OSError | None] = []
+
+        def one(error: OSError | None) -> None:
+            outcome.append(error)
+            if len(outcome) == 2:
+                callback(outcome[0] if outcome[0] is not None else outcome[1])
+
+        self.syncer.when_durable(queue, one, urgent=True)
+        insync.wait(stream, now, one)
+        return True
+
     async def publish_durable(
         self,
         topic_name: str,
@@ -435,12 +494,13 @@ class Broker:
         write or the sync failed.
         """
         self.publish(topic_name, bodies, defer, exts)
-        await self.wait_durable(topic_name)
+        await self.wait_durable(topic_name, published=True)
 
-    async def wait_durable(self, topic_name: str) -> None:
+    async def wait_durable(self, topic_name: str, *, published: bool = False) -> None:
         """``--durable``: wait until what the topic holds so far (messages, and its channels'
         positions in its log) is fsynced; at once otherwise. Raises ``BackendError`` if the
-        sync failed."""
+        sync failed. ``published``: wait as for a publisher's ``OK`` (``after_published``),
+        raising ``NotEnoughMirrors`` if the mirrors did not store it in time."""
         done = trio.Event()
         failure: list[OSError] = []
 
@@ -449,9 +509,12 @@ class Broker:
                 failure.append(error)
             done.set()
 
-        if self.after_durable(topic_name, synced):
+        after = self.after_published if published else self.after_durable
+        if after(topic_name, synced):
             await done.wait()
             if failure:
+                if isinstance(failure[0], NotEnoughMirrors):
+                    raise failure[0]
                 raise BackendError(f"sync failed: {failure[0]}")
 
     # -- channel policies: dead letters and redrive ------------------------------------------

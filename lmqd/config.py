@@ -198,6 +198,12 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("mirror-max-lag", Kind.INT, "mirror_max_lag",
             "[lmq] on a primary: messages of a topic kept for a mirror that has not copied "
             "them; past it they are released and the mirror reports a gap (0: no bound)"),
+    Setting("min-insync-mirrors", Kind.INT, "min_insync_mirrors",
+            "[lmq] on a primary: answer a publish OK only once this many mirrors stored it "
+            "(fsynced, a --durable mirror); refuse it with fewer in sync (0: asynchronous)"),
+    Setting("mirror-ack-timeout", Kind.DURATION, "mirror_ack_timeout",
+            "[lmq] with --min-insync-mirrors: the longest a publish waits for its mirrors "
+            "before E_PUB_FAILED, and how long a mirror behind stays in sync"),
     Setting("mirror-tls-root-ca-file", Kind.STRING, "mirror_tls_root_ca_file",
             "[lmq] CA certificates that sign an https:// primary's (default: the system's)"),
     Setting("mirror-tls-cert", Kind.STRING, "mirror_tls_cert",

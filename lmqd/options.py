@@ -115,6 +115,13 @@ class Options:
     """A primary keeps at most this many messages per topic for a mirror that has not copied
     them (0: no bound). 10 M messages: ~1 GB of 100-byte messages on disk, a 100 s outage of a
     mirror at 100k messages a second."""
+    min_insync_mirrors: int = attrs.field(default=0, validator=_non_negative)
+    """On a primary: a publish is answered ``OK`` only once this many mirrors have stored it
+    (fsynced, a ``--durable`` mirror); with fewer in sync it is refused (Kafka's ``acks=all``
+    with ``min.insync.replicas``; ``lmqd.engine.insync``). 0: replication is asynchronous."""
+    mirror_ack_timeout: float = attrs.field(default=5.0, validator=_positive)
+    """With ``min_insync_mirrors``: the longest a publish's ``OK`` waits for the mirrors before
+    it fails, and how long a mirror that stopped fetching or fell behind stays in sync."""
     mirror_tls_root_ca_file: str = ""
     mirror_tls_cert: str = ""
     mirror_tls_key: str = ""

@@ -5,6 +5,8 @@
     .venv/bin/python scripts/bench_mirror.py takeover [--runs 3] [--rate 2000]
     .venv/bin/python scripts/bench_mirror.py recovery [--messages 10000000] [--size 100]
         [--runs 3] [--keep DIR]
+    .venv/bin/python scripts/bench_mirror.py acks [--runs 3] [--duration 10] [--size 100]
+        [--batch-size 200] [--primary-flag=--durable ...] [--mirror-flag=--durable ...]
 
 ``load``: NSQ's own benchmark (``bench_writer`` for ``--duration`` seconds, then ``bench_reader``;
 with ``--rate``, a paced writer of MPUBs of ``--batch-size`` at that rate instead of
@@ -31,6 +33,12 @@ holding ``--messages`` messages of ``--size`` bytes in one topic with one channe
 to listen and to deliver the first message to a consumer, ``--runs`` times (each after a
 ``kill -9`` of the previous one).
 
+``acks``: what ``--min-insync-mirrors=1`` costs a publisher, against asynchronous replication
+(a primary and one mirror both times, in turn, each run fresh): the latency of one ``PUB`` at a
+time (``LATENCY_COUNT`` of them, raw socket: p50, p99), the rate of a producer pipelining
+``PIPELINE_WINDOW`` ``PUB``s, and of ``bench_writer`` (MPUBs of ``--batch-size``, one per
+connection at a time, for ``--duration`` seconds), with the primary's CPU per message.
+
 Prints a line per run and the medians.
 """
 
@@ -46,6 +54,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -196,21 +205,31 @@ def paced_writer(tcp: str, rate: int, seconds: int, size: int, batch: int) -> fl
     return float(sent)
 
 
-def load_main(args: argparse.Namespace) -> None:
-    bins = nsq_bin(args.nsq_bin)
-    runs: dict[bool, list[dict[str, Any]]] = {False: [], True: []}
-    for i in range(args.runs):
-        for with_mirror in (False, True):
-            r = run_load(args, bins, with_mirror)
-            runs[with_mirror].append(r)
-            print(f"run {i + 1} {'mirror' if with_mirror else 'alone':>6}: "
+def compare(
+    runs: int, once: Callable[[bool], dict[str, Any]], short: tuple[str, str],
+    long: tuple[str, str],
+) -> None:
+    """``once(False)`` and ``once(True)`` in turn, ``runs`` times: a line per run (stderr,
+    labelled ``short``) and the medians (labelled ``long``)."""
+    rows: dict[bool, list[dict[str, Any]]] = {False: [], True: []}
+    for i in range(runs):
+        for which in (False, True):
+            r = once(which)
+            rows[which].append(r)
+            print(f"run {i + 1} {short[which]:>6}: "
                   + json.dumps({k: round(v, 3) if isinstance(v, float) else v
                                 for k, v in r.items()}), file=sys.stderr, flush=True)  # fmt: skip
-    for with_mirror, rows in runs.items():
-        keys = [k for k, v in rows[0].items() if isinstance(v, int | float) and k != "mirror"]
-        medians = {k: statistics.median(r[k] for r in rows) for k in keys}
-        print(("with one mirror" if with_mirror else "primary alone") + ": "
-              + ", ".join(f"{k} {v:,.3f}" for k, v in medians.items()))  # fmt: skip
+    for which, done in rows.items():
+        keys = [k for k, v in done[0].items() if isinstance(v, int | float)
+                and not isinstance(v, bool)]  # fmt: skip
+        medians = {k: statistics.median(r[k] for r in done) for k in keys}
+        print(long[which] + ": " + ", ".join(f"{k} {v:,.3f}" for k, v in medians.items()))
+
+
+def load_main(args: argparse.Namespace) -> None:
+    bins = nsq_bin(args.nsq_bin)
+    compare(args.runs, lambda with_mirror: run_load(args, bins, with_mirror),
+            ("alone", "mirror"), ("primary alone", "with one mirror"))  # fmt: skip
 
 
 # -- takeover --------------------------------------------------------------------------------------
@@ -365,9 +384,124 @@ def recovery_main(args: argparse.Namespace) -> None:
             shutil.rmtree(base, ignore_errors=True)
 
 
+# -- acks ------------------------------------------------------------------------------------------
+
+LATENCY_COUNT = 2000
+PIPELINE_WINDOW = 32
+
+
+def _frames(sock: Any, buffer: bytearray, wanted: int) -> int:
+    """Read until ``wanted`` OK frames came (an error frame raises); returns how many."""
+    import struct
+
+    got = 0
+    while got < wanted:
+        while len(buffer) >= 8:
+            size, kind = struct.unpack_from(">Ii", buffer)
+            if len(buffer) < 4 + size:
+                break
+            frame = bytes(buffer[8 : 4 + size])
+            del buffer[: 4 + size]
+            if kind != 0:
+                raise RuntimeError(frame.decode())
+            if frame == b"OK":
+                got += 1
+            if got == wanted:
+                return got
+        data = sock.recv(65536)
+        if not data:
+            raise RuntimeError("EOF")
+        buffer += data
+    return got
+
+
+def pub_latencies(tcp: str, size: int, count: int) -> list[float]:
+    """One PUB at a time: each one's time to its OK, seconds."""
+    import socket
+    import struct
+
+    host, _, port = tcp.rpartition(":")
+    body = b"x" * size
+    command = b"PUB %s\n" % TOPIC.encode() + struct.pack(">I", size) + body
+    out = []
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(b"  V2")
+        buffer = bytearray()
+        for _ in range(count):
+            t0 = time.perf_counter()
+            sock.sendall(command)
+            _frames(sock, buffer, 1)
+            out.append(time.perf_counter() - t0)
+    return out
+
+
+def pipelined_rate(tcp: str, size: int, seconds: float) -> float:
+    """A producer keeping ``PIPELINE_WINDOW`` PUBs in flight: messages acknowledged a second."""
+    import socket
+    import struct
+
+    host, _, port = tcp.rpartition(":")
+    command = b"PUB %s\n" % TOPIC.encode() + struct.pack(">I", size) + b"x" * size
+    acked = 0
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(b"  V2")
+        buffer = bytearray()
+        sock.sendall(command * PIPELINE_WINDOW)
+        start = time.monotonic()
+        while time.monotonic() - start < seconds:
+            got = _frames(sock, buffer, 1)
+            acked += got
+            sock.sendall(command * got)
+        elapsed = time.monotonic() - start
+        _frames(sock, buffer, PIPELINE_WINDOW)
+    return acked / elapsed
+
+
+def acks_once(args: argparse.Namespace, bins: Path, insync: bool) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="bench-acks-", dir=args.dir) as tmp:
+        flags = [*args.primary_flag, *(["--min-insync-mirrors=1"] if insync else [])]
+        primary = lmqd(Path(tmp) / "p", *flags)
+        mirror = None
+        try:
+            http, tcp = primary.address("HTTP"), primary.address("TCP")
+            assert http is not None and tcp is not None
+            post(http, f"/topic/create?topic={TOPIC}")
+            mirror = lmqd(Path(tmp) / "m", f"--mirror-of={http}", *args.mirror_flag)
+            mirror_http = mirror.address("HTTP")
+            assert mirror_http is not None
+            while followed(mirror_http) is None:
+                time.sleep(0.05)
+            load = load_average()
+            latencies = pub_latencies(tcp, args.size, LATENCY_COUNT)
+            pipelined = pipelined_rate(tcp, args.size, args.duration / 2)
+            cpu0 = primary.cpu_seconds()
+            published, seconds = run_program([
+                str(bins / "bench_writer"), f"--nsqd-tcp-address={tcp}", f"--topic={TOPIC}",
+                f"--size={args.size}", f"--batch-size={args.batch_size}",
+                f"--runfor={args.duration}s",
+            ])  # fmt: skip
+            cpu1 = primary.cpu_seconds()
+            return {
+                "insync": insync, "load": load,
+                "pub_p50_ms": pct(latencies, 0.5) * 1e3, "pub_p99_ms": pct(latencies, 0.99) * 1e3,
+                "pipelined_per_s": pipelined, "bench_writer_per_s": published / seconds,
+                "pub_cpu_us": (cpu1 - cpu0) / published * 1e6,
+            }  # fmt: skip
+        finally:
+            if mirror is not None:
+                mirror.terminate(BENCH_SHUTDOWN_TIMEOUT_S)
+            primary.terminate(BENCH_SHUTDOWN_TIMEOUT_S)
+
+
+def acks_main(args: argparse.Namespace) -> None:
+    bins = nsq_bin(args.nsq_bin)
+    compare(args.runs, lambda insync: acks_once(args, bins, insync), ("async", "insync"),
+            ("asynchronous", "--min-insync-mirrors=1"))  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("what", choices=("load", "takeover", "recovery"))
+    parser.add_argument("what", choices=("load", "takeover", "recovery", "acks"))
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--duration", type=int, default=10)
     parser.add_argument("--size", type=int, default=100)
@@ -379,10 +513,13 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=10_000_000, help="recovery")
     parser.add_argument("--keep", default=None, help="recovery: keep (and reuse) this directory")
     parser.add_argument("--mirror-flag", action="append", default=[])
+    parser.add_argument("--primary-flag", action="append", default=[], help="acks")
     parser.add_argument("--nsq-bin", default=None)
     parser.add_argument("--dir", default=None)
     args = parser.parse_args()
-    {"load": load_main, "takeover": takeover_main, "recovery": recovery_main}[args.what](args)
+    mains = {"load": load_main, "takeover": takeover_main, "recovery": recovery_main,
+             "acks": acks_main}  # fmt: skip
+    mains[args.what](args)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,10 @@ it as not kept before it came, and those at or above it as a gap.
 passed (the mirror copies them, and the primary's channels' skips, which the mirror follows, step
 over them there too): an offset the primary accepted is copied or reported, never skipped.
 
+**In sync.** Each fetch also tells the hold what the mirror stored and when it asked
+(``fetched``, ``answered``): ``insync.py`` judges from those whether the mirror is in sync and
+how far it has copied, for ``--min-insync-mirrors``.
+
 Costs: the hold is one entry more in ``stream.cursors`` (``trim``, ``_cache_wanted`` and a tail
 read look at it), and with a hold the channels reading the tail copy the messages and set their
 offsets (a loop over the batch): measured in docs/benchmarks.md ("Mirrors").
@@ -40,13 +44,22 @@ offsets (a loop over the batch): measured in docs/benchmarks.md ("Mirrors").
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Iterable
 
 from lmqd.engine.stream import TopicStream
 from lmqd.message import Message
 from lmqd.storage import Cursor
 
-__all__ = ["HOLD_PREFIX", "MirrorHold", "is_hold_name", "restored_holds", "unfinished_offsets"]
+__all__ = [
+    "HOLD_PREFIX",
+    "MirrorHold",
+    "forget_offsets",
+    "is_hold_name",
+    "note_offsets",
+    "restored_holds",
+    "unfinished_offsets",
+]
 
 log = logging.getLogger("lmqd.mirror")
 
@@ -62,7 +75,19 @@ def is_hold_name(name: str) -> bool:
 class MirrorHold:
     """One mirror's hold on one topic's stream; see the module docstring."""
 
-    __slots__ = ("_log_cursor", "mirror_id", "position", "released", "since", "stream")
+    __slots__ = (
+        "_log_cursor",
+        "answered_end",
+        "caught_up_at",
+        "contact_at",
+        "copied",
+        "fetched_from",
+        "mirror_id",
+        "position",
+        "released",
+        "since",
+        "stream",
+    )
 
     def __init__(self, stream: TopicStream, mirror_id: str, *, at: int | None = None) -> None:
         """The hold of mirror ``mirror_id``: restored from the stream's log if it has one,
@@ -84,6 +109,18 @@ class MirrorHold:
             if log_ is not None:
                 lc = log_.create_cursor(name, stream.log_target(self.position))
         self._log_cursor = lc
+        # What ``fetched`` learns, for ``--min-insync-mirrors`` (``insync.py``).
+        self.copied = self.position
+        """The offset below which the mirror said it has its copy (fsynced, if durable); unlike
+        ``position``, never moved by ``release``."""
+        self.fetched_from = self.position
+        """Where the mirror's last fetch read from: what it has stored."""
+        self.contact_at = -math.inf
+        """When (trio time) the mirror last fetched this topic."""
+        self.caught_up_at = -math.inf
+        """When a fetch of the mirror last asked from at least ``answered_end``."""
+        self.answered_end = stream.next_offset
+        """The stream's end when the mirror was last answered (``answered``)."""
         stream.cursors.append(self)
         stream.held += 1
 
@@ -94,6 +131,31 @@ class MirrorHold:
     def lag(self) -> int:
         """Offsets the mirror has not copied yet."""
         return max(self.stream.next_offset - self.position, 0)
+
+    def fetched(self, offset: int, acked: int, now: float) -> None:
+        """A fetch of the mirror at ``now``: it has stored everything below ``offset``, and
+        durably (if it is durable) below ``acked``."""
+        end = self.stream.next_offset
+        offset = min(offset, end)
+        acked = min(acked, offset)
+        self.contact_at = now
+        if offset >= self.answered_end:
+            self.caught_up_at = now
+        self.fetched_from = offset
+        if acked > self.copied:
+            self.copied = acked
+        self.acknowledge(acked)
+
+    def answered(self) -> None:
+        """A fetch of the mirror is answered now: to be caught up, its next fetch asks from at
+        least the stream's end of this moment."""
+        self.answered_end = self.stream.next_offset
+
+    def joined(self, contact_at: float, now: float) -> None:
+        """A hold made for a topic new to a mirror already known: in sync from the start
+        (nothing to copy yet) as far as the mirror's last contact says."""
+        self.contact_at = contact_at
+        self.caught_up_at = now
 
     def acknowledge(self, offset: int) -> None:
         """The mirror has (durably, if it is durable) everything below ``offset``."""
@@ -154,15 +216,52 @@ def restored_holds(stream: TopicStream) -> list[str]:
     return sorted(name[len(HOLD_PREFIX) :] for name in log_.cursors if is_hold_name(name))
 
 
-def unfinished_offsets(messages: Iterable[Message]) -> tuple[list[int], list[bytes]]:
-    """Of the messages a channel holds unfinished, the offsets known (sorted) and the ids of
-    those whose offset it no longer knows (read back from one of its own stores)."""
-    offsets: list[int] = []
+# -- the offsets of what a channel keeps in its own stores -----------------------------------
+#
+# A message a channel of a held stream requeues (REQ, a timeout, its consumer gone), defers or
+# copies out of its log's way (``release.py``) goes to the channel's own stores, and what they
+# give back is a new ``Message`` without its offset. So the channel's keeping notes the offset by
+# id when the message goes (``note_offsets``) and forgets it when the message is done
+# (``forget_offsets``: FIN, dead-lettered, dropped; the channel emptied clears them all): the
+# notes are the offsets of every message the channel keeps unfinished in its stores, on disk or
+# read back, which ``unfinished_offsets`` adds to what it holds. A note outliving its message
+# (a way out not seen here) costs a duplicate after a promotion, never a loss. Cost: a dict of
+# the requeued messages' ids while a mirror holds the stream; nothing without one.
+
+
+def note_offsets(
+    notes: dict[bytes, int] | None, stream: TopicStream | None, messages: Iterable[Message]
+) -> dict[bytes, int] | None:
+    """``notes`` with the offsets of ``messages`` (made if needed), if a mirror holds
+    ``stream``; returned as it is otherwise."""
+    if stream is None or not stream.held:
+        return notes
+    if notes is None:
+        notes = {}
+    for m in messages:
+        if m.offset >= 0:
+            notes[m.id] = m.offset
+    return notes
+
+
+def forget_offsets(notes: dict[bytes, int] | None, messages: Iterable[Message]) -> None:
+    """``messages`` are done: their notes go."""
+    if notes:
+        for m in messages:
+            notes.pop(m.id, None)
+
+
+def unfinished_offsets(
+    messages: Iterable[Message], notes: dict[bytes, int] | None = None
+) -> tuple[list[int], list[bytes]]:
+    """Of the messages a channel holds unfinished, the offsets known (sorted; with those of
+    ``notes``, what it keeps in its stores) and the ids of those whose offset it does not know
+    (read back from one of its stores before the stream was held, or after a restart)."""
+    offsets: set[int] = set(notes.values()) if notes else set()
     ids: list[bytes] = []
     for m in messages:
         if m.offset >= 0:
-            offsets.append(m.offset)
-        else:
+            offsets.add(m.offset)
+        elif notes is None or m.id not in notes:
             ids.append(m.id)
-    offsets.sort()
-    return offsets, ids
+    return sorted(offsets), ids

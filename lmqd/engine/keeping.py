@@ -38,6 +38,7 @@ from typing import Protocol
 
 from lmqd.engine.backend import BackendError, BackendQueue, StoredQueue, Syncable
 from lmqd.engine.durable import DurableAcks
+from lmqd.engine.holds import forget_offsets, note_offsets
 from lmqd.engine.lanes import LANE_SUFFIX, by_level, priority_of
 from lmqd.engine.release import HeldRelease
 from lmqd.engine.salvage import Salvage
@@ -76,7 +77,7 @@ class Keeping:
     """nsqd's default mode: a channel's own messages in memory first (see the module
     docstring). One per channel; ``kind`` picks the class."""
 
-    __slots__ = ("_channel", "_dq")
+    __slots__ = ("_channel", "_dq", "offset_notes")
 
     durable = False
     mem_factor = 1
@@ -91,6 +92,9 @@ class Keeping:
         self._channel = channel
         self._dq: BackendQueue | None = self._open_dq(False)
         """The deferred store, once open (at start-up only if it has files)."""
+        self.offset_notes: dict[bytes, int] | None = None
+        """While a mirror holds the topic: the offsets of the messages this channel keeps in
+        its stores, by id (``holds.note_offsets``)."""
 
     def _open_dq(self, create: bool) -> BackendQueue | None:
         channel = self._channel
@@ -248,10 +252,12 @@ class Keeping:
     def requeue(self, messages: Sequence[Message]) -> None:
         """Delivered messages that came back (``REQ 0``, a timeout, their consumer gone) onto
         the ready queue: ``enqueue`` here."""
+        self.note(messages)
         self.enqueue(messages)
 
     def defer_owned(self, messages: Sequence[Message]) -> None:
         """Messages the channel owns, their ``deliver_at`` set, into the deferred queue."""
+        self.note(messages)
         channel = self._channel
         for m in messages:
             channel.deferred.push(m)
@@ -290,10 +296,14 @@ class Keeping:
 
     def done(self, messages: Sequence[Message]) -> None:
         """``messages`` are finished for this channel (FIN, sampled out, dropped, empty)."""
+        if self.offset_notes:
+            forget_offsets(self.offset_notes, messages)
 
     def done_when_copied(self, messages: Sequence[Message], copies_in: Syncable | None) -> None:
         """``messages`` were copied elsewhere (a dead-letter topic, a redrive): done here once
         the copies are durable."""
+        if self.offset_notes:
+            forget_offsets(self.offset_notes, messages)
 
     def redrive_store(self) -> Syncable | None:
         """What makes messages redriven into this channel durable (None: nothing to wait)."""
@@ -301,6 +311,14 @@ class Keeping:
 
     def clear(self) -> None:
         """The channel was emptied or deleted: nothing is left to record."""
+        self.offset_notes = None
+
+    def note(self, messages: Sequence[Message]) -> None:
+        """``messages`` go to the channel's stores: their offsets are noted while a mirror
+        holds the topic (``holds.note_offsets``)."""
+        cursor = self._channel.sources.cursor
+        stream = cursor.stream if cursor is not None else None
+        self.offset_notes = note_offsets(self.offset_notes, stream, messages)
 
     # -- deliveries -----------------------------------------------------------------------
 
@@ -511,6 +529,7 @@ class DurableKeeping(Keeping):
         """As ``enqueue``, and those read back from a store are written again too (their old
         copies acknowledged once the new ones are fsynced): the copy a crash brings back must
         count every delivery so far, not those before it was written."""
+        self.note(messages)
         self._enqueue(messages, rewrite=True)
 
     def _put_unranked(self, messages: Sequence[Message], rewrite: bool) -> None:
@@ -564,6 +583,7 @@ class DurableKeeping(Keeping):
     def defer_owned(self, messages: Sequence[Message]) -> None:
         """To the deferred store (so that a long delay does not hold the own store's read
         position back); the originals are acknowledged once that is synced."""
+        self.note(messages)
         try:
             self.store_deferred(messages)
         except BackendError as exc:
@@ -619,15 +639,18 @@ class DurableKeeping(Keeping):
         self._acks.ack((m,))
 
     def done(self, messages: Sequence[Message]) -> None:
+        super().done(messages)
         self._acks.ack(messages)
 
     def done_when_copied(self, messages: Sequence[Message], copies_in: Syncable | None) -> None:
+        super().done_when_copied(messages, copies_in)
         self._acks.ack_when_copied(messages, copies_in)
 
     def redrive_store(self) -> Syncable | None:
         return self._channel.sources.backend.stored
 
     def clear(self) -> None:
+        super().clear()
         self._acks.clear()
 
     def delivered(self, now: float) -> None:

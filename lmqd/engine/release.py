@@ -83,6 +83,8 @@ class ReleaseKeeping(Protocol):
 
     def load_deferred(self, in_flight: dict[bytes, Message] | None = None) -> None: ...
 
+    def note(self, messages: list[Message]) -> None: ...
+
 
 class HeldRelease:
     """Copies a durable channel's long-held in-flight messages out of its log's way."""
@@ -157,6 +159,7 @@ class HeldRelease:
             )
             return
         offsets = {m.id: m.offset for m in held}
+        self._keeping.note(held)  # a mirror follows them by these offsets (``holds.py``)
         unread = {m.id: m for m in held}
         for m in held:
             m.offset = -1  # its copy in the deferred store stands for it from now on

@@ -36,6 +36,7 @@ from lmqd import NSQD_COMPAT_VERSION
 from lmqd.engine.admission import RateLimited, TopicFull
 from lmqd.engine.backend import BackendError
 from lmqd.engine.errors import TopicExiting
+from lmqd.engine.insync import NotEnoughMirrors
 from lmqd.engine.topic import Topic
 from lmqd.httpapi import args
 from lmqd.httpapi.asgi import (
@@ -217,6 +218,9 @@ class HttpApi(AsgiApp):
             await self.broker.publish_durable(topic, bodies, defer_s, exts)
         except TopicFull:
             raise HttpError(503, "TOPIC_FULL") from None
+        except NotEnoughMirrors:
+            # --min-insync-mirrors: refused before it was stored, or not on the mirrors in time.
+            raise HttpError(503, "NOT_ENOUGH_MIRRORS") from None
         except (BackendError, TopicExiting):
             # nsqd answers every PutMessage(s) failure (exiting or a failed backend write) so.
             raise HttpError(503, "EXITING") from None

@@ -186,12 +186,16 @@ class MirrorApi:
         asked = _fetch_request(body)
         wanted: list[tuple[Topic, int]] = []
         news: dict[str, bool] = {}
+        now = trio.current_time()
+        insync = self.broker.insync
         for name, (offset, acked) in asked.items():
             topic = self.broker.topic_or_none(name)
             if topic is None or topic.ephemeral or topic.stream.log is None or topic.exiting:
                 continue
             hold, new = registry.hold(mirror_id, topic)
-            hold.acknowledge(acked)
+            hold.fetched(offset, acked, now)
+            if insync is not None:
+                insync.acknowledged(topic.stream, now)
             news[name] = new
             wanted.append((topic, offset))
         if wait_ms and wanted:
@@ -204,7 +208,9 @@ class MirrorApi:
                 finally:
                     registry.unwatch(topics, event)
             pending = sum(max(t.stream.next_offset - o, 0) for t, o in wanted)
-            if 0 < pending < FETCH_MIN_MESSAGES:
+            # Publishers waiting for this mirror (--min-insync-mirrors) are answered sooner.
+            waiting = insync is not None and any(insync.waiting(t.name) for t, _ in wanted)
+            if 0 < pending < FETCH_MIN_MESSAGES and not waiting:
                 await trio.sleep(FETCH_LINGER_S)  # a few more publishes: fewer, fuller fetches
         return Response(200, self._sections(registry, mirror_id, wanted, news), v1=False)
 
@@ -221,6 +227,7 @@ class MirrorApi:
             self._rotation = (self._rotation + 1) % len(wanted)
             wanted = wanted[self._rotation :] + wanted[: self._rotation]
         budget = MAX_FETCH_BYTES
+        insync = self.broker.insync
         parts: list[bytes] = []
         headers: list[bytes] = []
         for topic, offset in wanted:
@@ -231,6 +238,8 @@ class MirrorApi:
             assert log_ is not None
             hold = registry.holds.get(mirror_id, {}).get(topic.name)
             since = hold.since if hold is not None else 0
+            if hold is not None:
+                hold.answered()
             entries: list[tuple[int, Message]] = []
             following = offset
             if offset < stream.next_offset and budget > 0:
@@ -244,6 +253,7 @@ class MirrorApi:
                 topic.name, encode_copies(entries, log_.timebase),
                 next_offset=following, end=stream.next_offset, earliest=stream.earliest_offset,
                 since=since, next_ts=next_ts, new_hold=news.get(topic.name, False),
+                waiting=insync is not None and insync.waiting(topic.name),
             )  # fmt: skip
             if entries or following != offset or news.get(topic.name):
                 parts.append(section)

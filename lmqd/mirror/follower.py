@@ -20,7 +20,9 @@ Two requests run side by side, each on its own kept-alive connection (``HttpClie
   durable (``acked``), answered with each topic's new messages, or after a long poll of up to
   ``FETCH_WAIT_MS`` when there is none. The messages are stored at their offsets
   (``replica.store_copies``); ``planner.TopicLink`` counts what went missing. A ``--durable``
-  mirror acknowledges only what its syncer has fsynced: the primary keeps the rest.
+  mirror acknowledges only what its syncer has fsynced: the primary keeps the rest. When
+  publishes wait for it on the primary (``--min-insync-mirrors``, the section's ``waiting``), it
+  fsyncs before it fetches again (``_sync_waited``), so that the next fetch acknowledges them.
 
 A failed request (the primary down, a timeout) makes every topic ``disconnected`` and waits
 ``Backoff``'s delay before the next; the copy goes on from its end when the primary answers
@@ -451,6 +453,7 @@ class Follower:
                     await trio.sleep(self._failed(f"fetch: malformed answer ({exc})"))
                     continue
                 self._apply(sections, request)
+                await self._sync_waited(sections)
                 await trio.lowlevel.checkpoint()
         finally:
             await client.aclose()
@@ -499,6 +502,20 @@ class Follower:
             link.answered(section, asked, copy_spans(entries), copy_was_empty=asked == 0,
                           now=now)  # fmt: skip
             self._acknowledge(topic, link)
+
+    async def _sync_waited(self, sections: list[Any]) -> None:
+        """Publishes on the primary wait for this mirror (``--min-insync-mirrors``): a
+        ``--durable`` mirror fsyncs what it copied of those topics before it fetches again, so
+        that the next fetch acknowledges it (otherwise the long poll would hold it back)."""
+        if not self.broker.options.durable:
+            return
+        for section in sections:
+            if section.waiting and section.frames:
+                try:
+                    await self.broker.wait_durable(section.topic)
+                except BackendError as exc:
+                    log.error("MIRROR: TOPIC(%s): cannot sync the copies: %s", section.topic,
+                              exc)  # fmt: skip
 
     def _acknowledge(self, topic: Topic, link: TopicLink) -> None:
         end = topic.stream.next_offset

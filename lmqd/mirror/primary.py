@@ -94,8 +94,11 @@ class MirrorRegistry:
         t = self.broker.topic_or_none(topic)
         if t is None or t.ephemeral or t.stream.log is None:
             return
-        for mirror_id in self.links:
-            self._hold(mirror_id, t)
+        now = trio.current_time()
+        for mirror_id, link in self.links.items():
+            # In sync from the start (--min-insync-mirrors) as far as its last contact says:
+            # the first publish, which made the topic, is not refused for want of a fetch.
+            self._hold(mirror_id, t).joined(link.last_contact, now)
 
     def topic_deleted(self, topic: str, channels: Sequence[str]) -> None:
         for holds in self.holds.values():
@@ -213,12 +216,30 @@ class MirrorRegistry:
                         link.releasing.add(name)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Sweep once a second until cancelled."""
+        """Sweep once a second, and fail the publishes held for the mirrors past
+        ``--mirror-ack-timeout`` (``lmqd.engine.insync``), until cancelled."""
         task_status.started()
+        insync = self.broker.insync
+        # A publish held after this task went to sleep is looked at within a tick: it fails at
+        # most a quarter of its timeout (and a second) late.
+        tick = SWEEP_S if insync is None else min(SWEEP_S, insync.timeout / 4)
+        next_sweep = trio.current_time() + SWEEP_S
         while True:
-            await trio.sleep(SWEEP_S)
-            if self.holds:
-                self.sweep()
+            now = trio.current_time()
+            deadline = min(next_sweep, now + tick)
+            if insync is not None:
+                deadline = min(deadline, insync.next_deadline)
+            await trio.sleep_until(deadline)
+            now = trio.current_time()
+            if insync is not None:
+                failed = insync.expire(now)
+                if failed:
+                    log.warning("MIRROR: %d publish(es) not stored by %d mirror(s) within %gs: "
+                                "failed", failed, insync.needed, insync.timeout)  # fmt: skip
+            if now >= next_sweep:
+                next_sweep = now + SWEEP_S
+                if self.holds:
+                    self.sweep()
 
     # -- statistics ------------------------------------------------------------------------------
 

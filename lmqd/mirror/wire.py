@@ -23,7 +23,8 @@ is one section per topic with news, each a fixed header, the topic's name and it
 
     0  2  name length n       2  8  next: where to read on     10  8  end: the stream's end
    18  8  earliest stored    26  8  since (``holds.py``)       34  8  the timestamp of the
-   42  4  frames length f    46  1  flags (0x01: new hold)          message at ``next`` (0:
+   42  4  frames length f    46  1  flags (0x01: new hold,          message at ``next`` (0:
+                                       0x02: publishes waiting)
    47  n  name               47+n f copy frames                     none, caught up)
 """
 
@@ -41,6 +42,7 @@ from lmqd.engine.topic import Topic
 
 __all__ = [
     "FLAG_NEW_HOLD",
+    "FLAG_WAITING",
     "SECTION",
     "ChannelFollow",
     "Section",
@@ -57,6 +59,9 @@ MAX_UNTRACKED_IDS = 10_000
 
 SECTION = struct.Struct(">HqqqqqIB")
 FLAG_NEW_HOLD = 0x01
+FLAG_WAITING = 0x02
+"""Publishes on the primary wait for this topic's mirrors (``--min-insync-mirrors``): a
+``--durable`` mirror fsyncs what it copied before its next fetch, which acknowledges it."""
 
 
 def to_ranges(offsets: Sequence[int]) -> list[list[int]]:
@@ -90,7 +95,12 @@ def describe_channel(channel: Channel) -> dict[str, Any]:
     if sources.lanes is not None:
         for _, _, messages in sources.lanes.memory():
             held += messages
-    offsets, ids = unfinished_offsets(held)
+    notes = channel.keeping.offset_notes
+    offsets, ids = unfinished_offsets(held, notes)
+    # What the own store has on disk, less those of it whose offsets are noted.
+    on_disk = sources.stored_depth
+    if notes:
+        on_disk = max(on_disk - (len(notes) - sum(1 for m in held if m.id in notes)), 0)
     log_ = cursor.stream.log
     assert log_ is not None
     to_wall = log_.timebase.to_wall_ns
@@ -106,7 +116,7 @@ def describe_channel(channel: Channel) -> dict[str, Any]:
         "attempts": sorted(
             [m.offset, m.attempts] for m in held if m.attempts > 1 and m.offset >= 0
         ),
-        "untracked": len(ids) + sources.stored_depth,
+        "untracked": len(ids) + on_disk,
         "untracked_ids": [i.decode("ascii", "replace") for i in ids[:MAX_UNTRACKED_IDS]],
         "paused": channel.paused,
         "policy": dict(channel.policy_settings),
@@ -140,10 +150,12 @@ def encode_section(
     since: int,
     next_ts: int,
     new_hold: bool,
+    waiting: bool = False,
 ) -> bytes:
     raw = name.encode()
+    flags = (FLAG_NEW_HOLD if new_hold else 0) | (FLAG_WAITING if waiting else 0)
     head = SECTION.pack(len(raw), next_offset, end, earliest, since, next_ts, len(frames),
-                        FLAG_NEW_HOLD if new_hold else 0)  # fmt: skip
+                        flags)  # fmt: skip
     return head + raw + frames
 
 
@@ -162,6 +174,8 @@ class Section:
     next_ts: int
     new_hold: bool
     frames: bytes
+    waiting: bool = False
+    """Publishes on the primary wait for this mirror's acknowledgement (``FLAG_WAITING``)."""
 
 
 def decode_sections(data: bytes) -> list[Section]:
@@ -179,7 +193,7 @@ def decode_sections(data: bytes) -> list[Section]:
             raise ValueError("truncated section")
         name = data[start : start + n].decode()
         out.append(Section(name, nxt, end, earliest, since, next_ts, bool(flags & FLAG_NEW_HOLD),
-                           data[start + n : stop]))  # fmt: skip
+                           data[start + n : stop], bool(flags & FLAG_WAITING)))  # fmt: skip
         pos = stop
     return out
 

@@ -55,6 +55,7 @@ from lmqd.engine.backend import BackendError
 from lmqd.engine.channel import Channel
 from lmqd.engine.errors import TooManyConsumers, TopicExiting
 from lmqd.engine.inflight import NotInFlight, NotOwner
+from lmqd.engine.insync import NotEnoughMirrors
 from lmqd.engine.subscription import Subscription
 from lmqd.message import Message
 from lmqd.message_ext import MessageExt
@@ -520,7 +521,7 @@ class Session:
             self.broker.publish(topic, bodies, defer, exts)
         except PublishRefused as exc:  # the policy came on since the run started
             raise errors.publish_failed(kind, str(exc)) from exc
-        except (BackendError, TopicExiting, NotPrimary) as exc:
+        except (BackendError, TopicExiting, NotPrimary, NotEnoughMirrors) as exc:
             raise errors.publish_failed(kind, str(exc) or "exiting") from exc
         # Messages, as nsqd counts them (an MPUB adds its length), however the run was coalesced.
         self.pub_counts[topic] = self.pub_counts.get(topic, 0) + len(bodies)
@@ -567,7 +568,7 @@ class Session:
             defer = first.defer_ms / 1000 if isinstance(first, Dpub | Xpub) else 0.0
             try:
                 outcome = self.broker.publish_run(topic, bodies, sizes[:paid], defer, exts)
-            except (BackendError, TopicExiting, NotPrimary) as exc:
+            except (BackendError, TopicExiting, NotPrimary, NotEnoughMirrors) as exc:
                 raise errors.publish_failed(_kind(first), str(exc) or "exiting") from exc
             accepted = outcome.accepted
             if accepted:
@@ -578,11 +579,12 @@ class Session:
         return True
 
     def _write_oks(self, kind: str, topic: str, count: int) -> None:
-        """Answer ``count`` publishes to ``topic``: now, or (durable) once they are fsynced."""
+        """Answer ``count`` publishes to ``topic``: now, or once they are fsynced (durable) and
+        stored by the mirrors (``--min-insync-mirrors``)."""
         frames = [OK_FRAME] * count
         output = self.output
         hold = output.hold(kind, frames)
-        if not self.broker.after_durable(topic, partial(self._synced, hold)):
+        if not self.broker.after_published(topic, partial(self._synced, hold)):
             # Nothing to wait for: the hold resolves at once (behind any earlier hold).
             self._synced(hold, None)
 

@@ -16,7 +16,13 @@ from typing import Any
 import pytest
 import trio
 
-from lmqd.engine.holds import MirrorHold, restored_holds, unfinished_offsets
+from lmqd.engine.holds import (
+    MirrorHold,
+    forget_offsets,
+    note_offsets,
+    restored_holds,
+    unfinished_offsets,
+)
 from lmqd.engine.replica import (
     PlainRun,
     advance_copy,
@@ -123,6 +129,20 @@ def test_unfinished_offsets() -> None:
     assert unfinished_offsets([known, stored, Message(b"c" * 16, b"", 0, offset=3)]) == (
         [3, 7], [b"b" * 16],
     )
+    # Noted offsets: what the channel keeps in its stores (on disk, or read back without one).
+    notes = {b"b" * 16: 5, b"d" * 16: 9}
+    assert unfinished_offsets([known, stored], notes) == ([5, 7, 9], [])
+
+
+def test_offsets_noted_only_while_held_and_forgotten_when_done(tmp_path: Path) -> None:
+    topic = make_topic(tmp_path)
+    messages = [Message(b"%016d" % i, b"x", 0, offset=i) for i in range(3)]
+    assert note_offsets(None, topic.stream, messages) is None  # no mirror: nothing kept
+    MirrorHold(topic.stream, "m1")
+    notes = note_offsets(None, topic.stream, [*messages, Message(b"u" * 16, b"", 0)])
+    assert notes == {m.id: m.offset for m in messages}
+    forget_offsets(notes, messages[:2])
+    assert notes == {messages[2].id: 2}
 
 
 # -- the mirror's side -------------------------------------------------------------------------
