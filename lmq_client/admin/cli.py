@@ -343,7 +343,7 @@ def topic(
     if action == "policy":
         policies = {}
         for address in addresses:
-            client = HTTPClient(address, timeout=settings.timeout)
+            client = settings.http_client(address)
             policies[address] = policy = client.topic_policy(topic, changes)
             if not settings.as_json:
                 shown = ", ".join(f"{k}={v}" for k, v in policy.items())
@@ -352,7 +352,7 @@ def topic(
             emit_json({"topic": topic, "policies": policies})
         return
     for address in addresses:
-        HTTPClient(address, timeout=settings.timeout).topic_action(action, topic)
+        settings.http_client(address).topic_action(action, topic)
         if not settings.as_json:
             click.echo(f"{_PAST[action]} topic {topic} on {address}")
     if action == "delete":
@@ -372,7 +372,7 @@ def _on_lookupds(settings: Settings, path: str, params: dict[str, str]) -> None:
     for lookupd in settings.lookupd:
         url = lookupd_url(lookupd, path, params)
         try:
-            HTTPClient.fetch(url, address=lookupd, timeout=settings.timeout, method="POST")
+            HTTPClient.fetch(url, address=lookupd, method="POST", options=settings.http_options)
         except LmqClientError as exc:
             log.warning("lookupd %s: %s", lookupd, exc)
 
@@ -463,7 +463,7 @@ def channel(
     offsets: dict[str, int] = {}
     position = to if to is not None else start if action == "create" else None
     for address in addresses:
-        client = HTTPClient(address, timeout=settings.timeout)
+        client = settings.http_client(address)
         if position is not None and position.startswith("offset:"):
             # An offset outside what the daemon stores is clamped there: say so.
             where = f"channel {topic}/{channel} on {address}"
@@ -494,7 +494,7 @@ def _channel_policy(
 ) -> None:
     policies = {}
     for address in addresses:
-        client = HTTPClient(address, timeout=settings.timeout)
+        client = settings.http_client(address)
         policies[address] = policy = client.channel_policy(topic, channel, changes)
         if not settings.as_json:
             shown = ", ".join(f"{k}={v}" for k, v in policy.items())
@@ -513,7 +513,7 @@ def _channel_redrive(
 ) -> None:
     moved: dict[str, int] = {}
     for address in addresses:
-        client = HTTPClient(address, timeout=settings.timeout)
+        client = settings.http_client(address)
         total = 0
         while max_count is None or total < max_count:
             left = REDRIVE_CALL_MAX if max_count is None else max_count - total
@@ -566,7 +566,7 @@ def peek(
     addresses = settings.http_addresses(topic)
     _require_nodes(addresses, topic)
     answers = {
-        address: HTTPClient(address, timeout=settings.timeout).peek(topic, channel, state, count)
+        address: settings.http_client(address).peek(topic, channel, state, count)
         for address in addresses
     }
     if settings.as_json:
@@ -838,7 +838,7 @@ def _prepare_discovery(settings: Settings, topic: str, channel: str) -> None:
     if not nodes:
         raise LmqClientError("the lookupds list no node")
     for node in nodes:
-        client = HTTPClient(node.http_address, timeout=settings.timeout)
+        client = settings.http_client(node.http_address)
         client.topic_action("create", topic)
         client.channel_action("create", topic, channel)
     wanted = {n.tcp_address for n in nodes}
