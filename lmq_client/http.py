@@ -340,12 +340,16 @@ class HTTPClient:
         return decode_read(body), int(headers.get("x-lmq-next-offset", offset))
 
     def peek(
-        self, topic: str, channel: str | None = None, state: str = "queued", count: int = 10
+        self, topic: str, channel: str | None = None, state: str = "queued", count: int = 10,
+        skip: int = 0,
     ) -> dict[str, Any]:
-        """GET ``/peek`` (lmqd): what the topic or channel holds, changing nothing."""
+        """GET ``/peek`` (lmqd): what the topic or channel holds, changing nothing; ``skip``
+        leaves out the first messages (the answer's ``more``: whether others follow)."""
         params = {"topic": topic, "state": state, "n": str(count)}
         if channel is not None:
             params["channel"] = channel
+        if skip:
+            params["skip"] = str(skip)
         return self._json(self.request("GET", "/peek", params))
 
     def pub(self, topic: str, body: bytes, *, defer_ms: int | None = None) -> None:
