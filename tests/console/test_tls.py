@@ -18,7 +18,9 @@ from typing import Any
 
 import attrs
 import pytest
+from click.testing import CliRunner
 
+from lmq_client.admin.cli import cli
 from lmq_client.errors import ConnectionFailed
 from lmq_client.http import HTTPClient, HTTPOptions
 from lmqd.transport.tls import client_context
@@ -74,7 +76,8 @@ def consoles(secure: Secure) -> Iterator[dict[str, Console]]:
     group = ("--http-address", secure.daemon.http)
     try:
         started["mutual"] = Console(
-            None, (), group=(*group, *secure.tls_flags(), f"--auth-secret={SECRET}"))
+            None, ("--http-client-connect-timeout=1s", "--log-prefix=[tls console] "),
+            group=(*group, *secure.tls_flags(), f"--auth-secret={SECRET}"))
         started["no-cert"] = Console(None, (), group=(*group, *secure.tls_flags(with_cert=False)))
         yield started
     finally:
@@ -83,6 +86,7 @@ def consoles(secure: Secure) -> Iterator[dict[str, Console]]:
             output = console.process.output()
             assert console.process.process.returncode == 0, output
             assert "Traceback" not in output, output
+        assert "[tls console] " in started["mutual"].process.output()
 
 
 def test_the_shared_client_follows_tls_required_to_https(secure: Secure) -> None:
@@ -157,3 +161,19 @@ def test_console_without_the_client_certificate_shows_the_refusal(
     error = page.locator("span.error").first
     error.wait_for()
     assert "unreachable" in error.inner_text()
+
+
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        (["--http-client-connect-timeout=0"], "must be more than 0"),
+        (["--http-client-request-timeout=soon"], "a duration such as"),
+        (["--log-level=loud"], "'loud' is not one of"),
+        (["--http-client-tls-root-ca-file=/nonexistent/ca.pem"], "--http-client-tls-*"),
+        (["--http-client-tls-key=/nonexistent/key.pem"], "--http-client-tls-*"),
+    ],
+)
+def test_bad_nsqadmin_flags_are_one_line_and_exit_2(flags: list[str], said: str) -> None:
+    result = CliRunner().invoke(cli, ["web", "--listen=127.0.0.1:0", *flags])
+    assert result.exit_code == 2, result.output
+    assert said in result.output and "Traceback" not in result.output

@@ -130,13 +130,9 @@ def web(
         settings,
         connect_timeout_ms=http_client_connect_timeout,
         request_timeout_ms=http_client_request_timeout,
-        tls=TransportOptions(
-            tls=True, tls_root_ca_file=http_client_tls_root_ca_file,
-            tls_cert=http_client_tls_cert, tls_key=http_client_tls_key,
-            tls_insecure_skip_verify=http_client_tls_insecure_skip_verify,
-        ) if (http_client_tls_root_ca_file or http_client_tls_cert or http_client_tls_key
-              or http_client_tls_insecure_skip_verify) else None,
-    )  # fmt: skip
+        tls_files=(http_client_tls_root_ca_file, http_client_tls_cert, http_client_tls_key),
+        tls_insecure_skip_verify=http_client_tls_insecure_skip_verify,
+    )
     config = ConsoleConfig(
         http_addresses=tuple(dict.fromkeys(given)),
         lookupd_http_addresses=tuple(settings.lookupd),
@@ -179,14 +175,19 @@ def _http_options(
     *,
     connect_timeout_ms: int,
     request_timeout_ms: int | None,
-    tls: TransportOptions | None,
+    tls_files: tuple[str | None, str | None, str | None],
+    tls_insecure_skip_verify: bool,
 ) -> HTTPOptions:
     """The console's HTTP client: the group's options, with the ``--http-client-*`` ones over
     them (TLS files given there replace the group's for HTTP; the tail keeps the group's)."""
     context = settings.http_options.tls_context
-    if tls is not None:
+    if any(tls_files) or tls_insecure_skip_verify:
+        ca_file, cert, key = tls_files
         try:
-            context = tls.ssl_context()
+            context = TransportOptions(
+                tls=True, tls_root_ca_file=ca_file, tls_cert=cert, tls_key=key,
+                tls_insecure_skip_verify=tls_insecure_skip_verify,
+            ).ssl_context()  # fmt: skip
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--http-client-tls-*") from None
     timeout_s = request_timeout_ms / 1000 if request_timeout_ms else settings.timeout
