@@ -101,37 +101,28 @@ class HTTPOptions:
         )  # fmt: skip
 
 
-def _connect_within(
-    connection: http.client.HTTPConnection, connect: Any, connect_timeout: float | None
-) -> None:
-    """``connect()`` bounded by ``connect_timeout``; then the socket waits ``timeout`` again."""
-    request_timeout = connection.timeout
-    if connect_timeout is not None:
-        connection.timeout = connect_timeout
-    try:
-        connect()
-    finally:
-        connection.timeout = request_timeout
-    if connection.sock is not None:
-        connection.sock.settimeout(request_timeout)
-
-
 class _Connection(http.client.HTTPConnection):
+    """A connection whose ``connect()`` (TCP, and the handshake for HTTPS) is bounded by
+    ``connect_timeout``; then the socket waits ``timeout`` again."""
+
     def __init__(self, *args: Any, connect_timeout: float | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.connect_timeout = connect_timeout
 
     def connect(self) -> None:
-        _connect_within(self, super().connect, self.connect_timeout)
+        request_timeout = self.timeout
+        if self.connect_timeout is not None:
+            self.timeout = self.connect_timeout
+        try:
+            super().connect()
+        finally:
+            self.timeout = request_timeout
+        if self.sock is not None:
+            self.sock.settimeout(request_timeout)
 
 
-class _TLSConnection(http.client.HTTPSConnection):
-    def __init__(self, *args: Any, connect_timeout: float | None = None, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.connect_timeout = connect_timeout
-
-    def connect(self) -> None:
-        _connect_within(self, super().connect, self.connect_timeout)
+class _TLSConnection(_Connection, http.client.HTTPSConnection):
+    """``_Connection`` over TLS (the MRO puts HTTPSConnection's handshake inside the bound)."""
 
 
 class _HTTPHandler(urllib.request.HTTPHandler):
