@@ -33,7 +33,7 @@ from lmq_client.core.discovery import (
     poll_times,
 )
 from lmq_client.errors import LmqClientError
-from lmq_client.http import HTTPClient, HTTPError
+from lmq_client.http import HTTPClient, HTTPError, HTTPOptions
 from lmqd.net import format_address, split_address
 
 __all__ = [
@@ -85,9 +85,13 @@ def lookupd_url(address: str, path: str = _LOOKUP_PATH, params: dict[str, str] |
     return base + path + ("?" + urllib.parse.urlencode(params) if params else "")
 
 
-def _get_json(address: str, path: str, params: dict[str, str] | None, timeout: float) -> Any:
+def _get_json(
+    address: str, path: str, params: dict[str, str] | None, timeout: float,
+    options: HTTPOptions | None = None,
+) -> Any:  # fmt: skip
     url = lookupd_url(address, path, params)
-    data = HTTPClient.fetch(url, address=address, timeout=timeout, headers=_ACCEPT)
+    data = HTTPClient.fetch(url, address=address, timeout=timeout, headers=_ACCEPT,
+                            options=options)  # fmt: skip
     try:
         return json.loads(data)
     except ValueError:
@@ -160,9 +164,12 @@ class LookupdNode:
         return format_address((self.broadcast_address, self.http_port))
 
 
-def lookup_nodes(address: str, *, timeout: float = DEFAULT_TIMEOUT) -> list[LookupdNode]:
-    """Every active node the lookupd at ``address`` knows (``GET /nodes``)."""
-    data = _get_json(address, "/nodes", None, timeout)
+def lookup_nodes(
+    address: str, *, timeout: float = DEFAULT_TIMEOUT, options: HTTPOptions | None = None
+) -> list[LookupdNode]:
+    """Every active node the lookupd at ``address`` knows (``GET /nodes``); ``options``:
+    timeouts and TLS for an ``https://`` lookupd (without them, ``timeout``)."""
+    data = _get_json(address, "/nodes", None, timeout, options)
     if isinstance(data, dict) and "producers" not in data and isinstance(data.get("data"), dict):
         data = data["data"]
     if not isinstance(data, dict) or not isinstance(data.get("producers"), list):

@@ -22,7 +22,6 @@ from lmq_client.admin.common import (
     name_option,
 )
 from lmq_client.errors import LmqClientError
-from lmq_client.http import HTTPClient
 
 __all__ = ["bench"]
 
@@ -136,7 +135,7 @@ def _prepare_discovery(settings: Settings, topic: str, channel: str) -> None:
     if not nodes:
         raise LmqClientError("the lookupds list no node")
     for node in nodes:
-        client = HTTPClient(node.http_address, timeout=settings.timeout)
+        client = settings.http_client(node.http_address)
         client.topic_action("create", topic)
         client.channel_action("create", topic, channel)
     wanted = {n.tcp_address for n in nodes}

@@ -64,7 +64,6 @@ from lmq_client.admin.rewrite import rewrite_at_rest
 from lmq_client.admin.tail_hint import TAIL_HINT_AFTER_S, say_earlier_messages_hint
 from lmq_client.admin.web.command import web
 from lmq_client.errors import ConnectionFailed, LmqClientError
-from lmq_client.http import HTTPClient
 from lmq_client.lookupd import lookupd_addresses
 from lmq_client.message import Message
 from lmq_client.transport import TransportOptions
@@ -344,7 +343,7 @@ def topic(
     if action == "policy":
         policies = {}
         for address in addresses:
-            client = HTTPClient(address, timeout=settings.timeout)
+            client = settings.http_client(address)
             policies[address] = policy = client.topic_policy(topic, changes)
             if not settings.as_json:
                 shown = ", ".join(f"{k}={v}" for k, v in policy.items())
@@ -353,7 +352,7 @@ def topic(
             emit_json({"topic": topic, "policies": policies})
         return
     for address in addresses:
-        HTTPClient(address, timeout=settings.timeout).topic_action(action, topic)
+        settings.http_client(address).topic_action(action, topic)
         if not settings.as_json:
             click.echo(f"{_PAST[action]} topic {topic} on {address}")
     if action == "delete":
@@ -453,7 +452,7 @@ def channel(
     offsets: dict[str, int] = {}
     position = to if to is not None else start if action == "create" else None
     for address in addresses:
-        client = HTTPClient(address, timeout=settings.timeout)
+        client = settings.http_client(address)
         if position is not None and position.startswith("offset:"):
             # An offset outside what the daemon stores is clamped there: say so.
             where = f"channel {topic}/{channel} on {address}"
@@ -484,7 +483,7 @@ def _channel_policy(
 ) -> None:
     policies = {}
     for address in addresses:
-        client = HTTPClient(address, timeout=settings.timeout)
+        client = settings.http_client(address)
         policies[address] = policy = client.channel_policy(topic, channel, changes)
         if not settings.as_json:
             shown = ", ".join(f"{k}={v}" for k, v in policy.items())
@@ -503,7 +502,7 @@ def _channel_redrive(
 ) -> None:
     moved: dict[str, int] = {}
     for address in addresses:
-        client = HTTPClient(address, timeout=settings.timeout)
+        client = settings.http_client(address)
         total = 0
         while max_count is None or total < max_count:
             left = REDRIVE_CALL_MAX if max_count is None else max_count - total
@@ -557,7 +556,7 @@ def peek(
     addresses = settings.http_addresses(topic)
     _require_nodes(addresses, topic)
     answers = {
-        address: HTTPClient(address, timeout=settings.timeout).peek(topic, channel, state, count)
+        address: settings.http_client(address).peek(topic, channel, state, count)
         for address in addresses
     }
     if settings.as_json:

@@ -28,7 +28,7 @@ from lmq_client.errors import (
     NSQError,
     all_addresses_failed,
 )
-from lmq_client.http import HTTPClient, HTTPError
+from lmq_client.http import HTTPClient, HTTPError, HTTPOptions
 from lmq_client.lookupd import LookupdNode, lookup_nodes, lookupd_url, merge_nodes
 from lmq_client.transport import PLAIN, TransportOptions
 from lmqd.net import split_address
@@ -71,6 +71,24 @@ class Settings:
         """Whether --tcp-address was given (with lookupds, the default is not used)."""
         self.http_given = http_given
         self._nodes: list[LookupdNode] | None = None
+        self._http_options: HTTPOptions | None = None
+
+    @property
+    def http_options(self) -> HTTPOptions:
+        """Every HTTP request's timeout and TLS: the ``--tls*`` options' context, used when a
+        daemon's plain port answers ``TLS_REQUIRED`` and for ``https://`` lookupds (made at the
+        first request; unusable files: exit 2)."""
+        if self._http_options is None:
+            try:
+                context = self.transport.ssl_context() if self.transport.tls else None
+            except ValueError as exc:
+                fail(str(exc), EXIT_USAGE)
+            self._http_options = HTTPOptions(timeout_s=self.timeout, tls_context=context)
+        return self._http_options
+
+    def http_client(self, address: str) -> HTTPClient:
+        """The daemon's HTTP API at ``address``, with these options."""
+        return HTTPClient(address, options=self.http_options)
 
     def nodes(self) -> list[LookupdNode]:
         """The nodes the lookupds list now (asked once per command); [] without lookupds.
@@ -84,7 +102,7 @@ class Settings:
             failures: list[ConnectionFailed] = []
             for address in self.lookupd:
                 try:
-                    answers.append(lookup_nodes(address, timeout=self.timeout))
+                    answers.append(lookup_nodes(address, options=self.http_options))
                 except ConnectionFailed as exc:
                     log.info("lookupd %s: %s", address, exc)
                     failures.append(exc)
@@ -106,7 +124,7 @@ class Settings:
         return list(dict.fromkeys([*given, *(n.tcp_address for n in self.nodes())]))
 
     def http_clients(self, topic: str | None = None) -> list[HTTPClient]:
-        return [HTTPClient(a, timeout=self.timeout) for a in self.http_addresses(topic)]
+        return [self.http_client(a) for a in self.http_addresses(topic)]
 
     def post_to_lookupds(self, path: str, params: dict[str, str]) -> None:
         """nsqadmin's delete: also drop the keys from every lookupd (a node's UNREGISTER keeps
@@ -114,7 +132,7 @@ class Settings:
         for lookupd in self.lookupd:
             url = lookupd_url(lookupd, path, params)
             try:
-                HTTPClient.fetch(url, address=lookupd, timeout=self.timeout, method="POST")
+                HTTPClient.fetch(url, address=lookupd, method="POST", options=self.http_options)
             except LmqClientError as exc:
                 log.warning("lookupd %s: %s", lookupd, exc)
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import attrs
 import click
 from rich.table import Table
 
@@ -42,7 +43,8 @@ def _one_address(settings: Settings, what: str) -> HTTPClient:
     addresses = settings.http_addresses()
     if len(addresses) != 1:
         fail(f"{what} needs exactly one --http-address (got {len(addresses)})", EXIT_USAGE)
-    return HTTPClient(addresses[0], timeout=max(settings.timeout, 30.0))
+    options = attrs.evolve(settings.http_options, timeout_s=max(settings.timeout, 30.0))
+    return HTTPClient(addresses[0], options=options)
 
 
 def _json(client: HTTPClient, data: bytes) -> dict[str, Any]:

@@ -1,11 +1,15 @@
-"""``GET /peek?topic=T[&channel=C][&state=queued|deferred|in_flight][&n=N]`` (lmq).
+"""``GET /peek?topic=T[&channel=C][&state=queued|deferred|in_flight][&n=N][&skip=K]`` (lmq).
 
 Answers what a topic or channel holds without changing anything (``lmqd.engine.peek``)::
 
-    {"topic": "T", "channel": "C", "state": "queued", "count": 2, "messages": [
+    {"topic": "T", "channel": "C", "state": "queued", "skip": 0, "count": 2, "more": false,
+     "messages": [
       {"id": "...", "timestamp": 1700000000000000000, "attempts": 0, "priority": 0,
        "headers": {}, "deliver_at": null, "deadline": null, "offset": 12,
        "body": "hello", "body_encoding": "utf-8"}, ...]}
+
+Pages: ``skip`` (0..``MAX_PEEK_SKIP``, default 0) leaves out the first K messages of that order;
+``more`` says whether any follow this page (the next page is ``skip + count``).
 
 Without ``channel`` only ``state=queued`` (the messages the topic has not handed on); with it,
 the channel's ready messages in delivery order, its deferred messages by due time, or its
@@ -17,7 +21,8 @@ base64 (``body_encoding``). ``state`` defaults to ``queued``, ``n`` to 10 (1..10
 
 Errors (400 unless said): ``MISSING_ARG_TOPIC``, ``INVALID_ARG_TOPIC``, 404
 ``TOPIC_NOT_FOUND``, ``INVALID_ARG_CHANNEL``, 404 ``CHANNEL_NOT_FOUND``, ``INVALID_ARG_STATE``,
-``MISSING_ARG_CHANNEL`` (``deferred``/``in_flight`` of a topic), ``INVALID_ARG_N``, 500
+``MISSING_ARG_CHANNEL`` (``deferred``/``in_flight`` of a topic), ``INVALID_ARG_N``,
+``INVALID_ARG_SKIP``, 500
 ``INTERNAL_ERROR`` when stored messages cannot be read.
 """
 
@@ -30,7 +35,14 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from lmqd.engine.peek import MAX_PEEK, PEEK_STATES, Peeked, peek_channel, peek_topic
+from lmqd.engine.peek import (
+    MAX_PEEK,
+    MAX_PEEK_SKIP,
+    PEEK_STATES,
+    Peeked,
+    peek_channel,
+    peek_topic,
+)
 from lmqd.httpapi import args
 from lmqd.httpapi.asgi import HttpError, Request, Response, json_response
 from lmqd.names import valid_name
@@ -42,6 +54,7 @@ __all__ = ["PeekApi"]
 
 DEFAULT_PEEK = 10
 _COUNT = re.compile(r"[0-9]{1,4}")
+_SKIP = re.compile(r"[0-9]{1,6}")
 
 
 class PeekApi:
@@ -64,6 +77,12 @@ class PeekApi:
             if not _COUNT.fullmatch(raw_n) or not 1 <= int(raw_n) <= MAX_PEEK:
                 raise HttpError(400, "INVALID_ARG_N")
             count = int(raw_n)
+        raw_skip = query.get("skip")
+        skip = 0
+        if raw_skip is not None:
+            if not _SKIP.fullmatch(raw_skip) or int(raw_skip) > MAX_PEEK_SKIP:
+                raise HttpError(400, "INVALID_ARG_SKIP")
+            skip = int(raw_skip)
         channel_name = query.get("channel")
         if channel_name is not None and not valid_name(channel_name):
             raise HttpError(400, "INVALID_ARG_CHANNEL")
@@ -72,14 +91,17 @@ class PeekApi:
             if channel_name is None:
                 if state != "queued":
                     raise HttpError(400, "MISSING_ARG_CHANNEL")
-                entries = peek_topic(topic, count)
+                entries = peek_topic(topic, count + 1, skip)
             else:
                 channel = topic.channel_or_none(channel_name)
                 if channel is None:
                     raise HttpError(404, "CHANNEL_NOT_FOUND")
-                entries = peek_channel(channel, state, count)
+                entries = peek_channel(channel, state, count + 1, skip)
         except OSError:
             raise HttpError(500, "INTERNAL_ERROR") from None
+        # One entry more than asked says whether another page follows.
+        more = len(entries) > count
+        entries = entries[:count]
         now = trio.current_time()
         wall_ms = time.time() * 1000
         return json_response(
@@ -87,7 +109,9 @@ class PeekApi:
                 "topic": topic_name,
                 "channel": channel_name,
                 "state": state,
+                "skip": skip,
                 "count": len(entries),
+                "more": more,
                 "messages": [_entry(e, now, wall_ms) for e in entries],
             }
         )

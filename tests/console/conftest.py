@@ -111,9 +111,12 @@ class Console:
     """A running ``lmqadmin web``."""
 
     def __init__(
-        self, cluster: Cluster, flags: tuple[str, ...], group: tuple[str, ...] = ()
+        self, cluster: Cluster | None, flags: tuple[str, ...], group: tuple[str, ...] = ()
     ) -> None:
-        group = group or ("--lookupd-http-address", cluster.lookupd.http)
+        """``group``: lmqadmin's options before ``web`` (default: the cluster's lookupd)."""
+        if not group:
+            assert cluster is not None
+            group = ("--lookupd-http-address", cluster.lookupd.http)
         command = [
             sys.executable, "-m", "lmq_client.admin", *group, "web", "--listen", "127.0.0.1:0",
             f"--sample-interval={SAMPLE_S}", *flags,

@@ -282,3 +282,41 @@ def test_charts_draw_the_sampled_history(
     assert data["depth"][-1] == 5
     assert len(data["t"]) == len(data["depth"]) >= 2
     assert re.fullmatch(r"[\d.]+", str(data["t"][-1]))
+
+
+def test_browser_pages_a_channel_back_and_forth(
+    cluster: Cluster, console: Console, page: Any
+) -> None:
+    cluster.create("paged", "c")
+    a, b = cluster.nodes
+    cluster.post(a, "/mpub?topic=paged", "\n".join(f"p{i:02d}" for i in range(25)).encode())
+    cluster.post(b, "/mpub?topic=paged", b"b0\nb1\nb2")
+    console.settle()
+
+    def bodies() -> list[str]:
+        return sorted(page.locator("#messages pre.body").all_inner_texts())
+
+    page.goto(console.url("/browse/paged/c?n=10"))
+    assert bodies() == sorted([f"p{i:02d}" for i in range(10)] + ["b0", "b1", "b2"])
+    assert page.locator("#page-previous").count() == 0
+    page.click("#page-next")
+    page.wait_for_url("**skip=10**")
+    assert bodies() == [f"p{i:02d}" for i in range(10, 20)]  # b has no more
+    page.click("#page-next")
+    page.wait_for_url("**skip=20**")
+    assert bodies() == [f"p{i:02d}" for i in range(20, 25)]
+    assert page.locator("#page-next").count() == 0  # the last page
+    page.click("#page-previous")
+    page.wait_for_url("**skip=10**")
+    assert bodies() == [f"p{i:02d}" for i in range(10, 20)]
+
+    # Filtered, a page ends after its n-th match: p10..p19 match "p1", four at a time.
+    page.goto(console.url(f"/browse/paged/c?n=4&q=p1&node={a.http}"))
+    seen = [bodies()]
+    while page.locator("#page-next").count():
+        page.click("#page-next")
+        page.wait_for_load_state()
+        seen.append(bodies())
+    assert seen == [["p10", "p11", "p12", "p13"], ["p14", "p15", "p16", "p17"], ["p18", "p19"]]
+    # Paging consumed nothing.
+    assert cluster.channel(a, "paged", "c")["depth"] == 25  # type: ignore[index]

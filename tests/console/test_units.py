@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from lmq_client.admin.web.bodies import BodyFilter, render_body
+from lmq_client.admin.web.browse import page_step
 from lmq_client.admin.web.config import ConsoleConfig
 from lmq_client.admin.web.history import METRICS, History
 from lmq_client.admin.web.model import Node, Snapshot, rates_between
@@ -132,3 +133,18 @@ def test_base_path_is_normalised(given: str, kept: str) -> None:
     assert config.base_path == kept
     assert config.history_slots == 720
     assert not math.isnan(config.sample_interval_s)
+
+
+@pytest.mark.parametrize(
+    ("window", "more", "n", "filtered", "step"),
+    [
+        ([10, 3], [True, False], 10, False, 10),  # unfiltered: n positions
+        ([5, 3], [False, False], 10, False, None),  # nobody has more: the last page
+        ([4, 9], [True, True], 4, True, 4),  # filtered: where the first node with more ends
+        ([9, 1000], [True, False], 4, True, 9),  # a node with no more does not bound it
+    ],
+)
+def test_the_browsers_next_page_starts_where_no_match_is_lost(
+    window: list[int], more: list[bool], n: int, filtered: bool, step: int | None
+) -> None:
+    assert page_step(window, more, n, filtered) == step

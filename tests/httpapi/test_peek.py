@@ -114,6 +114,56 @@ async def test_peek_shows_priority_and_headers(start_daemon: StartDaemon) -> Non
         assert (m["priority"], m["headers"]) == (6, {"source": "dlq"})
 
 
+async def pages(running: RunningDaemon, query: str, n: int) -> list[list[str]]:
+    """Every page of ``n`` bodies, following ``skip`` until ``more`` is false."""
+    found: list[list[str]] = []
+    skip = 0
+    while True:
+        doc = await peek(running, f"{query}&n={n}&skip={skip}")
+        assert doc["skip"] == skip and doc["count"] == len(doc["messages"]) <= n
+        found.append([m["body"] for m in doc["messages"]])
+        if not doc["more"]:
+            return found
+        assert doc["count"] == n  # a page that says more is full
+        skip += doc["count"]
+
+
+@pytest.mark.parametrize("mem_queue_size", [10_000, 3])
+async def test_peek_pages_through_each_state_in_order(
+    start_daemon: StartDaemon, tmp_path: Path, mem_queue_size: int
+) -> None:
+    with trio.fail_after(TIMEOUT):
+        running = await start_daemon(tmp_path, http=True, mem_queue_size=mem_queue_size)
+        bodies = [f"m{i}" for i in range(25)]
+        await publish(running, *(b.encode() for b in bodies))
+        assert await pages(running, "topic=t", 10) == [bodies[:10], bodies[10:20], bodies[20:]]
+        assert await pages(running, "topic=t", 25) == [bodies]
+        last = await peek(running, "topic=t&skip=25")
+        assert (last["count"], last["more"], last["messages"]) == (0, False, [])
+
+        consumer = await Wire.connect(running.tcp, msg_timeout=60_000)
+        await consumer.sub("t", "c", rdy=4)
+        held = [await consumer.message() for _ in range(4)]
+        await consumer.rdy(0)
+        await consumer.req(held[0].id, 0)  # back to the channel's own store: first in line
+        await consumer.req(held[1].id, 30_000)  # deferred
+        channel = running.broker.topics["t"].channels["c"]
+        await eventually(lambda: channel.deferred_count == 1 and channel.in_flight_count == 2)
+        ready = ["m0", *bodies[4:]]
+        assert (await peek(running, "topic=t&channel=c&n=1000"))["messages"][0]["body"] == "m0"
+        found = await pages(running, "topic=t&channel=c", 7)
+        assert [len(p) for p in found] == [7, 7, 7, 1]
+        assert [b for page in found for b in page] == ready
+        assert await pages(running, "topic=t&channel=c&state=in_flight", 1) == [["m2"], ["m3"]]
+        assert await pages(running, "topic=t&channel=c&state=deferred", 1) == [["m1"]]
+        deep = await peek(running, "topic=t&channel=c&skip=100000")
+        assert (deep["count"], deep["more"]) == (0, False)
+        # Paging changed nothing: the consumer gets the ready ones in the order shown.
+        await consumer.rdy(30)
+        assert [(await consumer.message()).body.decode() for _ in ready] == ready
+        await consumer.aclose()
+
+
 @pytest.mark.parametrize(
     ("query", "status", "error"),
     [
@@ -127,6 +177,11 @@ async def test_peek_shows_priority_and_headers(start_daemon: StartDaemon) -> Non
         ("topic=t&n=0", 400, "INVALID_ARG_N"),
         ("topic=t&n=1001", 400, "INVALID_ARG_N"),
         ("topic=t&n=x", 400, "INVALID_ARG_N"),
+        ("topic=t&skip=-1", 400, "INVALID_ARG_SKIP"),
+        ("topic=t&skip=x", 400, "INVALID_ARG_SKIP"),
+        ("topic=t&skip=", 400, "INVALID_ARG_SKIP"),
+        ("topic=t&skip=100001", 400, "INVALID_ARG_SKIP"),
+        ("topic=t&skip=0000001", 400, "INVALID_ARG_SKIP"),
     ],
 )
 async def test_bad_peeks(start_daemon: StartDaemon, query: str, status: int, error: str) -> None:

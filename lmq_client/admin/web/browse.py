@@ -1,7 +1,8 @@
 """The message browser (what nsqadmin never had, NSQ PR #667 never merged).
 
 - ``/browse/T/C``: a channel's queued, deferred or in-flight messages on each node, through
-  lmqd's ``/peek`` (read-only: nothing is consumed, no cursor moves), in delivery order.
+  lmqd's ``/peek`` (read-only: nothing is consumed, no cursor moves), in delivery order, paged
+  with ``/peek``'s ``skip``: a page is the same positions of that order on every node.
 - ``/browse/T``: a topic's log on one node by offset or time (``/topic/offsets?at=`` then
   ``/topic/read?format=json&ext=1``), paged forward and back; or the messages the topic has
   not handed to its channels yet (``/peek`` of the topic).
@@ -34,6 +35,29 @@ SCAN_MAX = 1000
 """Messages one filtered page reads at most (a ``/topic/read`` or ``/peek`` of 1,000 small
 messages takes lmqd a few milliseconds)."""
 STATES = ("queued", "deferred", "in_flight")
+SKIP_MAX = 100_000
+"""lmqd's own bound on ``/peek``'s ``skip``."""
+
+
+def _skip(request: Request) -> int:
+    raw = request.query.get("skip", "0").strip() or "0"
+    if not raw.isdigit() or int(raw) > SKIP_MAX:
+        raise HTTPException(400, f"skip must be a number from 0 to {SKIP_MAX}")
+    return int(raw)
+
+
+def page_step(window: list[int], more: list[bool], n: int, filtered: bool) -> int | None:
+    """How far the next page starts after this one (None: this is the last page).
+
+    Per node: ``window`` entries read from the page's start, ``more`` whether any follow them.
+    Unfiltered, a page is ``n`` positions. Filtered, a node's part of the page ends after its
+    ``n``-th match (``window`` is then that position); the page ends where the first of the
+    nodes with more ends, so that no node's match is skipped and none is shown twice (the
+    matches after that position wait for the next page)."""
+    ahead = [w for w, m in zip(window, more, strict=True) if m]
+    if not ahead:
+        return None
+    return min(ahead) if filtered else n
 
 
 def _page_size(request: Request) -> int:
@@ -79,26 +103,43 @@ def register(console: Console) -> None:
         if state not in STATES:
             raise HTTPException(400, f"state must be one of {', '.join(STATES)}")
         chosen = request.query.get("node", "")
+        skip = _skip(request)
         nodes = [node for node, _ in topic.nodes if not chosen or node.http_address == chosen]
-        messages: list[dict[str, Any]] = []
         errors = []
         scanned = 0
+        found: list[list[tuple[int, dict[str, Any]]]] = []  # per node: (position, entry)
+        window: list[int] = []
+        more: list[bool] = []
         for node in nodes:
             try:
                 doc = await upstream.run(upstream.node(node.http_address).peek, topic.name,
-                                         channel, state, SCAN_MAX if keep.active else n)
+                                         channel, state, SCAN_MAX if keep.active else n, skip)
             except LmqClientError as exc:
                 errors.append(str(exc))
                 continue
-            for item in doc.get("messages") or []:
+            items = doc.get("messages") or []
+            matched: list[tuple[int, dict[str, Any]]] = []
+            for position, item in enumerate(items):
                 scanned += 1
                 body = decode_body(item)
-                if keep.matches(body) and len(messages) < n * len(nodes):
-                    messages.append(_entry(node.http_address, item, body, view))
+                if keep.matches(body):
+                    matched.append((position, _entry(node.http_address, item, body, view)))
+                    if len(matched) == n:
+                        break
+            read = matched[-1][0] + 1 if len(matched) == n else len(items)
+            found.append(matched)
+            window.append(read)
+            more.append(bool(doc.get("more")) or read < len(items))
+        step = page_step(window, more, n, keep.active)
+        messages = [e for matched in found for p, e in matched if step is None or p < step]
+        pages = {
+            "skip": skip, "next": skip + step if step is not None else None,
+            "previous": max(0, skip - n) if skip and not keep.active else None,
+        }  # fmt: skip
         return console.render(
             request, "browse.html", topic=topic, channel=channel, state=state, view=view,
             keep=keep, n=n, node=chosen, messages=messages, errors=errors, scanned=scanned,
-            mode="channel", log=None,
+            mode="channel", log=None, pages=pages,
         )  # fmt: skip
 
     @console.route("GET", "/browse/{topic}")
@@ -135,7 +176,7 @@ def register(console: Console) -> None:
         return console.render(
             request, "browse.html", topic=topic, channel="", state="", view=view, keep=keep,
             n=n, node=chosen, messages=messages, errors=errors, scanned=scanned, mode=mode,
-            log=log,
+            log=log, pages=None,
         )  # fmt: skip
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import attrs
 
+from lmq_client.http import HTTPOptions
 from lmq_client.transport import PLAIN, TransportOptions
 
 __all__ = ["DEFAULT_ACL_HTTP_HEADER", "DEFAULT_LISTEN", "DEFAULT_SAMPLE_INTERVAL_S",
@@ -43,7 +44,9 @@ class ConsoleConfig:
     """Nodes given with ``--http-address`` (HOST:PORT of their HTTP API)."""
     lookupd_http_addresses: tuple[str, ...] = ()
     """Lookupds whose nodes are shown too (``--lookupd-http-address``)."""
-    timeout_s: float = 5.0
+    http: HTTPOptions = attrs.field(factory=HTTPOptions)
+    """Every request to the daemons and lookupds: timeouts and the TLS context of HTTPS (a
+    daemon's plain port answering ``TLS_REQUIRED`` is asked again on its HTTPS port)."""
     transport: TransportOptions = PLAIN
     """TCP options for the live tail's consumer (TLS, compression, AUTH secret)."""
     base_path: str = attrs.field(default="", converter=_strip_base_path)
@@ -54,6 +57,11 @@ class ConsoleConfig:
     acl_http_header: str = DEFAULT_ACL_HTTP_HEADER
     notification_http_endpoint: str | None = None
     sample_interval_s: float = DEFAULT_SAMPLE_INTERVAL_S
+
+    @property
+    def timeout_s(self) -> float:
+        """Bound of each wait for a daemon (``--timeout``, ``--http-client-request-timeout``)."""
+        return self.http.timeout_s
 
     @property
     def history_slots(self) -> int:

@@ -72,9 +72,9 @@ def register(console: Console) -> None:
             url = f"http://{node}/pub?{urllib.parse.urlencode(params)}"
             body = values["body"].replace("\r\n", "\n").encode()
             try:
-                await upstream.run(HTTPClient.fetch, url, address=node,
-                                   timeout=console.config.timeout_s, method="POST", body=body,
-                                   headers=headers)  # fmt: skip
+                await upstream.run(HTTPClient.fetch, url, address=node, method="POST",
+                                   body=body, headers=headers,
+                                   options=upstream.options)  # fmt: skip
             except HTTPError as exc:
                 errors[ERROR_FIELDS.get(exc.message, "")] = f"{node}: {exc.message}"
             except LmqClientError as exc:

@@ -49,7 +49,7 @@ async def serve_console(
     try:
         sockname = sock.getsockname()
         bound = (str(sockname[0]), int(sockname[1]))
-        upstream = Upstream(config.timeout_s)
+        upstream = Upstream(config.http)
         sampler = Sampler(config, upstream)
         async with trio.open_nursery() as nursery:
             await nursery.start(sampler.run)

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 import trio
 
-from lmq_client.http import HTTPClient
+from lmq_client.http import HTTPClient, HTTPOptions
 from lmq_client.lookupd import LookupdNode, lookup_nodes, lookupd_url
 
 __all__ = ["MAX_THREADS", "Upstream"]
@@ -37,8 +37,9 @@ ACCEPT_NSQ = {"Accept": "application/vnd.nsq; version=1.0"}
 class Upstream:
     """The daemons' and lookupds' HTTP APIs, awaited from trio."""
 
-    def __init__(self, timeout_s: float) -> None:
-        self.timeout_s = timeout_s
+    def __init__(self, options: HTTPOptions) -> None:
+        self.options = options
+        """Timeouts and TLS of every request (and the HTTPS ports learned, for all of them)."""
         self.requests = 0
         self._limiter = trio.CapacityLimiter(MAX_THREADS)
 
@@ -49,7 +50,7 @@ class Upstream:
         return await trio.to_thread.run_sync(call, limiter=self._limiter)
 
     def node(self, address: str) -> HTTPClient:
-        return HTTPClient(address, timeout=self.timeout_s)
+        return HTTPClient(address, options=self.options)
 
     async def stats(self, address: str) -> dict[str, Any]:
         """A node's ``/stats?format=json`` with its clients."""
@@ -59,7 +60,7 @@ class Upstream:
         return await self.run(self.node(address).info)
 
     async def lookupd_nodes(self, lookupd: str) -> list[LookupdNode]:
-        return await self.run(lookup_nodes, lookupd, timeout=self.timeout_s)
+        return await self.run(lookup_nodes, lookupd, options=self.options)
 
     async def lookupd_json(
         self, lookupd: str, path: str, params: Mapping[str, str] | None = None,
@@ -68,7 +69,7 @@ class Upstream:
         """``path`` on a lookupd: its JSON answer (an empty POST answer: None)."""
         url = lookupd_url(lookupd, path, dict(params or {}))
         data = await self.run(
-            HTTPClient.fetch, url, address=lookupd, timeout=self.timeout_s, method=method,
-            headers=ACCEPT_NSQ,
+            HTTPClient.fetch, url, address=lookupd, method=method, headers=ACCEPT_NSQ,
+            options=self.options,
         )  # fmt: skip
         return json.loads(data) if data.strip() else None
