@@ -39,6 +39,7 @@ import anyio
 from anyio.abc import ByteStream, SocketAttribute, SocketStream, TaskStatus
 
 from lmq_client._util import USER_AGENT, identify_body
+from lmq_client.aio_stream import AsyncioTcpStream, connect_asyncio_tcp, running_asyncio
 from lmq_client.core.link import RECEIVE_SIZE, Link, max_rdy_count
 from lmq_client.core.link import Reply as CoreReply
 from lmq_client.errors import ConnectionFailed, LmqClientError, NSQError, reason
@@ -61,8 +62,11 @@ Receiver = Callable[[Any, list[FrameEvent], float], None]
 
 
 async def open_tcp_stream(address: str) -> ByteStream:
-    """The default way to reach a daemon: TCP (anyio turns Nagle off: commands are small)."""
+    """The default way to reach a daemon: TCP (Nagle off: commands are small); on asyncio a
+    stream that can push what it receives (``lmq_client.aio_stream``)."""
     host, port = split_address(address)
+    if running_asyncio():
+        return await connect_asyncio_tcp(host, port)
     return await anyio.connect_tcp(host, port)
 
 
@@ -105,6 +109,7 @@ class Connection:
         transport: TransportOptions = PLAIN,
         make_link: LinkFactory | None = None,
         receive: Receiver | None = None,
+        receive_in_callback: bool = False,
     ) -> None:
         self.address = address
         self.heartbeat_interval = heartbeat_interval
@@ -121,6 +126,9 @@ class Connection:
         """The protocol state, once the handshake is done."""
         self._make_link = make_link
         self._receive = receive
+        self.receive_in_callback = receive_in_callback
+        """``receive`` may run in asyncio's read callback, outside any task (it neither awaits
+        nor asks anyio which loop runs it: the producer's): one loop turn less per answer."""
         self._handshake_error: LmqClientError | None = None
         self._open_stream = open_stream
         self._codec = ClientConnection()
@@ -353,17 +361,38 @@ class Connection:
         finally:
             cancel.cancel()
 
+    def _received(self, link: Link, data: bytes, now: float) -> bool:
+        """Handle one chunk from the daemon; False once the link is closed."""
+        link.heard_at = now
+        codec = self._codec
+        codec.receive_data(data)
+        receive = self._receive or self._receive_frames
+        try:
+            while events := codec.next_events():
+                receive(link, events, now)
+        except Exception as exc:  # a malformed frame: nothing more can be trusted
+            log.warning("NSQD(%s): protocol error", self.address, exc_info=True)
+            self._lost(link, f"protocol error ({exc})")
+        return link.open
+
     async def _reader(self, link: Link) -> None:
         stream = self._stream
         assert stream is not None
-        codec = self._codec
-        receive = self._receive or self._receive_frames
+        pushed = stream if isinstance(stream, AsyncioTcpStream) else None
+        if pushed is not None and self.receive_in_callback:
+            pushed.push(lambda data, now: self._received(link, data, now))
+        else:
+            pushed = None
         # The silence deadline is checked when a scope set for it expires, not re-armed on every
         # read (a timer per read cost a few us on asyncio): the scope is set again from the
         # time of the last read until a whole silence limit has passed without one. A cancelled
         # receive loses no data.
         while link.open:
             with anyio.CancelScope(deadline=link.heard_at + link.silence_limit) as silence:
+                if pushed is not None:
+                    await pushed.wait_ended()  # what arrives is handled by _received
+                    self._lost(link, pushed.end_reason)
+                    return
                 while link.open:
                     try:
                         data = await stream.receive(RECEIVE_SIZE)
@@ -373,15 +402,8 @@ class Connection:
                     except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
                         self._lost(link, f"connection lost ({reason(exc)})")
                         return
-                    now = link.heard_at = anyio.current_time()
                     # Socket streams give bytes already; bytes() of bytes is free.
-                    codec.receive_data(bytes(data))
-                    try:
-                        while events := codec.next_events():
-                            receive(link, events, now)
-                    except Exception as exc:  # a malformed frame: nothing more can be trusted
-                        log.warning("NSQD(%s): protocol error", self.address, exc_info=True)
-                        self._lost(link, f"protocol error ({exc})")
+                    if not self._received(link, bytes(data), anyio.current_time()):
                         return
             if silence.cancelled_caught and anyio.current_time() >= link.deadline:
                 self._lost(link, f"no data for {link.silence_limit:.0f}s (heartbeats missed)")

@@ -147,7 +147,7 @@ class Producer:
             connect_timeout=self.options.connect_timeout, identify=self._identify,
             open_stream=self._open_stream, transport=self.options.transport,
             make_link=lambda settings, now: core.connected(address, settings, now),
-            receive=receive,
+            receive=receive, receive_in_callback=True,
         )  # fmt: skip
 
     async def _serve(
