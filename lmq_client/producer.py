@@ -24,7 +24,12 @@ from lmq_client._tasks import owned_task_group
 from lmq_client._util import address_list, check_name
 from lmq_client.connection import Connection, Reply, StreamOpener, open_tcp_stream
 from lmq_client.core.link import Link
-from lmq_client.core.options import ProducerOptions, ProducerSettings, from_settings
+from lmq_client.core.options import (
+    ProducerOptions,
+    ProducerSettings,
+    dpub_delay_ms,
+    from_settings,
+)
 from lmq_client.core.producer import ProducerCore, ProducerStats
 from lmq_client.errors import ConnectionFailed, LmqClientError, all_addresses_failed
 from lmq_client.extension import Fields, publish_command
@@ -207,7 +212,7 @@ class Producer:
         check_name("topic", topic)
         ids = None if dedup_id is None else [dedup_id]
         command, ext = publish_command(
-            topic, [body], single=True, defer_ms=round(delay * 1000), dedup_ids=ids, **fields
+            topic, [body], single=True, defer_ms=dpub_delay_ms(delay), dedup_ids=ids, **fields
         )
         await self._send(command, 1, extension=ext)
 

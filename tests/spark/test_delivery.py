@@ -74,7 +74,7 @@ class ScriptedProducer:
     def mpub(self, topic: str, bodies: Sequence[bytes]) -> None:
         self._attempt("MPUB", topic, list(bodies))
 
-    def dpub(self, topic: str, delay_ms: int, body: bytes) -> None:
+    def dpub(self, topic: str, delay: float, body: bytes) -> None:
         self._attempt("DPUB", topic, [body])
 
     def xpub(
@@ -110,7 +110,7 @@ def test_an_outage_longer_than_the_timeout_fails_at_the_deadline() -> None:
     producer = ScriptedProducer(clock, [REFUSED] * 100)
     retrying = RetryingProducer(producer, retry_timeout_s=3, clock=clock, sleep=clock.sleep)
     with pytest.raises(RetryExhausted) as info:
-        retrying.dpub("t", 5, b"a")
+        retrying.dpub("t", 0.005, b"a")
     # 0.1 + 0.2 + 0.4 + 0.8 = 1.5; the next wait (1.6) is cut to the deadline, then one last try
     assert clock.sleeps == pytest.approx([0.1, 0.2, 0.4, 0.8, 1.5])
     assert producer.attempts[-1][0] == pytest.approx(3.0)
