@@ -17,7 +17,7 @@ from typing import Any, TypedDict, TypeVar
 
 import attrs
 
-from lmq_client.backoff import Backoff
+from lmq_client.core.backoff import Backoff
 from lmq_client.core.discovery import (
     DEFAULT_POLL_INTERVAL,
     DEFAULT_POLL_JITTER,

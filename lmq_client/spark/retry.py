@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from lmq_client.backoff import Backoff
+from lmq_client.core.backoff import Backoff
 from lmq_client.errors import ConnectionFailed, LmqClientError, NSQError
 from lmqd.protocol.extension import XpubMessage
 

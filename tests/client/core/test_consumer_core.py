@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from lmq_client.backoff import Backoff
 from lmq_client.core import Connect, ConsumerCore, ConsumerLink, ConsumerOptions, Disconnect
+from lmq_client.core.backoff import Backoff
 from lmq_client.core.schedule import QueryLookupds
 from lmq_client.errors import ConnectionFailed
 
