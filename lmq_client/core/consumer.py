@@ -171,6 +171,12 @@ class ConsumerCore:
             return message, False
         return None
 
+    def gave_up(self, message: Message) -> None:
+        """The application was told (``on_give_up``) of a message ``next_message`` gave up on:
+        it is finished unless the hook answered it (go-nsq's ``LogFailedMessage``, then FIN)."""
+        if not message.responded:
+            message.finish()
+
     # -- what the driver reports -----------------------------------------------------------------
 
     def start(self, now: float) -> None:
@@ -279,12 +285,8 @@ class ConsumerCore:
         else:
             self.requeued += 1
         if (success or backoff) and self.flow.outcome(self.clock(), failure=not success):
-            paused_until = self.flow.backoff.paused_until
-            if paused_until is not None:
-                log.info("consumer %s/%s: backing off for %.3fs (level %d)", self.topic,
-                         self.channel, paused_until - self.clock(), self.flow.level)  # fmt: skip
-            else:
-                log.info("consumer %s/%s: backoff over", self.topic, self.channel)
+            log.info("consumer %s/%s: %s", self.topic, self.channel,
+                     self.flow.describe(self.clock()))  # fmt: skip
             self._update_rdy()
             self.notify()
         if not success and link.open:

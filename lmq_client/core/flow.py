@@ -68,6 +68,13 @@ class Flow(Generic[K]):
         paused_until = self.backoff.paused_until
         return min(self.redistribute_at, paused_until if paused_until is not None else math.inf)
 
+    def describe(self, now: float) -> str:
+        """The backoff state in words, for a log line."""
+        paused_until = self.backoff.paused_until
+        if paused_until is None:
+            return "backoff over" if self.level == 0 else f"probing (level {self.level})"
+        return f"backing off for {paused_until - now:.3f}s (level {self.level})"
+
     def connections_changed(self, conns: Sequence[K], now: float) -> None:
         """A connection was added or removed: keep the active set and the probe valid."""
         if self.probe is not None and self.probe not in conns:
