@@ -77,9 +77,9 @@ class Reply(CoreReply):
 
     __slots__ = ("_event",)
 
-    def __init__(self) -> None:
+    def __init__(self, event: anyio.Event | None = None) -> None:
         super().__init__()
-        self._event = anyio.Event()
+        self._event = anyio.Event() if event is None else event
         self.waker = self._event.set
 
     async def wait(self) -> bytes:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from types import TracebackType
 from typing import Any, Unpack
 
@@ -67,6 +67,7 @@ class Producer:
         self._tasks: TaskGroup | None = None
         self._session: contextlib.AbstractAsyncContextManager[Producer] | None = None
         self._closed = False
+        self._event_type: Callable[[], anyio.Event] = anyio.Event
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -74,6 +75,8 @@ class Producer:
     async def _run(self) -> AsyncIterator[Producer]:
         async with owned_task_group() as tasks:
             self._tasks = tasks
+            # anyio.Event() asks which event loop runs (~6 us); the loop's own class does not.
+            self._event_type = type(anyio.Event())
             try:
                 await self.connect()
                 yield self
@@ -220,7 +223,7 @@ class Producer:
         conn = self._conn
         if conn is None or not conn.is_open:
             conn = await self.connect()
-        reply = Reply()
+        reply = Reply(self._event_type())
         conn.quiet = True  # queued quietly: sent from this task by send_now
         try:
             self._core.publish(command, messages=messages, extension=extension, reply=reply)
