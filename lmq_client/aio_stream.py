@@ -31,16 +31,19 @@ from collections.abc import Callable
 import anyio
 from anyio.abc import SocketStream
 
+from lmq_client._util import receive_buffer
 from lmq_client.errors import reason
 
-__all__ = ["AsyncioTcpStream", "connect_asyncio_tcp", "running_asyncio"]
+__all__ = ["AsyncioTcpStream", "FutureEvent", "connect_asyncio_tcp", "running_asyncio"]
 
 PushTarget = Callable[[bytes, float], bool]
 """``on_data(data, now) -> keep_going``: ``now`` is the event loop's clock (anyio's, on asyncio)."""
 
 
-class _Protocol(asyncio.Protocol):
+class _Protocol(asyncio.BufferedProtocol):
     def __init__(self) -> None:
+        # A plain Protocol's transport reads with recv(256 KiB): see receive_buffer.
+        self.buffer = receive_buffer()
         self.transport: asyncio.Transport | None = None
         self.chunks: deque[bytes] = deque()
         self.readable = asyncio.Event()
@@ -57,12 +60,16 @@ class _Protocol(asyncio.Protocol):
         self.transport = transport
         transport.set_write_buffer_limits(0)  # a send waits until the kernel took it all
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.buffer
+
+    def buffer_updated(self, nbytes: int) -> None:
+        data = bytes(self.buffer[:nbytes])
         on_data = self.on_data
         if on_data is None:
-            self.chunks.append(bytes(data))
+            self.chunks.append(data)
             self.readable.set()
-        elif not on_data(bytes(data), self.time()):
+        elif not on_data(data, self.time()):
             self.on_data = None
             self.ended.set()
 
@@ -83,6 +90,28 @@ class _Protocol(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self.writable.set()
+
+
+class FutureEvent:
+    """A one-shot event on asyncio, with ``anyio.Event``'s ``set`` and ``wait``: one future.
+    ``anyio.Event()`` asks which loop runs and wraps an ``asyncio.Event`` (~4 us to make on
+    this machine, and its wait makes a future anyway); a producer makes one per publish."""
+
+    __slots__ = ("_future",)
+
+    def __init__(self) -> None:
+        self._future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def set(self) -> None:
+        if not self._future.done():
+            self._future.set_result(None)
+
+    def is_set(self) -> bool:
+        return self._future.done()
+
+    async def wait(self) -> None:
+        """Until ``set`` (a cancelled wait cancels the event: it is waited for once)."""
+        await self._future
 
 
 class AsyncioTcpStream(SocketStream):

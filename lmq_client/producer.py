@@ -22,7 +22,14 @@ from anyio.abc import TaskGroup, TaskStatus
 
 from lmq_client._tasks import owned_task_group
 from lmq_client._util import address_list, check_name
-from lmq_client.connection import Connection, Reply, StreamOpener, open_tcp_stream
+from lmq_client.connection import (
+    Connection,
+    OneShotEvent,
+    Reply,
+    StreamOpener,
+    event_type,
+    open_tcp_stream,
+)
 from lmq_client.core.link import Link
 from lmq_client.core.options import (
     ProducerOptions,
@@ -67,7 +74,7 @@ class Producer:
         self._tasks: TaskGroup | None = None
         self._session: contextlib.AbstractAsyncContextManager[Producer] | None = None
         self._closed = False
-        self._event_type: Callable[[], anyio.Event] = anyio.Event
+        self._event_type: Callable[[], OneShotEvent] = anyio.Event
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -75,8 +82,7 @@ class Producer:
     async def _run(self) -> AsyncIterator[Producer]:
         async with owned_task_group() as tasks:
             self._tasks = tasks
-            # anyio.Event() asks which event loop runs (~6 us); the loop's own class does not.
-            self._event_type = type(anyio.Event())
+            self._event_type = event_type()
             try:
                 await self.connect()
                 yield self
