@@ -205,18 +205,15 @@ class AsyncioTcpStream(SocketStream):
 
 def running_asyncio() -> bool:
     """Whether the calling task runs on asyncio (not trio, nor trio as asyncio's guest)."""
-    try:
-        import sniffio  # trio's dependency: what anyio asks when it is there
-    except ImportError:  # pragma: no cover - then anyio assumes asyncio as well
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            return False
-        return True
-    try:
-        return sniffio.current_async_library() == "asyncio"
-    except sniffio.AsyncLibraryNotFoundError:
+    import trio  # a core dependency: imported already wherever anyio runs on it
+
+    if trio.lowlevel.in_trio_run():
         return False
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
 
 
 async def connect_asyncio_tcp(host: str, port: int) -> AsyncioTcpStream:
