@@ -25,29 +25,37 @@ intervals plus ``HEARTBEAT_GRACE`` is gone.
 
 A publisher waiting for its answer need not wake the writer: it queues its command ``quiet`` and
 sends it from its own task (``send_now``). On plain TCP, sends go straight to the socket while
-the kernel takes them whole (``_send``: anyio's send yields to the loop once per call).
+the kernel takes them whole (``lmq_client.direct_send``: anyio's send yields to the loop once
+per call). On asyncio, a producer's answers are handled in the transport's read callback
+(``receive_in_callback``, ``lmq_client.aio_stream``): the reader task only waits for the end.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
-from anyio.abc import ByteStream, SocketAttribute, SocketStream, TaskStatus
+from anyio.abc import ByteStream, TaskStatus
 
 from lmq_client._util import USER_AGENT, identify_body
+from lmq_client.aio_stream import (
+    AsyncioTcpStream,
+    FutureEvent,
+    connect_asyncio_tcp,
+    running_asyncio,
+)
 from lmq_client.core.link import RECEIVE_SIZE, Link, max_rdy_count
 from lmq_client.core.link import Reply as CoreReply
+from lmq_client.direct_send import DirectSender
 from lmq_client.errors import ConnectionFailed, LmqClientError, NSQError, reason
 from lmq_client.handshake import handshake
 from lmq_client.transport import PLAIN, TransportOptions
 from lmqd.net import split_address
 from lmqd.protocol import ClientConnection, FrameEvent, MessageFrame
 
-__all__ = ["Connection", "Reply", "open_tcp_stream"]
+__all__ = ["Connection", "OneShotEvent", "Reply", "event_type", "open_tcp_stream"]
 
 log = logging.getLogger("lmq_client.connection")
 
@@ -61,9 +69,27 @@ Receiver = Callable[[Any, list[FrameEvent], float], None]
 
 
 async def open_tcp_stream(address: str) -> ByteStream:
-    """The default way to reach a daemon: TCP (anyio turns Nagle off: commands are small)."""
+    """The default way to reach a daemon: TCP (Nagle off: commands are small); on asyncio a
+    stream that can push what it receives (``lmq_client.aio_stream``)."""
     host, port = split_address(address)
+    if running_asyncio():
+        return await connect_asyncio_tcp(host, port)
     return await anyio.connect_tcp(host, port)
+
+
+def event_type() -> Callable[[], OneShotEvent]:
+    """The cheapest one-shot event of the running loop, for a ``Reply`` per command:
+    ``anyio.Event()`` asks which loop runs each time (~6 us), its backend's class does not, and
+    on asyncio a bare future does less still (``aio_stream.FutureEvent``)."""
+    return FutureEvent if running_asyncio() else type(anyio.Event())
+
+
+class OneShotEvent(Protocol):
+    """What a ``Reply`` needs of an event: ``anyio.Event`` or ``aio_stream.FutureEvent``."""
+
+    def set(self) -> None: ...
+
+    async def wait(self) -> None: ...
 
 
 class Reply(CoreReply):
@@ -71,9 +97,9 @@ class Reply(CoreReply):
 
     __slots__ = ("_event",)
 
-    def __init__(self) -> None:
+    def __init__(self, event: OneShotEvent | None = None) -> None:
         super().__init__()
-        self._event = anyio.Event()
+        self._event = anyio.Event() if event is None else event
         self.waker = self._event.set
 
     async def wait(self) -> bytes:
@@ -105,6 +131,7 @@ class Connection:
         transport: TransportOptions = PLAIN,
         make_link: LinkFactory | None = None,
         receive: Receiver | None = None,
+        receive_in_callback: bool = False,
     ) -> None:
         self.address = address
         self.heartbeat_interval = heartbeat_interval
@@ -121,20 +148,20 @@ class Connection:
         """The protocol state, once the handshake is done."""
         self._make_link = make_link
         self._receive = receive
+        self.receive_in_callback = receive_in_callback
+        """``receive`` may run in asyncio's read callback (``lmq_client.aio_stream``)."""
         self._handshake_error: LmqClientError | None = None
         self._open_stream = open_stream
         self._codec = ClientConnection()
         self._stream: ByteStream | None = None
         self._wake_writer = anyio.Event()
         self._writer_parked = False
-        self._raw_fd: int | None = None
-        """The socket's file descriptor while sends may go straight to it (``_send``)."""
+        self._sender: DirectSender | None = None
         self.quiet = False
         """While set, queued output does not wake the writer (``send_now`` sends it)."""
         self._sending = False
         self._flushed: anyio.Event | None = None
         """Made by ``flush()`` when it has to wait; set by the writer once nothing is left."""
-        self._ended = False
         # A cancel scope needs a running event loop: made when ``run`` starts.
         self._cancel: anyio.CancelScope | None = None
         self._close_requested = False
@@ -189,13 +216,13 @@ class Connection:
         command with ``quiet`` set, so the writer is not woken for it). A send cancelled half-way
         may have sent part of a command: the connection is closed then."""
         link = self.link
-        stream = self._stream
-        if self._sending or link is None or stream is None or not link.open:
+        sender = self._sender
+        if self._sending or link is None or sender is None or not link.open:
             return
         self._sending = True
         try:
             while data := link.take_output():
-                await self._send(stream, data)
+                await sender.send(data)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
             self._lost(link, f"connection lost while writing ({reason(exc)})")
         except anyio.get_cancelled_exc_class():
@@ -266,17 +293,17 @@ class Connection:
     async def flush(self) -> None:
         """Wait until everything written so far was sent (or the connection ended)."""
         link = self.link
-        if self._ended or link is None or not (link.out or self._sending):
+        if self._closed.is_set() or link is None or not (link.out or self._sending):
             return
         if self._flushed is None:
             self._flushed = anyio.Event()
         await self._flushed.wait()
 
     def _shutdown(self) -> None:
-        self._raw_fd = None  # closed next: the number may soon be another file's
+        if self._sender is not None:
+            self._sender.forget()
         if self.link is not None:
             self.link.lost(ConnectionFailed(self.address, "connection closed"))
-        self._ended = True
         self._set_flushed()
         self._closed.set()
 
@@ -302,38 +329,14 @@ class Connection:
         self._stream = done.stream
         self.server_settings = done.server_settings
         self.auth_identity = done.auth_identity
-        if isinstance(self._stream, SocketStream) and os.name == "posix":
-            # plain TCP: the bytes on the socket are the protocol's (``_send``)
-            self._raw_fd = self._stream.extra(SocketAttribute.raw_socket).fileno()
+        self._sender = DirectSender(self._stream)
         log.debug("NSQD(%s): connected, %s", self.address, self.server_settings)
-
-    async def _send(self, stream: ByteStream, data: bytes) -> None:
-        """``stream.send(data)``, but straight to the socket while the kernel takes it all: a
-        send through anyio yields to the event loop once (and on asyncio enters a shielded
-        cancel scope), ~15 us per command on this machine, which a publisher waiting for its
-        answer pays on every publish. Only on a plain TCP stream (no TLS, no compression), and
-        only until the kernel's buffer is full once: then the rest, and every send after it, go
-        through anyio (whose buffered bytes a direct send could overtake). The file descriptor
-        is written (asyncio hands out no socket to send on); POSIX only."""
-        fd = self._raw_fd
-        if fd is not None:
-            try:
-                sent = os.write(fd, data)  # the socket is non-blocking: EAGAIN, not a wait
-            except BlockingIOError:
-                sent = 0
-            except OSError as exc:
-                raise anyio.BrokenResourceError(reason(exc)) from exc
-            if sent == len(data):
-                return
-            self._raw_fd = None
-            data = data[sent:]
-        await stream.send(data)
 
     # -- the two tasks ---------------------------------------------------------------------------
 
     async def _writer(self, link: Link, cancel: anyio.CancelScope) -> None:
-        stream = self._stream
-        assert stream is not None
+        sender = self._sender
+        assert sender is not None
         try:
             while True:
                 data = b"" if self._sending else link.take_output()
@@ -346,24 +349,45 @@ class Connection:
                     await self._wake_writer.wait()
                     continue
                 self._sending = True
-                await self._send(stream, data)
+                await sender.send(data)
                 self._sending = False
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
             self._lost(link, f"connection lost while writing ({reason(exc)})")
         finally:
             cancel.cancel()
 
+    def _received(self, link: Link, data: bytes, now: float) -> bool:
+        """Handle one chunk from the daemon; False once the link is closed."""
+        link.heard_at = now
+        codec = self._codec
+        codec.receive_data(data)
+        receive = self._receive or self._receive_frames
+        try:
+            while events := codec.next_events():
+                receive(link, events, now)
+        except Exception as exc:  # a malformed frame: nothing more can be trusted
+            log.warning("NSQD(%s): protocol error", self.address, exc_info=True)
+            self._lost(link, f"protocol error ({exc})")
+        return link.open
+
     async def _reader(self, link: Link) -> None:
         stream = self._stream
         assert stream is not None
-        codec = self._codec
-        receive = self._receive or self._receive_frames
+        pushed = stream if isinstance(stream, AsyncioTcpStream) else None
+        if pushed is not None and self.receive_in_callback:
+            pushed.push(lambda data, now: self._received(link, data, now))
+        else:
+            pushed = None
         # The silence deadline is checked when a scope set for it expires, not re-armed on every
         # read (a timer per read cost a few us on asyncio): the scope is set again from the
         # time of the last read until a whole silence limit has passed without one. A cancelled
         # receive loses no data.
         while link.open:
             with anyio.CancelScope(deadline=link.heard_at + link.silence_limit) as silence:
+                if pushed is not None:
+                    await pushed.wait_ended()  # what arrives is handled by _received
+                    self._lost(link, pushed.end_reason)
+                    return
                 while link.open:
                     try:
                         data = await stream.receive(RECEIVE_SIZE)
@@ -373,18 +397,11 @@ class Connection:
                     except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
                         self._lost(link, f"connection lost ({reason(exc)})")
                         return
-                    now = link.heard_at = anyio.current_time()
                     # Socket streams give bytes already; bytes() of bytes is free.
-                    codec.receive_data(bytes(data))
-                    try:
-                        while events := codec.next_events():
-                            receive(link, events, now)
-                    except Exception as exc:  # a malformed frame: nothing more can be trusted
-                        log.warning("NSQD(%s): protocol error", self.address, exc_info=True)
-                        self._lost(link, f"protocol error ({exc})")
+                    if not self._received(link, bytes(data), anyio.current_time()):
                         return
-            if silence.cancelled_caught and anyio.current_time() >= link.deadline:
-                self._lost(link, f"no data for {link.silence_limit:.0f}s (heartbeats missed)")
+            if silence.cancelled_caught and link.silent(anyio.current_time()):
+                log.info("NSQD(%s): %s", self.address, link.error)
                 return
 
     def _receive_frames(self, link: Link, events: list[FrameEvent], now: float) -> None:

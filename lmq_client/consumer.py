@@ -316,8 +316,7 @@ class Consumer(ConsumerFront):
                         await result
                 except Exception:
                     log.exception("consumer %s/%s: give-up hook failed", self.topic, self.channel)
-            if not message.responded:
-                message.finish()
+            core.gave_up(message)
 
     async def _worker(self, handler: Handler) -> None:
         while (message := await self._get()) is not None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from types import TracebackType
 from typing import Any, Unpack
 
@@ -22,9 +22,21 @@ from anyio.abc import TaskGroup, TaskStatus
 
 from lmq_client._tasks import owned_task_group
 from lmq_client._util import address_list, check_name
-from lmq_client.connection import Connection, Reply, StreamOpener, open_tcp_stream
+from lmq_client.connection import (
+    Connection,
+    OneShotEvent,
+    Reply,
+    StreamOpener,
+    event_type,
+    open_tcp_stream,
+)
 from lmq_client.core.link import Link
-from lmq_client.core.options import ProducerOptions, ProducerSettings, from_settings
+from lmq_client.core.options import (
+    ProducerOptions,
+    ProducerSettings,
+    dpub_delay_ms,
+    from_settings,
+)
 from lmq_client.core.producer import ProducerCore, ProducerStats
 from lmq_client.errors import ConnectionFailed, LmqClientError, all_addresses_failed
 from lmq_client.extension import Fields, publish_command
@@ -62,6 +74,7 @@ class Producer:
         self._tasks: TaskGroup | None = None
         self._session: contextlib.AbstractAsyncContextManager[Producer] | None = None
         self._closed = False
+        self._event_type: Callable[[], OneShotEvent] = anyio.Event
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -69,6 +82,7 @@ class Producer:
     async def _run(self) -> AsyncIterator[Producer]:
         async with owned_task_group() as tasks:
             self._tasks = tasks
+            self._event_type = event_type()
             try:
                 await self.connect()
                 yield self
@@ -147,7 +161,7 @@ class Producer:
             connect_timeout=self.options.connect_timeout, identify=self._identify,
             open_stream=self._open_stream, transport=self.options.transport,
             make_link=lambda settings, now: core.connected(address, settings, now),
-            receive=receive,
+            receive=receive, receive_in_callback=True,
         )  # fmt: skip
 
     async def _serve(
@@ -207,7 +221,7 @@ class Producer:
         check_name("topic", topic)
         ids = None if dedup_id is None else [dedup_id]
         command, ext = publish_command(
-            topic, [body], single=True, defer_ms=round(delay * 1000), dedup_ids=ids, **fields
+            topic, [body], single=True, defer_ms=dpub_delay_ms(delay), dedup_ids=ids, **fields
         )
         await self._send(command, 1, extension=ext)
 
@@ -215,7 +229,7 @@ class Producer:
         conn = self._conn
         if conn is None or not conn.is_open:
             conn = await self.connect()
-        reply = Reply()
+        reply = Reply(self._event_type())
         conn.quiet = True  # queued quietly: sent from this task by send_now
         try:
             self._core.publish(command, messages=messages, extension=extension, reply=reply)

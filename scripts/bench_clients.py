@@ -19,9 +19,10 @@ pynsq==0.9.1 gnsq==1.0.2 ansq==0.3.0``) in a scratch virtualenv, ``--venv``
 (``/tmp/lmq-bench-clients``), made once and reused. lmq's clients run in the checkout's
 virtualenv. ansq's reader keeps ``RDY 1`` per connection; the bench raises it to
 ``--max-in-flight`` with ansq's own ``connection.rdy()``, as the others get it from their
-``max_in_flight``. The clients run in turn, in the same order in every run; medians are over
-the runs. ``--lmq-source DIR`` runs the lmq clients from another tree (an earlier commit's
-``git archive``: before and after).
+``max_in_flight``. The clients run in turn, each run starting one client further on in the
+list (run 1: lmq-trio first, run 2: lmq-asyncio first...); medians are over the runs.
+``--lmq-source DIR`` runs the lmq clients from another tree (an earlier commit's ``git
+archive``: before and after).
 """
 
 from __future__ import annotations
@@ -114,7 +115,9 @@ def main() -> None:
             assert daemon.http_address is not None
             http = HTTPClient(daemon.http_address, timeout=60)
             for run in range(a.runs):
-                for client in clients:
+                # Each run starts one client further on, so that no client always runs first
+                # (after the daemon freed the last run's topics) or right after the same one.
+                for client in clients[run % len(clients):] + clients[:run % len(clients)]:
                     topic = f"bench-{client}-{run}"
                     load = load_average()
                     python = sys.executable if client in LMQ_CLIENTS else other

@@ -6,6 +6,8 @@
   and give-up, close, counters; ``schedule``: redials, lookupd discovery.
 * ``producer`` — ``ProducerCore``: failover order, publishes in flight and how they ended.
 * ``options`` — one vocabulary of settings for every front end.
+* ``rdy`` and ``backoff`` — the pure rules under ``flow``: RDY shares and redistribution,
+  exponential backoff and go-nsq's backoff state (also the reconnect and retry delays).
 
 The drivers around it: ``lmq_client.consumer`` / ``lmq_client.producer`` (anyio: asyncio and
 trio) and ``lmq_client.sync`` (blocking sockets). They take decoded ``ClientConnection`` events

@@ -92,10 +92,9 @@ class ConsumerCore:
         self.notify: Callable[[], None] = _nothing
         """Set by the driver: called when an answer changed ``deadline`` or ``drained``."""
         self.send_now: Callable[[Link], None] | None = None
-        """Set by a driver without a writer task (the blocking one): called when a link's
-        output should go out now: after a TOUCH, and after an answer once no received message
-        waits to be handed out (the application has caught up; during a burst, answers wait
-        for the next ``get()`` and go out together)."""
+        """Set by a driver without a writer task (the blocking one): a link's output should go
+        out now (after a TOUCH; after an answer once no received message waits to be handed
+        out: during a burst, answers wait for the next ``get()`` and go out together)."""
         self.schedule = Schedule(
             addresses, lookupds=lookupds, poll_interval=options.lookupd_poll_interval,
             poll_jitter=options.lookupd_poll_jitter,
@@ -162,10 +161,7 @@ class ConsumerCore:
         max_attempts = self.options.max_attempts
         while ready:
             message = ready.popleft()
-            if not message._conn.is_open:
-                # Its connection is gone: the daemon delivers it again; it cannot be answered.
-                message.responded = True
-                self._answered()
+            if self._unanswerable(message):
                 continue
             if max_attempts and message.attempts > max_attempts:
                 log.warning("consumer %s/%s: giving up on %r after %d attempts",
@@ -174,6 +170,12 @@ class ConsumerCore:
                 return message, True
             return message, False
         return None
+
+    def gave_up(self, message: Message) -> None:
+        """The application was told (``on_give_up``) of a message ``next_message`` gave up on:
+        it is finished unless the hook answered it (go-nsq's ``LogFailedMessage``, then FIN)."""
+        if not message.responded:
+            message.finish()
 
     # -- what the driver reports -----------------------------------------------------------------
 
@@ -240,18 +242,10 @@ class ConsumerCore:
                 self._close_by = -math.inf
             return
         for link in list(self._all_links()):
-            if now >= link.deadline:
-                reason = f"no data for {link.silence_limit:.0f}s (heartbeats missed)"
-                log.warning("consumer %s/%s: %s: %s", self.topic, self.channel, link.address,
-                            reason)  # fmt: skip
-                link.lost(ConnectionFailed(link.address, reason))
-                self._gone(link, now)
+            if link.silent(now):
+                self._gone(link, now)  # logs the link's error
         conns = list(self.links.values())
-        idle: tuple[ConsumerLink, ...] = ()
-        if now >= self.flow.redistribute_at:
-            idle = tuple(link for link in conns if not link.got_message)
-            for link in conns:
-                link.got_message = False
+        idle = _take_idle(conns) if now >= self.flow.redistribute_at else ()
         if self.flow.due(now, conns, idle):
             self._update_rdy()
         self._actions.extend(self.schedule.due(now))
@@ -268,11 +262,8 @@ class ConsumerCore:
                 link.cls = link.command(_CLS)
         while self.ready:
             message = self.ready.popleft()
-            if message._conn.is_open:
+            if not self._unanswerable(message):
                 message.requeue(0, backoff=False)
-            else:
-                message.responded = True
-                self._answered()
 
     # -- answers (from Message) ------------------------------------------------------------------
 
@@ -294,12 +285,8 @@ class ConsumerCore:
         else:
             self.requeued += 1
         if (success or backoff) and self.flow.outcome(self.clock(), failure=not success):
-            paused_until = self.flow.backoff.paused_until
-            if paused_until is not None:
-                log.info("consumer %s/%s: backing off for %.3fs (level %d)", self.topic,
-                         self.channel, paused_until - self.clock(), self.flow.level)  # fmt: skip
-            else:
-                log.info("consumer %s/%s: backoff over", self.topic, self.channel)
+            log.info("consumer %s/%s: %s", self.topic, self.channel,
+                     self.flow.describe(self.clock()))  # fmt: skip
             self._update_rdy()
             self.notify()
         if not success and link.open:
@@ -319,10 +306,16 @@ class ConsumerCore:
         if self.send_now is not None and not self.ready and link.out:
             self.send_now(link)
 
-    def _answered(self) -> None:
+    def _unanswerable(self, message: Message) -> bool:
+        """Whether ``message``'s connection is gone: the daemon delivers it again, and it
+        cannot be answered (it counts as answered)."""
+        if message._conn.is_open:
+            return False
+        message.responded = True
         self.unanswered -= 1
         if self.closing and self.unanswered == 0:
             self.notify()
+        return True
 
     # -- connections and RDY ---------------------------------------------------------------------
 
@@ -377,6 +370,15 @@ class ConsumerCore:
             if link.rdy != count and link.open:
                 link.rdy = count
                 link.write(Rdy(count=count).encode())
+
+
+def _take_idle(conns: list[ConsumerLink]) -> tuple[ConsumerLink, ...]:
+    """The connections that received no message since the last call (RDY redistribution's
+    idle ones), and a new count started."""
+    idle = tuple(link for link in conns if not link.got_message)
+    for link in conns:
+        link.got_message = False
+    return idle
 
 
 def _nothing() -> None:

@@ -23,7 +23,7 @@ import math
 import random
 from collections.abc import Iterable, Iterator
 
-from lmq_client.backoff import Backoff
+from lmq_client.core.backoff import Backoff
 
 __all__ = [
     "DEFAULT_POLL_INTERVAL",

@@ -3,7 +3,7 @@
 Theory of operation
 -------------------
 RDY is a window per connection (nsqd sends while ``in_flight < rdy``), so the consumer only
-chooses one number per connection and sends it when it changes (``lmq_client.rdy`` has the
+chooses one number per connection and sends it when it changes (``lmq_client.core.rdy`` has the
 arithmetic). Three regimes, as go-nsq:
 
 * **Normal**: ``max_in_flight`` split evenly over the connections; with fewer slots than
@@ -12,7 +12,7 @@ arithmetic). Three regimes, as go-nsq:
   others (``redistribute``), so a daemon with messages is never starved by idle ones. The
   redistribution waits while the consumer backs off.
 * **Paused** (backing off): a failure raises the backoff level and pauses the flow, ``RDY 0``
-  everywhere, for ``backoff.delay(level)`` seconds (``lmq_client.backoff.BackoffState``).
+  everywhere, for ``backoff.delay(level)`` seconds (``lmq_client.core.backoff.BackoffState``).
 * **Probing**: when a pause ends, one connection chosen at random gets ``RDY 1``; a success
   lowers the level (at 0 the normal RDY is back, otherwise a shorter pause follows), a failure
   raises it. Outcomes reported during a pause belong to messages already in flight when it
@@ -29,8 +29,8 @@ import random
 from collections.abc import Collection, Hashable, Mapping, Sequence
 from typing import Generic, TypeVar
 
-from lmq_client.backoff import Backoff, BackoffState
-from lmq_client.rdy import choose_active, rdy_targets
+from lmq_client.core.backoff import Backoff, BackoffState
+from lmq_client.core.rdy import choose_active, rdy_targets
 
 __all__ = ["Flow"]
 
@@ -67,6 +67,13 @@ class Flow(Generic[K]):
         """The next time ``due`` has something to do."""
         paused_until = self.backoff.paused_until
         return min(self.redistribute_at, paused_until if paused_until is not None else math.inf)
+
+    def describe(self, now: float) -> str:
+        """The backoff state in words, for a log line."""
+        paused_until = self.backoff.paused_until
+        if paused_until is None:
+            return "backoff over" if self.level == 0 else f"probing (level {self.level})"
+        return f"backing off for {paused_until - now:.3f}s (level {self.level})"
 
     def connections_changed(self, conns: Sequence[K], now: float) -> None:
         """A connection was added or removed: keep the active set and the probe valid."""

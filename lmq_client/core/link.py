@@ -211,6 +211,14 @@ class Link:
         while self.replies:
             self.replies.popleft().fail(self.not_open())
 
+    def silent(self, now: float) -> bool:
+        """Whether the daemon was silent past ``deadline`` at ``now``: the link is then lost."""
+        if now < self.deadline:
+            return False
+        why = f"no data for {self.silence_limit:.0f}s (heartbeats missed)"
+        self.lost(ConnectionFailed(self.address, why))
+        return True
+
     def not_open(self) -> ConnectionFailed:
         """The error for using the link after it ended."""
         if self.error is None:

@@ -17,7 +17,7 @@ from typing import Any, TypedDict, TypeVar
 
 import attrs
 
-from lmq_client.backoff import Backoff
+from lmq_client.core.backoff import Backoff
 from lmq_client.core.discovery import (
     DEFAULT_POLL_INTERVAL,
     DEFAULT_POLL_JITTER,
@@ -32,6 +32,7 @@ __all__ = [
     "ConsumerSettings",
     "ProducerOptions",
     "ProducerSettings",
+    "dpub_delay_ms",
     "from_settings",
 ]
 
@@ -163,3 +164,29 @@ def from_settings(
             if target not in settings:
                 values[target] = value
     return cls(**values)
+
+
+def dpub_delay_ms(
+    delay: float | None, *, delay_ms: int | None = None, int_is_ms: bool = False,
+    stacklevel: int = 3,
+) -> int:
+    """DPUB's delay on the wire (milliseconds) from ``delay`` in seconds, the unit of every
+    producer. The blocking producer's old spelling, milliseconds, still works for one release
+    with a ``DeprecationWarning``: ``delay_ms=``, and (``int_is_ms``) a non-zero ``int`` passed as
+    ``delay``, which it cannot tell from seconds (pass seconds as a float: ``2.5``, ``30.0``)."""
+    if delay_ms is not None:
+        if delay is not None:
+            raise TypeError("dpub() takes delay (seconds) or the deprecated delay_ms, not both")
+        warnings.warn("dpub(delay_ms=) is deprecated: pass delay= in seconds",
+                      DeprecationWarning, stacklevel=stacklevel)  # fmt: skip
+        return delay_ms
+    if delay is None:
+        raise TypeError("dpub() needs a delay (seconds)")
+    if int_is_ms and type(delay) is int and delay != 0:
+        warnings.warn(
+            f"dpub({delay}, ...): an int delay is read as milliseconds in this release, and as "
+            f"seconds in the next: pass seconds as a float ({delay / 1000!r})",
+            DeprecationWarning, stacklevel=stacklevel,
+        )  # fmt: skip
+        return delay
+    return round(delay * 1000)

@@ -29,7 +29,7 @@ from collections.abc import Iterable, Sequence
 
 import attrs
 
-from lmq_client.backoff import Backoff
+from lmq_client.core.backoff import Backoff
 from lmq_client.core.discovery import Discovery
 
 __all__ = ["Action", "Connect", "Disconnect", "QueryLookupds", "Schedule"]

@@ -189,7 +189,7 @@ class BatchingPublisher:
 
     def _dpub(self, delay_ms: int, body: bytes, ext: MessageExt | None) -> None:
         if ext is None:
-            self.producer.dpub(self.topic, delay_ms, body)
+            self.producer.dpub(self.topic, delay_ms / 1000, body)
         else:
             self.producer.xpub(self.topic, [XpubMessage(body, ext)], defer_ms=delay_ms)
         self.dpubs += 1

@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from lmq_client.backoff import Backoff
+from lmq_client.core.backoff import Backoff
 from lmq_client.errors import ConnectionFailed, LmqClientError, NSQError
 from lmqd.protocol.extension import XpubMessage
 
@@ -71,7 +71,7 @@ class MessageProducer(Protocol):
 
     def mpub(self, topic: str, bodies: Sequence[bytes]) -> None: ...
 
-    def dpub(self, topic: str, delay_ms: int, body: bytes) -> None: ...
+    def dpub(self, topic: str, delay: float, body: bytes) -> None: ...
 
     def xpub(
         self, topic: str, messages: Sequence[XpubMessage], *, defer_ms: int | None = None
@@ -111,8 +111,9 @@ class RetryingProducer:
     def mpub(self, topic: str, bodies: Sequence[bytes]) -> None:
         self._run(topic, lambda: self.producer.mpub(topic, bodies))
 
-    def dpub(self, topic: str, delay_ms: int, body: bytes) -> None:
-        self._run(topic, lambda: self.producer.dpub(topic, delay_ms, body))
+    def dpub(self, topic: str, delay: float, body: bytes) -> None:
+        """DPUB ``delay`` seconds (``lmq_client.sync.Producer.dpub``), retried as the rest."""
+        self._run(topic, lambda: self.producer.dpub(topic, delay, body))
 
     def xpub(
         self, topic: str, messages: Sequence[XpubMessage], *, defer_ms: int | None = None

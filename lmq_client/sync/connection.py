@@ -18,8 +18,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from lmq_client._util import identify_body, parse_identify_response
-from lmq_client.core.link import RECEIVE_SIZE, Link
+from lmq_client._util import identify_body, parse_identify_response, receive_buffer
+from lmq_client.core.link import Link
 from lmq_client.errors import ConnectionFailed, reason
 from lmq_client.transport import (
     PLAIN,
@@ -226,8 +226,9 @@ class SocketConnection:
                 return out
         while True:
             self._sock.settimeout(timeout)
+            buffer = receive_buffer()
             try:
-                data = self._sock.recv(RECEIVE_SIZE)
+                data = bytes(buffer[: self._sock.recv_into(buffer)])
             except (TimeoutError, BlockingIOError, ssl.SSLWantReadError):
                 return None
             except OSError as exc:

@@ -171,8 +171,7 @@ class Consumer(ConsumerFront):
                 self.on_give_up(message)
             except Exception:
                 log.exception("consumer %s/%s: give-up hook failed", self.topic, self.channel)
-        if not message.responded:
-            message.finish()
+        self.core.gave_up(message)
 
     # -- driving the core ------------------------------------------------------------------------
 

@@ -18,7 +18,12 @@ from types import TracebackType
 from typing import Any, Unpack
 
 from lmq_client._util import address_list, check_name
-from lmq_client.core.options import ProducerOptions, ProducerSettings, from_settings
+from lmq_client.core.options import (
+    ProducerOptions,
+    ProducerSettings,
+    dpub_delay_ms,
+    from_settings,
+)
 from lmq_client.core.producer import ProducerCore, ProducerStats
 from lmq_client.errors import ConnectionFailed, all_addresses_failed
 from lmq_client.extension import Fields, publish_command
@@ -137,18 +142,24 @@ class Producer:
     def dpub(
         self,
         topic: str,
-        delay_ms: int,
-        body: bytes,
+        delay: float | None = None,
+        body: bytes | None = None,
         *,
+        delay_ms: int | None = None,
         dedup_id: str | bytes | None = None,
         **fields: Unpack[Fields],
     ) -> None:
-        """DPUB: one message delivered ``delay_ms`` milliseconds from now (lmq's fields as
-        ``publish``)."""
+        """DPUB: one message delivered ``delay`` seconds from now, as with the async Producer
+        (lmq's fields as ``publish``). Milliseconds, the old unit here, work for this release
+        with a ``DeprecationWarning``: ``delay_ms=``, or an ``int`` ``delay`` other than 0 (it
+        is read as milliseconds until the next release: pass seconds as a float)."""
         check_name("topic", topic)
+        if body is None:
+            raise TypeError("dpub() needs the message body")
+        defer_ms = dpub_delay_ms(delay, delay_ms=delay_ms, int_is_ms=True)
         ids = None if dedup_id is None else [dedup_id]
         command, ext = publish_command(
-            topic, [body], single=True, defer_ms=delay_ms, dedup_ids=ids, **fields
+            topic, [body], single=True, defer_ms=defer_ms, dedup_ids=ids, **fields
         )
         self._command(command, 1, extension=ext)
 

@@ -36,7 +36,7 @@ def test_publish_mpub_dpub_then_consume(lmqd_server: LmqdProcess) -> None:
     with Producer(lmqd_server.tcp_address, connect_timeout=5) as producer:
         producer.publish("s", b"one")
         producer.mpub("s", [b"two", b"three"])
-        producer.dpub("s", 50, b"four")
+        producer.dpub("s", 0.05, b"four")
         assert producer.address == lmqd_server.tcp_address
     assert _depth(lmqd_server, "s") == 4  # no channel yet: the topic holds all four
     with Consumer(
@@ -61,7 +61,7 @@ def test_errors_carry_codes_and_connection_recovers(lmqd_server: LmqdProcess) ->
         producer.publish("s", b"")
     assert info.value.code == "E_BAD_MESSAGE"
     with pytest.raises(errors.InvalidError) as info2:
-        producer.dpub("s", 10_000_000, b"x")
+        producer.dpub("s", 10_000.0, b"x")
     assert info2.value.code == "E_INVALID"
     with pytest.raises(errors.InvalidNameError):
         producer.mpub("no spaces", [b"x"])
@@ -194,7 +194,7 @@ def test_blocking_clients_publish_and_consume_lmq_fields(lmqd_server: LmqdProces
     with Producer(address, connect_timeout=5) as producer:
         producer.publish("fields", b"a", headers={"k": "v"}, priority=3, ttl=30.0)
         producer.mpub("fields", [b"b", b"c"], priority=2, dedup_ids=[b"1", b"2"])
-        producer.dpub("fields", 10, b"d", headers={"late": "yes"})
+        producer.dpub("fields", 0.01, b"d", headers={"late": "yes"})
         producer.publish("fields", b"e")
         with pytest.raises(ValueError, match="ttl"):
             producer.publish("fields", b"x", ttl=0)
@@ -209,3 +209,42 @@ def test_blocking_clients_publish_and_consume_lmq_fields(lmqd_server: LmqdProces
         b"a": ({"k": "v"}, 3), b"b": ({}, 2), b"c": ({}, 2), b"d": ({"late": "yes"}, 0),
         b"e": ({}, 0),
     }  # fmt: skip
+
+
+def test_dpub_takes_seconds_and_the_old_milliseconds_still_work_with_a_warning() -> None:
+    """The delay on the wire (DPUB's milliseconds) for each spelling, read by lmqd's own
+    parser in a one-connection fake daemon on 127.0.0.1."""
+    from lmqd.protocol import Dpub, Identify, Limits, ServerConnection, encode_response
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(5)
+    delays: list[int] = []
+
+    def daemon() -> None:
+        conn, _ = listener.accept()
+        conn.settimeout(5)
+        codec = ServerConnection(Limits(snappy_available=False, deflate_available=False))
+        with conn:
+            while data := conn.recv(65536):
+                codec.receive_data(data)
+                for event in codec.next_events():
+                    if isinstance(event, Identify):
+                        conn.sendall(encode_response(b'{"max_rdy_count": 2500}'))
+                    elif isinstance(event, Dpub):
+                        delays.append(event.defer_ms)
+                        conn.sendall(encode_response(b"OK"))
+
+    thread = threading.Thread(target=daemon, daemon=True)
+    thread.start()
+    address = f"127.0.0.1:{listener.getsockname()[1]}"
+    with Producer(address, connect_timeout=5, response_timeout=5) as producer:
+        producer.dpub("s", 1.5, b"a")
+        producer.dpub("s", delay=0.25, body=b"b")
+        producer.dpub("s", 0, b"c")
+        with pytest.warns(DeprecationWarning, match="an int delay is read as milliseconds"):
+            producer.dpub("s", 1500, b"d")
+        with pytest.warns(DeprecationWarning, match="delay_ms"):
+            producer.dpub("s", delay_ms=40, body=b"e")
+    thread.join(5)
+    listener.close()
+    assert delays == [1500, 250, 0, 1500, 40]

@@ -10,9 +10,9 @@ import random
 import pytest
 
 from lmq_client.admin.bench import LatencyHistogram
-from lmq_client.backoff import Backoff, BackoffState
+from lmq_client.core.backoff import Backoff, BackoffState
+from lmq_client.core.rdy import choose_active, even_split, rdy_targets
 from lmq_client.errors import NSQError, SubFailedError, error_from_frame
-from lmq_client.rdy import choose_active, even_split, rdy_targets
 from lmqd.net import split_address
 
 

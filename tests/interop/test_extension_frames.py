@@ -71,7 +71,7 @@ def publish_with_fields(server: LmqdProcess) -> dict[bytes, tuple[str, int]]:
     with Producer(server.tcp_address, connect_timeout=5) as producer:
         producer.publish(TOPIC, b"xpub-single", headers={"trace": "t-1"}, priority=7)
         producer.mpub(TOPIC, [b"xpub-multi-0", b"xpub-multi-1"], headers={"batch": "b"})
-        producer.dpub(TOPIC, 50, b"xpub-deferred", priority=9)
+        producer.dpub(TOPIC, 0.05, b"xpub-deferred", priority=9)
         producer.publish(TOPIC, b"plain")
     base = f"http://{server.http_address}"
     for path, body, header in [

@@ -94,7 +94,7 @@ def test_kill_9_the_primary_promote_the_mirror_consumers_carry_on(tmp_path: Path
             for i in range(WITH_EXT):
                 producer.publish(TOPIC, b"ext-%d" % i, headers={"n": str(i)}, priority=i % 3)
             for i in range(DEFERRED):
-                producer.dpub(TOPIC, 600_000, b"deferred-%d" % i)
+                producer.dpub(TOPIC, 600.0, b"deferred-%d" % i)
         total = PLAIN + WITH_EXT + DEFERRED
         # A consumer finishes part, requeues some for later, and leaves some in flight.
         finished: set[bytes] = set()

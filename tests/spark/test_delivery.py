@@ -74,7 +74,7 @@ class ScriptedProducer:
     def mpub(self, topic: str, bodies: Sequence[bytes]) -> None:
         self._attempt("MPUB", topic, list(bodies))
 
-    def dpub(self, topic: str, delay_ms: int, body: bytes) -> None:
+    def dpub(self, topic: str, delay: float, body: bytes) -> None:
         self._attempt("DPUB", topic, [body])
 
     def xpub(
@@ -110,7 +110,7 @@ def test_an_outage_longer_than_the_timeout_fails_at_the_deadline() -> None:
     producer = ScriptedProducer(clock, [REFUSED] * 100)
     retrying = RetryingProducer(producer, retry_timeout_s=3, clock=clock, sleep=clock.sleep)
     with pytest.raises(RetryExhausted) as info:
-        retrying.dpub("t", 5, b"a")
+        retrying.dpub("t", 0.005, b"a")
     # 0.1 + 0.2 + 0.4 + 0.8 = 1.5; the next wait (1.6) is cut to the deadline, then one last try
     assert clock.sleeps == pytest.approx([0.1, 0.2, 0.4, 0.8, 1.5])
     assert producer.attempts[-1][0] == pytest.approx(3.0)
@@ -281,10 +281,13 @@ def test_a_forked_process_forgets_its_parents_producers(monkeypatch: pytest.Monk
 # -- against real daemons --------------------------------------------------------------------
 
 
-def _producers(daemon: LmqdProcess) -> list[Any]:
+def _producers(daemon: LmqdProcess, topic: str) -> list[Any]:
+    """The connections that published to ``topic`` (the daemon is shared with other tests,
+    whose pooled producers may still be connected)."""
     assert daemon.http_address is not None
     stats = HTTPClient(daemon.http_address).stats(include_clients=True)
-    return list(stats.get("producers") or [])
+    return [p for p in stats.get("producers") or []
+            if any(c["topic"] == topic for c in p.get("pub_counts") or [])]
 
 
 def test_tasks_of_one_process_reuse_one_connection(daemon: LmqdProcess, topic: str) -> None:
@@ -293,7 +296,7 @@ def test_tasks_of_one_process_reuse_one_connection(daemon: LmqdProcess, topic: s
     try:
         for i in range(3):
             write_partition(options, [pa.RecordBatch.from_pydict({"v": [f"m{i}"]})], pool=pool)
-        producers = _producers(daemon)
+        producers = _producers(daemon, topic)
         assert len(producers) == 1, producers
         assert sorted(receive(daemon.tcp_address, topic, 3)) == [b"m0", b"m1", b"m2"]
     finally:

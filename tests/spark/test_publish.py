@@ -61,9 +61,9 @@ class FakeProducer:
         assert topic == "t"
         self._record(("MPUB", 0, list(bodies)))
 
-    def dpub(self, topic: str, delay_ms: int, body: bytes) -> None:
+    def dpub(self, topic: str, delay: float, body: bytes) -> None:
         assert topic == "t"
-        self._record(("DPUB", delay_ms, [body]))
+        self._record(("DPUB", round(delay * 1000), [body]))  # recorded as DPUB's milliseconds
 
     def xpub(
         self, topic: str, messages: Sequence[XpubMessage], *, defer_ms: int | None = None

@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from lmq_client.backoff import Backoff
 from lmq_client.core import Connect, ConsumerCore, ConsumerLink, ConsumerOptions, Disconnect
+from lmq_client.core.backoff import Backoff
 from lmq_client.core.schedule import QueryLookupds
 from lmq_client.errors import ConnectionFailed
 
@@ -194,6 +194,12 @@ def test_max_attempts_flags_the_message_to_give_up() -> None:
     two, give_up_two = core.next_message() or pytest.fail()
     assert (one.attempts, give_up_one, two.attempts, give_up_two) == (3, False, 4, True)
     assert core.statistics().given_up == 1
+    sent(link)
+    core.gave_up(two)  # the hook answered nothing: FIN
+    assert sent(link) == [b"FIN " + msg_id(2)]
+    one.requeue(0, backoff=False)
+    core.gave_up(one)  # already answered: nothing more
+    assert sent(link) == [b"REQ " + msg_id(1) + b" 0"]
     assert ConsumerOptions(requeue_delay=2.5).requeue_delay_for(3) == 7.5
     assert ConsumerOptions(requeue_delay=100, max_requeue_delay=250).requeue_delay_for(3) == 250
 

@@ -20,6 +20,7 @@ from lmq_client.core.options import (
     ConsumerSettings,
     ProducerOptions,
     ProducerSettings,
+    dpub_delay_ms,
     from_settings,
 )
 from lmq_client.sync import Producer
@@ -80,3 +81,19 @@ def test_the_core_imports_no_event_loop_and_no_socket() -> None:
                     module = root.parent / (name.replace(".", "/"))
                     candidate = module.with_suffix(".py")
                     pending.append(candidate if candidate.exists() else module / "__init__.py")
+
+
+def test_a_dpub_delay_is_in_seconds_and_the_old_milliseconds_warn() -> None:
+    assert dpub_delay_ms(1.5) == 1500
+    assert dpub_delay_ms(2) == 2000  # the async producer: an int is seconds too
+    assert dpub_delay_ms(0.0004) == 0
+    assert dpub_delay_ms(0, int_is_ms=True) == 0  # 0 is 0 in either unit: no warning
+    assert dpub_delay_ms(2.5, int_is_ms=True) == 2500
+    with pytest.warns(DeprecationWarning, match=r"dpub\(delay_ms=\) is deprecated: pass delay="):
+        assert dpub_delay_ms(None, delay_ms=1500) == 1500
+    with pytest.warns(DeprecationWarning, match=r"read as milliseconds .* as a float \(1\.5\)"):
+        assert dpub_delay_ms(1500, int_is_ms=True) == 1500
+    with pytest.raises(TypeError, match="not both"):
+        dpub_delay_ms(1.5, delay_ms=1500)
+    with pytest.raises(TypeError, match="needs a delay"):
+        dpub_delay_ms(None)
