@@ -2,9 +2,11 @@
 
 Spark's Arrow writer path hands each task its rows as ``pyarrow.RecordBatch`` objects
 (``spark.sql.execution.arrow.maxRecordsPerBatch`` rows each, 10 000 by default). Everything here
-works column-wise: a body column is cast to binary and turned into ``bytes`` objects in one
-``to_pylist`` call (about 40 ns a row), and null or empty bodies are found with Arrow compute
-kernels instead of a Python test per row. Only the JSON encoding of whole rows is per row.
+works column-wise: a body column stays an Arrow ``binary`` array (cast from a string column),
+null or empty bodies are found with Arrow compute kernels instead of a Python test per row, and a
+stream's dedup ids become extension blocks in Arrow too (``frames.py`` turns both into the
+wire's items). Per row: the JSON encoding of whole rows, and the blocks of rows with headers, a
+priority or a TTL (``MessageExt`` objects, checked one by one).
 
 JSON rows: one object per row, keys in column order, nested structs as objects, maps as objects,
 arrays as lists, null as ``null``; timestamps and dates in ISO 8601 (``isoformat()``; timestamps
@@ -26,6 +28,7 @@ import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.compute as pc  # type: ignore[import-untyped]
 
 from lmq_client._util import check_name
+from lmq_client.spark.frames import binary_bodies, blocks_of, dedup_blocks
 from lmq_client.spark.options import SinkOptions
 from lmqd.message_ext import MAX_PRIORITY, MAX_TTL_MS, NO_EXT, ExtError, MessageExt, validate
 
@@ -51,8 +54,9 @@ _JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, default=json
 class RowEncoder:
     """Encodes one task's record batches with the options' body column (or JSON) and delays.
 
-    ``encode(batch, first_row)`` returns ``(bodies, delays)``: ``delays`` is None when every row
-    takes ``options.defer_ms``, else one delay in ms per row. ``first_row`` (the batch's first
+    ``encode(batch, first_row)`` returns ``(bodies, delays)``: ``bodies`` a ``binary`` Arrow
+    array, ``delays`` None when every row takes ``options.defer_ms``, else one delay in ms per
+    row; ``blocks`` gives each row's extension block, if any. ``first_row`` (the batch's first
     row's index in the task) only makes error messages point at the offending row. A row that
     cannot be a message (null or empty body, negative delay) raises ``BadRowError``.
     """
@@ -60,7 +64,7 @@ class RowEncoder:
     def __init__(self, options: SinkOptions) -> None:
         self.options = options
 
-    def encode(self, batch: Any, first_row: int = 0) -> tuple[list[bytes], list[int] | None]:
+    def encode(self, batch: Any, first_row: int = 0) -> tuple[Any, list[int] | None]:
         """The batch's bodies and delays."""
         if self.options.body_column is not None:
             bodies = self._column_bodies(batch, self.options.body_column, first_row)
@@ -71,21 +75,15 @@ class RowEncoder:
             delays = self._delays(batch, self.options.defer_column, first_row)
         return bodies, delays
 
-    def _column_bodies(self, batch: Any, name: str, first_row: int) -> list[bytes]:
-        column = batch.column(name)
-        kind = column.type
-        if pa.types.is_string(kind):
-            column = column.cast(pa.binary())
-        elif pa.types.is_large_string(kind):
-            column = column.cast(pa.large_binary())
+    def _column_bodies(self, batch: Any, name: str, first_row: int) -> Any:
+        column = binary_bodies(batch.column(name))
         if column.null_count:
             row = first_row + _first_true(column.is_null())
             raise BadRowError(f"row {row} has a null {name!r}: a message needs a body")
         if len(column) and pc.min(pc.binary_length(column)).as_py() == 0:
             row = first_row + _first_true(pc.equal(pc.binary_length(column), 0))
             raise BadRowError(f"row {row} has an empty {name!r}: NSQ accepts no empty message")
-        bodies: list[bytes] = column.to_pylist()
-        return bodies
+        return column
 
     def topics(self, batch: Any, first_row: int = 0) -> list[str] | None:
         """Each row's topic from the topic column (None: every row goes to the ``topic``
@@ -106,7 +104,7 @@ class RowEncoder:
         topics: list[str] = column.to_pylist()
         return topics
 
-    def _json_bodies(self, batch: Any) -> list[bytes]:
+    def _json_bodies(self, batch: Any) -> Any:
         # delivery metadata, not part of the message
         skip = self.options.metadata_columns
         names: list[str] = []
@@ -117,10 +115,21 @@ class RowEncoder:
             names.append(name)
             columns.append(column.to_pylist(maps_as_pydicts="strict"))
         encode = _JSON.encode
-        return [
+        return pa.array([
             encode(dict(zip(names, values, strict=True))).encode()
             for values in zip(*columns, strict=True)
-        ] if columns else [b"{}"] * batch.num_rows
+        ] if columns else [b"{}"] * batch.num_rows, pa.binary())  # fmt: skip
+
+    def blocks(self, batch: Any, first_row: int = 0, dedup_prefix: bytes | None = None) -> Any:
+        """Each row's extension block (a ``binary`` Arrow array), from ``exts``; None when no
+        row carries any. Rows whose only field is a dedup id get theirs without a
+        ``MessageExt`` per row (``frames.dedup_blocks``)."""
+        if not self.options.has_extension:
+            if dedup_prefix is None:
+                return None
+            return dedup_blocks(dedup_prefix, first_row, batch.num_rows)
+        exts = self.exts(batch, first_row, dedup_prefix)
+        return None if exts is None else blocks_of(exts)
 
     def exts(
         self, batch: Any, first_row: int = 0, dedup_prefix: bytes | None = None

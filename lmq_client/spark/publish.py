@@ -30,18 +30,20 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+import pyarrow as pa  # type: ignore[import-untyped]
 from pyspark.sql.datasource import WriterCommitMessage
 
 from lmq_client.errors import ConnectionFailed, LmqClientError, NSQError
 from lmq_client.lookupd import LookupdNode, lookup_nodes, merge_nodes
 from lmq_client.spark.encode import BadRowError, RowEncoder
 from lmq_client.spark.errors import LmqSinkError
+from lmq_client.spark.frames import NO_BLOCK, Items, items_of
 from lmq_client.spark.options import SinkOptions
 from lmq_client.spark.pool import PRODUCERS, ProducerPool
 from lmq_client.spark.retry import MessageProducer, RetryExhausted, RetryingProducer
 from lmq_client.sync import Producer
 from lmq_client.transport import PLAIN, TransportOptions
-from lmqd.message_ext import MessageExt
+from lmqd.message_ext import decode_ext
 from lmqd.protocol.extension import XpubMessage
 
 __all__ = [
@@ -59,11 +61,8 @@ __all__ = [
 
 log = logging.getLogger("lmq_client.spark")
 
-# An MPUB body is a 4-byte message count, then a 4-byte size before each message; an XPUB's
-# has a 2-byte extension length and the extension block too.
+# An MPUB (or XPUB) body is a 4-byte message count, then each message's item (frames.py).
 _MPUB_HEADER = 4
-_MPUB_PER_MESSAGE = 4
-_XPUB_PER_MESSAGE = 6
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -83,12 +82,13 @@ class LmqCommitMessage(WriterCommitMessage):
 
 
 class BatchingPublisher:
-    """Gathers bodies into MPUBs within the size limits; sends deferred bodies as DPUBs.
+    """Gathers rows into MPUBs within the size limits; sends deferred rows one command each.
 
-    ``add`` may publish (whenever a batch fills); ``flush`` publishes what is left. ``published``
-    counts rows the daemon answered ``OK`` for. Bodies are neither copied nor inspected beyond
-    their length. Rows given with extensions (``exts``: headers, priority, TTL, dedup ids) go
-    out as XPUBs instead, batched alike (a deferred one alone, as a DPUB would).
+    ``add`` may publish (whenever a command fills); ``flush`` publishes what is left.
+    ``published`` counts rows the daemon answered ``OK`` for. Rows come as Arrow columns and
+    go out as slices of one buffer of wire items (``frames.py``): no Python object per row.
+    Rows given with extension blocks (``blocks``: headers, priority, TTL, dedup ids) go out as
+    XPUBs instead, batched alike (a deferred one alone, as a DPUB would).
     """
 
     def __init__(
@@ -101,113 +101,87 @@ class BatchingPublisher:
         self.published = 0
         self.mpubs = 0
         self.dpubs = 0
-        self._pending: list[bytes] = []
-        self._pending_exts: list[MessageExt] = []
+        self._pending: list[memoryview] = []
+        self._pending_count = 0
         self._pending_bytes = _MPUB_HEADER
+        self._pending_extension = False
 
     def add(
         self,
-        bodies: Sequence[bytes],
+        bodies: Any,
         delays: Sequence[int] | None,
         defer_ms: int,
-        exts: Sequence[MessageExt] | None = None,
+        blocks: Any | None = None,
     ) -> None:
-        """Queue ``bodies`` (with ``exts``, one per body, if given); each is deferred by its
-        entry in ``delays`` (None: ``defer_ms``)."""
+        """Queue ``bodies`` (a ``binary`` Arrow array; with ``blocks``, one extension block per
+        body); each is deferred by its entry in ``delays`` (None: ``defer_ms``)."""
         if delays is None:
             if defer_ms:
-                for i, body in enumerate(bodies):
-                    self._dpub(defer_ms, body, None if exts is None else exts[i])
-            elif exts is None:
-                self._add_now(bodies)
+                for i in range(len(bodies)):
+                    self._deferred(defer_ms, bodies, blocks, i)
             else:
-                self._add_now_ext(bodies, exts)
+                self._add_now(items_of(bodies, blocks))
             return
         now = [i for i, delay in enumerate(delays) if not delay]
         if len(now) < len(bodies):
-            for i, (body, delay) in enumerate(zip(bodies, delays, strict=True)):
+            for i, delay in enumerate(delays):
                 if delay:
-                    self._dpub(delay, body, None if exts is None else exts[i])
-        if exts is None:
-            self._add_now([bodies[i] for i in now])
-        else:
-            self._add_now_ext([bodies[i] for i in now], [exts[i] for i in now])
+                    self._deferred(delay, bodies, blocks, i)
+            if not now:
+                return
+            rows = pa.array(now, pa.int64())
+            bodies = bodies.take(rows)
+            blocks = None if blocks is None else blocks.take(rows)
+        self._add_now(items_of(bodies, blocks))
 
     def flush(self) -> None:
         """Publish the partly filled MPUB (or XPUB), if any."""
-        if self._pending:
-            pending = self._pending
-            if self._pending_exts:
-                self.producer.xpub(
-                    self.topic,
-                    [XpubMessage(b, e) for b, e in zip(pending, self._pending_exts, strict=True)],
-                )
-                self._pending_exts = []
-            else:
-                self.producer.mpub(self.topic, pending)
+        count = self._pending_count
+        if count:
+            self.producer.publish_items(
+                self.topic, count, self._pending, extension=self._pending_extension
+            )
             self._pending = []
+            self._pending_count = 0
             self._pending_bytes = _MPUB_HEADER
             self.mpubs += 1
-            self.published += len(pending)
+            self.published += count
 
-    def _add_now(self, bodies: Sequence[bytes]) -> None:
-        i, n = 0, len(bodies)
+    def _add_now(self, items: Items) -> None:
+        if items.extension != self._pending_extension:
+            self.flush()
+            self._pending_extension = items.extension
+        i, n = 0, len(items)
         while i < n:
-            chunk = bodies[i : i + self.batch_size - len(self._pending)]
-            size = _MPUB_PER_MESSAGE * len(chunk) + sum(map(len, chunk))
-            if self._pending_bytes + size <= self.batch_bytes:
-                # The common case: a whole slice fits, measured with C-speed sum/len.
-                self._pending.extend(chunk)
-                self._pending_bytes += size
-                i += len(chunk)
-            else:
-                # Bytes run out before the count does: fill up body by body, then send.
-                for body in chunk:
-                    size = _MPUB_PER_MESSAGE + len(body)
-                    if self._pending and self._pending_bytes + size > self.batch_bytes:
-                        break
-                    # A body bigger than batchBytes goes alone; the daemon decides on it.
-                    self._pending.append(body)
-                    self._pending_bytes += size
-                    i += 1
+            stop = min(n, i + self.batch_size - self._pending_count)
+            budget = self.batch_bytes - self._pending_bytes
+            full = self._pending_count + (stop - i) >= self.batch_size
+            if items.size(i, stop) > budget:
+                # Bytes run out before the count does: take what fits, then send.
+                stop = items.fitting(i, stop, budget)
+                if stop == i:
+                    if self._pending_count:
+                        self.flush()
+                        continue
+                    stop = i + 1  # a message bigger than batchBytes goes alone: the daemon decides
+                full = True
+            self._pending.append(items.slice(i, stop))
+            self._pending_count += stop - i
+            self._pending_bytes += items.size(i, stop)
+            if full:
                 self.flush()
-                continue
-            if len(self._pending) >= self.batch_size:
-                self.flush()
+            i = stop
 
-    def _add_now_ext(self, bodies: Sequence[bytes], exts: Sequence[MessageExt]) -> None:
-        # Row by row: every message's size depends on its extension block.
-        for body, ext in zip(bodies, exts, strict=True):
-            size = _XPUB_PER_MESSAGE + ext_size(ext) + len(body)
-            if self._pending and self._pending_bytes + size > self.batch_bytes:
-                self.flush()
-            self._pending.append(body)
-            self._pending_exts.append(ext)
-            self._pending_bytes += size
-            if len(self._pending) >= self.batch_size:
-                self.flush()
-
-    def _dpub(self, delay_ms: int, body: bytes, ext: MessageExt | None) -> None:
-        if ext is None:
+    def _deferred(self, delay_ms: int, bodies: Any, blocks: Any | None, row: int) -> None:
+        body = bodies[row].as_py()
+        block = NO_BLOCK if blocks is None else blocks[row].as_py()
+        if block == NO_BLOCK:
             self.producer.dpub(self.topic, delay_ms / 1000, body)
         else:
-            self.producer.xpub(self.topic, [XpubMessage(body, ext)], defer_ms=delay_ms)
+            self.producer.xpub(self.topic, [XpubMessage(body, decode_ext(block))],
+                               defer_ms=delay_ms)  # fmt: skip
         self.dpubs += 1
         self.published += 1
-
-
-def ext_size(ext: MessageExt) -> int:
-    """The length of ``ext``'s extension block (``lmqd.message_ext``), without encoding it."""
-    size = 1
-    if ext.priority:
-        size += 1
-    if ext.ttl_ms:
-        size += 4
-    if ext.dedup_id:
-        size += 1 + len(ext.dedup_id)
-    if ext.headers:
-        size += 2 + sum(3 + len(k.encode()) + len(v.encode()) for k, v in ext.headers)
-    return size
 
 
 MAX_PENDING_TOPICS = 64
@@ -231,10 +205,10 @@ class TopicRouter:
     def add(
         self,
         topic: str,
-        bodies: Sequence[bytes],
+        bodies: Any,
         delays: Sequence[int] | None,
         defer_ms: int,
-        exts: Sequence[MessageExt] | None = None,
+        blocks: Any | None = None,
     ) -> None:
         """Queue ``bodies`` for ``topic`` (as ``BatchingPublisher.add``)."""
         publisher = self._publishers.get(topic)
@@ -246,7 +220,7 @@ class TopicRouter:
                 self.producer, topic, batch_size=self.batch_size, batch_bytes=self.batch_bytes
             )
         self.topic = topic
-        publisher.add(bodies, delays, defer_ms, exts)
+        publisher.add(bodies, delays, defer_ms, blocks)
 
     def flush(self) -> None:
         """Publish every topic's partly filled MPUB."""
@@ -384,7 +358,7 @@ def write_partition(
             try:
                 bodies, delays = encoder.encode(batch, rows)
                 topics = encoder.topics(batch, rows)
-                exts = encoder.exts(batch, rows, prefix)
+                blocks = encoder.blocks(batch, rows, prefix)
             except BadRowError as exc:
                 raise LmqSinkError(
                     f"lmq sink: {options.described_topic}: {exc} (partition {partition_id}; "
@@ -394,16 +368,20 @@ def write_partition(
                 ) from None
             rows += len(bodies)
             if topics is None:
-                router.add(options.topic, bodies, delays, options.defer_ms, exts)
+                router.add(options.topic, bodies, delays, options.defer_ms, blocks)
                 continue
             for topic, indexes in _by_topic(topics):
-                router.add(
-                    topic,
-                    [bodies[i] for i in indexes],
-                    None if delays is None else [delays[i] for i in indexes],
-                    options.defer_ms,
-                    None if exts is None else [exts[i] for i in indexes],
-                )
+                if len(indexes) < len(bodies):
+                    rows_of_topic = pa.array(indexes, pa.int64())
+                    router.add(
+                        topic,
+                        bodies.take(rows_of_topic),
+                        None if delays is None else [delays[i] for i in indexes],
+                        options.defer_ms,
+                        None if blocks is None else blocks.take(rows_of_topic),
+                    )
+                else:
+                    router.add(topic, bodies, delays, options.defer_ms, blocks)
         router.flush()
         succeeded = True
     except (NSQError, ConnectionFailed, RetryExhausted) as exc:

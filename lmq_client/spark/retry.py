@@ -69,7 +69,9 @@ class MessageProducer(Protocol):
     @property
     def address(self) -> str | None: ...
 
-    def mpub(self, topic: str, bodies: Sequence[bytes]) -> None: ...
+    def publish_items(
+        self, topic: str, count: int, items: Sequence[bytes | memoryview], *, extension: bool
+    ) -> None: ...
 
     def dpub(self, topic: str, delay: float, body: bytes) -> None: ...
 
@@ -108,8 +110,11 @@ class RetryingProducer:
     def address(self) -> str | None:
         return self.producer.address
 
-    def mpub(self, topic: str, bodies: Sequence[bytes]) -> None:
-        self._run(topic, lambda: self.producer.mpub(topic, bodies))
+    def publish_items(
+        self, topic: str, count: int, items: Sequence[bytes | memoryview], *, extension: bool
+    ) -> None:
+        self._run(topic, lambda: self.producer.publish_items(
+            topic, count, items, extension=extension))  # fmt: skip
 
     def dpub(self, topic: str, delay: float, body: bytes) -> None:
         """DPUB ``delay`` seconds (``lmq_client.sync.Producer.dpub``), retried as the rest."""

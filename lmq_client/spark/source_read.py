@@ -16,10 +16,14 @@ the range, otherwise the executor logs it. The daemon counts them either way
 
 from __future__ import annotations
 
+import array
 import logging
+import struct
+import sys
 from collections.abc import Iterator, Sequence
 
 import pyarrow as pa  # type: ignore[import-untyped]
+import pyarrow.compute as pc  # type: ignore[import-untyped]
 from pyspark.sql.datasource import InputPartition
 from pyspark.sql.types import (
     ArrayType,
@@ -154,7 +158,8 @@ def read_partition(options: SourceOptions, partition: InputPartition) -> Iterato
             )  # fmt: skip
             offsets = batch.column(4)
             count = len(offsets)
-            if offsets[0].as_py() != position or offsets[count - 1].as_py() != following - 1:
+            if (count != following - position or offsets[0].as_py() != position
+                    or offsets[count - 1].as_py() != following - 1):  # fmt: skip
                 for loss in _gaps(topic, node, position, offsets.to_pylist(), following):
                     _lost(options, loss)
             yield batch
@@ -189,7 +194,75 @@ def record_batch(
     data: bytes, topic: str, node: str, *, with_ext: bool = False, include_headers: bool = False
 ) -> pa.RecordBatch:
     """One ``/topic/read`` answer as rows of ``arrow_schema(include_headers)`` (``with_ext``:
-    its frames carry extension blocks, ``X-Lmq-Ext: 1``)."""
+    its frames carry extension blocks, ``X-Lmq-Ext: 1``).
+
+    Column-wise: the frames lie back to back, so their start positions (found by one step per
+    frame along the size fields, the only per-message Python) make ``data`` itself an Arrow
+    binary array of whole frames, and every field is an Arrow slice of it (fixed-width integers
+    byte-swapped from the wire's big-endian in C). An answer with extension blocks (messages
+    with headers or a priority) is decoded message by message (``_record_batch_by_message``)."""
+    starts = array.array("i")
+    size = _SIZE.unpack_from
+    pos = 0
+    end = len(data)
+    while pos < end:
+        starts.append(pos)
+        pos += 4 + size(data, pos)[0]
+    if pos != end:
+        raise ValueError(f"/topic/read from {node}: a frame runs past the answer's end")
+    count = len(starts)
+    starts.append(end)
+    frames = pa.BinaryArray.from_buffers(
+        pa.binary(), count, [None, pa.py_buffer(starts), pa.py_buffer(data)]
+    )
+    header = READ_FRAME.size
+    if count and pc.min(pc.binary_length(frames)).as_py() < header + (2 if with_ext else 0):
+        raise ValueError(f"/topic/read from {node}: a frame shorter than its header")
+    if with_ext:
+        if count and pc.max(_big_endian(frames, header, 2)).as_py():
+            return _record_batch_by_message(data, topic, node, include_headers)
+        header += READ_EXT_LENGTH.size
+    offsets = _big_endian(frames, 4, 8)
+    columns = [
+        pa.nulls(count, pa.binary()),
+        pc.binary_slice(frames, header, _NO_END),
+        pa.repeat(pa.scalar(topic, pa.string()), count),
+        pa.repeat(pa.scalar(node, pa.string()), count),
+        offsets,
+        pc.divide(_big_endian(frames, 12, 8), 1000).cast(pa.timestamp("us", tz="UTC")),
+        pa.repeat(pa.scalar(LOG_APPEND_TIME, pa.int32()), count),
+        pc.binary_slice(frames, 22, 38).cast(pa.string()),
+        _big_endian(frames, 20, 2).cast(pa.int32()),
+        pa.repeat(pa.scalar(0, pa.int32()), count),
+        pa.nulls(count, pa.map_(pa.string(), pa.string())),
+    ]
+    if include_headers:
+        columns.append(pa.nulls(count, _ARROW_HEADERS_TYPE))
+    return pa.RecordBatch.from_arrays(columns, schema=arrow_schema(include_headers))
+
+
+_SIZE = struct.Struct(">I")
+_NO_END = 1 << 31  # binary_slice up to the frame's end (pyarrow 26 errs on stop=None)
+_WORDS = {2: ("H", pa.uint16()), 8: ("q", pa.int64())}
+
+
+def _big_endian(frames: pa.Array, start: int, width: int) -> pa.Array:
+    """The big-endian integer at bytes ``start..start+width`` of every frame."""
+    typecode, kind = _WORDS[width]
+    field = pc.binary_slice(frames, start, start + width)
+    words = array.array(typecode)
+    if len(field):
+        words.frombytes(memoryview(field.buffers()[2])[: len(field) * width])
+        if sys.byteorder == "little":
+            words.byteswap()
+    return pa.Array.from_buffers(kind, len(field), [None, pa.py_buffer(words)])
+
+
+def _record_batch_by_message(
+    data: bytes, topic: str, node: str, include_headers: bool
+) -> pa.RecordBatch:
+    """``record_batch`` of an answer whose frames carry extension blocks, one message at a
+    time (each block decoded by ``lmqd.message_ext.decode_ext``)."""
     values: list[bytes] = []
     ids: list[bytes] = []
     offsets: list[int] = []
@@ -206,17 +279,16 @@ def record_batch(
         size, offset, ts, tries, msg_id = unpack(data, pos)
         stop = pos + 4 + size
         start = pos + header
-        if with_ext:
-            (length,) = ext_length(data, start)
-            start += 2
-            if length:
-                ext = decode_ext(data[start : start + length])
-                start += length
-                header_lists.append(list(ext.headers) or None)
-                priorities.append(ext.priority)
-            else:
-                header_lists.append(None)
-                priorities.append(0)
+        (length,) = ext_length(data, start)
+        start += 2
+        if length:
+            ext = decode_ext(data[start : start + length])
+            start += length
+            header_lists.append(list(ext.headers) or None)
+            priorities.append(ext.priority)
+        else:
+            header_lists.append(None)
+            priorities.append(0)
         values.append(data[start:stop])
         ids.append(msg_id)
         offsets.append(offset)
@@ -224,9 +296,6 @@ def record_batch(
         attempts.append(tries)
         pos = stop
     count = len(values)
-    if not with_ext:
-        header_lists = [None] * count
-        priorities = [0] * count
     columns = [
         pa.nulls(count, pa.binary()),
         pa.array(values, pa.binary()),

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import struct
 import time
 from collections.abc import Sequence
 from types import TracebackType
@@ -32,6 +33,9 @@ from lmqd.message_ext import ExtError
 from lmqd.protocol.extension import XpubMessage, encode_xpub
 
 __all__ = ["Producer"]
+
+_COUNTED = struct.Struct(">II")
+"""An MPUB's body size, then its message count."""
 
 log = logging.getLogger("lmq_client.sync")
 
@@ -178,6 +182,27 @@ class Producer:
         except ExtError as exc:
             raise ValueError(str(exc)) from None
         self._command(command, len(messages), extension=True)
+
+    def publish_items(
+        self,
+        topic: str,
+        count: int,
+        items: Sequence[bytes | memoryview],
+        *,
+        extension: bool = False,
+    ) -> None:
+        """MPUB (with ``extension``, lmq's XPUB) of ``count`` messages the caller encoded: the
+        body after its message count, in parts, as docs/protocol.md lays it out (each message's
+        4-byte size and body; XPUB: its 2-byte extension length and block first). For callers
+        that encode messages in bulk (the Spark sink builds them from Arrow buffers); the daemon
+        checks them as any MPUB or XPUB, and answers ``E_BAD_BODY`` if they do not add up."""
+        check_name("topic", topic)
+        if count < 1:
+            raise ValueError("publish_items needs at least one message")
+        size = 4 + sum(map(len, items))
+        verb = b"XPUB" if extension else b"MPUB"
+        line = b"%s %s\n%s" % (verb, topic.encode(), _COUNTED.pack(size, count))
+        self._command(b"".join([line, *items]), count, extension=extension)
 
     def _connection(self) -> SocketConnection:
         self.poll()

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import struct
 import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,7 @@ from pyspark.sql import SparkSession
 from lmq_client.http import HTTPClient
 from lmq_client.spark import local_session
 from lmq_client.sync import Consumer, Producer
+from lmqd.protocol.extension import XpubMessage, parse_xpub_body
 from tests.support.process import LmqdProcess, start_lmqd, stop_lmqd
 
 # A Spark job in these tests handles at most a few thousand rows: seconds on an idle machine.
@@ -35,6 +37,29 @@ JOB_TIMEOUT_S = 90.0
 QUIET_S = 0.5
 # Waiting for the first/next message of an expected set.
 RECEIVE_TIMEOUT_S = 20.0
+
+
+def decode_items(
+    count: int, items: Sequence[bytes | memoryview], *, extension: bool
+) -> list[XpubMessage]:
+    """The messages of a ``publish_items`` call (the sink's fake producers record them): XPUB
+    items by the daemon's own parser, MPUB items by their sizes; an item that does not add up
+    fails the test."""
+    data = b"".join(items)
+    if extension:
+        return parse_xpub_body(struct.pack(">I", count) + data, max_msg_size=1 << 30)
+    bodies, pos = [], 0
+    while pos < len(data):
+        (size,) = struct.unpack_from(">I", data, pos)
+        bodies.append(data[pos + 4 : pos + 4 + size])
+        pos += 4 + size
+    assert pos == len(data) and len(bodies) == count, (pos, len(data), len(bodies), count)
+    return [XpubMessage(body, None) for body in bodies]  # type: ignore[arg-type]
+
+
+def mpub_item(body: bytes) -> bytes:
+    """One message's MPUB item (its size, then the body)."""
+    return struct.pack(">I", len(body)) + body
 
 
 @pytest.fixture(scope="session")

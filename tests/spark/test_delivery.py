@@ -31,7 +31,7 @@ from lmq_client.spark.retry import RetryExhausted, RetryingProducer
 from lmqd.protocol.extension import XpubMessage
 from tests.support.process import LmqdProcess
 
-from .conftest import receive, restart_later
+from .conftest import decode_items, mpub_item, receive, restart_later
 
 
 class FakeClock:
@@ -71,8 +71,11 @@ class ScriptedProducer:
         if error is not None:
             raise error
 
-    def mpub(self, topic: str, bodies: Sequence[bytes]) -> None:
-        self._attempt("MPUB", topic, list(bodies))
+    def publish_items(
+        self, topic: str, count: int, items: Sequence[bytes | memoryview], *, extension: bool
+    ) -> None:
+        messages = decode_items(count, items, extension=extension)
+        self._attempt("XPUB" if extension else "MPUB", topic, [m.body for m in messages])
 
     def dpub(self, topic: str, delay: float, body: bytes) -> None:
         self._attempt("DPUB", topic, [body])
@@ -90,6 +93,10 @@ class ScriptedProducer:
         return [a[1:] for a in self.attempts]
 
 
+def _mpub(producer: RetryingProducer, body: bytes) -> None:
+    producer.publish_items("t", 1, [mpub_item(body)], extension=False)
+
+
 REFUSED = ConnectionFailed("d:1", "cannot connect (Connection refused)")
 
 
@@ -97,7 +104,7 @@ def test_a_publish_is_retried_with_backoff_until_the_daemon_is_back() -> None:
     clock = FakeClock()
     producer = ScriptedProducer(clock, [REFUSED, REFUSED, REFUSED])
     retrying = RetryingProducer(producer, retry_timeout_s=30, clock=clock, sleep=clock.sleep)
-    retrying.mpub("t", [b"a"])
+    _mpub(retrying, b"a")
     assert [(at, command) for at, command, _, _ in producer.attempts] == [
         (0.0, "MPUB"), (0.1, "MPUB"), (pytest.approx(0.3), "MPUB"), (pytest.approx(0.7), "MPUB"),
     ]  # fmt: skip
@@ -122,9 +129,9 @@ def test_a_success_gives_the_next_outage_the_whole_timeout() -> None:
     clock = FakeClock()
     producer = ScriptedProducer(clock, [REFUSED, REFUSED, None, REFUSED, None])
     retrying = RetryingProducer(producer, retry_timeout_s=0.25, clock=clock, sleep=clock.sleep)
-    retrying.mpub("t", [b"a"])  # fails at 0 and 0.1, succeeds at 0.25 (the deadline)
+    _mpub(retrying, b"a")  # fails at 0 and 0.1, succeeds at 0.25 (the deadline)
     clock.now = 100.0
-    retrying.mpub("t", [b"b"])  # a new outage: 0.1 s after its own first failure
+    _mpub(retrying, b"b")  # a new outage: 0.1 s after its own first failure
     assert [at for at, *_ in producer.attempts] == pytest.approx([0, 0.1, 0.25, 100, 100.1])
 
 
@@ -144,16 +151,16 @@ def test_only_errors_another_attempt_may_cure_are_retried(
     producer = ScriptedProducer(clock, [error])
     retrying = RetryingProducer(producer, retry_timeout_s=30, clock=clock, sleep=clock.sleep)
     if retried:
-        retrying.mpub("t", [b"a"])
+        _mpub(retrying, b"a")
         assert clock.sleeps == [0.1]
     else:
         with pytest.raises(type(error)):
-            retrying.mpub("t", [b"a"])
+            _mpub(retrying, b"a")
         assert clock.sleeps == []
     never = RetryingProducer(ScriptedProducer(clock, [error]), retry_timeout_s=0,
                              clock=clock, sleep=clock.sleep)  # fmt: skip
     with pytest.raises(type(error)):
-        never.mpub("t", [b"a"])
+        _mpub(never, b"a")
 
 
 def _options(**kwargs: Any) -> SinkOptions:

@@ -19,6 +19,14 @@ from lmq_client.spark import SinkOptions
 from lmq_client.spark.encode import BadRowError, RowEncoder, json_default
 
 
+def _encode(encoder: RowEncoder, batch: object, first_row: int = 0
+            ) -> tuple[list[bytes], list[int] | None]:  # fmt: skip
+    """``encode`` with the bodies as a list (the encoder keeps them in Arrow)."""
+    bodies, delays = encoder.encode(batch, first_row)
+    assert bodies.type == pa.binary()
+    return bodies.to_pylist(), delays
+
+
 def _encoder(**kwargs: object) -> RowEncoder:
     return RowEncoder(SinkOptions(addresses=("h:1",), topic="t", **kwargs))  # type: ignore[arg-type]
 
@@ -29,7 +37,7 @@ def test_body_column_becomes_bytes(kind: object) -> None:
     array = pa.array(values if str(kind).endswith("string") else [v.encode() for v in values],
                      type=kind)
     batch = pa.record_batch([pa.array([1, 2, 3]), array], names=["id", "v"])
-    bodies, delays = _encoder(body_column="v").encode(batch)
+    bodies, delays = _encode(_encoder(body_column="v"), batch)
     assert bodies == [b"a", "héllo".encode(), b"x" * 300]
     assert all(type(body) is bytes for body in bodies)
     assert delays is None
@@ -38,19 +46,19 @@ def test_body_column_becomes_bytes(kind: object) -> None:
 def test_a_null_body_names_the_row_within_the_task() -> None:
     batch = pa.record_batch([pa.array(["a", "b", None, None])], names=["v"])
     with pytest.raises(BadRowError, match=r"^row 1002 has a null 'v': a message needs a body$"):
-        _encoder(body_column="v").encode(batch, first_row=1000)
+        _encode(_encoder(body_column="v"), batch, first_row=1000)
 
 
 def test_an_empty_body_names_the_row() -> None:
     batch = pa.record_batch([pa.array([b"a", b"b", b"c", b""])], names=["v"])
     with pytest.raises(BadRowError, match=r"^row 3 has an empty 'v': NSQ accepts no empty mes"):
-        _encoder(body_column="v").encode(batch)
+        _encode(_encoder(body_column="v"), batch)
 
 
 def test_an_empty_batch_gives_no_bodies() -> None:
     batch = pa.record_batch([pa.array([], type=pa.string())], names=["v"])
-    assert _encoder(body_column="v").encode(batch) == ([], None)
-    assert _encoder().encode(batch) == ([], None)
+    assert _encode(_encoder(body_column="v"), batch) == ([], None)
+    assert _encode(_encoder(), batch) == ([], None)
 
 
 def test_rows_as_json_objects_with_every_common_type() -> None:
@@ -74,7 +82,7 @@ def test_rows_as_json_objects_with_every_common_type() -> None:
         ],
         names=["id", "s", "f", "ok", "ts", "ntz", "d", "dec", "bin", "arr", "st", "m"],
     )
-    bodies, delays = _encoder().encode(batch)
+    bodies, delays = _encode(_encoder(), batch)
     assert delays is None
     assert bodies[0] == (
         '{"id":1,"s":"ünï","f":1.5,"ok":true,"ts":"2026-01-02T03:04:05.006000+00:00",'
@@ -89,14 +97,14 @@ def test_rows_as_json_objects_with_every_common_type() -> None:
 
 def test_json_rows_leave_out_the_delay_column() -> None:
     batch = pa.record_batch([pa.array(["a", "b"]), pa.array([5, None])], names=["v", "wait"])
-    bodies, delays = _encoder(defer_column="wait", defer_ms=7).encode(batch)
+    bodies, delays = _encode(_encoder(defer_column="wait", defer_ms=7), batch)
     assert bodies == [b'{"v":"a"}', b'{"v":"b"}']
     assert delays == [5, 7]  # null: the deferMs option
 
 
 def test_a_batch_with_only_the_delay_column_sends_empty_objects() -> None:
     batch = pa.record_batch([pa.array([1, 2])], names=["wait"])
-    assert _encoder(defer_column="wait").encode(batch) == ([b"{}", b"{}"], [1, 2])
+    assert _encode(_encoder(defer_column="wait"), batch) == ([b"{}", b"{}"], [1, 2])
 
 
 def test_delays_from_a_column_next_to_a_body_column() -> None:
@@ -104,7 +112,7 @@ def test_delays_from_a_column_next_to_a_body_column() -> None:
         [pa.array(["a", "b", "c"]), pa.array([0, 250, None], type=pa.int32())],
         names=["v", "wait"],
     )
-    assert _encoder(body_column="v", defer_column="wait").encode(batch) == (
+    assert _encode(_encoder(body_column="v", defer_column="wait"), batch) == (
         [b"a", b"b", b"c"], [0, 250, 0]
     )
 
@@ -112,7 +120,7 @@ def test_delays_from_a_column_next_to_a_body_column() -> None:
 def test_a_negative_delay_names_the_row() -> None:
     batch = pa.record_batch([pa.array([3, None, -1])], names=["wait"])
     with pytest.raises(BadRowError, match=r"^row 12 has a negative 'wait': delays are"):
-        _encoder(defer_column="wait").encode(batch, first_row=10)
+        _encode(_encoder(defer_column="wait"), batch, first_row=10)
 
 
 def test_json_default_for_what_json_lacks() -> None:
@@ -212,5 +220,5 @@ def test_metadata_columns_are_left_out_of_json_rows() -> None:
          pa.array([3])],
         names=["n", "headers", "prio"],
     )  # fmt: skip
-    bodies, _ = _encoder(headers_column="headers", priority_column="prio").encode(batch)
+    bodies, _ = _encode(_encoder(headers_column="headers", priority_column="prio"), batch)
     assert bodies == [b'{"n":1}']

@@ -19,20 +19,20 @@ import pytest
 from lmq_client.errors import LmqClientError, MpubFailedError
 from lmq_client.spark import LmqCommitMessage, LmqSinkError, SinkOptions
 from lmq_client.spark.datasource import LmqStreamWriter, query_scope
+from lmq_client.spark.frames import blocks_of
 from lmq_client.spark.publish import (
     BatchingPublisher,
     addresses_for_partition,
     dedup_prefix,
-    ext_size,
     summarize,
     write_partition,
 )
 from lmq_client.sync import Consumer
-from lmqd.message_ext import MessageExt, encode_ext
+from lmqd.message_ext import MessageExt
 from lmqd.protocol.extension import XpubMessage, encode_xpub
 from tests.support.process import LmqdProcess, start_lmqd, stop_lmqd
 
-from .conftest import receive
+from .conftest import decode_items, receive
 
 
 class FakeProducer:
@@ -57,9 +57,15 @@ class FakeProducer:
             raise self.error
         self.commands.append(command)
 
-    def mpub(self, topic: str, bodies: Sequence[bytes]) -> None:
-        assert topic == "t"
-        self._record(("MPUB", 0, list(bodies)))
+    def publish_items(
+        self, topic: str, count: int, items: Sequence[bytes | memoryview], *, extension: bool
+    ) -> None:
+        messages = decode_items(count, items, extension=extension)
+        if extension:
+            self.xpub(topic, messages)
+        else:
+            assert topic == "t"
+            self._record(("MPUB", 0, [m.body for m in messages]))
 
     def dpub(self, topic: str, delay: float, body: bytes) -> None:
         assert topic == "t"
@@ -76,6 +82,10 @@ class FakeProducer:
         self.closed = True
 
 
+def _bin(bodies: list[bytes]) -> pa.Array:
+    return pa.array(bodies, pa.binary())
+
+
 def _sizes(producer: FakeProducer) -> list[int]:
     return [len(bodies) for _, _, bodies in producer.commands]
 
@@ -88,11 +98,11 @@ def test_mpubs_hold_batch_size_messages_across_adds() -> None:
     producer = FakeProducer()
     publisher = BatchingPublisher(producer, "t", batch_size=4, batch_bytes=10**6)
     bodies = [b"%d" % i for i in range(11)]
-    publisher.add(bodies[:3], None, 0)
+    publisher.add(_bin(bodies[:3]), None, 0)
     assert producer.commands == []  # nothing full yet
-    publisher.add(bodies[3:10], None, 0)
+    publisher.add(_bin(bodies[3:10]), None, 0)
     assert _sizes(producer) == [4, 4]
-    publisher.add(bodies[10:], None, 0)
+    publisher.add(_bin(bodies[10:]), None, 0)
     publisher.flush()
     publisher.flush()  # nothing left: no empty MPUB
     assert _sizes(producer) == [4, 4, 3]
@@ -104,7 +114,7 @@ def test_mpubs_stop_at_batch_bytes_exactly() -> None:
     producer = FakeProducer()
     # 4 + 3 * (4 + 10) = 46: three 10-byte bodies fill a 46-byte MPUB body exactly.
     publisher = BatchingPublisher(producer, "t", batch_size=100, batch_bytes=46)
-    publisher.add([b"x" * 10] * 7, None, 0)
+    publisher.add(_bin([b"x" * 10] * 7), None, 0)
     publisher.flush()
     assert _sizes(producer) == [3, 3, 1]
     assert max(_mpub_body_size(bodies) for _, _, bodies in producer.commands) == 46
@@ -113,7 +123,7 @@ def test_mpubs_stop_at_batch_bytes_exactly() -> None:
 def test_a_body_bigger_than_batch_bytes_goes_alone() -> None:
     producer = FakeProducer()
     publisher = BatchingPublisher(producer, "t", batch_size=100, batch_bytes=30)
-    publisher.add([b"a", b"B" * 50, b"c", b"d"], None, 0)
+    publisher.add(_bin([b"a", b"B" * 50, b"c", b"d"]), None, 0)
     publisher.flush()
     assert [bodies for _, _, bodies in producer.commands] == [[b"a"], [b"B" * 50], [b"c", b"d"]]
 
@@ -121,7 +131,7 @@ def test_a_body_bigger_than_batch_bytes_goes_alone() -> None:
 def test_deferred_rows_go_as_dpubs_the_rest_in_mpubs() -> None:
     producer = FakeProducer()
     publisher = BatchingPublisher(producer, "t", batch_size=10, batch_bytes=10**6)
-    publisher.add([b"a", b"b", b"c", b"d"], [0, 300, 0, 5], 0)
+    publisher.add(_bin([b"a", b"b", b"c", b"d"]), [0, 300, 0, 5], 0)
     publisher.flush()
     assert producer.commands == [
         ("DPUB", 300, [b"b"]),
@@ -134,7 +144,7 @@ def test_deferred_rows_go_as_dpubs_the_rest_in_mpubs() -> None:
 def test_a_constant_delay_sends_every_row_as_dpub() -> None:
     producer = FakeProducer()
     publisher = BatchingPublisher(producer, "t", batch_size=10, batch_bytes=10**6)
-    publisher.add([b"a", b"b"], None, 1500)
+    publisher.add(_bin([b"a", b"b"]), None, 1500)
     publisher.flush()
     assert producer.commands == [("DPUB", 1500, [b"a"]), ("DPUB", 1500, [b"b"])]
 
@@ -313,18 +323,6 @@ def test_a_rejected_mpub_fails_with_the_daemons_error(
 # -- lmq's per-message fields ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "ext",
-    [
-        MessageExt(),
-        MessageExt(priority=3, ttl_ms=5, dedup_id=b"q:1:0:7"),
-        MessageExt(headers=(("k", "v"), ("é", "ü" * 10))),
-    ],
-)
-def test_ext_size_is_the_blocks_length(ext: MessageExt) -> None:
-    assert ext_size(ext) == len(encode_ext(ext))
-
-
 def test_rows_with_extensions_go_as_xpubs_within_the_byte_limit() -> None:
     producer = FakeProducer()
     exts = [MessageExt(dedup_id=b"id-%d" % i) for i in range(5)]
@@ -333,7 +331,7 @@ def test_rows_with_extensions_go_as_xpubs_within_the_byte_limit() -> None:
     # room for exactly two messages: what the XPUB body (after its size) holds for two
     limit = len(encode_xpub("t", one * 2)) - len("XPUB t\n") - 4
     publisher = BatchingPublisher(producer, "t", batch_size=100, batch_bytes=limit)
-    publisher.add(bodies, None, 0, exts)
+    publisher.add(_bin(bodies), None, 0, blocks_of(exts))
     publisher.flush()
     assert [(name, len(b)) for name, _, b in producer.commands] == [
         ("XPUB", 2), ("XPUB", 2), ("XPUB", 1)
@@ -346,7 +344,7 @@ def test_deferred_rows_with_extensions_are_deferred_xpubs() -> None:
     producer = FakeProducer()
     exts = [MessageExt(dedup_id=b"a"), MessageExt(dedup_id=b"b")]
     publisher = BatchingPublisher(producer, "t", batch_size=100, batch_bytes=10**6)
-    publisher.add([b"now", b"later"], [0, 250], 0, exts)
+    publisher.add(_bin([b"now", b"later"]), [0, 250], 0, blocks_of(exts))
     publisher.flush()
     assert producer.commands == [("XPUB", 250, [b"later"]), ("XPUB", 0, [b"now"])]
     assert [m.ext for batch in producer.xpubs for m in batch] == [exts[1], exts[0]]

@@ -208,6 +208,48 @@ def test_available_now_does_not_read_what_comes_after_it_started(
     assert collect.rows() == [(topic, i, b"m%d" % i) for i in range(40)]
 
 
+def test_min_offsets_hold_a_batch_until_enough_wait_or_the_delay_passed(
+    spark: SparkSession, daemon: LmqdProcess, topic: str, tmp_path: Path, collect: Collected
+) -> None:
+    delay_s = 8.0
+    publish(daemon, topic, [b"m%d" % i for i in range(5)])
+    query = (
+        spark.readStream.format("lmq").option("address", daemon.tcp_address)
+        .option("topic", topic).option("startingOffsets", "earliest")
+        .option("minOffsetsPerTrigger", "10").option("maxTriggerDelay", f"{delay_s:g}s").load()
+        .writeStream.foreachBatch(collect).option("checkpointLocation", str(tmp_path / "ck"))
+        .trigger(processingTime="200 milliseconds").start()
+    )  # fmt: skip
+
+    def read(count: int) -> Callable[[], bool]:
+        def done() -> bool:
+            error = query.exception()
+            assert error is None, error
+            return len(collect.rows()) >= count
+
+        return done
+
+    try:
+        with spark_guard(spark):
+            # The first batch has no batch before it to wait after: it reads what is there.
+            wait_for(read(5), "the first 5 messages")
+            publish(daemon, topic, [b"m%d" % i for i in range(5, 8)])
+            time.sleep(1.5)  # a batch is planned every 0.2 s: 3 waiting are held back
+            assert len(collect.rows()) == 5
+            topped_up = time.monotonic()
+            publish(daemon, topic, [b"m%d" % i for i in range(8, 15)])
+            wait_for(read(15), "a batch once 10 were waiting")
+            # 2 waiting stay below the minimum: they come when the delay has passed since the
+            # last batch, which was planned after the messages that topped it up were published.
+            publish(daemon, topic, [b"m%d" % i for i in range(15, 17)])
+            wait_for(read(17), "the batch the delay lets through")
+            assert time.monotonic() - topped_up >= delay_s
+    finally:
+        query.stop()
+    assert [n for n in collect.sizes() if n] == [5, 10, 2]
+    assert collect.rows() == [(topic, i, b"m%d" % i) for i in range(17)]
+
+
 def test_subscribe_reads_two_topics_and_says_which(
     spark: SparkSession, daemons: list[LmqdProcess], topic: str, tmp_path: Path,
     collect: Collected,
