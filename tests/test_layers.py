@@ -175,6 +175,17 @@ def test_codecs_do_not_import_trio(package: str) -> None:
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
 
 
+def test_a_daemon_that_encrypts_nothing_never_loads_cryptography() -> None:
+    """The common case pays nothing for encryption at rest: ``cryptography`` (~7 MB of memory)
+    is imported by the first keyring, not by the daemon's modules."""
+    code = (
+        "import sys, lmqd.service, lmqd.cli; loaded = 'cryptography' in sys.modules\n"
+        "from lmqd.storage.atrest.keys import Keyring; Keyring([bytes(32)])\n"
+        "sys.exit(2 * loaded + ('cryptography' not in sys.modules))"
+    )
+    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
 def test_the_checker_sees_a_cycle_and_an_upward_import() -> None:
     """The rules above would catch a violation (guards the test against reading nothing)."""
     graph = _graph()

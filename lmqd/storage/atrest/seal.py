@@ -51,7 +51,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from crc32c import crc32c
-from cryptography.exceptions import InvalidTag
 
 from lmqd.storage.atrest.compression import (
     CODEC_NAMES,
@@ -67,6 +66,7 @@ from lmqd.storage.atrest.keys import (
     NONCE_SIZE,
     TAG_SIZE,
     Keyring,
+    decrypt,
 )
 from lmqd.storage.record import (
     BATCH_HEADER,
@@ -232,14 +232,15 @@ class Opener:
                 nonce = bytes(whole[at + KEY_ID_SIZE : at + CIPHER_HEADER])
                 aead = self.keyring.aead(kid, cipher)
                 assert aead is not None
-                try:
-                    payload = aead.decrypt(
-                        nonce,
-                        bytes(whole[at + CIPHER_HEADER : crc_at]),
-                        bytes(whole[pos + 4 : at + CIPHER_HEADER]),
-                    )
-                except InvalidTag:
-                    raise SealError(f"authentication failed (key id {kid.hex()})") from None
+                opened = decrypt(
+                    aead,
+                    nonce,
+                    bytes(whole[at + CIPHER_HEADER : crc_at]),
+                    bytes(whole[pos + 4 : at + CIPHER_HEADER]),
+                )
+                if opened is None:
+                    raise SealError(f"authentication failed (key id {kid.hex()})")
+                payload = opened
             else:
                 payload = whole[at:crc_at]
             try:
