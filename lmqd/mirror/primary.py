@@ -87,7 +87,8 @@ class MirrorRegistry:
         restore)."""
         for topic in list(self.broker.topics.values()):
             for mirror_id in restored_holds(topic.stream):
-                self._hold(mirror_id, topic)
+                # (Its channels noted what their stores hold when they were restored.)
+                self._hold(mirror_id, topic, note_stored=False)
                 self.links.setdefault(mirror_id, MirrorLink(mirror_id))
 
     def topic_created(self, topic: str) -> None:
@@ -147,11 +148,16 @@ class MirrorRegistry:
             return hold, False
         return self._hold(mirror_id, topic), True
 
-    def _hold(self, mirror_id: str, topic: Topic) -> MirrorHold:
+    def _hold(self, mirror_id: str, topic: Topic, *, note_stored: bool = True) -> MirrorHold:
         holds = self.holds.setdefault(mirror_id, {})
         hold = holds.get(topic.name)
         if hold is None or hold.stream is not topic.stream:
+            first = not topic.stream.held
             hold = holds[topic.name] = MirrorHold(topic.stream, mirror_id)
+            if first and note_stored:
+                # What the channels stored before a mirror held the topic: by offset too.
+                for channel in list(topic.channels.values()):
+                    channel.keeping.note_stored()
         return hold
 
     def forget(self, mirror_id: str) -> bool:
