@@ -82,6 +82,7 @@ class MirrorHold:
         "contact_at",
         "copied",
         "fetched_from",
+        "in_sync_since",
         "mirror_id",
         "position",
         "released",
@@ -121,6 +122,9 @@ class MirrorHold:
         """When a fetch of the mirror last asked from at least ``answered_end``."""
         self.answered_end = stream.next_offset
         """The stream's end when the mirror was last answered (``answered``)."""
+        self.in_sync_since = -math.inf
+        """When (trio time) the fetch came that made the mirror in sync, as far as
+        ``in_sync`` tells (-inf: not since this hold was made)."""
         stream.cursors.append(self)
         stream.held += 1
 
@@ -132,9 +136,20 @@ class MirrorHold:
         """Offsets the mirror has not copied yet."""
         return max(self.stream.next_offset - self.position, 0)
 
-    def fetched(self, offset: int, acked: int, now: float) -> None:
+    def in_sync(self, now: float, timeout: float) -> bool:
+        """Whether the mirror is in sync at ``now`` (Kafka's ISR; ``timeout``:
+        ``--mirror-ack-timeout``): it fetched within ``timeout`` and, within that time too,
+        had copied everything or asked from at least the end it was told the fetch before."""
+        horizon = now - timeout
+        return self.contact_at >= horizon and (
+            self.fetched_from >= self.stream.next_offset or self.caught_up_at >= horizon
+        )
+
+    def fetched(self, offset: int, acked: int, now: float, timeout: float) -> None:
         """A fetch of the mirror at ``now``: it has stored everything below ``offset``, and
-        durably (if it is durable) below ``acked``."""
+        durably (if it is durable) below ``acked``; ``timeout``: ``--mirror-ack-timeout``
+        (``in_sync``), to tell when it came back in sync."""
+        was_in_sync = self.in_sync(now, timeout)
         end = self.stream.next_offset
         offset = min(offset, end)
         acked = min(acked, offset)
@@ -144,6 +159,8 @@ class MirrorHold:
         self.fetched_from = offset
         if acked > self.copied:
             self.copied = acked
+        if not was_in_sync and self.in_sync(now, timeout):
+            self.in_sync_since = now
         self.acknowledge(acked)
 
     def answered(self) -> None:
@@ -156,6 +173,7 @@ class MirrorHold:
         (nothing to copy yet) as far as the mirror's last contact says."""
         self.contact_at = contact_at
         self.caught_up_at = now
+        self.in_sync_since = now
 
     def acknowledge(self, offset: int) -> None:
         """The mirror has (durably, if it is durable) everything below ``offset``."""

@@ -67,7 +67,7 @@ class InSyncAcks:
     """The publishes of a primary's topics waiting for their mirrors; see the module
     docstring."""
 
-    __slots__ = ("_waiting", "needed", "timeout")
+    __slots__ = ("_waiting", "held", "needed", "refused", "timed_out", "timeout")
 
     def __init__(self, needed: int, timeout: float) -> None:
         self.needed = needed
@@ -77,18 +77,19 @@ class InSyncAcks:
         mirror stays in sync without a fetch that caught up."""
         self._waiting: dict[str, _Waiting] = {}
         """Topic name -> its held publishes (only topics with some)."""
+        self.held = 0
+        """Publishes (a command, an HTTP request) whose ``OK`` waited for the mirrors."""
+        self.refused = 0
+        """Publishes refused before the append: fewer mirrors in sync than ``needed``."""
+        self.timed_out = 0
+        """Held publishes failed after the append: not stored by the mirrors in time."""
 
     # -- the mirrors in sync -------------------------------------------------------------------
 
     def in_sync(self, stream: TopicStream, now: float) -> list[MirrorHold]:
         """The holds of ``stream``'s mirrors that are in sync at ``now``."""
-        horizon = now - self.timeout
-        end = stream.next_offset
-        return [
-            c for c in stream.cursors
-            if isinstance(c, MirrorHold) and c.contact_at >= horizon
-            and (c.fetched_from >= end or c.caught_up_at >= horizon)
-        ]  # fmt: skip
+        timeout = self.timeout
+        return [c for c in stream.cursors if isinstance(c, MirrorHold) and c.in_sync(now, timeout)]
 
     def quorum(self, stream: TopicStream, now: float) -> int:
         """The offset below which ``needed`` mirrors in sync have their copy (-1: too few)."""
@@ -103,6 +104,7 @@ class InSyncAcks:
         count = len(self.in_sync(stream, now))
         if count >= self.needed:
             return None
+        self.refused += 1
         return NotEnoughMirrors(
             f"NOT_ENOUGH_MIRRORS: {count} of --min-insync-mirrors={self.needed} in sync "
             "(nothing stored; retry)"
@@ -121,6 +123,12 @@ class InSyncAcks:
         if waiting is None or waiting.stream is not stream:
             waiting = self._waiting[stream.name] = _Waiting(stream)
         waiting.waiters.append((end, now + self.timeout, callback))
+        self.held += 1
+
+    @property
+    def waiting_count(self) -> int:
+        """Publishes held now."""
+        return sum(len(w.waiters) for w in self._waiting.values())
 
     def waiting(self, name: str) -> bool:
         """Whether publishes to topic ``name`` wait for its mirrors (a fetch then answers at
@@ -159,6 +167,7 @@ class InSyncAcks:
                 failed += 1
             if not waiters:
                 del self._waiting[name]
+        self.timed_out += failed
         return failed
 
     def drop(self, name: str, reason: str) -> None:

@@ -193,7 +193,7 @@ class MirrorApi:
             if topic is None or topic.ephemeral or topic.stream.log is None or topic.exiting:
                 continue
             hold, new = registry.hold(mirror_id, topic)
-            hold.fetched(offset, acked, now)
+            hold.fetched(offset, acked, now, self.broker.options.mirror_ack_timeout)
             if insync is not None:
                 insync.acknowledged(topic.stream, now)
             news[name] = new

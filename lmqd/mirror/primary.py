@@ -35,7 +35,7 @@ from lmqd.broker import Broker
 from lmqd.engine.holds import MirrorHold, restored_holds
 from lmqd.engine.topic import Topic
 from lmqd.mirror.role import NodeRole
-from lmqd.mirror.stats import MirrorLinkStats
+from lmqd.mirror.stats import MirrorHoldStats, MirrorLinkStats
 from lmqd.options import Options
 
 __all__ = ["SWEEP_S", "MirrorLink", "MirrorRegistry"]
@@ -252,9 +252,25 @@ class MirrorRegistry:
     def statistics(self, now: float) -> list[MirrorLinkStats]:
         """One snapshot per known mirror, sorted by id."""
         out = []
+        timeout = self.options.mirror_ack_timeout
+        to_wall = time.time() - now  # trio time -> Unix time
         for mirror_id in sorted(self.links):
             link = self.links[mirror_id]
             holds = self.holds.get(mirror_id, {})
+            per_topic = tuple(
+                MirrorHoldStats(
+                    topic_name=name,
+                    in_sync=(in_sync := hold.in_sync(now, timeout)),
+                    in_sync_since=hold.in_sync_since + to_wall if in_sync else 0.0,
+                    stored_offset=hold.fetched_from,
+                    synced_offset=hold.copied,
+                    end_offset=hold.stream.next_offset,
+                    lag_messages=hold.lag,
+                )
+                for name, hold in sorted(holds.items())
+            )
+            synced = [h for h in per_topic if h.in_sync]
+            all_in_sync = bool(per_topic) and len(synced) == len(per_topic)
             out.append(
                 MirrorLinkStats(
                     mirror_id=mirror_id,
@@ -268,6 +284,20 @@ class MirrorRegistry:
                     lag_messages=sum(h.lag for h in holds.values()),
                     released_messages=sum(h.released for h in holds.values()),
                     topics=len(holds),
+                    in_sync=all_in_sync,
+                    in_sync_since=max(h.in_sync_since for h in synced) if all_in_sync else 0.0,
+                    topics_in_sync=len(synced),
+                    holds=per_topic,
                 )
             )
         return out
+
+    def mirrors_in_sync(self, now: float) -> dict[str, int]:
+        """Per topic a mirror follows, how many of its mirrors are in sync at ``now``."""
+        timeout = self.options.mirror_ack_timeout
+        counts = dict.fromkeys((t.name for t in self.mirrored_topics()), 0)
+        for holds in self.holds.values():
+            for name, hold in holds.items():
+                if name in counts and hold.in_sync(now, timeout):
+                    counts[name] += 1
+        return counts

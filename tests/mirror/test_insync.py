@@ -24,7 +24,7 @@ def fetch(insync: InSyncAcks, hold: MirrorHold, offset: int, acked: int | None =
     """One fetch of the mirror of ``hold``: it stored up to ``offset`` (durably up to
     ``acked``), then is answered."""
     now = trio.current_time()
-    hold.fetched(offset, offset if acked is None else acked, now)
+    hold.fetched(offset, offset if acked is None else acked, now, TIMEOUT)
     insync.acknowledged(hold.stream, now)
     hold.answered()
 
@@ -100,6 +100,7 @@ async def test_a_held_ok_fails_after_the_timeout(tmp_path: Path, autojump_clock:
     assert str(error) == ("NOT_ENOUGH_MIRRORS: not stored by 1 mirror(s) within 5s "
                           "(stored here: a retry may duplicate it)")  # fmt: skip
     assert insync.next_deadline == float("inf") and not insync.waiting("t")
+    assert (insync.held, insync.refused, insync.timed_out, insync.waiting_count) == (1, 0, 1, 0)
 
 
 async def test_a_mirror_that_falls_behind_drops_out_of_sync(
@@ -108,7 +109,9 @@ async def test_a_mirror_that_falls_behind_drops_out_of_sync(
     topic = make_topic(tmp_path)
     insync = InSyncAcks(1, TIMEOUT)
     hold = MirrorHold(topic.stream, "m1")
+    assert hold.in_sync_since == float("-inf")
     fetch(insync, hold, 0)
+    assert hold.in_sync_since == 0 and hold.in_sync(0, TIMEOUT)
     topic.publish([b"a"] * 100, trio.current_time())
     # It keeps fetching, but never catches up with the end it was last told of (its fetch at
     # t=1 caught up with the end of t=0's answer, the last time).
@@ -118,9 +121,13 @@ async def test_a_mirror_that_falls_behind_drops_out_of_sync(
         topic.publish([b"b"] * 10, trio.current_time())
         in_sync = insync.refusal(topic.stream, trio.current_time()) is None
         assert in_sync == (step <= 1 + TIMEOUT), step
-    # A fetch that caught up brings it back.
+        assert hold.in_sync(trio.current_time(), TIMEOUT) == in_sync
+    assert insync.refused == 2  # at t=7 and t=8
+    assert hold.in_sync_since == 0  # (its last time in sync began at t=0)
+    # A fetch that caught up brings it back: in sync since now.
     fetch(insync, hold, topic.stream.next_offset)
     assert insync.refusal(topic.stream, trio.current_time()) is None
+    assert hold.in_sync_since == 8
     # A mirror that stops fetching drops out after the timeout.
     await trio.sleep(TIMEOUT)
     assert insync.refusal(topic.stream, trio.current_time()) is None
