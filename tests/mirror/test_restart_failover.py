@@ -24,9 +24,8 @@ import pytest
 from lmq_client.sync import Consumer, Producer
 from tests.cluster.procs import Daemon, eventually, http, lmqd
 from tests.mirror.test_failover import topic_state
+from tests.mirror.test_requeue_failover import CHANNEL, TOPIC, receive
 
-TOPIC = "work"
-CHANNEL = "jobs"
 MESSAGES = 120
 DELAY_S = 4.0
 """The delay of the deferred requeues: still deferred at the restart, due soon after a
@@ -109,17 +108,7 @@ def test_stored_unfinished_messages_survive_a_restart_then_a_promotion(
         assert status == 200, summary
         assert summary["missing"] == 0 and summary["untracked"] == 0, summary
 
-        received: list[bytes] = []
-        with Consumer(TOPIC, CHANNEL, mirror.tcp, max_in_flight=100, max_attempts=0) as again:
-            deadline = time.monotonic() + DELAY_S + 30
-            while time.monotonic() < deadline:
-                message = again.get(timeout=3 if set(received) >= pending else 1)
-                if message is None:
-                    if set(received) >= pending:
-                        break
-                    continue
-                received.append(message.body)
-                message.finish()
+        received = receive(mirror.tcp, pending, within=DELAY_S + 30)
         # Exactly what the restarted primary held unfinished.
         assert set(received) == pending, sorted(pending ^ set(received))[:10]
     finally:
