@@ -21,9 +21,10 @@ On both: ``lmqd_mirror_epoch``. On a primary, per mirror (``mirror``: its node i
 ``lmqd_primary_mirror_seconds_since_contact``,
 ``lmqd_primary_mirror_released_messages_total`` (what it let go past ``--mirror-max-lag``) and
 ``lmqd_primary_mirror_in_sync``; per topic its mirrors follow,
-``lmqd_primary_topic_mirrors_in_sync``; with ``--min-insync-mirrors``,
-``lmqd_primary_min_insync_mirrors`` (the flag), ``lmqd_primary_insync_waiting_publishes`` and
-the counters ``lmqd_primary_insync_{held,refused,timed_out}_publishes_total``.
+``lmqd_primary_topic_mirrors_in_sync`` and ``lmqd_primary_topic_min_insync_mirrors`` (its
+``min_insync_mirrors``); with ``--min-insync-mirrors`` or a topic with that policy,
+``lmqd_primary_insync_waiting_publishes`` and the counters
+``lmqd_primary_insync_{held,refused,timed_out}_publishes_total``.
 docs/monitoring/lmqd-alerts.yml has the alert rules over them (lag, disconnected, gap, fewer in
 sync than --min-insync-mirrors).
 """
@@ -127,19 +128,20 @@ class MirrorCollector(Collector):
             yield from (lag, contact, released, in_sync)
         insync = replication.insync_statistics(now)
         if links or insync is not None:
-            per_topic = GaugeMetricFamily(
+            in_sync = GaugeMetricFamily(
                 "lmqd_primary_topic_mirrors_in_sync",
                 "mirrors in sync on the topic (--mirror-ack-timeout)", labels=_TOPIC,
             )
-            for name, count in sorted(replication.mirrors_in_sync(now).items()):
-                per_topic.add_metric([name], count)
-            yield per_topic
-        if insync is not None:
-            yield GaugeMetricFamily(
-                "lmqd_primary_min_insync_mirrors",
-                "--min-insync-mirrors: a publish waits for that many mirrors to store it",
-                value=insync.min_insync_mirrors,
+            needed = GaugeMetricFamily(
+                "lmqd_primary_topic_min_insync_mirrors",
+                "mirrors the topic's publishes wait for (min_insync_mirrors; 0: none)",
+                labels=_TOPIC,
             )
+            for name, (count, wanted) in sorted(replication.mirrors_in_sync(now).items()):
+                in_sync.add_metric([name], count)
+                needed.add_metric([name], wanted)
+            yield from (in_sync, needed)
+        if insync is not None:
             yield GaugeMetricFamily(
                 "lmqd_primary_insync_waiting_publishes",
                 "publishes whose OK waits for the mirrors now",

@@ -228,20 +228,16 @@ class MirrorRegistry:
         insync = self.broker.insync
         # A publish held after this task went to sleep is looked at within a tick: it fails at
         # most a quarter of its timeout (and a second) late.
-        tick = SWEEP_S if insync is None else min(SWEEP_S, insync.timeout / 4)
+        tick = min(SWEEP_S, insync.timeout / 4)
         next_sweep = trio.current_time() + SWEEP_S
         while True:
             now = trio.current_time()
-            deadline = min(next_sweep, now + tick)
-            if insync is not None:
-                deadline = min(deadline, insync.next_deadline)
-            await trio.sleep_until(deadline)
+            await trio.sleep_until(min(next_sweep, now + tick, insync.next_deadline))
             now = trio.current_time()
-            if insync is not None:
-                failed = insync.expire(now)
-                if failed:
-                    log.warning("MIRROR: %d publish(es) not stored by %d mirror(s) within %gs: "
-                                "failed", failed, insync.needed, insync.timeout)  # fmt: skip
+            failed = insync.expire(now)
+            if failed:
+                log.warning("MIRROR: %d publish(es) not stored by their mirrors within %gs: "
+                            "failed", failed, insync.timeout)  # fmt: skip
             if now >= next_sweep:
                 next_sweep = now + SWEEP_S
                 if self.holds:
@@ -292,12 +288,14 @@ class MirrorRegistry:
             )
         return out
 
-    def mirrors_in_sync(self, now: float) -> dict[str, int]:
-        """Per topic a mirror follows, how many of its mirrors are in sync at ``now``."""
+    def mirrors_in_sync(self, now: float) -> dict[str, tuple[int, int]]:
+        """Per topic a mirror follows, how many of its mirrors are in sync at ``now`` and how
+        many its publishes wait for (its ``min_insync_mirrors``)."""
         timeout = self.options.mirror_ack_timeout
-        counts = dict.fromkeys((t.name for t in self.mirrored_topics()), 0)
+        topics = self.mirrored_topics()
+        counts = dict.fromkeys((t.name for t in topics), 0)
         for holds in self.holds.values():
             for name, hold in holds.items():
                 if name in counts and hold.in_sync(now, timeout):
                     counts[name] += 1
-        return counts
+        return {t.name: (counts[t.name], t.policy.min_insync_mirrors) for t in topics}

@@ -268,16 +268,17 @@ class Replication:
         """A primary's mirrors (empty on a mirror)."""
         return self.registry.statistics(now) if self.registry is not None else []
 
-    def mirrors_in_sync(self, now: float) -> dict[str, int]:
-        """On a primary, per topic its mirrors follow, how many are in sync (empty on a
-        mirror)."""
+    def mirrors_in_sync(self, now: float) -> dict[str, tuple[int, int]]:
+        """On a primary, per topic its mirrors follow, how many are in sync and how many its
+        publishes wait for (empty on a mirror)."""
         return self.registry.mirrors_in_sync(now) if self.registry is not None else {}
 
     def insync_statistics(self, now: float) -> InSyncStats | None:
-        """A primary's publishes held for ``--min-insync-mirrors`` (None without the flag, and
-        on a mirror)."""
+        """A primary's publishes held for its mirrors (None on a mirror, and on a primary
+        without ``--min-insync-mirrors`` none of whose topics has the policy)."""
         insync = self.broker.insync
-        if insync is None or self.registry is None:
+        counts = self.mirrors_in_sync(now)
+        if self.registry is None or not (insync.needed or any(n for _, n in counts.values())):
             return None
         return InSyncStats(
             min_insync_mirrors=insync.needed,
@@ -286,9 +287,7 @@ class Replication:
             held_publishes=insync.held,
             refused_publishes=insync.refused,
             timed_out_publishes=insync.timed_out,
-            topics_below=tuple(
-                name for name, n in sorted(self.mirrors_in_sync(now).items()) if n < insync.needed
-            ),
+            topics_below=tuple(name for name, (n, needed) in sorted(counts.items()) if n < needed),
         )
 
     def status(self, now: float) -> dict[str, Any]:

@@ -134,6 +134,7 @@ class InSyncStats:
     ``lmqd.engine.insync``); counts since this primary started."""
 
     min_insync_mirrors: int
+    """The flag: the default of the topics' ``min_insync_mirrors`` policy."""
     mirror_ack_timeout: float
     waiting_publishes: int
     """Publishes whose ``OK`` waits for the mirrors now."""
@@ -144,7 +145,8 @@ class InSyncStats:
     timed_out_publishes: int
     """Failed after the append: not stored by enough mirrors within the timeout."""
     topics_below: tuple[str, ...]
-    """Topics with fewer mirrors in sync than needed: their publishes are refused."""
+    """Topics with fewer mirrors in sync than they need (their ``min_insync_mirrors``): their
+    publishes are refused."""
 
     def to_dict(self) -> dict[str, Any]:
         return attrs.asdict(self)

@@ -1,6 +1,7 @@
 """In-sync status on a primary with ``--min-insync-mirrors``: per mirror (in sync or not, since
 when, the offsets it stored and synced), the publishes held, refused and timed out, in
-``/stats``, ``/metrics`` and ``lmqadmin``.
+``/stats``, ``/metrics`` and ``lmqadmin``; and the topic policy ``min_insync_mirrors``, which
+overrides the flag per topic.
 
 Rules for this module:
 - Real processes (``tests.cluster.procs``): a primary and its mirror on 127.0.0.1, ports from
@@ -92,7 +93,7 @@ def test_in_sync_status_is_shown_per_mirror_with_the_publish_counts(tmp_path: Pa
         key = f'{{address="{link["address"]}",mirror="{link["mirror_id"]}"}}'
         assert samples[f"lmqd_primary_mirror_in_sync{key}"] == 1
         assert samples[f'lmqd_primary_topic_mirrors_in_sync{{topic="{TOPIC}"}}'] == 1
-        assert samples["lmqd_primary_min_insync_mirrors"] == 1
+        assert samples[f'lmqd_primary_topic_min_insync_mirrors{{topic="{TOPIC}"}}'] == 1
         assert samples["lmqd_primary_insync_held_publishes_total"] == 5
         assert samples["lmqd_primary_insync_refused_publishes_total"] == 1
         assert samples["lmqd_primary_insync_timed_out_publishes_total"] == 0
@@ -116,5 +117,63 @@ def test_in_sync_status_is_shown_per_mirror_with_the_publish_counts(tmp_path: Pa
         assert f"TOO FEW IN SYNC on 1 topic(s): {TOPIC}" in shown
     finally:
         for process in (mirror, primary):
+            if process is not None:
+                process.terminate()
+
+
+def publish(tcp: str, topic: str) -> str:
+    """``OK`` or the error a publish of one message to ``topic`` got."""
+    try:
+        with Producer(tcp) as producer:
+            producer.publish(topic, b"x")
+    except LmqClientError as exc:
+        return str(exc)
+    return "OK"
+
+
+def set_policy(address: str, topic: str, needed: int) -> None:
+    status, doc = http(address, "POST", f"/topic/policy?topic={topic}",
+                       b'{"min_insync_mirrors": %d}' % needed)  # fmt: skip
+    assert status == 200 and doc["min_insync_mirrors"] == needed, doc
+
+
+def test_the_topic_policy_overrides_the_flag(tmp_path: Path) -> None:
+    # Without the flag: one topic waits for a mirror, the other does not.
+    primary = lmqd(tmp_path / "p", "--mirror-ack-timeout=1s")
+    flagged: Daemon | None = None
+    mirror: Daemon | None = None
+    try:
+        for name in ("must", "may"):
+            assert http(primary.http, "POST", f"/topic/create?topic={name}")[0] == 200
+        assert primary_stats(primary.http).get("min_insync") is None  # nothing waits
+        set_policy(primary.http, "must", 1)
+        assert publish(primary.tcp, "may") == "OK"
+        assert "NOT_ENOUGH_MIRRORS: 0 of --min-insync-mirrors=1" in publish(primary.tcp, "must")
+        insync = primary_stats(primary.http)["min_insync"]
+        assert insync["min_insync_mirrors"] == 0 and insync["topics_below"] == ["must"], insync
+        assert insync["refused_publishes"] == 1
+        samples = metrics(primary.http)
+        assert samples['lmqd_primary_topic_min_insync_mirrors{topic="must"}'] == 1
+        assert samples['lmqd_primary_topic_min_insync_mirrors{topic="may"}'] == 0
+        mirror = lmqd(tmp_path / "m", f"--mirror-of={primary.http}")
+        eventually(lambda: (primary_stats(primary.http).get("mirrors") or [{}])[0],
+                   lambda m: m.get("in_sync") is True, 30)  # fmt: skip
+        assert publish(primary.tcp, "must") == "OK"
+        assert publish(primary.tcp, "may") == "OK"
+        insync = primary_stats(primary.http)["min_insync"]
+        assert insync["held_publishes"] == 1 and insync["topics_below"] == [], insync
+        # The mirror follows the policy (a promoted node keeps it).
+        eventually(lambda: http(mirror.http, "GET", "/topic/policy?topic=must")[1],
+                   lambda p: p["min_insync_mirrors"] == 1, 10)  # fmt: skip
+
+        # With the flag: a topic with 0 of its own does not wait.
+        flagged = lmqd(tmp_path / "f", "--min-insync-mirrors=1")
+        assert http(flagged.http, "POST", "/topic/create?topic=free")[0] == 200
+        assert "NOT_ENOUGH_MIRRORS" in publish(flagged.tcp, "free")
+        set_policy(flagged.http, "free", 0)
+        assert publish(flagged.tcp, "free") == "OK"
+        assert primary_stats(flagged.http)["min_insync"]["topics_below"] == []
+    finally:
+        for process in (flagged, mirror, primary):
             if process is not None:
                 process.terminate()
