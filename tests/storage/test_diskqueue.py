@@ -137,6 +137,21 @@ def test_noted_offsets_are_written_for_messages_without_one(tmp_path: Path) -> N
     q.close()
 
 
+def test_a_batch_of_offsets_only_reads_back_through_the_fast_path(tmp_path: Path) -> None:
+    # Every message with an offset and no extension: the blocks are checked in C at once.
+    q = open_queue(tmp_path)
+    msgs = make_messages(50, body_size=10)
+    for k, m in enumerate(msgs):
+        m.offset = 1000 + k
+    q.put_many(msgs)
+    q.close()
+    q = open_queue(tmp_path)
+    assert q.stored_offsets() == ({m.id: m.offset for m in msgs}, 0)
+    got = drain(q)
+    assert keys(got) == keys(msgs) and all(m.offset == -1 and m.ext is None for m in got)
+    q.close()
+
+
 def test_closed_queue_refuses_writes(tmp_path: Path) -> None:
     q = open_queue(tmp_path)
     q.close()
