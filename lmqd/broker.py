@@ -177,19 +177,9 @@ class Broker:
         self._observers: list[BrokerObserver] = []
         self.guard: WriteGuard | None = None
         """While this node mirrors another (``lmqd.mirror``): what refuses writes."""
-        self.insync: InSyncAcks | None = (
-            InSyncAcks(options.min_insync_mirrors, options.mirror_ack_timeout)
-            if options.min_insync_mirrors > 0
-            else None
-        )
-        """``--min-insync-mirrors``: the publishes held for the mirrors (``engine/insync.py``);
-        None (asynchronous replication) costs a publish one test."""
-        self.after_published: Callable[[str, DurableCallback], bool] = (
-            self.after_durable if self.insync is None else self._after_insync
-        )
-        """When a publisher may be answered ``OK`` for what it published to a topic so far:
-        once fsynced (``--durable``, ``after_durable``), then stored by
-        ``--min-insync-mirrors`` mirrors (``_after_insync``); chosen once."""
+        self.insync = InSyncAcks(options.min_insync_mirrors, options.mirror_ack_timeout)
+        """``--min-insync-mirrors`` and the topics' ``min_insync_mirrors`` policy: the
+        publishes held for the mirrors (``engine/insync.py``)."""
 
     def add_observer(self, observer: BrokerObserver) -> None:
         """Tell ``observer`` about topic and channel creation and deletion from now on."""
@@ -320,8 +310,7 @@ class Broker:
         topic.delete()
         self.stores.topic_deleted(name)
         log.info("TOPIC(%s): deleted", name)
-        if self.insync is not None:
-            self.insync.drop(name, "topic deleted")
+        self.insync.drop(name, "topic deleted")
         if not topic.ephemeral:
             self.syncer.metadata_changed()
         self._topic_deleted(name, channels)
@@ -372,7 +361,7 @@ class Broker:
         """
         self.check_topic_write(topic_name)
         topic = self.get_topic(topic_name)
-        if self.insync is not None:
+        if topic.policy.min_insync_mirrors:
             self._check_insync(topic)
         try:
             topic.publish(bodies, trio.current_time(), defer, exts, keep=False)
@@ -395,7 +384,7 @@ class Broker:
         (``PublishOutcome``). Raises as ``publish`` does for failures of the whole run."""
         self.check_topic_write(topic_name)
         topic = self.get_topic(topic_name)
-        if self.insync is not None:
+        if topic.policy.min_insync_mirrors:
             self._check_insync(topic)
         try:
             outcome = topic.publish_run(
@@ -409,12 +398,12 @@ class Broker:
         return outcome
 
     def _check_insync(self, topic: Topic) -> None:
-        """``--min-insync-mirrors``: raise ``NotEnoughMirrors`` before anything is stored if
-        too few mirrors are in sync (ephemeral topics are never mirrored: not held)."""
-        assert self.insync is not None
+        """The topic's ``min_insync_mirrors``: raise ``NotEnoughMirrors`` before anything is
+        stored if too few mirrors are in sync (ephemeral topics are never mirrored: not held)."""
         if topic.ephemeral or topic.stream.log is None:
             return
-        refusal = self.insync.refusal(topic.stream, trio.current_time())
+        now = trio.current_time()
+        refusal = self.insync.refusal(topic.stream, now, topic.policy.min_insync_mirrors)
         if refusal is not None:
             raise refusal
 
@@ -446,27 +435,32 @@ class Broker:
         mode, an ephemeral topic, no such topic).
         """
         topic = self.topics.get(topic_name)
-        queue = topic.durable_queue if topic is not None else None
+        return topic is not None and self._when_durable(topic, callback)
+
+    def _when_durable(self, topic: Topic, callback: DurableCallback) -> bool:
+        queue = topic.durable_queue
         if queue is None:
             return False
         self.syncer.when_durable(queue, callback, urgent=True)
         return True
 
-    def _after_insync(self, topic_name: str, callback: DurableCallback) -> bool:
-        """``after_published`` with ``--min-insync-mirrors``: ``callback(error)`` as
-        ``after_durable``'s, once the mirrors stored it too, the error a ``NotEnoughMirrors``
-        if they did not in time. False, and no call back, when there is nothing to wait for.
-        """
-        insync = self.insync
-        assert insync is not None
+    def after_published(self, topic_name: str, callback: DurableCallback) -> bool:
+        """When a publisher may be answered ``OK`` for what it published to a topic so far:
+        ``after_durable``, and with the topic's ``min_insync_mirrors`` (``--min-insync-mirrors``
+        by default) once the mirrors stored it too, the error a ``NotEnoughMirrors`` if they
+        did not in time. False, and no call back, when there is nothing to wait for."""
         topic = self.topics.get(topic_name)
-        if topic is None or topic.ephemeral or topic.stream.log is None:
-            return self.after_durable(topic_name, callback)
+        if topic is None:
+            return False
+        needed = topic.policy.min_insync_mirrors
+        if not needed or topic.ephemeral or topic.stream.log is None:
+            return self._when_durable(topic, callback)
+        insync = self.insync
         stream = topic.stream
         now = trio.current_time()
         queue = topic.durable_queue
         if queue is None:
-            insync.wait(stream, now, callback)
+            insync.wait(stream, now, callback, needed)
             return True
         # --durable: the fsync and the mirrors at once (the mirror is told at once that
         # publishers wait for it, so it neither lingers nor waits for a later fetch).
@@ -478,7 +472,7 @@ class Broker:
                 callback(outcome[0] if outcome[0] is not None else outcome[1])
 
         self.syncer.when_durable(queue, one, urgent=True)
-        insync.wait(stream, now, one)
+        insync.wait(stream, now, one, needed)
         return True
 
     async def publish_durable(

@@ -200,7 +200,8 @@ SETTINGS: tuple[Setting, ...] = (
             "them; past it they are released and the mirror reports a gap (0: no bound)"),
     Setting("min-insync-mirrors", Kind.INT, "min_insync_mirrors",
             "[lmq] on a primary: answer a publish OK only once this many mirrors stored it "
-            "(fsynced, a --durable mirror); refuse it with fewer in sync (0: asynchronous)"),
+            "(fsynced, a --durable mirror); refuse it with fewer in sync (0: asynchronous); "
+            "the default of the topic policy min_insync_mirrors"),
     Setting("mirror-ack-timeout", Kind.DURATION, "mirror_ack_timeout",
             "[lmq] with --min-insync-mirrors: the longest a publish waits for its mirrors "
             "before E_PUB_FAILED, and how long a mirror behind stays in sync"),

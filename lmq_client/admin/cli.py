@@ -301,6 +301,8 @@ _PAST = {"create": "created", "delete": "deleted", "empty": "emptied", "pause": 
 @click.option("--compression", metavar="CODEC",
               help="policy: how the log's new batches are compressed at rest: none, "
                    "zstd[:LEVEL], lz4, snappy, gzip[:LEVEL] (lmqd checks it).")
+@click.option("--min-insync-mirrors", type=click.IntRange(min=0),
+              help="policy: mirrors that must store a publish before its OK (0: none).")
 @json_option
 @click.pass_obj
 @handle_errors
@@ -317,6 +319,7 @@ def topic(
     burst: int | None,
     dedup_window: int | None,
     compression: str | None,
+    min_insync_mirrors: int | None,
 ) -> None:
     """create | delete | empty | pause | unpause a topic, on every daemon; policy shows or sets
     a topic's policy (lmqd)."""
@@ -330,12 +333,13 @@ def topic(
         ("publish_burst", burst),
         ("dedup_window_ms", dedup_window),
         ("compression", compression),
+        ("min_insync_mirrors", min_insync_mirrors),
     )
     changes = {key: value for key, value in given if value is not None}
     if changes and action != "policy":
         raise click.UsageError(
             "--retention, --retention-bytes, --ttl, --max-depth, --overflow, --rate, --burst, "
-            "--dedup-window and --compression go with policy"
+            "--dedup-window, --compression and --min-insync-mirrors go with policy"
         )
     # With lookupds: create on every node, anything else on the nodes that have the topic.
     addresses = settings.http_addresses(None if action == "create" else topic)

@@ -5,7 +5,9 @@ primary's state, promotion, and forgetting a mirror.
   /mirror/promote``) and prints what it did; exactly one ``--http-address``.
 * ``lmqadmin [--http-address A ...] mirror status``: each node's role, epoch and, for a mirror,
   its primary and every followed topic (state, lag in messages and seconds, gap), for a primary,
-  its mirrors (lag, last contact, released).
+  its mirrors (in sync or not and since when, lag, last contact, released; per topic the offsets
+  each has stored and synced) and, with ``--min-insync-mirrors``, the publishes held, refused
+  and timed out.
 * ``lmqadmin --http-address P mirror forget MIRROR_ID``: the primary ``P`` drops a mirror and
   what it kept for it.
 """
@@ -13,6 +15,7 @@ primary's state, promotion, and forgetting a mirror.
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import attrs
@@ -120,6 +123,19 @@ def status(settings: Settings) -> None:
                     str(t["gap_messages"]), str(t["channels"]),
                 )  # fmt: skip
             console.print(table)
+        holds = [(m["mirror_id"], h) for m in doc.get("mirrors") or [] for h in m.get("holds", ())]
+        if holds:
+            table = Table(box=None, pad_edge=False)
+            for column in ("mirror", "topic", "in sync", "stored", "synced", "end", "lag"):
+                table.add_column(column, justify="left" if column in ("mirror", "topic", "in sync")
+                                 else "right")  # fmt: skip
+            for mirror_id, h in holds:
+                table.add_row(
+                    mirror_id, h["topic_name"], "yes" if h["in_sync"] else "NO",
+                    str(h["stored_offset"]), str(h["synced_offset"]), str(h["end_offset"]),
+                    str(h["lag_messages"]),
+                )  # fmt: skip
+            console.print(table)
 
 
 def mirror_lines(address: str, doc: dict[str, Any]) -> list[str]:
@@ -152,7 +168,25 @@ def mirror_lines(address: str, doc: dict[str, Any]) -> list[str]:
         last = "not since start" if contact < 0 else f"{contact:.1f}s ago"
         lines.append(
             f"  mirror {link['mirror_id']} at {link['address'] or link['remote_address']}: "
-            f"lag {link['lag_messages']} msgs, last contact {last}"
+            f"{_in_sync(link)}, lag {link['lag_messages']} msgs, last contact {last}"
             + (f", released {link['released_messages']}" if link["released_messages"] else "")
         )
+    insync = doc.get("min_insync")
+    if insync:
+        below = insync["topics_below"]
+        lines.append(
+            f"  --min-insync-mirrors={insync['min_insync_mirrors']}: "
+            f"{insync['waiting_publishes']} publish(es) waiting; held "
+            f"{insync['held_publishes']}, refused {insync['refused_publishes']}, timed out "
+            f"{insync['timed_out_publishes']}"
+            + (f"; TOO FEW IN SYNC on {len(below)} topic(s): {', '.join(below[:5])}"
+               + (" ..." if len(below) > 5 else "") if below else "")
+        )  # fmt: skip
     return lines
+
+
+def _in_sync(link: dict[str, Any]) -> str:
+    """A mirror's in-sync state (docs/mirrors.md) in a few words."""
+    if link.get("in_sync"):
+        return f"in sync for {max(time.time() - link['in_sync_since'], 0.0):.0f}s"
+    return f"NOT in sync ({link.get('topics_in_sync', 0)} of {link['topics']} topic(s))"

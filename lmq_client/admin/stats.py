@@ -122,8 +122,8 @@ class Snapshot:
     per_node: dict[str, dict[Key, Row]] = attrs.field(factory=dict)
     """Each daemon's own rows, by its HTTP address."""
     replication: dict[str, dict[str, Any]] = attrs.field(factory=dict)
-    """lmqd's ``mirror`` (a mirror's view of its primary) and ``mirrors`` (a primary's) keys
-    of each daemon's /stats that has them (docs/mirrors.md)."""
+    """lmqd's ``mirror`` (a mirror's view of its primary), ``mirrors`` and ``min_insync`` (a
+    primary's) keys of each daemon's /stats that has them (docs/mirrors.md)."""
 
 
 def sample(
@@ -144,7 +144,7 @@ def sample(
         node_rows: dict[Key, Row] = {}
         _merge(node_rows, topics, channel)
         per_node[client.address] = node_rows
-        shown = {key: data[key] for key in ("mirror", "mirrors") if data.get(key)}
+        shown = {key: data[key] for key in ("mirror", "mirrors", "min_insync") if data.get(key)}
         if shown:
             replication[client.address] = shown
     snap = Snapshot(

@@ -126,6 +126,11 @@ class StoredQueue(BackendQueue, Syncable, Protocol):
         """Whether some message found on disk when the queue opened has its own TTL."""
         ...
 
+    def stored_offsets(self, *, read_too: bool = False) -> tuple[dict[bytes, int], int]:
+        """The topic offsets the messages still to read carry (a read of the files), by id
+        (``read_too``: those already read too), and how many carry none; raises ``OSError``."""
+        ...
+
 
 def storage_damage(found: Iterable[Damage]) -> StorageDamage:
     """The damage counters of some logs and queues, summed, as ``/stats`` reports them."""

@@ -147,6 +147,12 @@ class StoreSource(Protocol):
         """The levels whose lane stores the channel had on disk at start-up."""
         ...
 
+    def offset_notes(self, topic: str, channel: str) -> dict[bytes, int]:
+        """The channel's notes of the topic offsets of what it keeps in its stores
+        (``holds.note_offsets``), one dict for the channel's life, which its stores write
+        with those messages (``record.FLAG_OFFSET``)."""
+        ...
+
 
 _SHARED_RNG = random.Random()
 """The engine's random source unless it is given one (tests give a seeded one): delivery's

@@ -82,6 +82,7 @@ class MirrorHold:
         "contact_at",
         "copied",
         "fetched_from",
+        "in_sync_since",
         "mirror_id",
         "position",
         "released",
@@ -121,6 +122,9 @@ class MirrorHold:
         """When a fetch of the mirror last asked from at least ``answered_end``."""
         self.answered_end = stream.next_offset
         """The stream's end when the mirror was last answered (``answered``)."""
+        self.in_sync_since = -math.inf
+        """When (trio time) the fetch came that made the mirror in sync, as far as
+        ``in_sync`` tells (-inf: not since this hold was made)."""
         stream.cursors.append(self)
         stream.held += 1
 
@@ -132,9 +136,20 @@ class MirrorHold:
         """Offsets the mirror has not copied yet."""
         return max(self.stream.next_offset - self.position, 0)
 
-    def fetched(self, offset: int, acked: int, now: float) -> None:
+    def in_sync(self, now: float, timeout: float) -> bool:
+        """Whether the mirror is in sync at ``now`` (Kafka's ISR; ``timeout``:
+        ``--mirror-ack-timeout``): it fetched within ``timeout`` and, within that time too,
+        had copied everything or asked from at least the end it was told the fetch before."""
+        horizon = now - timeout
+        return self.contact_at >= horizon and (
+            self.fetched_from >= self.stream.next_offset or self.caught_up_at >= horizon
+        )
+
+    def fetched(self, offset: int, acked: int, now: float, timeout: float) -> None:
         """A fetch of the mirror at ``now``: it has stored everything below ``offset``, and
-        durably (if it is durable) below ``acked``."""
+        durably (if it is durable) below ``acked``; ``timeout``: ``--mirror-ack-timeout``
+        (``in_sync``), to tell when it came back in sync."""
+        was_in_sync = self.in_sync(now, timeout)
         end = self.stream.next_offset
         offset = min(offset, end)
         acked = min(acked, offset)
@@ -144,6 +159,8 @@ class MirrorHold:
         self.fetched_from = offset
         if acked > self.copied:
             self.copied = acked
+        if not was_in_sync and self.in_sync(now, timeout):
+            self.in_sync_since = now
         self.acknowledge(acked)
 
     def answered(self) -> None:
@@ -156,6 +173,7 @@ class MirrorHold:
         (nothing to copy yet) as far as the mirror's last contact says."""
         self.contact_at = contact_at
         self.caught_up_at = now
+        self.in_sync_since = now
 
     def acknowledge(self, offset: int) -> None:
         """The mirror has (durably, if it is durable) everything below ``offset``."""
@@ -227,21 +245,28 @@ def restored_holds(stream: TopicStream) -> list[str]:
 # read back, which ``unfinished_offsets`` adds to what it holds. A note outliving its message
 # (a way out not seen here) costs a duplicate after a promotion, never a loss. Cost: a dict of
 # the requeued messages' ids while a mirror holds the stream; nothing without one.
+#
+# **Across restarts.** The notes live in memory, so the stores keep the offsets too: a channel's
+# store writes a message's topic offset with it (``record.FLAG_OFFSET``): its own when it has one
+# (a copy of a message of the log), else the note (the channel's notes are the dict its stores
+# were given, ``Stores.offset_notes``). A channel restored where a mirror held its topic (the
+# log has a hold's cursor) reads those offsets from its stores before it reads anything back
+# (``Keeping.note_stored``), and so does every channel of a topic a mirror holds for the first
+# time (what it stored before, from the log). So a promotion finds every message a primary's
+# channel keeps in its stores by offset, however often the primary restarted. Cost: 13 bytes a
+# message in a store with an offset (an option block; a topic log's records carry none), and a
+# read of a channel's stores at start-up when a mirror holds its topic, or when one first does.
 
 
 def note_offsets(
-    notes: dict[bytes, int] | None, stream: TopicStream | None, messages: Iterable[Message]
-) -> dict[bytes, int] | None:
-    """``notes`` with the offsets of ``messages`` (made if needed), if a mirror holds
-    ``stream``; returned as it is otherwise."""
+    notes: dict[bytes, int], stream: TopicStream | None, messages: Iterable[Message]
+) -> None:
+    """Add the offsets of ``messages`` to ``notes`` if a mirror holds ``stream``."""
     if stream is None or not stream.held:
-        return notes
-    if notes is None:
-        notes = {}
+        return
     for m in messages:
         if m.offset >= 0:
             notes[m.id] = m.offset
-    return notes
 
 
 def forget_offsets(notes: dict[bytes, int] | None, messages: Iterable[Message]) -> None:

@@ -26,8 +26,12 @@ holds in sync), or fails it after ``--mirror-ack-timeout`` (``expire``; Kafka's
 ``NOT_ENOUGH_REPLICAS_AFTER_APPEND``): the message is stored on the primary and may be
 delivered, and the producer's retry may deliver it twice: at least once, never a silent loss.
 
-Cost. Chosen once: without the option the broker has no ``InSyncAcks`` and a publish pays one
-``is None`` test per batch. With it: per publish batch, one look at the topic's holds (the
+**Per topic.** The topic policy ``min_insync_mirrors`` (``lmqd.engine.policy``; the flag is its
+default) says how many mirrors a topic's publishes wait for: each call is given its topic's
+number, and 0 is asynchronous replication.
+
+Cost. A publish batch pays one look at its topic's policy (``Broker.after_published``); one
+with 0 pays nothing more. With it: per publish batch, one look at the topic's holds (the
 refusal) and one waiter in a deque; per fetch of a mirror, one pass over the waiters it
 releases. The timer (``next_deadline``, ``expire``) is run by the primary's mirror registry.
 """
@@ -54,12 +58,14 @@ class NotEnoughMirrors(OSError):
 
 
 class _Waiting:
-    """One topic's held publishes, in order: (end offset, deadline, callback)."""
+    """One topic's held publishes, in order: (end offset, deadline, callback), and how many
+    mirrors they wait for."""
 
-    __slots__ = ("stream", "waiters")
+    __slots__ = ("needed", "stream", "waiters")
 
-    def __init__(self, stream: TopicStream) -> None:
+    def __init__(self, stream: TopicStream, needed: int) -> None:
         self.stream = stream
+        self.needed = needed
         self.waiters: deque[tuple[int, float, AckCallback]] = deque()
 
 
@@ -67,60 +73,71 @@ class InSyncAcks:
     """The publishes of a primary's topics waiting for their mirrors; see the module
     docstring."""
 
-    __slots__ = ("_waiting", "needed", "timeout")
+    __slots__ = ("_waiting", "held", "needed", "refused", "timed_out", "timeout")
 
     def __init__(self, needed: int, timeout: float) -> None:
         self.needed = needed
-        """``--min-insync-mirrors``."""
+        """``--min-insync-mirrors``: the default of the topics' ``min_insync_mirrors`` policy
+        (each call says how many its topic needs)."""
         self.timeout = timeout
         """``--mirror-ack-timeout``, seconds: the longest an ``OK`` is held, and how long a
         mirror stays in sync without a fetch that caught up."""
         self._waiting: dict[str, _Waiting] = {}
         """Topic name -> its held publishes (only topics with some)."""
+        self.held = 0
+        """Publishes (a command, an HTTP request) whose ``OK`` waited for the mirrors."""
+        self.refused = 0
+        """Publishes refused before the append: fewer mirrors in sync than ``needed``."""
+        self.timed_out = 0
+        """Held publishes failed after the append: not stored by the mirrors in time."""
 
     # -- the mirrors in sync -------------------------------------------------------------------
 
     def in_sync(self, stream: TopicStream, now: float) -> list[MirrorHold]:
         """The holds of ``stream``'s mirrors that are in sync at ``now``."""
-        horizon = now - self.timeout
-        end = stream.next_offset
-        return [
-            c for c in stream.cursors
-            if isinstance(c, MirrorHold) and c.contact_at >= horizon
-            and (c.fetched_from >= end or c.caught_up_at >= horizon)
-        ]  # fmt: skip
+        timeout = self.timeout
+        return [c for c in stream.cursors if isinstance(c, MirrorHold) and c.in_sync(now, timeout)]
 
-    def quorum(self, stream: TopicStream, now: float) -> int:
+    def quorum(self, stream: TopicStream, now: float, needed: int) -> int:
         """The offset below which ``needed`` mirrors in sync have their copy (-1: too few)."""
         holds = self.in_sync(stream, now)
-        if len(holds) < self.needed:
+        if len(holds) < needed:
             return -1
         copied = sorted((h.copied for h in holds), reverse=True)
-        return copied[self.needed - 1]
+        return copied[needed - 1]
 
-    def refusal(self, stream: TopicStream, now: float) -> NotEnoughMirrors | None:
-        """Why a publish to ``stream`` is refused before it is stored (None: it may go on)."""
+    def refusal(self, stream: TopicStream, now: float, needed: int) -> NotEnoughMirrors | None:
+        """Why a publish to ``stream``, whose topic needs ``needed`` mirrors, is refused before
+        it is stored (None: it may go on)."""
         count = len(self.in_sync(stream, now))
-        if count >= self.needed:
+        if count >= needed:
             return None
+        self.refused += 1
         return NotEnoughMirrors(
-            f"NOT_ENOUGH_MIRRORS: {count} of --min-insync-mirrors={self.needed} in sync "
+            f"NOT_ENOUGH_MIRRORS: {count} of --min-insync-mirrors={needed} in sync "
             "(nothing stored; retry)"
         )
 
     # -- held publishes ------------------------------------------------------------------------
 
-    def wait(self, stream: TopicStream, now: float, callback: AckCallback) -> None:
+    def wait(self, stream: TopicStream, now: float, callback: AckCallback, needed: int) -> None:
         """Call ``callback`` once ``needed`` mirrors store everything published to ``stream``
         so far (``None``), or with a ``NotEnoughMirrors`` after the timeout."""
         end = stream.next_offset
-        if self.quorum(stream, now) >= end:
+        if self.quorum(stream, now, needed) >= end:
             callback(None)
             return
         waiting = self._waiting.get(stream.name)
         if waiting is None or waiting.stream is not stream:
-            waiting = self._waiting[stream.name] = _Waiting(stream)
+            waiting = self._waiting[stream.name] = _Waiting(stream, needed)
+        waiting.needed = needed  # (the topic's policy may have changed)
         waiting.waiters.append((end, now + self.timeout, callback))
+        self.held += 1
+
+    @property
+    def waiting_count(self) -> int:
+        """Publishes held now."""
+        return sum(len(w.waiters) for w in self._waiting.values())
 
     def waiting(self, name: str) -> bool:
         """Whether publishes to topic ``name`` wait for its mirrors (a fetch then answers at
@@ -132,7 +149,7 @@ class InSyncAcks:
         waiting = self._waiting.get(stream.name)
         if waiting is None or waiting.stream is not stream:
             return
-        quorum = self.quorum(stream, now)
+        quorum = self.quorum(stream, now, waiting.needed)
         waiters = waiting.waiters
         while waiters and waiters[0][0] <= quorum:
             waiters.popleft()[2](None)
@@ -153,12 +170,13 @@ class InSyncAcks:
             while waiters and waiters[0][1] <= now:
                 callback = waiters.popleft()[2]
                 callback(NotEnoughMirrors(
-                    f"NOT_ENOUGH_MIRRORS: not stored by {self.needed} mirror(s) within "
+                    f"NOT_ENOUGH_MIRRORS: not stored by {waiting.needed} mirror(s) within "
                     f"{self.timeout:g}s (stored here: a retry may duplicate it)"
                 ))  # fmt: skip
                 failed += 1
             if not waiters:
                 del self._waiting[name]
+        self.timed_out += failed
         return failed
 
     def drop(self, name: str, reason: str) -> None:

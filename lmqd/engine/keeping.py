@@ -38,7 +38,7 @@ from typing import Protocol
 
 from lmqd.engine.backend import BackendError, BackendQueue, StoredQueue, Syncable
 from lmqd.engine.durable import DurableAcks
-from lmqd.engine.holds import forget_offsets, note_offsets
+from lmqd.engine.holds import forget_offsets, note_offsets, restored_holds
 from lmqd.engine.lanes import LANE_SUFFIX, by_level, priority_of
 from lmqd.engine.release import HeldRelease
 from lmqd.engine.salvage import Salvage
@@ -77,7 +77,7 @@ class Keeping:
     """nsqd's default mode: a channel's own messages in memory first (see the module
     docstring). One per channel; ``kind`` picks the class."""
 
-    __slots__ = ("_channel", "_dq", "offset_notes")
+    __slots__ = ("_channel", "_dq", "offset_notes", "unnoted_stored")
 
     durable = False
     mem_factor = 1
@@ -92,16 +92,25 @@ class Keeping:
         self._channel = channel
         self._dq: BackendQueue | None = self._open_dq(False)
         """The deferred store, once open (at start-up only if it has files)."""
-        self.offset_notes: dict[bytes, int] | None = None
+        self.offset_notes = channel.ctx.stores.offset_notes(channel.topic_name, channel.name)
         """While a mirror holds the topic: the offsets of the messages this channel keeps in
-        its stores, by id (``holds.note_offsets``)."""
+        its stores, by id (``holds.note_offsets``); its stores write them with those messages
+        (``record.FLAG_OFFSET``) so that a restart finds them (``note_stored``)."""
+        self.unnoted_stored = 0
+        """Messages the stores held without an offset when ``note_stored`` read them (stored
+        before a mirror held the topic, read from memory, or by an older build): at most
+        that many of what the stores hold are not followed by offset."""
 
     def _open_dq(self, create: bool) -> BackendQueue | None:
         channel = self._channel
         return channel.ctx.stores.deferred_store(channel.topic_name, channel.name, create)
 
     def restore(self) -> None:
-        """Start-up: what an earlier run left in the deferred store goes to the deferred heap."""
+        """Start-up: what an earlier run left in the deferred store goes to the deferred heap;
+        first, if a mirror held the topic, the offsets of what the stores hold are noted."""
+        cursor = self._channel.sources.cursor
+        if cursor is not None and restored_holds(cursor.stream):
+            self.note_stored()
         if self._dq is not None and self._dq.depth:
             self.load_deferred()
 
@@ -311,14 +320,60 @@ class Keeping:
 
     def clear(self) -> None:
         """The channel was emptied or deleted: nothing is left to record."""
-        self.offset_notes = None
+        self.offset_notes.clear()
+
+    def note_stored(self) -> None:
+        """A mirror holds the topic (or held it, at start-up): the offsets the records of the
+        channel's stores carry (``record.FLAG_OFFSET``) are noted, as ``note`` noted them when
+        they went there: of everything the stores have still to give back, and of what they
+        gave back already that the channel holds unfinished (deferred, in flight ...), found
+        in what is left of their files. A read of those files, once (twice if it holds some)."""
+        notes = self.offset_notes
+        queues = self._channel.disk_queues
+        self.unnoted_stored = self._note_stored(queues, None)
+        wanted = {m.id for m in self.held_messages() if m.offset < 0 and m.id not in notes}
+        if wanted:
+            self._note_stored(queues, wanted)
+
+    def held_messages(self) -> list[Message]:
+        """What the channel holds unfinished in memory: in flight, deferred, requeued, in its
+        priority lanes."""
+        channel = self._channel
+        sources = channel.sources
+        held = [*channel.in_flight, *channel.deferred, *sources.queue.memory()]
+        if sources.lanes is not None:
+            for _, _, messages in sources.lanes.memory():
+                held += messages
+        return held
+
+    def _note_stored(self, queues: Sequence[StoredQueue], wanted: set[bytes] | None) -> int:
+        notes = self.offset_notes
+        unnoted = 0
+        for queue in queues:
+            try:
+                found, without = queue.stored_offsets(read_too=wanted is not None)
+            except OSError as exc:
+                log.warning(
+                    "%s: cannot read the offsets %s holds (a promoted mirror may not find "
+                    "its unfinished messages): %s",
+                    self._channel.subject,
+                    queue.name,
+                    exc,
+                )
+                continue
+            unnoted += without
+            if wanted is None:
+                notes.update(found)
+            else:
+                notes.update((i, o) for i, o in found.items() if i in wanted)
+        return unnoted
 
     def note(self, messages: Sequence[Message]) -> None:
         """``messages`` go to the channel's stores: their offsets are noted while a mirror
         holds the topic (``holds.note_offsets``)."""
         cursor = self._channel.sources.cursor
         stream = cursor.stream if cursor is not None else None
-        self.offset_notes = note_offsets(self.offset_notes, stream, messages)
+        note_offsets(self.offset_notes, stream, messages)
 
     # -- deliveries -----------------------------------------------------------------------
 

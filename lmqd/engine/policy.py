@@ -19,10 +19,14 @@ A topic's **policy** is a small set of keys. With none set, lmqd is nsqd. The ke
 * ``ttl_ms``: a message not delivered within this many ms of its publish timestamp is not
   delivered any more: each channel dead-letters it (its ``dead_letter_topic``,
   ``lmqd.engine.channel_policy``) or drops it, and counts it (``expired_count``).
+* ``min_insync_mirrors`` (``lmqd.engine.insync``): a publish's ``OK`` waits until that many
+  mirrors stored it, and is refused with fewer in sync (0: answered without them); the daemon's
+  ``--min-insync-mirrors`` is the default.
 
 Every key but ``overflow`` and ``compression`` is an integer from 0 to 2^63-1, where 0 means
-off (no retention, no TTL, no bound, no limit, no window; ``publish_burst`` 0 means one
-second's worth of ``publish_rate``). ``overflow`` is one of ``OVERFLOW_MODES``;
+off (no retention, no TTL, no bound, no limit, no window, no mirror waited for;
+``publish_burst`` 0 means one second's worth of ``publish_rate``). ``overflow`` is one of
+``OVERFLOW_MODES``;
 ``compression`` a codec's spelling, stored as ``Compression`` writes it. The daemon's flags of
 the same names (``--retention-ms``, ``--ttl-ms``, ``--max-depth``, ``--compression``, ...) are
 the defaults; a topic's own settings (``POST /topic/policy``, persisted with the metadata)
@@ -76,7 +80,10 @@ def shared_default(kind: type[_T], options: Options, make: Callable[[], _T]) -> 
 PUBLISH_KEYS = ("max_depth", "overflow", "publish_rate", "publish_burst", "dedup_window_ms")
 """The keys the publish path applies (``lmqd.engine.admission``)."""
 
-POLICY_KEYS = ("retention_ms", "retention_bytes", "ttl_ms", *PUBLISH_KEYS, "compression")
+POLICY_KEYS = (
+    "retention_ms", "retention_bytes", "ttl_ms", *PUBLISH_KEYS, "compression",
+    "min_insync_mirrors",
+)  # fmt: skip
 
 STRING_KEYS: Mapping[str, tuple[str, ...]] = {"overflow": OVERFLOW_MODES}
 """Keys whose value is a string, with the values they take; every other key is an integer."""
@@ -102,6 +109,7 @@ class TopicPolicy:
     publish_burst: int = 0
     dedup_window_ms: int = 0
     compression: str = "none"
+    min_insync_mirrors: int = 0
 
     @classmethod
     def effective(cls, options: Options, settings: Mapping[str, PolicyValue]) -> TopicPolicy:

@@ -203,6 +203,8 @@ class Stores:
         """Restored topics' own ``compression`` policies (``note_compressions``)."""
         self._open_disk = self._disk
         """``_disk`` bound once, shared by every channel's ``LazyBackend``."""
+        self._offset_notes: dict[str, dict[bytes, int]] = {}
+        """Each stored channel's offset notes (``offset_notes``), by its own store's name."""
 
     def open_queue(self, name: str) -> DiskQueue:
         """Open (recover) the disk queue ``name``; blocking, raises ``OSError``."""
@@ -281,7 +283,16 @@ class Stores:
                 self._on_health(f"cannot open queue {name}: {exc}")
                 raise BackendError(f"cannot open queue {name}: {exc}") from exc
         self._syncer.register(queue)
+        topic, _, channel = name.partition(":")
+        queue.noted_offsets = self.offset_notes(topic, _channel_part(channel))
         return queue
+
+    def offset_notes(self, topic: str, channel: str) -> dict[bytes, int]:
+        """The channel's offset notes (``context.StoreSource``): every store of the channel
+        opened here writes the offset noted for a message that does not carry one (a message
+        read back from a store and written to one again). Made when first asked for; a deleted
+        channel empties it (``Keeping.clear``) and one made again under its name takes it."""
+        return self._offset_notes.setdefault(f"{topic}:{channel}", {})
 
     def topic_log(self, name: str) -> TopicLog | None:
         """A topic's log (None for an ephemeral topic). Raises ``BackendError`` if it cannot
@@ -318,6 +329,8 @@ class Stores:
         existing = self._preopened.pop(name, None)
         if isinstance(existing, DiskQueue):
             self._syncer.register(existing)
+            topic, _, channel = name.partition(":")
+            existing.noted_offsets = self.offset_notes(topic, _channel_part(channel))
             return LazyBackend(self._open_disk, name, existing)
         return LazyBackend(self._open_disk, name)
 
@@ -367,3 +380,6 @@ class MemoryStores:
 
     def stored_lanes(self, topic_name: str, channel_name: str) -> list[int]:
         return []
+
+    def offset_notes(self, topic: str, channel: str) -> dict[bytes, int]:
+        return {}

@@ -362,6 +362,9 @@ class HttpApi(AsgiApp):
             links = replication.link_statistics(now)
             if links:
                 document["mirrors"] = [m.to_dict() for m in links]
+            insync = replication.insync_statistics(now)
+            if insync is not None:
+                document["min_insync"] = insync.to_dict()
         return Response(200, go_json(document), "application/json; charset=utf-8")
 
     # -- topic administration ----------------------------------------------------------------

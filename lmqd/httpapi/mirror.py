@@ -193,9 +193,8 @@ class MirrorApi:
             if topic is None or topic.ephemeral or topic.stream.log is None or topic.exiting:
                 continue
             hold, new = registry.hold(mirror_id, topic)
-            hold.fetched(offset, acked, now)
-            if insync is not None:
-                insync.acknowledged(topic.stream, now)
+            hold.fetched(offset, acked, now, self.broker.options.mirror_ack_timeout)
+            insync.acknowledged(topic.stream, now)
             news[name] = new
             wanted.append((topic, offset))
         if wait_ms and wanted:
@@ -209,7 +208,7 @@ class MirrorApi:
                     registry.unwatch(topics, event)
             pending = sum(max(t.stream.next_offset - o, 0) for t, o in wanted)
             # Publishers waiting for this mirror (--min-insync-mirrors) are answered sooner.
-            waiting = insync is not None and any(insync.waiting(t.name) for t, _ in wanted)
+            waiting = any(insync.waiting(t.name) for t, _ in wanted)
             if 0 < pending < FETCH_MIN_MESSAGES and not waiting:
                 await trio.sleep(FETCH_LINGER_S)  # a few more publishes: fewer, fuller fetches
         return Response(200, self._sections(registry, mirror_id, wanted, news), v1=False)
@@ -253,7 +252,7 @@ class MirrorApi:
                 topic.name, encode_copies(entries, log_.timebase),
                 next_offset=following, end=stream.next_offset, earliest=stream.earliest_offset,
                 since=since, next_ts=next_ts, new_hold=news.get(topic.name, False),
-                waiting=insync is not None and insync.waiting(topic.name),
+                waiting=insync.waiting(topic.name),
             )  # fmt: skip
             if entries or following != offset or news.get(topic.name):
                 parts.append(section)

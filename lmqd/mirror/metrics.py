@@ -18,9 +18,15 @@ lmqd_mirror_untracked_messages                   gauge   topic
 
 On both: ``lmqd_mirror_epoch``. On a primary, per mirror (``mirror``: its node id,
 ``address``: its own HTTP address): ``lmqd_primary_mirror_lag_messages``,
-``lmqd_primary_mirror_seconds_since_contact`` and
-``lmqd_primary_mirror_released_messages_total`` (what it let go past ``--mirror-max-lag``).
-deploy/prometheus/alerts.yml has the alert rules over them (lag, disconnected, gap).
+``lmqd_primary_mirror_seconds_since_contact``,
+``lmqd_primary_mirror_released_messages_total`` (what it let go past ``--mirror-max-lag``) and
+``lmqd_primary_mirror_in_sync``; per topic its mirrors follow,
+``lmqd_primary_topic_mirrors_in_sync`` and ``lmqd_primary_topic_min_insync_mirrors`` (its
+``min_insync_mirrors``); with ``--min-insync-mirrors`` or a topic with that policy,
+``lmqd_primary_insync_waiting_publishes`` and the counters
+``lmqd_primary_insync_{held,refused,timed_out}_publishes_total``.
+docs/monitoring/lmqd-alerts.yml has the alert rules over them (lag, disconnected, gap, fewer in
+sync than --min-insync-mirrors).
 """
 
 from __future__ import annotations
@@ -108,9 +114,46 @@ class MirrorCollector(Collector):
                 "offsets let go uncopied: the mirror lagged past --mirror-max-lag",
                 labels=_MIRROR,
             )
+            in_sync = GaugeMetricFamily(
+                "lmqd_primary_mirror_in_sync",
+                "1 while a mirror is in sync on every topic it follows (--mirror-ack-timeout)",
+                labels=_MIRROR,
+            )
             for m in links:
                 key = [m.mirror_id, m.address]
                 lag.add_metric(key, m.lag_messages)
                 contact.add_metric(key, m.seconds_since_contact)
                 released.add_metric(key, m.released_messages)
-            yield from (lag, contact, released)
+                in_sync.add_metric(key, 1 if m.in_sync else 0)
+            yield from (lag, contact, released, in_sync)
+        insync = replication.insync_statistics(now)
+        if links or insync is not None:
+            in_sync = GaugeMetricFamily(
+                "lmqd_primary_topic_mirrors_in_sync",
+                "mirrors in sync on the topic (--mirror-ack-timeout)", labels=_TOPIC,
+            )
+            needed = GaugeMetricFamily(
+                "lmqd_primary_topic_min_insync_mirrors",
+                "mirrors the topic's publishes wait for (min_insync_mirrors; 0: none)",
+                labels=_TOPIC,
+            )
+            for name, (count, wanted) in sorted(replication.mirrors_in_sync(now).items()):
+                in_sync.add_metric([name], count)
+                needed.add_metric([name], wanted)
+            yield from (in_sync, needed)
+        if insync is not None:
+            yield GaugeMetricFamily(
+                "lmqd_primary_insync_waiting_publishes",
+                "publishes whose OK waits for the mirrors now",
+                value=insync.waiting_publishes,
+            )
+            for name, help_text, value in (
+                ("held", "publishes whose OK waited for the mirrors", insync.held_publishes),
+                ("refused", "publishes refused: fewer mirrors in sync than needed",
+                 insync.refused_publishes),
+                ("timed_out", "held publishes not stored by the mirrors in time (stored here)",
+                 insync.timed_out_publishes),
+            ):  # fmt: skip
+                yield CounterMetricFamily(
+                    f"lmqd_primary_insync_{name}_publishes", help_text, value=value
+                )

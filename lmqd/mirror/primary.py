@@ -35,7 +35,7 @@ from lmqd.broker import Broker
 from lmqd.engine.holds import MirrorHold, restored_holds
 from lmqd.engine.topic import Topic
 from lmqd.mirror.role import NodeRole
-from lmqd.mirror.stats import MirrorLinkStats
+from lmqd.mirror.stats import MirrorHoldStats, MirrorLinkStats
 from lmqd.options import Options
 
 __all__ = ["SWEEP_S", "MirrorLink", "MirrorRegistry"]
@@ -87,7 +87,8 @@ class MirrorRegistry:
         restore)."""
         for topic in list(self.broker.topics.values()):
             for mirror_id in restored_holds(topic.stream):
-                self._hold(mirror_id, topic)
+                # (Its channels noted what their stores hold when they were restored.)
+                self._hold(mirror_id, topic, note_stored=False)
                 self.links.setdefault(mirror_id, MirrorLink(mirror_id))
 
     def topic_created(self, topic: str) -> None:
@@ -147,11 +148,16 @@ class MirrorRegistry:
             return hold, False
         return self._hold(mirror_id, topic), True
 
-    def _hold(self, mirror_id: str, topic: Topic) -> MirrorHold:
+    def _hold(self, mirror_id: str, topic: Topic, *, note_stored: bool = True) -> MirrorHold:
         holds = self.holds.setdefault(mirror_id, {})
         hold = holds.get(topic.name)
         if hold is None or hold.stream is not topic.stream:
+            first = not topic.stream.held
             hold = holds[topic.name] = MirrorHold(topic.stream, mirror_id)
+            if first and note_stored:
+                # What the channels stored before a mirror held the topic: by offset too.
+                for channel in list(topic.channels.values()):
+                    channel.keeping.note_stored()
         return hold
 
     def forget(self, mirror_id: str) -> bool:
@@ -222,20 +228,16 @@ class MirrorRegistry:
         insync = self.broker.insync
         # A publish held after this task went to sleep is looked at within a tick: it fails at
         # most a quarter of its timeout (and a second) late.
-        tick = SWEEP_S if insync is None else min(SWEEP_S, insync.timeout / 4)
+        tick = min(SWEEP_S, insync.timeout / 4)
         next_sweep = trio.current_time() + SWEEP_S
         while True:
             now = trio.current_time()
-            deadline = min(next_sweep, now + tick)
-            if insync is not None:
-                deadline = min(deadline, insync.next_deadline)
-            await trio.sleep_until(deadline)
+            await trio.sleep_until(min(next_sweep, now + tick, insync.next_deadline))
             now = trio.current_time()
-            if insync is not None:
-                failed = insync.expire(now)
-                if failed:
-                    log.warning("MIRROR: %d publish(es) not stored by %d mirror(s) within %gs: "
-                                "failed", failed, insync.needed, insync.timeout)  # fmt: skip
+            failed = insync.expire(now)
+            if failed:
+                log.warning("MIRROR: %d publish(es) not stored by their mirrors within %gs: "
+                            "failed", failed, insync.timeout)  # fmt: skip
             if now >= next_sweep:
                 next_sweep = now + SWEEP_S
                 if self.holds:
@@ -246,9 +248,25 @@ class MirrorRegistry:
     def statistics(self, now: float) -> list[MirrorLinkStats]:
         """One snapshot per known mirror, sorted by id."""
         out = []
+        timeout = self.options.mirror_ack_timeout
+        to_wall = time.time() - now  # trio time -> Unix time
         for mirror_id in sorted(self.links):
             link = self.links[mirror_id]
             holds = self.holds.get(mirror_id, {})
+            per_topic = tuple(
+                MirrorHoldStats(
+                    topic_name=name,
+                    in_sync=(in_sync := hold.in_sync(now, timeout)),
+                    in_sync_since=hold.in_sync_since + to_wall if in_sync else 0.0,
+                    stored_offset=hold.fetched_from,
+                    synced_offset=hold.copied,
+                    end_offset=hold.stream.next_offset,
+                    lag_messages=hold.lag,
+                )
+                for name, hold in sorted(holds.items())
+            )
+            synced = [h for h in per_topic if h.in_sync]
+            all_in_sync = bool(per_topic) and len(synced) == len(per_topic)
             out.append(
                 MirrorLinkStats(
                     mirror_id=mirror_id,
@@ -262,6 +280,22 @@ class MirrorRegistry:
                     lag_messages=sum(h.lag for h in holds.values()),
                     released_messages=sum(h.released for h in holds.values()),
                     topics=len(holds),
+                    in_sync=all_in_sync,
+                    in_sync_since=max(h.in_sync_since for h in synced) if all_in_sync else 0.0,
+                    topics_in_sync=len(synced),
+                    holds=per_topic,
                 )
             )
         return out
+
+    def mirrors_in_sync(self, now: float) -> dict[str, tuple[int, int]]:
+        """Per topic a mirror follows, how many of its mirrors are in sync at ``now`` and how
+        many its publishes wait for (its ``min_insync_mirrors``)."""
+        timeout = self.options.mirror_ack_timeout
+        topics = self.mirrored_topics()
+        counts = dict.fromkeys((t.name for t in topics), 0)
+        for holds in self.holds.values():
+            for name, hold in holds.items():
+                if name in counts and hold.in_sync(now, timeout):
+                    counts[name] += 1
+        return {t.name: (counts[t.name], t.policy.min_insync_mirrors) for t in topics}

@@ -34,7 +34,7 @@ from lmqd.engine.topic import Topic
 from lmqd.mirror.follower import STATE_FILENAME, Follower, MirrorRefused
 from lmqd.mirror.primary import MirrorRegistry
 from lmqd.mirror.role import NodeRole, Peer, load_role, save_role
-from lmqd.mirror.stats import MirrorLinkStats, MirrorStats
+from lmqd.mirror.stats import InSyncStats, MirrorLinkStats, MirrorStats
 from lmqd.mirror.wire import from_ranges
 from lmqd.net import split_address
 from lmqd.storage import run_sync_jobs
@@ -268,10 +268,33 @@ class Replication:
         """A primary's mirrors (empty on a mirror)."""
         return self.registry.statistics(now) if self.registry is not None else []
 
+    def mirrors_in_sync(self, now: float) -> dict[str, tuple[int, int]]:
+        """On a primary, per topic its mirrors follow, how many are in sync and how many its
+        publishes wait for (empty on a mirror)."""
+        return self.registry.mirrors_in_sync(now) if self.registry is not None else {}
+
+    def insync_statistics(self, now: float) -> InSyncStats | None:
+        """A primary's publishes held for its mirrors (None on a mirror, and on a primary
+        without ``--min-insync-mirrors`` none of whose topics has the policy)."""
+        insync = self.broker.insync
+        counts = self.mirrors_in_sync(now)
+        if self.registry is None or not (insync.needed or any(n for _, n in counts.values())):
+            return None
+        return InSyncStats(
+            min_insync_mirrors=insync.needed,
+            mirror_ack_timeout=insync.timeout,
+            waiting_publishes=insync.waiting_count,
+            held_publishes=insync.held,
+            refused_publishes=insync.refused,
+            timed_out_publishes=insync.timed_out,
+            topics_below=tuple(name for name, (n, needed) in sorted(counts.items()) if n < needed),
+        )
+
     def status(self, now: float) -> dict[str, Any]:
         """``GET /mirror``."""
         role = self.role
         mirror = self.mirror_statistics(now)
+        insync = self.insync_statistics(now)
         return {
             "role": "mirror" if self.follower is not None else "primary",
             "node_id": role.node_id,
@@ -280,6 +303,7 @@ class Replication:
             "promoted_at": role.promoted_at,
             "mirror": mirror.to_dict() if mirror is not None else None,
             "mirrors": [m.to_dict() for m in self.link_statistics(now)],
+            "min_insync": insync.to_dict() if insync is not None else None,
         }
 
 

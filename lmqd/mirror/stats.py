@@ -8,7 +8,14 @@ from typing import Any
 
 import attrs
 
-__all__ = ["FOLLOW_STATES", "MirrorLinkStats", "MirrorStats", "MirrorTopicStats"]
+__all__ = [
+    "FOLLOW_STATES",
+    "InSyncStats",
+    "MirrorHoldStats",
+    "MirrorLinkStats",
+    "MirrorStats",
+    "MirrorTopicStats",
+]
 
 FOLLOW_STATES = ("following", "catching_up", "disconnected", "gap")
 """A followed topic's state: copying as it comes (``following``: no more than a fetch behind),
@@ -73,6 +80,27 @@ class MirrorStats:
 
 
 @attrs.frozen(kw_only=True)
+class MirrorHoldStats:
+    """One topic of one mirror of this primary (its hold, ``lmqd.engine.holds``)."""
+
+    topic_name: str
+    in_sync: bool
+    """In sync (Kafka's ISR, docs/mirrors.md): it fetched within --mirror-ack-timeout and, within
+    that time too, had copied everything or asked from the end it was last told of."""
+    in_sync_since: float
+    """Unix time of the fetch that made it in sync (0: not in sync)."""
+    stored_offset: int
+    """Where its last fetch read from: it has stored everything below."""
+    synced_offset: int
+    """Below this it said its copy is durable (fsynced on a --durable mirror; as stored
+    otherwise): what --min-insync-mirrors counts."""
+    end_offset: int
+    """The topic's end here."""
+    lag_messages: int
+    """Offsets the primary keeps for it (below ``end_offset``, not copied, not released)."""
+
+
+@attrs.frozen(kw_only=True)
 class MirrorLinkStats:
     """One mirror of this primary."""
 
@@ -89,6 +117,36 @@ class MirrorLinkStats:
     released_messages: int
     """Offsets the primary let go uncopied because the mirror lagged past --mirror-max-lag."""
     topics: int
+    in_sync: bool
+    """In sync on every topic it holds (and it holds some)."""
+    in_sync_since: float
+    """Unix time since which it has been in sync on every topic (0: not in sync)."""
+    topics_in_sync: int
+    holds: tuple[MirrorHoldStats, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return attrs.asdict(self)
+
+
+@attrs.frozen(kw_only=True)
+class InSyncStats:
+    """A primary's publishes held for its mirrors (``--min-insync-mirrors``,
+    ``lmqd.engine.insync``); counts since this primary started."""
+
+    min_insync_mirrors: int
+    """The flag: the default of the topics' ``min_insync_mirrors`` policy."""
+    mirror_ack_timeout: float
+    waiting_publishes: int
+    """Publishes whose ``OK`` waits for the mirrors now."""
+    held_publishes: int
+    """Publishes (a command, an HTTP request) whose ``OK`` waited for the mirrors."""
+    refused_publishes: int
+    """Refused before anything was stored: fewer mirrors in sync than needed."""
+    timed_out_publishes: int
+    """Failed after the append: not stored by enough mirrors within the timeout."""
+    topics_below: tuple[str, ...]
+    """Topics with fewer mirrors in sync than they need (their ``min_insync_mirrors``): their
+    publishes are refused."""
 
     def to_dict(self) -> dict[str, Any]:
         return attrs.asdict(self)

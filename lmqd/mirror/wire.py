@@ -91,16 +91,10 @@ def describe_channel(channel: Channel) -> dict[str, Any]:
     cursor = channel.cursor
     assert cursor is not None
     sources = channel.sources
-    held = [*channel.in_flight, *channel.deferred, *sources.queue.memory()]
-    if sources.lanes is not None:
-        for _, _, messages in sources.lanes.memory():
-            held += messages
-    notes = channel.keeping.offset_notes
-    offsets, ids = unfinished_offsets(held, notes)
-    # What the own store has on disk, less those of it whose offsets are noted.
-    on_disk = sources.stored_depth
-    if notes:
-        on_disk = max(on_disk - (len(notes) - sum(1 for m in held if m.id in notes)), 0)
+    held = channel.keeping.held_messages()
+    offsets, ids = unfinished_offsets(held, channel.keeping.offset_notes)
+    # What the stores hold without an offset: at most what they had when last read.
+    on_disk = min(channel.keeping.unnoted_stored, sources.stored_depth)
     log_ = cursor.stream.log
     assert log_ is not None
     to_wall = log_.timebase.to_wall_ns

@@ -42,6 +42,7 @@ from lmqd.storage.record import (
     BATCH_HEADER,
     BATCH_HEADER_SIZE,
     FLAG_HEADERS,
+    FLAG_OFFSET,
     MAX_BATCH_COUNT,
     RECORD_PREFIX,
     RECORD_PREFIX_SIZE,
@@ -185,11 +186,14 @@ def decode_batch(
 
 def _option_exts(buf: bytes, at: int, end: int, count: int) -> list[MessageExt | None] | None:
     """Each message's extension from the ``count`` option blocks at ``buf[at:end]``, if they
-    are all ``b"\x00"`` or an extension block alone (``FLAG_HEADERS``) and end exactly at
-    ``end``; None otherwise (the general path decides). A block equal to the one before it is
-    recognised by one comparison and shares its ``MessageExt``; a block that does not
-    decode (only a writer bug could store one under a matching CRC) gives None, as in
+    are all ``b"\x00"``, an extension block (``FLAG_HEADERS``) and/or a topic offset
+    (``FLAG_OFFSET``, which a reader of the queue leaves out: see ``record.FLAG_OFFSET``) and
+    end exactly at ``end``; None otherwise (the general path decides). A block equal to the
+    one before it is recognised by one comparison and shares its ``MessageExt``; a block that
+    does not decode (only a writer bug could store one under a matching CRC) gives None, as in
     ``_messages``."""
+    if end - at == _OFFSET_BLOCK * count and _offsets_only(buf, at, end, count):
+        return [None] * count  # a channel's store: topic offsets only (checked in C)
     exts: list[MessageExt | None] = []
     add = exts.append
     decoded: dict[bytes, MessageExt | None] = {}
@@ -199,25 +203,53 @@ def _option_exts(buf: bytes, at: int, end: int, count: int) -> list[MessageExt |
     for _ in range(count):
         if last and buf[at : at + span] == last:
             at += span
-        elif at < end and buf[at] == 0:
-            last = _NO_OPTIONS
-            span = 1
-            ext = None
-            at += 1
-        elif at + 5 <= end and buf[at] == FLAG_HEADERS:
-            stop = at + 5 + U32.unpack_from(buf, at + 1)[0]
+            add(ext)
+            continue
+        if at >= end:
+            return None
+        flags = buf[at]
+        if flags & ~(FLAG_HEADERS | FLAG_OFFSET):
+            return None
+        start = at
+        at += 1
+        ext = None
+        if flags & FLAG_HEADERS:
+            if at + 4 > end:
+                return None
+            stop = at + 4 + U32.unpack_from(buf, at)[0]
             if stop > end:
                 return None
-            ext = _cached_ext(buf[at + 5 : stop], decoded)
-            last = buf[at:stop]
-            span = stop - at
+            ext = _cached_ext(buf[at + 4 : stop], decoded)
             at = stop
+        if flags & FLAG_OFFSET:
+            at += _OFFSET_FIELD
+            if at > end or U32.unpack_from(buf, at - _OFFSET_FIELD)[0] != 8:
+                return None
+            last = b""  # each message's offset differs
         else:
-            return None
+            last = buf[start:at]
+            span = at - start
         add(ext)
     return exts if at == end else None
 
 
+_OFFSET_FIELD = 12
+"""A ``FLAG_OFFSET`` field's bytes: its length (8) and the offset."""
+_OFFSET_BLOCK = 1 + _OFFSET_FIELD
+"""An option block holding a topic offset alone."""
+
+
+def _offsets_only(buf: bytes, at: int, end: int, count: int) -> bool:
+    """Whether the ``count`` blocks at ``buf[at:end]`` are each a topic offset alone (flags
+    ``FLAG_OFFSET``, length 8): five strided slices compared, no Python loop per message."""
+    step = _OFFSET_BLOCK
+    return (
+        buf[at:end:step] == bytes((FLAG_OFFSET,)) * count
+        and buf[at + 1 : end : step] == bytes(count)
+        and buf[at + 2 : end : step] == bytes(count)
+        and buf[at + 3 : end : step] == bytes(count)
+        and buf[at + 4 : end : step] == b"\x08" * count
+    )
 _NO_OPTIONS = b"\x00"
 
 
@@ -306,7 +338,7 @@ def extension_blocks(buf: Buffer, offset: int, rec_end: int) -> list[tuple[int, 
     for _, timestamp in entries:
         if at >= crc_at:
             raise FormatError("option block past the record end")
-        _, block, at = parse_optional_fields(buf, at + 1, crc_at, buf[at])
+        _, block, at, _ = parse_optional_fields(buf, at + 1, crc_at, buf[at])
         if block is not None:
             out.append((timestamp, block))
     return out
@@ -327,10 +359,13 @@ def decode_message_record(buf: Buffer, offset: int, rec_end: int) -> Record:
     body_at = offset + RECORD_PREFIX_SIZE
     expires_ns: int | None = None
     headers: bytes | None = None
+    topic_offset = -1
     if flags:
-        expires_ns, headers, body_at = parse_optional_fields(buf, body_at, crc_at, flags)
+        expires_ns, headers, body_at, topic_offset = parse_optional_fields(
+            buf, body_at, crc_at, flags
+        )
     body = bytes(buf[body_at:crc_at])
-    return Record(msg_id, timestamp, attempts, deliver, body, expires_ns, headers)
+    return Record(msg_id, timestamp, attempts, deliver, body, expires_ns, headers, topic_offset)
 
 
 def decode_batch_records(buf: Buffer, offset: int, rec_end: int) -> list[Record]:
@@ -351,13 +386,16 @@ def decode_batch_records(buf: Buffer, offset: int, rec_end: int) -> list[Record]
         )
         expires_ns: int | None = None
         headers: bytes | None = None
+        topic_offset = -1
         if flags & BATCH_FLAG_OPTIONS:
-            expires_ns, headers, opt_at = parse_optional_fields(
+            expires_ns, headers, opt_at, topic_offset = parse_optional_fields(
                 buf, opt_at + 1, rec_end - 4, buf[opt_at]
             )
         body = bytes(buf[body_at : body_at + n])
         body_at += n
-        out.append(Record(msg_id, timestamp, attempts, deliver, body, expires_ns, headers))
+        out.append(
+            Record(msg_id, timestamp, attempts, deliver, body, expires_ns, headers, topic_offset)
+        )
     return out
 
 

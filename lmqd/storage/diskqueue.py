@@ -40,14 +40,14 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from lmqd.message import Message
 from lmqd.storage.acks import AckTracker
 from lmqd.storage.atrest.seal import PLAIN, AtRest
 from lmqd.storage.errors import BackendError
 from lmqd.storage.files import fsync_dir, positions_filename, unlink_quietly
-from lmqd.storage.peek import peek_queue
+from lmqd.storage.peek import peek_queue, stored_offsets
 from lmqd.storage.positions import Positions, encode_positions
 from lmqd.storage.reader import DEFAULT_READ_AHEAD, SegmentReader
 from lmqd.storage.record import SEGMENT_HEADER_SIZE
@@ -125,6 +125,10 @@ class DiskQueue(DamageCounters):
         self.reads_are_deliveries = ack_mode
         """Acknowledgement mode: each message read is delivered (a channel's own store); False
         for a queue read ahead whole (a deferred store), whose position says nothing."""
+        self.noted_offsets: Mapping[bytes, int] = {}
+        """Topic offsets by id of messages written here without one (``Message.offset`` -1: a
+        message read back from a channel's store), written with them all the same
+        (``record.FLAG_OFFSET``): the channel's notes (``lmqd.engine.holds``)."""
         self._closed = False
         self.stored_message_ttls = False
         """Some message found on disk when the queue opened has its own TTL (lmq's extension;
@@ -198,7 +202,7 @@ class DiskQueue(DamageCounters):
             raise BackendError(f"DISKQUEUE({self.name}): closed")
         if not messages:
             return
-        placed = self._writer.write(messages)
+        placed = self._writer.write(messages, noted=self.noted_offsets)
         reader = self._reader
         cache = self._cache
         if not cache.open and reader.depth == 0 and reader.pending is None:
@@ -245,6 +249,21 @@ class DiskQueue(DamageCounters):
             self._timebase.from_wall_ns,
             self._at_rest.opener,
         )
+
+    def stored_offsets(self, *, read_too: bool = False) -> tuple[dict[bytes, int], int]:
+        """The topic offsets of the messages ``read_many`` has still to return that carry one
+        (``record.FLAG_OFFSET``), by id, and how many carry none: a read of the rest of the
+        files (``peek.py``); ``read_too``: of every message still in the files, those already
+        read too (done or not: acknowledgement mode keeps the unacknowledged ones there).
+        Raises ``OSError``."""
+        if self._closed:
+            return {}, 0
+        segments = self._segments
+        opener = self._at_rest.opener
+        if not read_too:
+            return stored_offsets(list(segments.live), self._reader.position(), opener)
+        files = [*segments.retired, *segments.live]
+        return stored_offsets(files, (files[0].number, 0, 0), opener) if files else ({}, 0)
 
     def ack(self, token: int) -> bool:
         """Acknowledgement mode: mark a read message done; False if the token is unknown."""

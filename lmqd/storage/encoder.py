@@ -21,7 +21,11 @@ messages) writes batch flags 0 and no option blocks: the check is one C loop ove
 (``encode_options``). Otherwise every batch of the call has flag ``BATCH_FLAG_OPTIONS`` and one
 option block per message after the bodies, ``[flags][fields]``: ``b"\x00"`` for a message
 without extension, ``FLAG_HEADERS`` with the extension block (``lmqd.message_ext``) as the
-field for one with it. Planning counts each message's block with its body.
+field for one with it. Planning counts each message's block with its body. A disk queue's
+call (no ``first_offset``) some of whose messages have a topic offset (a channel's copy of a
+message of its topic's log) gives every message a block, with ``FLAG_OFFSET`` and the offset for
+those that have one: what a primary tells its mirrors of a channel's stores after a restart
+(``lmqd.engine.holds``).
 
 A topic log (``log.py``) writes *offset* batches ('O', format version 3): the same steps with
 the call's first offset given, each batch's header then carrying the offset of its first message
@@ -38,7 +42,7 @@ from __future__ import annotations
 
 import struct
 from bisect import bisect_right
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from itertools import accumulate, pairwise, repeat
 from operator import add, attrgetter
 
@@ -53,6 +57,7 @@ from lmqd.storage.record import (
     BATCH_HEADER,
     BATCH_OVERHEAD,
     FLAG_HEADERS,
+    FLAG_OFFSET,
     MAX_ATTEMPTS,
     MAX_BATCH_BYTES,
     OFFSET_BATCH_HEADER,
@@ -140,10 +145,19 @@ _ZEROS = repeat(0)
 shortest)."""
 
 
-def encode_options(messages: Sequence[Message]) -> list[bytes] | None:
+def encode_options(
+    messages: Sequence[Message], offsets: Mapping[bytes, int] | None = None
+) -> list[bytes] | None:
     """Each message's option block, or None when no message has an extension (the common
     case, found without a Python-level loop). Each distinct extension object (a publish's
-    messages share one) is encoded once; the list is then built with C loops."""
+    messages share one) is encoded once; the list is then built with C loops.
+
+    ``offsets`` (a disk queue's records; None for a topic log's): a message with a topic offset
+    (``Message.offset``: a message of a topic's log a channel keeps in its own store), or
+    without one but in ``offsets`` by id (the channel's notes: read back from a store), carries
+    it too (``FLAG_OFFSET``), a loop over the call's messages."""
+    if offsets is not None and (offsets or any(map(_has_offset, messages))):
+        return _options_with_offsets(messages, offsets)
     if not any(map(_ext, messages)):
         return None
     exts = list(map(_ext, messages))
@@ -155,6 +169,38 @@ def encode_options(messages: Sequence[Message]) -> list[bytes] | None:
             block = encode_ext(ext, check=False)
             options[key] = _EXT_OPTION + U32.pack(len(block)) + block
     return list(map(options.__getitem__, map(id, exts)))
+
+
+def _has_offset(m: Message) -> bool:
+    return m.offset >= 0
+
+
+def _options_with_offsets(
+    messages: Sequence[Message], noted: Mapping[bytes, int]
+) -> list[bytes]:
+    """``encode_options`` of a disk queue's call some of whose messages have a topic offset."""
+    out: list[bytes] = []
+    blocks: dict[int, bytes] = {}
+    for m in messages:
+        offset = m.offset if m.offset >= 0 else noted.get(m.id, -1)
+        ext = m.ext
+        if ext is None:
+            block = b""
+        else:
+            block = blocks.get(id(ext), b"")
+            if not block:
+                raw = encode_ext(ext, check=False)
+                block = blocks[id(ext)] = U32.pack(len(raw)) + raw
+        flags = FLAG_HEADERS if block else 0
+        if offset >= 0:
+            out.append(bytes((flags | FLAG_OFFSET,)) + block + _OFFSET_FIELD.pack(8, offset))
+        else:
+            out.append(bytes((flags,)) + block)
+    return out
+
+
+_OFFSET_FIELD = struct.Struct(">Iq")
+"""A ``FLAG_OFFSET`` field: its length (8) and the offset."""
 
 
 def plan_batches(

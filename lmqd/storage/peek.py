@@ -7,12 +7,16 @@ It never repairs, retires or moves anything: a region it cannot decode ends the 
 reader will deal with it when it gets there). Reads are ``pread`` on a descriptor of its own, in
 chunks of ``PEEK_CHUNK`` bytes (a record longer than that is read whole, up to the format's
 ``MAX_RECORD_LENGTH``), so a peek costs what it shows, not the queue's size.
+
+``stored_offsets`` reads the same way to the queue's end and keeps only the topic offsets its
+records carry (``record.FLAG_OFFSET``): what a primary's channel keeps in its stores, for its
+mirrors (``lmqd.engine.holds``); it costs a read of the queue, once.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from lmqd.message import Message
@@ -30,7 +34,7 @@ from lmqd.storage.segments import Segment
 if TYPE_CHECKING:
     from lmqd.storage.atrest.seal import Opener
 
-__all__ = ["PEEK_CHUNK", "peek_queue"]
+__all__ = ["PEEK_CHUNK", "peek_queue", "peek_records", "stored_offsets"]
 
 PEEK_CHUNK = 256 * 1024
 """Bytes read per step: a batch record's usual size (``record.MAX_BATCH_BYTES``)."""
@@ -46,62 +50,81 @@ def peek_queue(
     """Up to ``count`` messages from ``position`` = (segment number, record offset, messages of
     that record to skip) on, oldest first (sealed batches opened by ``opener``); ``OSError`` if
     a file cannot be read."""
+    if count <= 0:
+        return []
     out: list[Message] = []
+    for r in peek_records(segments, position, opener):
+        out.append(_message(r, from_wall_ns))
+        if len(out) >= count:
+            break
+    return out
+
+
+def stored_offsets(
+    segments: Sequence[Segment], position: tuple[int, int, int], opener: Opener | None = None
+) -> tuple[dict[bytes, int], int]:
+    """The topic offsets (``record.FLAG_OFFSET``) of the messages from ``position`` on that
+    carry one, by id, and how many carry none: reads every record from there (``OSError`` if
+    a file cannot be read), keeping nothing else."""
+    found: dict[bytes, int] = {}
+    without = 0
+    for r in peek_records(segments, position, opener):
+        if r.offset >= 0:
+            found[r.id] = r.offset
+        else:
+            without += 1
+    return found, without
+
+
+def peek_records(
+    segments: Sequence[Segment], position: tuple[int, int, int], opener: Opener | None = None
+) -> Iterator[Record]:
+    """The records from ``position`` on, oldest first, read as they are asked for; ends at
+    the last one or at a region that does not decode."""
     number, pos, skip = position
     for seg in segments:
         if seg.number < number:
             continue
         if seg.number > number:
             pos, skip = 0, 0
-        if len(out) >= count:
-            break
-        fd = os.open(seg.path, os.O_RDONLY)
         try:
-            skip = _peek_segment(fd, seg, pos, skip, count, out, from_wall_ns, opener)
+            fd = os.open(seg.path, os.O_RDONLY)
+        except FileNotFoundError:
+            continue  # a read segment a sync job just removed
+        try:
+            decodable = yield from _peek_segment(fd, seg, pos, skip, opener)
         finally:
             os.close(fd)
-        if skip < 0:
-            break  # undecodable: stop where the reader would have to repair
+        if not decodable:
+            return  # stop where the reader would have to repair
         pos = 0
-    return out
 
 
 def _peek_segment(
-    fd: int,
-    seg: Segment,
-    pos: int,
-    skip: int,
-    count: int,
-    out: list[Message],
-    from_wall_ns: Callable[[int], float],
-    opener: Opener | None,
-) -> int:
-    """Peek one segment from ``pos``; returns 0, or -1 if a region did not decode."""
+    fd: int, seg: Segment, pos: int, skip: int, opener: Opener | None
+) -> Generator[Record, None, bool]:
+    """The records of one segment from ``pos``; returns False if a region did not decode."""
     pos = max(pos, SEGMENT_HEADER_SIZE)
-    while len(out) < count:
+    while True:
         pos, stop = seg.bounds(pos)
         if pos >= seg.end:
-            return 0
+            return True
         chunk = min(stop - pos, PEEK_CHUNK)
         data = os.pread(fd, chunk, pos)
         records, used = decode_records(data, 0, SEALED_RECORD_TYPES, opener)
         if used == 0:
             if len(data) < 4:
-                return -1
+                return False
             need = U32.unpack_from(data, 0)[0] + 4
             if need <= len(data) or need > min(stop - pos, MAX_RECORD_LENGTH + 4):
-                return -1
+                return False
             data = os.pread(fd, need, pos)
             records, used = decode_records(data, 0, SEALED_RECORD_TYPES, opener)
             if used == 0:
-                return -1
-        for r in records[skip:]:
-            out.append(_message(r, from_wall_ns))
-            if len(out) >= count:
-                return 0
+                return False
+        yield from records[skip:]
         skip = max(skip - len(records), 0)
         pos += used
-    return 0
 
 
 def _message(r: Record, from_wall_ns: Callable[[int], float]) -> Message:

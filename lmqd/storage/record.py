@@ -135,6 +135,11 @@ FLAG_EXPIRY = 0x01
 FLAG_HEADERS = 0x02
 """Optional field: the message's lmq extension block (``lmqd.message_ext``: priority, TTL,
 dedup id, headers)."""
+FLAG_OFFSET = 0x04
+"""Optional field: int64, the topic offset of a message a channel keeps in its own store (a
+disk queue's copy of a message of the topic's log; never in a log's own records, whose header
+has them). A mirror follows a channel's unfinished messages by offset (``lmqd.engine.holds``);
+an older build skips the field by its length."""
 
 RECORD_PREFIX_SIZE = 40
 """Length field plus the fixed fields, up to the optional fields."""
@@ -221,6 +226,8 @@ class Record(NamedTuple):
     body: bytes
     expires_ns: int | None = None
     headers: bytes | None = None
+    offset: int = -1
+    """The topic offset a disk queue's record carries (``FLAG_OFFSET``); -1: none."""
 
 
 def header_offset_size(kind: int) -> int:

@@ -35,6 +35,7 @@ from lmqd.storage.record import (
     BATCH_HEADER,
     FLAG_EXPIRY,
     FLAG_HEADERS,
+    FLAG_OFFSET,
     I64,
     MAX_BATCH_COUNT,
     MAX_RECORD_LENGTH,
@@ -68,14 +69,16 @@ def _type_bytes(types: tuple[int, ...]) -> tuple[bytes, ...]:
 
 def parse_optional_fields(
     buf: Buffer, offset: int, end: int, flags: int
-) -> tuple[int | None, bytes | None, int]:
-    """Decode the optional fields at ``offset``; returns (expires_ns, headers, body offset).
+) -> tuple[int | None, bytes | None, int, int]:
+    """Decode the optional fields at ``offset``; returns (expires_ns, headers, body offset,
+    topic offset (-1: none)).
 
     Unknown flag bits are skipped by their length prefix. Raises ``FormatError`` if a field runs
     past ``end`` (the CRC offset).
     """
     expires_ns: int | None = None
     headers: bytes | None = None
+    topic_offset = -1
     bit = 1
     while flags >= bit:
         if flags & bit:
@@ -91,9 +94,13 @@ def parse_optional_fields(
                 (expires_ns,) = I64.unpack_from(buf, offset)
             elif bit == FLAG_HEADERS:
                 headers = bytes(buf[offset : offset + n])
+            elif bit == FLAG_OFFSET:
+                if n != 8:
+                    raise FormatError("bad offset field length")
+                (topic_offset,) = I64.unpack_from(buf, offset)
             offset += n
         bit <<= 1
-    return expires_ns, headers, offset
+    return expires_ns, headers, offset, topic_offset
 
 
 def option_priorities(buf: Buffer, at: int, end: int, count: int) -> list[int]:

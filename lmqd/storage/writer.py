@@ -39,7 +39,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from lmqd.message import Message
 from lmqd.storage.atrest.seal import MAX_SEAL_GROWTH, Sealer
@@ -137,18 +137,20 @@ class SegmentWriter:
         first_offset: int | None = None,
         *,
         plain: bool = False,
+        noted: Mapping[bytes, int] | None = None,
     ) -> list[Placed]:
         """Append ``messages`` (at least one) in order; returns where their records went.
 
         ``first_offset``: a topic log's offset of ``messages[0]`` (offset batch records, see
         the module docstring); None for a disk queue. ``plain``: the caller knows that no
-        message has an lmq extension (no option blocks; not looked for). Raises
+        message has an lmq extension (no option blocks; not looked for). ``noted``: a disk
+        queue's topic offsets of messages without one (``encoder.encode_options``). Raises
         ``BackendError`` having stored none of them.
         """
         if self._truncate_to >= 0:
             self._truncate_tail()
         entries, bodies = encode_entries(messages, self._timebase.to_wall_ns)
-        options = None if plain else encode_options(messages)
+        options = None if plain else encode_options(messages, noted)
         overhead = BATCH_OVERHEAD if first_offset is None else OFFSET_BATCH_OVERHEAD
         if self.sealer is not None:
             return self._write_sealed(entries, bodies, first_offset, options, overhead)

@@ -194,7 +194,7 @@ def test_topic_policy(lmqd_module_server: LmqdProcess) -> None:
     http = server.http_address
     assert run(server, "topic", "create", "pol").exit_code == 0
     publish_off = ("max_depth=0, overflow=reject, publish_rate=0, publish_burst=0, "
-                   "dedup_window_ms=0, compression=none")  # fmt: skip
+                   "dedup_window_ms=0, compression=none, min_insync_mirrors=0")  # fmt: skip
     result = run(server, "topic", "policy", "pol")
     assert (result.exit_code, result.output) == (
         0, f"topic pol on {http}: retention_ms=0, retention_bytes=0, ttl_ms=0, {publish_off}\n",
@@ -210,7 +210,7 @@ def test_topic_policy(lmqd_module_server: LmqdProcess) -> None:
         "policies": {http: {
             "retention_ms": 604_800_000, "retention_bytes": 10 * 1024**2, "ttl_ms": 0,
             "max_depth": 0, "overflow": "reject", "publish_rate": 0, "publish_burst": 0,
-            "dedup_window_ms": 0, "compression": "none",
+            "dedup_window_ms": 0, "compression": "none", "min_insync_mirrors": 0,
         }},
     }  # fmt: skip
     assert run(server, "topic", "policy", "pol", "--retention", "1.5h").exit_code == 0
@@ -224,6 +224,10 @@ def test_topic_policy(lmqd_module_server: LmqdProcess) -> None:
     assert run(server, "topic", "pause", "pol", "--retention", "1d").exit_code == 2
     assert run(server, "topic", "pause", "pol", "--ttl", "1d").exit_code == 2
     assert run(server, "topic", "policy", "nope").exit_code == 1
+    result = run(server, "topic", "policy", "pol", "--min-insync-mirrors", "1")
+    assert result.output.endswith("compression=none, min_insync_mirrors=1\n"), result.output
+    assert run(server, "topic", "policy", "pol", "--min-insync-mirrors", "-1").exit_code == 2
+    assert run(server, "topic", "policy", "pol", "--min-insync-mirrors", "0").exit_code == 0
 
 
 def test_channel_policy_and_redrive(lmqd_module_server: LmqdProcess) -> None:
@@ -270,7 +274,7 @@ def test_topic_publish_policy_and_its_counters_in_stats(lmqd_module_server: Lmqd
     assert (result.exit_code, result.output) == (0, (
         f"topic bounded on {http}: retention_ms=0, retention_bytes=0, ttl_ms=0, max_depth=10000, "
         "overflow=drop_oldest, publish_rate=100, publish_burst=200, dedup_window_ms=300000, "
-        "compression=none\n"
+        "compression=none, min_insync_mirrors=0\n"
     ))  # fmt: skip
     result = run(server, "--json", "topic", "policy", "bounded", "--max-depth", "2",
                  "--overflow", "reject")  # fmt: skip

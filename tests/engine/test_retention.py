@@ -32,7 +32,7 @@ SEGMENT = 1000
 
 PUBLISH_OFF = {
     "ttl_ms": 0, "max_depth": 0, "overflow": "reject", "publish_rate": 0, "publish_burst": 0,
-    "dedup_window_ms": 0, "compression": "none",
+    "dedup_window_ms": 0, "compression": "none", "min_insync_mirrors": 0,
 }
 """The TTL and publish policy keys, all off (``lmqd.engine.policy``)."""
 

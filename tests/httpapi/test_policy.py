@@ -19,7 +19,7 @@ from tests.support.wire import Wire
 
 PUBLISH_OFF = {
     "ttl_ms": 0, "max_depth": 0, "overflow": "reject", "publish_rate": 0, "publish_burst": 0,
-    "dedup_window_ms": 0, "compression": "none",
+    "dedup_window_ms": 0, "compression": "none", "min_insync_mirrors": 0,
 }
 """The TTL and publish policy keys, all off (``lmqd.engine.policy``)."""
 
@@ -73,7 +73,7 @@ async def test_policy_errors(start_daemon: StartDaemon) -> None:
             ("POST", "/topic/policy?topic=t", b'{"retention": 1}', 400,
              "INVALID_POLICY: unknown key 'retention' (known: retention_ms, retention_bytes, "
              "ttl_ms, max_depth, overflow, publish_rate, publish_burst, dedup_window_ms, "
-             "compression)"),
+             "compression, min_insync_mirrors)"),
             ("POST", "/topic/policy?topic=t", b'{"retention_ms": 1, "retention_bytes": -1}', 400,
              "INVALID_POLICY: retention_bytes must be an integer from 0 to 9223372036854775807"),
             ("POST", "/topic/policy?topic=t", b"{" + b" " * 70_000 + b"}", 413,

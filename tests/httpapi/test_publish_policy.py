@@ -24,6 +24,7 @@ TIMEOUT = 10.0
 DEFAULTS = {
     "retention_ms": 0, "retention_bytes": 0, "ttl_ms": 0, "max_depth": 0, "overflow": "reject",
     "publish_rate": 0, "publish_burst": 0, "dedup_window_ms": 0, "compression": "none",
+    "min_insync_mirrors": 0,
 }  # fmt: skip
 
 

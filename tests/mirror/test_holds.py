@@ -137,9 +137,11 @@ def test_unfinished_offsets() -> None:
 def test_offsets_noted_only_while_held_and_forgotten_when_done(tmp_path: Path) -> None:
     topic = make_topic(tmp_path)
     messages = [Message(b"%016d" % i, b"x", 0, offset=i) for i in range(3)]
-    assert note_offsets(None, topic.stream, messages) is None  # no mirror: nothing kept
+    notes: dict[bytes, int] = {}
+    note_offsets(notes, topic.stream, messages)
+    assert notes == {}  # no mirror: nothing kept
     MirrorHold(topic.stream, "m1")
-    notes = note_offsets(None, topic.stream, [*messages, Message(b"u" * 16, b"", 0)])
+    note_offsets(notes, topic.stream, [*messages, Message(b"u" * 16, b"", 0)])
     assert notes == {m.id: m.offset for m in messages}
     forget_offsets(notes, messages[:2])
     assert notes == {messages[2].id: 2}

@@ -27,6 +27,23 @@ CHANNEL = "jobs"
 MESSAGES = 300
 
 
+def receive(address: str, wanted: set[bytes], *, within: float) -> list[bytes]:
+    """The bodies a consumer of ``CHANNEL`` at ``address`` receives (and finishes) until it has
+    every one of ``wanted`` and then nothing more for 3 s, or for ``within`` seconds."""
+    received: list[bytes] = []
+    with Consumer(TOPIC, CHANNEL, address, max_in_flight=100, max_attempts=0) as consumer:
+        deadline = time.monotonic() + within
+        while time.monotonic() < deadline:
+            message = consumer.get(timeout=3 if set(received) >= wanted else 1)
+            if message is None:
+                if set(received) >= wanted:
+                    break
+                continue
+            received.append(message.body)
+            message.finish()
+    return received
+
+
 @pytest.mark.parametrize(
     "flags", [("--durable",), ("--mem-queue-size=4",)], ids=["durable", "spilled"]
 )
@@ -80,17 +97,7 @@ def test_requeued_and_timed_out_messages_are_delivered_after_a_promotion(
         assert summary["missing"] == 0, summary
 
         wanted = set(published) - finished
-        received: list[bytes] = []
-        with Consumer(TOPIC, CHANNEL, mirror.tcp, max_in_flight=100, max_attempts=0) as again:
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
-                message = again.get(timeout=3 if set(received) >= wanted else 1)
-                if message is None:
-                    if set(received) >= wanted:
-                        break
-                    continue
-                received.append(message.body)
-                message.finish()
+        received = receive(mirror.tcp, wanted, within=60)
         assert set(received) - finished == wanted, sorted(wanted - set(received))[:10]
         assert not set(received) & finished, sorted(set(received) & finished)[:10]
     finally:

@@ -23,6 +23,7 @@ from lmqd.storage.record import (
     BATCH_OVERHEAD,
     FLAG_EXPIRY,
     FLAG_HEADERS,
+    FLAG_OFFSET,
     I64,
     MAX_ATTEMPTS,
     RECORD_OVERHEAD,
@@ -34,7 +35,9 @@ from lmqd.storage.record import (
 )
 
 
-def _optional_fields(expires_ns: int | None, headers: bytes | None) -> tuple[int, bytes]:
+def _optional_fields(
+    expires_ns: int | None, headers: bytes | None, offset: int = -1
+) -> tuple[int, bytes]:
     """The flags and the bytes of a message's optional fields, in flag-bit order."""
     flags = 0
     parts = []
@@ -44,6 +47,9 @@ def _optional_fields(expires_ns: int | None, headers: bytes | None) -> tuple[int
     if headers is not None:
         flags |= FLAG_HEADERS
         parts.append(U32.pack(len(headers)) + headers)
+    if offset >= 0:
+        flags |= FLAG_OFFSET
+        parts.append(U32.pack(8) + I64.pack(offset))
     return flags, b"".join(parts)
 
 
@@ -55,14 +61,15 @@ def record_parts(
     body: bytes,
     expires_ns: int | None = None,
     headers: bytes | None = None,
+    offset: int = -1,
 ) -> tuple[bytes, bytes, bytes]:
     """A single-message record as three pieces (prefix with optional fields, body, CRC)."""
     if len(msg_id) != MSG_ID_LENGTH:
         raise ValueError(f"message id must be {MSG_ID_LENGTH} bytes")
-    if expires_ns is None and headers is None:
+    if expires_ns is None and headers is None and offset < 0:
         flags, extra = 0, b""
     else:
-        flags, extra = _optional_fields(expires_ns, headers)
+        flags, extra = _optional_fields(expires_ns, headers, offset)
     length = RECORD_OVERHEAD - 4 + len(extra) + len(body)
     prefix = RECORD_PREFIX.pack(
         length,
@@ -87,10 +94,13 @@ def encode_record(
     body: bytes,
     expires_ns: int | None = None,
     headers: bytes | None = None,
+    offset: int = -1,
 ) -> bytes:
     """One record as bytes."""
     return b"".join(
-        record_parts(msg_id, timestamp, attempts, deliver_after_ns, body, expires_ns, headers)
+        record_parts(
+            msg_id, timestamp, attempts, deliver_after_ns, body, expires_ns, headers, offset
+        )
     )
 
 
@@ -140,7 +150,7 @@ def encode_batch(records: Sequence[Record]) -> bytes:
         if r.expires_ns is None and r.headers is None:
             options.append(b"\x00")
         else:
-            field_flags, extra = _optional_fields(r.expires_ns, r.headers)
+            field_flags, extra = _optional_fields(r.expires_ns, r.headers, r.offset)
             options.append(bytes((field_flags,)) + extra)
     sections = [b"".join(entries), b"".join(bodies)]
     flags = 0

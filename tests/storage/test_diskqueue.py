@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from lmqd.engine.backend import BackendError
 from lmqd.message import Message
+from lmqd.message_ext import MessageExt
 from lmqd.storage import (
     AnchoredTimeBase,
     DiskQueue,
@@ -85,6 +86,69 @@ def test_messages_survive_close_and_reopen(tmp_path: Path) -> None:
     q = open_queue(tmp_path)
     assert q.depth == 15
     assert keys(drain(q)) == keys(msgs[5:])
+    q.close()
+
+
+@pytest.mark.parametrize("ack_mode", [False, True])
+def test_topic_offsets_are_stored_and_listed_not_given_back(
+    tmp_path: Path, ack_mode: bool
+) -> None:
+    # A channel's copy of a message of its topic's log carries the offset (FLAG_OFFSET), for
+    # a primary's mirrors; what read_many gives back has none (for the engine, an offset means
+    # "still in the log"), extension and fields intact, from the files and from the cache.
+    q = open_queue(tmp_path, ack_mode=ack_mode)
+    msgs = make_messages(8, body_size=20)
+    ext = MessageExt(priority=3, headers=(("k", "v"),))
+    for i, m in enumerate(msgs):
+        if i % 2 == 0:
+            m.offset = 100 + i
+        if i % 3 == 0:
+            m.ext = ext
+    q.put_many(msgs[:4])
+    q.put_many(msgs[4:])
+    assert q.stored_offsets() == ({m.id: 100 + i for i, m in enumerate(msgs) if i % 2 == 0}, 4)
+    first = q.read_many(3)
+    assert keys(first) == keys(msgs[:3])
+    assert q.stored_offsets() == ({msgs[4].id: 104, msgs[6].id: 106}, 3)
+    assert q.stored_offsets(read_too=True)[0] == q.stored_offsets(read_too=False)[0] | {
+        msgs[0].id: 100,
+        msgs[2].id: 102,
+    }
+    q.close()
+    q = open_queue(tmp_path, ack_mode=ack_mode)
+    # After a reopen: ack mode reads again from the oldest unacknowledged (all of them).
+    again = msgs if ack_mode else msgs[3:]
+    with_offsets = {m.id: m.offset for m in again if m.offset >= 0}
+    assert q.stored_offsets() == (with_offsets, len(again) - len(with_offsets))
+    got = drain(q)
+    assert [m.id for m in got] == [m.id for m in again]
+    assert all(m.offset == -1 for m in got)
+    assert [m.ext for m in got] == [m.ext for m in again]
+    assert q.stored_offsets() == ({}, 0)
+    q.close()
+
+
+def test_noted_offsets_are_written_for_messages_without_one(tmp_path: Path) -> None:
+    # A message read back from a store has no offset; written again, its channel's note does.
+    q = open_queue(tmp_path)
+    q.noted_offsets = {b"%016x" % 1: 41}
+    q.put_many(make_messages(3))
+    assert q.stored_offsets() == ({b"%016x" % 1: 41}, 2)
+    q.close()
+
+
+def test_a_batch_of_offsets_only_reads_back_through_the_fast_path(tmp_path: Path) -> None:
+    # Every message with an offset and no extension: the blocks are checked in C at once.
+    q = open_queue(tmp_path)
+    msgs = make_messages(50, body_size=10)
+    for k, m in enumerate(msgs):
+        m.offset = 1000 + k
+    q.put_many(msgs)
+    q.close()
+    q = open_queue(tmp_path)
+    assert q.stored_offsets() == ({m.id: m.offset for m in msgs}, 0)
+    got = drain(q)
+    assert keys(got) == keys(msgs) and all(m.offset == -1 and m.ext is None for m in got)
     q.close()
 
 

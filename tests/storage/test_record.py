@@ -67,9 +67,9 @@ def test_optional_fields_follow_the_fixed_part_in_flag_order() -> None:
 
 
 def test_unknown_flag_bits_are_skipped_by_their_length() -> None:
-    # A future writer adds field 0x04; this reader must still find the body.
+    # A future writer adds field 0x08; this reader must still find the body.
     body = b"payload"
-    fixed = struct.pack(">BB16sqHq", 0x4D, 0x04, ID, 5, 1, 0)
+    fixed = struct.pack(">BB16sqHq", 0x4D, 0x08, ID, 5, 1, 0)
     payload = fixed + struct.pack(">I", 3) + b"new" + body
     rec = struct.pack(">I", len(payload) + 4) + payload + struct.pack(">I", crc32c(payload))
     record, _ = decode_record(rec)

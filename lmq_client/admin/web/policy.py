@@ -35,6 +35,7 @@ TOPIC_KEYS = {
     "dedup_window_ms": "an equal body within this many ms is stored once (0: off)",
     "compression": "how the log's new batches are compressed at rest: none, zstd[:LEVEL], lz4, "
     "snappy, gzip[:LEVEL]",
+    "min_insync_mirrors": "mirrors that must store a publish before its OK (0: none)",
 }
 CHANNEL_KEYS = {
     "max_attempts": "deliveries before a message is given up (0: unlimited)",
