@@ -126,21 +126,20 @@ class HttpClient:
         ``HttpClientError``."""
         try:
             with trio.fail_after(self.request_timeout):
-                reused = self._stream is not None
-                try:
-                    return await self._exchange(method, target, body, headers)
-                except _Stale:
-                    await self.aclose()
-                    if not reused:
-                        raise HttpClientError(
-                            "connection closed before an answer", unreachable=True
-                        ) from None
-                    return await self._exchange(method, target, body, headers)
+                if self._stream is not None:
+                    try:
+                        return await self._exchange(method, target, body, headers)
+                    except _Stale:
+                        await self.aclose()  # closed while idle: once more on a new one
+                return await self._exchange(method, target, body, headers)
         except trio.TooSlowError:
             await self.aclose()
             raise HttpClientError(
                 f"no answer within {self.request_timeout:g}s", unreachable=True
             ) from None
+        except _Stale:
+            await self.aclose()
+            raise HttpClientError("connection closed before an answer", unreachable=True) from None
         except HttpClientError:
             await self.aclose()
             raise
