@@ -30,6 +30,7 @@ import attrs
 __all__ = [
     "DEAD_LETTER_HEADERS",
     "DEAD_LETTER_PATH",
+    "DEDUP_ID",
     "MAX_DEAD_LETTER_PATH",
     "MAX_DEDUP_ID",
     "MAX_EXT_SIZE",
@@ -48,6 +49,7 @@ __all__ = [
     "encode_ext",
     "ttl_and_dedup_id",
     "validate",
+    "with_dedup_id",
     "without_dead_letter_path",
 ]
 
@@ -177,7 +179,7 @@ def decode_ext(data: bytes) -> MessageExt:
     if data[0] == DEDUP_ID and len(data) > 2 and data[1] == len(data) - 2:
         # A dedup id alone (one block per message with ``--dedup-ids``): nothing to validate
         # beyond its length, which one byte cannot make too long.
-        return _with_dedup_id(data[2:], data)
+        return with_dedup_id(data[2:], data)
     if len(data) > MAX_EXT_SIZE:
         raise ExtError(f"extension block larger than {MAX_EXT_SIZE} bytes")
     flags = data[0]
@@ -245,8 +247,9 @@ _set_headers = MessageExt.__dict__["headers"].__set__
 _set_block = MessageExt.__dict__["block"].__set__
 
 
-def _with_dedup_id(dedup_id: bytes, block: bytes) -> MessageExt:
-    """``MessageExt(dedup_id=dedup_id)`` decoded from ``block``, faster."""
+def with_dedup_id(dedup_id: bytes, block: bytes) -> MessageExt:
+    """``MessageExt(dedup_id=dedup_id)`` decoded from ``block`` (a dedup id alone: ``DEDUP_ID``,
+    its length, the id), faster; the caller checked the block's form."""
     ext: MessageExt = object.__new__(MessageExt)
     _set_priority(ext, 0)
     _set_ttl_ms(ext, 0)

@@ -37,6 +37,7 @@ import math
 from collections import deque
 from collections.abc import Iterable, Sequence
 from hashlib import blake2b
+from itertools import repeat
 
 __all__ = ["DEDUP_DIGEST_SIZE", "DEDUP_MAX_ENTRIES", "DedupWindow", "body_digest"]
 
@@ -121,6 +122,28 @@ class DedupWindow:
 
     def remember(self, digests: Iterable[bytes], now: float) -> None:
         """The bodies of ``digests`` were accepted at ``now``; the oldest entries make room."""
+        seen = self._seen
+        if isinstance(digests, list) and seen.isdisjoint(digests):
+            size = len(seen)
+            seen.update(digests)
+            if len(seen) - size != len(digests):  # one of them twice: one at a time, below
+                seen.difference_update(digests)
+                self._remember_each(digests, now)
+                return
+            # All new and distinct (what ``unseen`` returns): remembered with C loops, then
+            # the oldest go, as many as making room one at a time would have removed.
+            order = self._order
+            order.extend(zip(repeat(now), digests))
+            excess = len(order) - self.max_entries
+            if excess > 0:
+                popleft = order.popleft
+                for _ in range(excess):
+                    seen.discard(popleft()[1])
+                self.evicted += excess
+            return
+        self._remember_each(digests, now)
+
+    def _remember_each(self, digests: Iterable[bytes], now: float) -> None:
         order = self._order
         seen = self._seen
         limit = self.max_entries

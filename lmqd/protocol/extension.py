@@ -22,7 +22,15 @@ import struct
 
 import attrs
 
-from lmqd.message_ext import NO_EXT, ExtError, MessageExt, decode_ext, encode_ext
+from lmqd.message_ext import (
+    DEDUP_ID,
+    NO_EXT,
+    ExtError,
+    MessageExt,
+    decode_ext,
+    encode_ext,
+    with_dedup_id,
+)
 
 __all__ = [
     "EXT_VERSION",
@@ -87,7 +95,8 @@ def parse_xpub_columns(
 
     No object per message beyond its body: identical blocks (an XPUB whose messages share
     their fields, the common case) are decoded once and share one ``MessageExt``, a block equal
-    to the one before it is recognised by one comparison. ``decoded``: blocks decoded before
+    to the one before it is recognised by one comparison. A block holding a dedup id alone (a
+    distinct one per message) is read in place. ``decoded``: blocks decoded before
     (``XpubBlockCache``), used and added to.
     """
     end = len(body)
@@ -118,22 +127,29 @@ def parse_xpub_columns(
             if p + 2 > end:
                 raise ExtError(f"message {i}: truncated")
             n = unpack_u16(body, p)[0]
-            if p + 2 + n + 4 > end:
+            q = p + 2 + n
+            if q + 4 > end:
                 raise ExtError(f"message {i}: truncated")
-            raw = body[p + 2 : p + 2 + n]
-            if raw == _NO_EXT_BLOCK:
-                ext = None
-            elif raw in decoded:
-                ext = decoded[raw]
+            if n > 2 and body[p + 2] == DEDUP_ID and body[p + 3] == n - 2:
+                # A dedup id alone: one block per message (``decode_ext``'s fast case), so
+                # neither looked up nor kept, nor compared with the next one.
+                ext = with_dedup_id(body[p + 4 : q], body[p + 2 : q])
+                last = b""
             else:
-                try:
-                    # Not the empty block (found above): never NO_EXT.
-                    ext = decoded[raw] = decode_ext(raw)
-                except ExtError as exc:
-                    raise ExtError(f"message {i}: {exc}") from None
-            span = 2 + n
-            last = body[p : p + span]
-            p += span
+                raw = body[p + 2 : q]
+                if raw == _NO_EXT_BLOCK:
+                    ext = None
+                elif raw in decoded:
+                    ext = decoded[raw]
+                else:
+                    try:
+                        # Not the empty block (found above): never NO_EXT.
+                        ext = decoded[raw] = decode_ext(raw)
+                    except ExtError as exc:
+                        raise ExtError(f"message {i}: {exc}") from None
+                span = 2 + n
+                last = body[p:q]
+            p = q
         size = unpack_i32(body, p)[0]
         p += 4
         if size <= 0 or size > max_msg_size:

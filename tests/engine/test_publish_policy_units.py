@@ -153,6 +153,30 @@ def test_window_is_bounded_oldest_evicted_first() -> None:
     assert DEDUP_MAX_ENTRIES == 100_000
 
 
+@settings(max_examples=200, deadline=None)
+@given(
+    batches=st.lists(st.lists(st.sampled_from([b"%d" % k for k in range(12)]), max_size=8),
+                     max_size=12),
+    max_entries=st.integers(1, 10),
+)  # fmt: skip
+def test_a_batch_remembered_at_once_is_remembered_as_one_at_a_time(
+    batches: list[list[bytes]], max_entries: int
+) -> None:
+    """``remember`` of a list (all new and distinct: C loops; otherwise one at a time) leaves
+    the window as remembering its digests one by one does: the same entries in the same
+    order, the same evictions -- whatever the bound, repeats within and across batches."""
+    at_once = DedupWindow(60.0, max_entries=max_entries)
+    one_by_one = DedupWindow(60.0, max_entries=max_entries)
+    for t, batch in enumerate(batches):
+        digests = [body_digest(b) for b in batch]
+        at_once.remember(digests, float(t))
+        for digest in digests:
+            one_by_one.remember(iter([digest]), float(t))
+        assert list(at_once._order) == list(one_by_one._order)
+        assert at_once._seen == one_by_one._seen == {d for _, d in one_by_one._order}
+        assert at_once.evicted == one_by_one.evicted
+
+
 def test_restored_entries_expire_at_their_own_times_kept_in_order() -> None:
     """An earlier run's entries (``Topic.recover_dedup``): each expires at its own time; one
     out of order (a wall-clock step back) is taken at the time before it, so expiry, which pops

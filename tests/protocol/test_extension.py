@@ -467,15 +467,37 @@ def test_a_connection_reuses_the_blocks_of_its_last_xpub_and_bounds_them() -> No
     _, [second] = cache.parse(body, max_msg_size=MAX_MSG)
     assert first == shared and second is first  # decoded once, for both commands
     count = XpubBlockCache.MAX_BLOCKS + 1
-    ids = [XpubMessage(b"m", MessageExt(dedup_id=b"%d" % k)) for k in range(count)]
-    many = encode_xpub("t", ids)[len(b"XPUB t\n") + 4 :]
+    distinct = [XpubMessage(b"m", MessageExt(headers=(("k", str(k)),))) for k in range(count)]
+    many = encode_xpub("t", distinct)[len(b"XPUB t\n") + 4 :]
     _, exts = cache.parse(many, max_msg_size=MAX_MSG)
-    assert [e.dedup_id for e in exts if e is not None] == [m.ext.dedup_id for m in ids]
+    assert exts == [m.ext for m in distinct]
     assert cache.blocks == {}  # more blocks than it keeps: emptied
     big = MessageExt(headers=(("k", "v" * XpubBlockCache.MAX_BLOCK_BYTES),))
     cache.parse(encode_xpub("t", [XpubMessage(b"b", big)])[len(b"XPUB t\n") + 4 :],
                 max_msg_size=MAX_MSG)  # fmt: skip
     assert cache.blocks == {}
+
+
+def test_blocks_holding_a_dedup_id_alone_are_read_in_place_and_never_kept() -> None:
+    """One block per message (the Spark sink's ids): each message gets its own extension with
+    its block, equal ids included; neither the command's nor the connection's cache keeps
+    them; the blocks around them are decoded and shared as ever."""
+    shared = MessageExt(headers=(("h", "v"),))
+    exts = [MessageExt(dedup_id=b"q/0"), MessageExt(dedup_id=b"q/1"), MessageExt(dedup_id=b"q/1"),
+            shared, MessageExt(dedup_id=b"x" * MAX_DEDUP_ID), shared, EXT_ALL]  # fmt: skip
+    messages = [XpubMessage(b"%d" % i, e) for i, e in enumerate(exts)]
+    body = encode_xpub("t", messages)[len(b"XPUB t\n") + 4 :]
+    cache = XpubBlockCache()
+    got_bodies, got = cache.parse(body, max_msg_size=MAX_MSG)
+    assert got_bodies == [m.body for m in messages] and got == exts
+    assert [e.block if e is not None else None for e in got] == [encode_ext(e) for e in exts]
+    assert got[1] is not got[2] and got[3] is got[5]
+    assert set(cache.blocks) == {encode_ext(shared), encode_ext(EXT_ALL)}
+    # A block that only looks like one (a wrong id length) is decoded, and refused.
+    bad = encode_xpub("t", [XpubMessage(b"a", MessageExt(dedup_id=b"ab"))])
+    bad = bad.replace(b"\x04\x02ab", b"\x04\x03ab")
+    with pytest.raises(ExtError, match="message 0: truncated dedup id"):
+        parse_xpub_columns(bad[len(b"XPUB t\n") + 4 :], max_msg_size=MAX_MSG)
 
 
 def test_a_decoded_extension_keeps_its_block_outside_its_value() -> None:
