@@ -244,10 +244,24 @@ class PublishPath:
         deliver_at = now + defer if defer > 0 else 0.0
         stream = topic.stream
         first = stream.next_offset
-        if out is None and exts is None and not deliver_at:
+        ranked = False
+        if exts is not None:
+            if len(exts) != len(bodies):
+                raise ValueError("one extension per body")
+            distinct = _distinct(exts)
+            if not self.message_ttls and any(e is not None and e.ttl_ms for e in distinct):
+                self.message_ttls = True
+                for channel in topic.channels.values():
+                    channel.retry.note_message_ttls()
+            ranked = any(e is not None and e.priority for e in distinct)
+            if not any(e is not None for e in distinct):
+                exts = None
+        if out is None and not deliver_at and not ranked:
+            # Not pushed to the channels (no deferral, no priority): a backlog's publish goes to
+            # the log from its columns (``append_plain``), no message object made.
             nbytes = sum(map(len, bodies))
             listed = bodies if isinstance(bodies, list) else list(bodies)
-            if stream.append_plain(ids, listed, ts, nbytes):
+            if stream.append_plain(ids, listed, ts, nbytes, exts):
                 self._stored(len(bodies), nbytes)
                 return len(bodies)
         # map() calls the constructor without a Python-level loop: ~25% less per message. The
@@ -255,21 +269,12 @@ class PublishPath:
         # and the copies channels read from the log carry theirs.
         if exts is None:
             messages = list(map(Message, ids, bodies, repeat(ts), repeat(0), repeat(deliver_at)))
-            ranked = False
         else:
-            if len(exts) != len(bodies):
-                raise ValueError("one extension per body")
             # The same with each one's extension (the fields after deliver_at: their defaults).
             messages = list(
                 map(Message, ids, bodies, repeat(ts), repeat(0), repeat(deliver_at), repeat(0),
                     repeat(0.0), repeat(0.0), repeat(-1), exts)
             )  # fmt: skip
-            distinct = _distinct(exts)
-            if not self.message_ttls and any(e is not None and e.ttl_ms for e in distinct):
-                self.message_ttls = True
-                for channel in topic.channels.values():
-                    channel.retry.note_message_ttls()
-            ranked = any(e is not None and e.priority for e in distinct)
         self._put(messages, sum(map(len, bodies)), deliver_at > 0 or ranked, ts, exts is None)
         if out is not None:
             out += messages

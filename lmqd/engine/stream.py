@@ -72,6 +72,7 @@ from lmqd.engine.bytemarks import ByteMarks
 from lmqd.engine.salvage import Salvage
 from lmqd.engine.tail import MemoryTail
 from lmqd.message import Message
+from lmqd.message_ext import MessageExt
 from lmqd.storage import SyncJob, TopicLog
 
 __all__ = ["TOPIC_CURSOR", "StreamCursor", "TopicStream"]
@@ -389,18 +390,23 @@ class TopicStream:
         self.wrote_backend = True
 
     def append_plain(
-        self, ids: Sequence[bytes], bodies: list[bytes], timestamp: int, nbytes: int
+        self,
+        ids: Sequence[bytes],
+        bodies: list[bytes],
+        timestamp: int,
+        nbytes: int,
+        exts: Sequence[MessageExt | None] | None = None,
     ) -> bool:
-        """A plain publish (no extension, not deferred, one timestamp) as columns, straight into
-        the log without message objects when that is where it goes (write-through, or behind an
-        overflowing tail) and no reader is near the end to want the objects (``_cache_wanted``):
-        the backlog case, each message written and gone. False, having stored nothing, when
-        they must be made (the caller then calls ``append``). Raises ``BackendError`` having
-        stored none of them."""
+        """A publish not deferred and with no priority (``exts``: each body's extension, None
+        for none; one timestamp) as columns, straight into the log without message objects
+        when that is where it goes (write-through, or behind an overflowing tail) and no reader
+        is near the end to want the objects (``_cache_wanted``): the backlog case, each message
+        written and gone. False, having stored nothing, when they must be made (the caller then
+        calls ``append``). Raises ``BackendError`` having stored none of them."""
         log = self.log
         if log is None or not self._to_log_alone() or self._unwritten() or self._cache_wanted():
             return False
-        log.append_plain(ids, bodies, timestamp, self.next_offset)
+        log.append_plain(ids, bodies, timestamp, self.next_offset, exts)
         self._appended(len(bodies))
         self.byte_marks.note(self.next_offset, nbytes)
         return True

@@ -49,7 +49,7 @@ from operator import add, attrgetter
 from crc32c import crc32c
 
 from lmqd.message import MSG_ID_LENGTH, Message
-from lmqd.message_ext import encode_ext
+from lmqd.message_ext import MessageExt, encode_ext
 from lmqd.storage.record import (
     BATCH_ENTRY,
     BATCH_ENTRY_SIZE,
@@ -160,7 +160,12 @@ def encode_options(
         return _options_with_offsets(messages, offsets)
     if not any(map(_ext, messages)):
         return None
-    exts = list(map(_ext, messages))
+    return ext_options(list(map(_ext, messages)))
+
+
+def ext_options(exts: Sequence[MessageExt | None]) -> list[bytes]:
+    """The option block of each extension (a topic log's record: no offsets), each distinct
+    object encoded once, the list built with C loops."""
     options: dict[int, bytes] = {}
     for key, ext in dict(zip(map(id, exts), exts, strict=True)).items():
         if ext is None:

@@ -58,6 +58,7 @@ from types import MappingProxyType
 from typing import Literal
 
 from lmqd.message import Message
+from lmqd.message_ext import MessageExt
 from lmqd.storage.atrest.compression import Compression
 from lmqd.storage.atrest.seal import PLAIN, AtRest
 from lmqd.storage.errors import BackendError
@@ -281,12 +282,17 @@ class TopicLog(DamageCounters):
         return first
 
     def append_plain(
-        self, ids: Sequence[bytes], bodies: list[bytes], timestamp: int, first_offset: int
+        self,
+        ids: Sequence[bytes],
+        bodies: list[bytes],
+        timestamp: int,
+        first_offset: int,
+        exts: Sequence[MessageExt | None] | None = None,
     ) -> None:
-        """Append a plain publish from its columns (no extension, no deliver-after time, one
-        timestamp) at ``first_offset``, without message objects: the tail cache is emptied (it
-        holds objects; no reader is near enough the end to want them, the caller knows). As
-        ``append_many`` otherwise."""
+        """Append a publish from its columns (no deliver-after time, one timestamp; ``exts``:
+        each body's extension, None for none) at ``first_offset``, without message objects:
+        the tail cache is emptied (it holds objects; no reader is near enough the end to want
+        them, the caller knows). As ``append_many`` otherwise."""
         if self._closed:
             raise BackendError(f"TOPICLOG({self.name}): closed")
         if first_offset < self._index.next_offset:
@@ -298,7 +304,7 @@ class TopicLog(DamageCounters):
             return
         if self._unborn:
             self._create_files()
-        placed = self._writer.write_plain(ids, bodies, timestamp, first_offset)
+        placed = self._writer.write_plain(ids, bodies, timestamp, first_offset, exts)
         self._index_placed(placed, first_offset, len(bodies), None, False, timestamp)
 
     def _index_placed(

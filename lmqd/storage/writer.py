@@ -42,12 +42,14 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 
 from lmqd.message import Message
+from lmqd.message_ext import MessageExt
 from lmqd.storage.atrest.seal import MAX_SEAL_GROWTH, Sealer
 from lmqd.storage.encoder import (
     Batch,
     encode_entries,
     encode_options,
     encode_plain,
+    ext_options,
     frame_batches,
     plan_batches,
 )
@@ -165,21 +167,30 @@ class SegmentWriter:
         )
 
     def write_plain(
-        self, ids: Sequence[bytes], bodies: list[bytes], timestamp: int, first_offset: int
+        self,
+        ids: Sequence[bytes],
+        bodies: list[bytes],
+        timestamp: int,
+        first_offset: int,
+        exts: Sequence[MessageExt | None] | None = None,
     ) -> list[Placed]:
-        """``write`` of a topic log's plain publish, from its columns (``encode_plain``): no
-        extension, no deliver-after time, attempts 0, one timestamp."""
+        """``write`` of a topic log's publish, from its columns (``encode_plain``): no
+        deliver-after time, attempts 0, one timestamp; ``exts``: each body's extension (None:
+        none has one), the same records ``write`` makes of such messages."""
         if self._truncate_to >= 0:
             self._truncate_tail()
         entries = encode_plain(ids, bodies, timestamp)
+        options = ext_options(exts) if exts is not None else None
         if self.sealer is not None:
-            return self._write_sealed(entries, bodies, first_offset, None, OFFSET_BATCH_OVERHEAD)
+            return self._write_sealed(
+                entries, bodies, first_offset, options, OFFSET_BATCH_OVERHEAD
+            )
         chunks = plan_batches(
-            bodies, self._segments.live[-1].end, self._max_bytes, OFFSET_BATCH_OVERHEAD
+            bodies, self._segments.live[-1].end, self._max_bytes, OFFSET_BATCH_OVERHEAD, options
         )
         return self._write_chunks(
             chunks,
-            lambda _, batches: frame_batches(entries, bodies, batches, first_offset),
+            lambda _, batches: frame_batches(entries, bodies, batches, first_offset, options),
             [[OFFSET_BATCH_OVERHEAD + payload for *_, payload in batches] for batches in chunks],
             first_offset,
         )

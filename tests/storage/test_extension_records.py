@@ -7,18 +7,29 @@ Rules for this module: real files in ``tmp_path``; the tests' own record encoder
 
 from __future__ import annotations
 
+import hashlib
 import struct
 from pathlib import Path
+
+import pytest
 
 from lmqd.message import Message
 from lmqd.message_ext import MessageExt, encode_ext
 from lmqd.storage import TopicLog
+from lmqd.storage.atrest.compression import Compression
 from lmqd.storage.decoder import decode_any, decode_batch
 from lmqd.storage.encoder import encode_entries, encode_options, frame_batches, plan_batches
 from lmqd.storage.record import BATCH_OVERHEAD, SEGMENT_HEADER_SIZE, Record
 
 from .record_encoders import encode_batch
-from .storage_helpers import FakeTimeBase, crash_copy, drain, make_messages, open_queue
+from .storage_helpers import (
+    WALL_EPOCH_NS,
+    FakeTimeBase,
+    crash_copy,
+    drain,
+    make_messages,
+    open_queue,
+)
 
 TB = FakeTimeBase()
 EXT = MessageExt(priority=5, ttl_ms=30_000, dedup_id=b"row-7", headers=(("trace", "t-1"),))
@@ -89,6 +100,47 @@ def test_a_topic_log_keeps_extensions_for_its_cursors(tmp_path: Path) -> None:
     assert cursor is not None
     got = cursor.read_many(100)
     assert [_full(m) for _, m in got] == [_full(m) for m in messages]
+    log.close()
+
+
+@pytest.mark.parametrize("compression", ["none", "zstd"])
+def test_a_publish_appended_from_its_columns_is_written_as_its_messages_would_be(
+    tmp_path: Path, compression: str
+) -> None:
+    """``append_plain`` with extensions (a backlog's XPUB: no message object made) writes the
+    very bytes ``append_many`` writes for the same messages -- distinct dedup-id blocks, a
+    shared block, none -- across several segments, plain or compressed, and reads back whole."""
+    ts = WALL_EPOCH_NS
+    exts = [MessageExt(dedup_id=b"q/%d" % i) if i % 3 else (SHARED if i % 2 else None)
+            for i in range(40)]  # fmt: skip
+    ids = [b"%016x" % i for i in range(40)]
+    bodies = [b"m%d." % i + hashlib.sha256(b"%d" % i).digest()[:16] for i in range(40)]
+    messages = [Message(i, b, ts, 0, 0.0, ext=e) for i, b, e in zip(ids, bodies, exts, strict=True)]
+    codec = Compression.parse(compression)
+    logs = {}
+    for how in ("messages", "columns"):
+        log = TopicLog(how, tmp_path / how, timebase=TB, max_bytes_per_file=700, compression=codec)
+        log.create_cursor("c", "earliest")
+        if how == "messages":
+            log.append_many(messages[:25], timestamp=ts)
+            log.append_many(messages[25:], timestamp=ts)
+        else:
+            log.append_plain(ids[:25], bodies[:25], ts, 0, exts[:25])
+            log.append_plain(ids[25:], bodies[25:], ts, 25, exts[25:])
+        logs[how] = log
+    files = {how: sorted((tmp_path / how).glob("*.dat")) for how in logs}
+    assert len(files["columns"]) > 1
+    assert [f.read_bytes() for f in files["columns"]] == [f.read_bytes() for f in files["messages"]]
+    for log in logs.values():
+        log.close()
+    log = TopicLog("columns", tmp_path / "columns", timebase=TB)
+    cursor = log.cursor("c")
+    assert cursor is not None
+    got = [m for _, m in cursor.read_many(100)]
+    assert [_full(m) for m in got] == [_full(m) for m in messages]
+    assert [m.ext.block if m.ext else None for m in got] == [
+        encode_ext(e) if e else None for e in exts
+    ]
     log.close()
 
 
