@@ -14,11 +14,25 @@ trio) and ``lmq_client.sync`` (blocking sockets). They take decoded ``ClientConn
 to the core with ``now`` and send what it queued; tests/client/core drive it the same way.
 """
 
-from lmq_client.core.consumer import ConsumerCore, ConsumerLink
-from lmq_client.core.link import Link, Reply
-from lmq_client.core.options import ConsumerOptions, ProducerOptions
-from lmq_client.core.producer import ProducerCore, ProducerStats
-from lmq_client.core.schedule import Action, Connect, Disconnect, QueryLookupds
+from typing import TYPE_CHECKING
+
+from lmq_client._lazy import lazy_names
+
+if TYPE_CHECKING:
+    from lmq_client.core.consumer import ConsumerCore, ConsumerLink
+    from lmq_client.core.link import Link, Reply
+    from lmq_client.core.options import ConsumerOptions, ProducerOptions
+    from lmq_client.core.producer import ProducerCore, ProducerStats
+    from lmq_client.core.schedule import Action, Connect, Disconnect, QueryLookupds
+
+_HOMES = {
+    "ConsumerCore": "consumer", "ConsumerLink": "consumer", "Link": "link", "Reply": "link",
+    "ConsumerOptions": "options", "ProducerOptions": "options", "ProducerCore": "producer",
+    "ProducerStats": "producer", "Action": "schedule", "Connect": "schedule",
+    "Disconnect": "schedule", "QueryLookupds": "schedule",
+}  # fmt: skip
+
+__getattr__ = lazy_names(__name__, _HOMES)
 
 __all__ = [
     "Action",

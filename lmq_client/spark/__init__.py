@@ -27,18 +27,17 @@ clients and lmqadmin never use them): they come with the ``spark`` extra,
 Python imports the package first) raises an ImportError that says which extra to install.
 """
 
+from typing import TYPE_CHECKING
+
+from lmq_client._lazy import lazy_names
+
 # The top-level modules the spark extra brings: PySpark, PyArrow, and py4j (PySpark's own
 # dependency, named here so that a half-installed PySpark gets the same advice).
 _EXTRA_MODULES = frozenset({"pyspark", "pyarrow", "py4j"})
 
-try:
-    from lmq_client.spark.datasource import LmqBatchWriter, LmqDataSource, LmqStreamWriter
-    from lmq_client.spark.errors import LmqDataLossError, LmqSinkError, LmqSourceError
-    from lmq_client.spark.options import SinkOptions
-    from lmq_client.spark.publish import LmqCommitMessage
-    from lmq_client.spark.session import ensure_java, local_session
-    from lmq_client.spark.source import LmqBatchReader, LmqStreamReader
-    from lmq_client.spark.source_options import SourceOptions
+try:  # what the extra brings, checked at once; the package's own modules load on first use
+    import pyarrow  # type: ignore[import-untyped]  # noqa: F401
+    import pyspark.sql.datasource  # noqa: F401
 except ModuleNotFoundError as exc:
     if (exc.name or "").partition(".")[0] not in _EXTRA_MODULES:
         raise
@@ -47,6 +46,28 @@ except ModuleNotFoundError as exc:
         "extra: pip install 'lmq[spark]'",
         name=exc.name,
     ) from exc
+
+if TYPE_CHECKING:
+    from lmq_client.spark.datasource import LmqBatchWriter, LmqDataSource, LmqStreamWriter
+    from lmq_client.spark.errors import LmqDataLossError, LmqSinkError, LmqSourceError
+    from lmq_client.spark.options import SinkOptions
+    from lmq_client.spark.publish import LmqCommitMessage
+    from lmq_client.spark.session import ensure_java, local_session
+    from lmq_client.spark.source import LmqBatchReader, LmqStreamReader
+    from lmq_client.spark.source_options import SourceOptions
+
+_HOMES = {
+    "LmqBatchWriter": "datasource", "LmqDataSource": "datasource", "LmqStreamWriter": "datasource",
+    "LmqDataLossError": "errors", "LmqSinkError": "errors", "LmqSourceError": "errors",
+    "SinkOptions": "options", "LmqCommitMessage": "publish", "ensure_java": "session",
+    "local_session": "session", "LmqBatchReader": "source", "LmqStreamReader": "source",
+    "SourceOptions": "source_options",
+}  # fmt: skip
+"""Where each public name lives (``lmq_client._lazy``): Spark's Python workers unpickle a
+reader or a writer from its own module, in a fresh process per micro-batch and per query, and
+import what that side needs, not every module of the package."""
+
+__getattr__ = lazy_names(__name__, _HOMES)
 
 __all__ = [
     "LmqBatchReader",
