@@ -23,6 +23,14 @@ directory, ``--retention-ms`` of an hour so the topic keeps every message on dis
 Each line gives the rate and the CPU time per row of the daemon and of the client (Spark's JVM
 with its Python workers, or the ideal readers; from ``/proc``): where the time goes on a machine
 whose cores they share. Prints one line per run and the medians.
+
+A stream's time is also split by Spark's own progress reports (``durationMs`` of each
+micro-batch): ``read`` (``addBatch``: the tasks reading the batch's ranges into the sink; its
+rate is the source's reading beside the ideal reader's), ``checkpoint`` (``walCommit`` and
+``commitOffsets``: Spark writing the batch to the checkpoint's offset and commit logs),
+``plan`` (``latestOffset``, ``getBatch``, ``queryPlanning``: the source's planning on the driver
+and Spark's) and ``start/stop`` (the rest of the wall time: the query's start, with the Python
+process Spark starts for the source's driver side, and its end).
 """
 
 from __future__ import annotations
@@ -84,6 +92,26 @@ def read_ideal(pool: ProcessPoolExecutor, http: str, messages: int, readers: int
     return seconds, sum(cpu for _, cpu in answers)
 
 
+PHASES = {
+    "read": ("addBatch",),
+    "checkpoint": ("walCommit", "commitOffsets"),
+    "plan": ("latestOffset", "getBatch", "queryPlanning"),
+}
+"""A stream's phases, each the sum of these ``durationMs`` keys over its micro-batches."""
+
+
+def phases(progress: list[dict[str, Any]], seconds: float) -> dict[str, float]:
+    """Seconds of each of ``PHASES`` in a stream's ``recentProgress``, and ``start/stop``: the
+    wall time ``seconds`` outside its micro-batches (``triggerExecution``)."""
+    spent = {
+        name: sum(p["durationMs"].get(key, 0) for p in progress for key in keys) / 1000
+        for name, keys in PHASES.items()
+    }
+    triggers = sum(p["durationMs"].get("triggerExecution", 0) for p in progress) / 1000
+    spent["start/stop"] = seconds - triggers
+    return spent
+
+
 class Run(NamedTuple):
     """One variant's run: rows per second, and CPU microseconds per row of the daemon and of
     the client (Spark's JVM with its Python workers, or the ideal readers)."""
@@ -103,6 +131,7 @@ def main() -> None:
     parser.add_argument("--per-trigger", type=int, default=250_000)
     args = parser.parse_args()
     results: dict[str, list[Run]] = {}
+    stream_phases: list[dict[str, float]] = []
     with tempfile.TemporaryDirectory(prefix="lmq-spark-source-") as data:
         daemon = start_lmqd(Path(data) / "lmqd", ["--retention-ms=3600000"])
         try:
@@ -138,6 +167,11 @@ def main() -> None:
                 seconds = time.perf_counter() - t0
                 rows = sum(p["numInputRows"] for p in running.recentProgress)
                 assert rows == args.messages, rows
+                spent = phases(running.recentProgress, seconds)
+                stream_phases.append(spent)
+                print(f"run {run} stream phases: "
+                      + ", ".join(f"{name} {value:.2f} s" for name, value in spent.items())
+                      + f"; read {args.messages / spent['read']:,.0f} rows/s", flush=True)
                 return seconds
 
             batch()  # warm-up, not timed: the JVM's code paths and the Python workers
@@ -177,6 +211,13 @@ def main() -> None:
               f"daemon {statistics.median(r.daemon_us for r in runs):.2f} us, client "
               f"{statistics.median(r.client_us for r in runs):.2f} us "
               f"(runs: {', '.join(f'{r.rate:,.0f}' for r in runs)})")
+    if stream_phases:
+        median = {name: statistics.median(p[name] for p in stream_phases) for name in PHASES}
+        median["start/stop"] = statistics.median(p["start/stop"] for p in stream_phases)
+        read = args.messages / median["read"]
+        print(" stream's phases (medians): "
+              + ", ".join(f"{name} {value:.2f} s" for name, value in median.items())
+              + f"; reading alone {read:,.0f} rows/s ({read / ideal:.0%} of ideal)")
 
 
 if __name__ == "__main__":

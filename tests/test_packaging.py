@@ -447,12 +447,19 @@ def test_import_lmq_client_spark_works_with_the_extra() -> None:
         ("lmq_client.sync", {"anyio", "lmq_client.consumer", "lmq_client.producer"}),
         ("lmq_client.spark.source", {"anyio", "lmq_client.spark.publish", "lmq_client.sync"}),
         ("lmq_client.spark.publish", {"anyio", "lmq_client.spark.source"}),
+        ("lmq_client.spark.sink", {"anyio", "lmq_client.spark.source", "lmq_client.spark.nodes"}),
+        (
+            "lmq_client.spark.datasource",
+            {"lmq_client.spark.publish", "lmq_client.spark.source", "lmq_client.transport"},
+        ),
+        ("lmq_client.spark.source_options", {"lmq_client.spark.options", "lmq_client.transport"}),
     ],
 )
 def test_one_part_of_the_client_imports_that_part_alone(module: str, absent: set[str]) -> None:
     """The packages' names load on first use (``lmq_client._lazy``): the blocking client does
-    not import the async front ends, and a Spark worker unpickling a reader (a fresh process
-    per micro-batch) does not import the sink's modules, nor the reverse."""
+    not import the async front ends, and a Spark worker unpickling the data source or a reader
+    (a fresh process per query and per micro-batch) does not import the sink's modules, nor the
+    reverse."""
     if module.startswith("lmq_client.spark"):
         pytest.importorskip("pyspark", reason="the spark extra is not installed")
     script = f"import sys, {module}; print(sorted(set(sys.modules) & {absent!r}))"

@@ -17,7 +17,7 @@ as Spark's Kafka source reads Kafka topics (Kafka's option names, ``failOnDataLo
 Executors publish with the blocking ``lmq_client.sync.Producer`` (pooled per worker process,
 ``pool.py``) in MPUB batches, from the Arrow record batches Spark hands them, retrying across a
 daemon restart (``retry.py``). Delivery is at-least-once, and exactly-once into lmqd for streams:
-every row carries a dedup id from its query, micro-batch, partition and index (``datasource.py``),
+every row carries a dedup id from its query, micro-batch, partition and index (``sink.py``),
 so the topic drops what a retry or a restart from the checkpoint publishes again;
 ``docs/spark.md`` says under which conditions.
 
@@ -48,16 +48,17 @@ except ModuleNotFoundError as exc:
     ) from exc
 
 if TYPE_CHECKING:
-    from lmq_client.spark.datasource import LmqBatchWriter, LmqDataSource, LmqStreamWriter
+    from lmq_client.spark.datasource import LmqDataSource
     from lmq_client.spark.errors import LmqDataLossError, LmqSinkError, LmqSourceError
     from lmq_client.spark.options import SinkOptions
     from lmq_client.spark.publish import LmqCommitMessage
     from lmq_client.spark.session import ensure_java, local_session
+    from lmq_client.spark.sink import LmqBatchWriter, LmqStreamWriter
     from lmq_client.spark.source import LmqBatchReader, LmqStreamReader
     from lmq_client.spark.source_options import SourceOptions
 
 _HOMES = {
-    "LmqBatchWriter": "datasource", "LmqDataSource": "datasource", "LmqStreamWriter": "datasource",
+    "LmqBatchWriter": "sink", "LmqDataSource": "datasource", "LmqStreamWriter": "sink",
     "LmqDataLossError": "errors", "LmqSinkError": "errors", "LmqSourceError": "errors",
     "SinkOptions": "options", "LmqCommitMessage": "publish", "ensure_java": "session",
     "local_session": "session", "LmqBatchReader": "source", "LmqStreamReader": "source",

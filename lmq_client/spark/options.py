@@ -32,6 +32,7 @@ from pyspark.sql.types import (
 
 from lmq_client._util import address_list, check_name
 from lmq_client.lookupd import lookupd_addresses
+from lmq_client.spark.option_values import SPARK_OWN, bool_option, canonical_options, split_list
 from lmq_client.transport import PLAIN, TransportOptions
 
 __all__ = [
@@ -42,8 +43,6 @@ __all__ = [
     "TOPIC_COLUMN",
     "VALUE_COLUMN",
     "SinkOptions",
-    "bool_option",
-    "canonical_options",
 ]
 
 DEFAULT_BATCH_SIZE = 1000
@@ -104,9 +103,7 @@ _KNOWN = {
         "deflate",
         "deflateLevel",
         "authSecret",
-        # Spark passes these through to every sink; they are Spark's, not ours.
-        "checkpointLocation",
-        "path",
+        *SPARK_OWN,  # Spark passes these through to every sink; they are Spark's, not ours.
     )
 }
 
@@ -165,7 +162,7 @@ class SinkOptions:
         Without ``topic``, the rows' ``topic`` column must route them: ``resolve_columns``
         checks that it exists."""
         given = canonical_options(options, _KNOWN, "sink")
-        lookupds = tuple(_split(given.get("lookupdHttpAddress", "")))
+        lookupds = tuple(split_list(given.get("lookupdHttpAddress", "")))
         try:
             lookupd_addresses(list(lookupds))
         except ValueError as exc:
@@ -175,7 +172,7 @@ class SinkOptions:
             raise ValueError(
                 "lmq sink: option 'address' is required (or give 'lookupdHttpAddress')"
             )
-        addresses = tuple(_split(address_text))
+        addresses = tuple(split_list(address_text))
         if address_text:  # without it, every node the lookupds list
             try:
                 address_list(list(addresses))
@@ -341,29 +338,6 @@ def _integer_column(schema: StructType, name: str, option: str, unit: str) -> st
     return field.name
 
 
-_SPARK_OWN = frozenset({"checkpointLocation", "path"})
-"""Options Spark passes to a data source beside the user's (not listed as known in errors)."""
-
-
-def canonical_options(
-    options: Mapping[str, str], known: Mapping[str, str], who: str
-) -> dict[str, str]:
-    """``options`` by their canonical names (``known`` maps lower-case names to them; Spark
-    lower-cases option keys); ``ValueError`` naming an unknown one and the known ones."""
-    given: dict[str, str] = {}
-    for key, value in options.items():
-        canonical = known.get(key.lower())
-        if canonical is None:
-            names = ", ".join(sorted(v for v in known.values() if v not in _SPARK_OWN))
-            raise ValueError(f"lmq {who}: unknown option {key!r} (known: {names})")
-        given[canonical] = value
-    return given
-
-
-def _split(value: str) -> list[str]:
-    return [a.strip() for a in value.split(",") if a.strip()]
-
-
 def _transport(given: Mapping[str, str]) -> TransportOptions:
     tls_files = {
         "tls_root_ca_file": given.get("tlsRootCaFile") or None,
@@ -387,20 +361,6 @@ def _transport(given: Mapping[str, str]) -> TransportOptions:
     except ValueError as exc:
         raise ValueError(f"lmq sink: {exc}") from None
     return transport
-
-
-def bool_option(
-    given: Mapping[str, str], name: str, *, default: bool = False, who: str = "sink"
-) -> bool:
-    """Option ``name`` as ``true``/``false`` (any case; ``default`` when not given);
-    ``ValueError`` naming it otherwise (``who``: the sink or the source)."""
-    raw = given.get(name)
-    if raw is None:
-        return default
-    value = raw.strip().lower()
-    if value not in ("true", "false"):
-        raise ValueError(f"lmq {who}: option {name!r} must be true or false, not {raw!r}")
-    return value == "true"
 
 
 def _maybe_field(schema: StructType, name: str) -> StructField | None:

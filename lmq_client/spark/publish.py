@@ -327,7 +327,7 @@ def write_partition(
 ) -> LmqCommitMessage:
     """Publish every row of ``batches`` (pyarrow record batches); the commit message when done.
 
-    With ``dedup_scope`` (the query and batch, or the batch write: ``datasource.py``) row ``i``
+    With ``dedup_scope`` (the query and batch, or the batch write: ``sink.py``) row ``i``
     of the task gets the dedup id ``<dedup_scope>:<partition_id>:<i>`` (``dedup_prefix``).
 
     The producer comes from ``pool`` (by default the process's, ``pool.PRODUCERS``, unless a
@@ -419,7 +419,7 @@ def write_partition(
 
 def dedup_prefix(scope: str, partition_id: int) -> bytes:
     """The dedup ids of partition ``partition_id``'s rows start with this; the row's index in
-    the task follows. ``scope`` is short (``datasource.query_scope``: 22 characters of query
+    the task follows. ``scope`` is short (``sink.query_scope``: 22 characters of query
     id and the batch id), so an id stays far below the extension's 255 bytes."""
     return f"{scope}:{partition_id}:".encode()
 

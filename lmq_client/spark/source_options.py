@@ -31,7 +31,7 @@ from typing import Literal
 from lmq_client._util import address_list, check_name
 from lmq_client.lookupd import lookupd_addresses
 from lmq_client.spark.offsets import EARLIEST, ByNode, parse_by_node
-from lmq_client.spark.options import bool_option, canonical_options
+from lmq_client.spark.option_values import SPARK_OWN, bool_option, canonical_options, split_list
 
 __all__ = [
     "DEFAULT_LOOKUPD_POLL_INTERVAL_MS",
@@ -69,7 +69,6 @@ which would leave a new node unread for a minute."""
 DEFAULT_MAX_TRIGGER_DELAY_S = 15 * 60.0
 """``maxTriggerDelay``: Kafka's default, 15 minutes."""
 
-_SPARK_OWN = ("checkpointLocation", "path")
 _KNOWN = {
     name.lower(): name
     for name in (
@@ -97,7 +96,7 @@ _KNOWN = {
         "maxRecordsPerPartition",  # Kafka's name for partitionSize
         "minPartitions",
         "timeout",
-        *_SPARK_OWN,
+        *SPARK_OWN,
     )
 }
 
@@ -188,7 +187,7 @@ class SourceOptions:
         given = canonical_options(options, _KNOWN, "source")
         addresses = _addresses(given, "address")
         http_addresses = _addresses(given, "httpAddress")
-        lookupds = tuple(_split(given.get("lookupdHttpAddress", "")))
+        lookupds = tuple(split_list(given.get("lookupdHttpAddress", "")))
         try:
             lookupd_addresses(list(lookupds))
         except ValueError as exc:
@@ -230,12 +229,8 @@ class SourceOptions:
         )  # fmt: skip
 
 
-def _split(value: str) -> list[str]:
-    return [a.strip() for a in value.split(",") if a.strip()]
-
-
 def _addresses(given: Mapping[str, str], name: str) -> tuple[str, ...]:
-    addresses = tuple(_split(given.get(name, "")))
+    addresses = tuple(split_list(given.get(name, "")))
     if addresses:
         try:
             address_list(list(addresses))
@@ -265,7 +260,7 @@ def _subscription(given: Mapping[str, str]) -> tuple[tuple[str, ...], str | None
                 f"expression ({exc})"
             ) from None
         return (), pattern
-    topics = tuple(dict.fromkeys(_split(given[which])))
+    topics = tuple(dict.fromkeys(split_list(given[which])))
     for topic in topics:
         try:
             check_name("topic", topic)

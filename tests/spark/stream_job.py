@@ -35,9 +35,10 @@ from pyspark import TaskContext
 from pyspark.sql.types import StructType
 
 from lmq_client.spark import local_session
-from lmq_client.spark.datasource import BATCH_ID_PROPERTY, LmqDataSource, LmqStreamWriter
+from lmq_client.spark.datasource import LmqDataSource
 from lmq_client.spark.options import SinkOptions
 from lmq_client.spark.publish import LmqCommitMessage
+from lmq_client.spark.sink import BATCH_ID_PROPERTY, LmqStreamWriter
 
 SLICE_ROWS = 10
 """Rows per record batch handed to the sink, and its ``batchSize``: one MPUB per slice, so a

@@ -18,7 +18,6 @@ import pytest
 
 from lmq_client.errors import LmqClientError, MpubFailedError
 from lmq_client.spark import LmqCommitMessage, LmqSinkError, SinkOptions
-from lmq_client.spark.datasource import LmqStreamWriter, query_scope
 from lmq_client.spark.frames import blocks_of
 from lmq_client.spark.publish import (
     BatchingPublisher,
@@ -27,6 +26,7 @@ from lmq_client.spark.publish import (
     summarize,
     write_partition,
 )
+from lmq_client.spark.sink import LmqStreamWriter, query_scope
 from lmq_client.sync import Consumer
 from lmqd.message_ext import MessageExt
 from lmqd.protocol.extension import XpubMessage, encode_xpub
