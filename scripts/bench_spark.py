@@ -26,10 +26,11 @@ default flags) and a local SparkSession
   stops by itself, every message then in the output topic.
 
 Each line gives the rate and the CPU time per row of the daemon and of the client (Spark's JVM
-with its Python workers, or bench_writer; from ``/proc``), which says where the time goes on a
-machine whose cores they share. Prints one line per run and the medians. The daemon holds the
-messages (no channel consumes them): past ``--mem-queue-size`` (10 000 by default) they go to
-its disk queue, as in production.
+with its Python workers, or bench_writer; from ``/proc``), and of the client's, the Python
+workers' (the rest is the JVM's), which says where the time goes on a machine whose cores they
+share; the medians add how many cores daemon and client kept busy together. Prints one line
+per run and the medians. The daemon holds the messages (no channel consumes them): past
+``--mem-queue-size`` (10 000 by default) they go to its disk queue, as in production.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ from lmq_client.sync import Producer
 
 # The checkout's root on sys.path: the lmqd subprocess helper is shared with the tests.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.support.process import start_lmqd, tree_cpu_seconds
+from tests.support.process import own_cpu_seconds, start_lmqd, tree_cpu_seconds
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -171,11 +172,14 @@ def pipeline(spark: SparkSession, address: str, checkpoint: str, args: argparse.
 
 class Run(NamedTuple):
     """One variant's run: rows (or messages) per second, and CPU microseconds per row of the
-    daemon and of the client (Spark's JVM with its Python workers, or bench_writer)."""
+    daemon and of the client (Spark's JVM with its Python workers, or bench_writer), and of
+    that, Spark's Python workers' (the data source's code and PySpark's reading of the Arrow
+    batches the JVM sends them)."""
 
     rate: float
     daemon_us: float
     client_us: float
+    python_us: float = 0.0
 
 
 def main() -> None:
@@ -221,16 +225,18 @@ def main() -> None:
 
             def measured(name: str, run: int, action: Callable[[], None]) -> None:
                 daemon_cpu, spark_cpu = daemon.cpu_seconds(), tree_cpu_seconds(jvm)
+                jvm_cpu = own_cpu_seconds(jvm)
                 seconds = timed(action)
                 daemon_cpu = daemon.cpu_seconds() - daemon_cpu
                 spark_cpu = tree_cpu_seconds(jvm) - spark_cpu
-                record(name, run, Run(args.rows / seconds, daemon_cpu / args.rows * 1e6,
-                                      spark_cpu / args.rows * 1e6))  # fmt: skip
+                python_cpu = spark_cpu - (own_cpu_seconds(jvm) - jvm_cpu)
+                per_row = [cpu / args.rows * 1e6 for cpu in (daemon_cpu, spark_cpu, python_cpu)]
+                record(name, run, Run(args.rows / seconds, *per_row))
 
             def record(name: str, run: int, result: Run) -> None:
                 results.setdefault(name, []).append(result)
                 log.info("run %d %-16s %9.0f rows/s, CPU per row: daemon %.2f us, client %.2f "
-                         "us", run, name, *result)  # fmt: skip
+                         "us (Python %.2f us)", run, name, *result)  # fmt: skip
 
             variants: dict[str, Callable[[], None]] = {
                 "noop": lambda: df.write.format("noop").mode("overwrite").save(),
@@ -268,7 +274,9 @@ def main() -> None:
         rate = statistics.median(r.rate for r in runs)
         print(f"{name:>17}: {rate:9.0f} rows/s ({rate / ideal:5.0%} of bench_writer), CPU per "
               f"row: daemon {statistics.median(r.daemon_us for r in runs):.2f} us, client "
-              f"{statistics.median(r.client_us for r in runs):.2f} us "
+              f"{statistics.median(r.client_us for r in runs):.2f} us (Python "
+              f"{statistics.median(r.python_us for r in runs):.2f} us), cores busy "
+              f"{statistics.median(r.rate * (r.daemon_us + r.client_us) / 1e6 for r in runs):.2f} "
               f"(runs: {', '.join(f'{r.rate:.0f}' for r in runs)})")
 
 

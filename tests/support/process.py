@@ -39,6 +39,7 @@ __all__ = [
     "lmqadmin_command",
     "lmqd_command",
     "load_average",
+    "own_cpu_seconds",
     "start_lmqd",
     "stop_lmqd",
     "tree_cpu_seconds",
@@ -268,6 +269,13 @@ class LmqdProcess(DaemonProcess):
     def http_address(self) -> str | None:
         """``"127.0.0.1:<port>"`` of the HTTP API, or None if the daemon serves none."""
         return self._addresses.get("HTTP")
+
+
+def own_cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` itself (all its threads; not its children)."""
+    stat = (Path("/proc") / str(pid) / "stat").read_text()
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
 
 
 def tree_cpu_seconds(pid: int) -> float:
