@@ -3,6 +3,7 @@
     .venv/bin/python scripts/bench_spark.py [--rows 1000000] [--runs 3] [--partitions 2]
         [--size 16] [--rows-writer] [--batch-size 1000]
         [--nsq-bin DIR] [--writer-seconds 5] [--pipeline] [--per-trigger 200000]
+        [--conf KEY=VALUE]
 
 Starts its own lmqd (``python -m lmqd`` on 127.0.0.1, port 0, data in a temporary directory,
 default flags) and a local SparkSession
@@ -182,6 +183,14 @@ class Run(NamedTuple):
     python_us: float = 0.0
 
 
+def spark_setting(text: str) -> tuple[str, str]:
+    """``--conf KEY=VALUE``: one setting of the benchmark's SparkSession."""
+    key, equals, value = text.partition("=")
+    if not equals or not key:
+        raise argparse.ArgumentTypeError(f"not KEY=VALUE: {text!r}")
+    return key, value
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
@@ -197,6 +206,8 @@ def main() -> None:
     parser.add_argument("--pipeline", action="store_true",
                         help="also time an lmq -> Spark -> lmq stream (AvailableNow)")
     parser.add_argument("--per-trigger", type=int, default=200_000)
+    parser.add_argument("--conf", type=spark_setting, action="append", default=[],
+                        metavar="KEY=VALUE", help="a Spark setting for the session (repeatable)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     writer = args.nsq_bin / "bench_writer"
@@ -209,7 +220,8 @@ def main() -> None:
         daemon = start_lmqd(Path(tmp) / "lmqd")
         address = daemon.tcp_address
         try:
-            spark = local_session("lmq-bench", install_java=True, log_level="ERROR")
+            spark = local_session("lmq-bench", install_java=True, log_level="ERROR",
+                                  conf=dict(args.conf))
             spark.dataSource.register(LmqRowsDataSource)
             gateway: Any = spark.sparkContext._jvm
             jvm = int(gateway.java.lang.ProcessHandle.current().pid())

@@ -1,7 +1,7 @@
 """Benchmark the Spark source: rows/s reading a retained topic, beside the ideal reader.
 
     .venv/bin/python scripts/bench_spark_source.py [--messages 1000000] [--size 100] [--runs 3]
-        [--partition-size 100000] [--readers 2] [--per-trigger 250000]
+        [--partition-size 100000] [--readers 2] [--per-trigger 250000] [--conf KEY=VALUE]
 
 Starts its own lmqd (``python -m lmqd`` on 127.0.0.1, port 0, HTTP on, data in a temporary
 directory, ``--retention-ms`` of an hour so the topic keeps every message on disk), publishes
@@ -51,6 +51,8 @@ from lmq_client.sync import Producer
 
 # The checkout's root on sys.path: the lmqd subprocess helper is shared with the tests.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench_spark import spark_setting  # scripts/, beside this one
+
 from tests.support.process import start_lmqd, stop_lmqd, tree_cpu_seconds
 
 TOPIC = "source-bench"
@@ -129,6 +131,8 @@ def main() -> None:
     parser.add_argument("--partition-size", type=int, default=100_000)
     parser.add_argument("--readers", type=int, default=2)
     parser.add_argument("--per-trigger", type=int, default=250_000)
+    parser.add_argument("--conf", type=spark_setting, action="append", default=[],
+                        metavar="KEY=VALUE", help="a Spark setting for the session (repeatable)")
     args = parser.parse_args()
     results: dict[str, list[Run]] = {}
     stream_phases: list[dict[str, float]] = []
@@ -140,7 +144,7 @@ def main() -> None:
             publish(daemon.tcp_address, args.messages, args.size)
             print(f"published {args.messages:,} x {args.size} B in "
                   f"{time.perf_counter() - started:.1f} s", flush=True)
-            spark = local_session("bench-spark-source", log_level="ERROR")
+            spark = local_session("bench-spark-source", log_level="ERROR", conf=dict(args.conf))
 
             def batch() -> float:
                 frame = (
