@@ -12,9 +12,11 @@ import struct
 from pathlib import Path
 
 import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
 
 from lmqd.message import Message
-from lmqd.message_ext import MessageExt, encode_ext
+from lmqd.message_ext import MessageExt, decode_ext, encode_ext
 from lmqd.storage import TopicLog
 from lmqd.storage.atrest.compression import Compression
 from lmqd.storage.decoder import decode_any, decode_batch
@@ -64,6 +66,50 @@ def test_a_batch_with_extensions_has_the_format_tables_bytes() -> None:
     assert data == oracle
     records, _ = decode_any(data)
     assert [r.headers for r in records] == [None, encode_ext(EXT), None]
+
+
+# Extensions as a publish hands them to storage: none, one object shared by the publish, one
+# decoded per message (a dedup id each, the block kept), one made in the daemon (no block).
+def _decoded(ext: MessageExt) -> MessageExt:
+    return decode_ext(encode_ext(ext))
+
+
+_SHARED = _decoded(EXT)
+_EXTENSIONS = st.one_of(
+    st.none(),
+    st.just(_SHARED),
+    st.binary(min_size=1, max_size=40).map(lambda i: _decoded(MessageExt(dedup_id=i))),
+    st.integers(1, 9).map(lambda p: MessageExt(priority=p)),
+)
+
+
+@given(st.lists(_EXTENSIONS, min_size=1, max_size=12))
+@example([_decoded(MessageExt(dedup_id=b"q:0:0:%d" % i)) for i in range(3)])
+def test_option_blocks_are_the_format_tables_bytes_for_any_mix_of_extensions(
+    exts: list[MessageExt | None],
+) -> None:
+    """``encode_options`` builds the records of distinct decoded extensions from their blocks
+    by C loops, and of the others one distinct object at a time: the same bytes either way."""
+    messages = make_messages(len(exts))
+    for m, ext in zip(messages, exts, strict=True):
+        m.ext = ext
+    options = encode_options(messages)
+    if all(ext is None for ext in exts):
+        assert options is None
+        return
+    assert options is not None
+    entries, bodies = encode_entries(messages, TB.to_wall_ns)
+    [[batch]] = plan_batches(bodies, SEGMENT_HEADER_SIZE, 1 << 20, BATCH_OVERHEAD, options)
+    data = bytes(frame_batches(entries, bodies, [batch], None, options))
+    assert data == encode_batch(
+        [
+            Record(
+                m.id, m.timestamp, m.attempts, 0, m.body, None,
+                encode_ext(m.ext) if m.ext is not None else None,
+            )
+            for m in messages
+        ]
+    )  # fmt: skip
 
 
 def test_plain_messages_write_no_option_blocks() -> None:
