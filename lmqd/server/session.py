@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 
 import attrs
@@ -58,7 +58,7 @@ from lmqd.engine.inflight import NotInFlight, NotOwner
 from lmqd.engine.insync import NotEnoughMirrors
 from lmqd.engine.subscription import Subscription
 from lmqd.message import Message
-from lmqd.message_ext import MessageExt
+from lmqd.message_ext import MessageExt, any_set
 from lmqd.net import format_address, split_address
 from lmqd.protocol import (
     CLOSE_WAIT_FRAME,
@@ -482,7 +482,7 @@ class Session:
         and policies count per command."""
         return (
             event.defer_ms == 0
-            and not any(e is not None and e.dedup_id for e in _distinct(event.exts))
+            and not any_set(event.exts, "dedup_id")
             and self.broker.publish_gate(event.topic) is None
         )
 
@@ -698,9 +698,3 @@ def _size(command: Pub | Mpub | Dpub | Xpub) -> int:
     if isinstance(command, Xpub):
         return len(command.bodies)
     return 1
-
-
-def _distinct(exts: list[MessageExt | None]) -> Iterable[MessageExt | None]:
-    """The distinct extension objects of a command's messages (they often share one), found
-    with C loops."""
-    return dict(zip(map(id, exts), exts, strict=True)).values()

@@ -17,6 +17,7 @@ from lmqd.message_ext import (
     MAX_HEADERS,
     ExtError,
     MessageExt,
+    any_set,
     decode_ext,
     encode_ext,
 )
@@ -167,6 +168,18 @@ exts = st.builds(
 @given(exts)
 def test_every_valid_block_round_trips(ext: MessageExt) -> None:
     assert decode_ext(encode_ext(ext)) == ext
+
+
+@given(st.lists(st.one_of(st.none(), exts), max_size=6), st.integers(0, 3))
+def test_any_set_says_whether_some_extension_has_the_field(
+    extensions: list[MessageExt | None], copies: int
+) -> None:
+    """The check a publish makes of its extensions (a TTL, a priority, a dedup id anywhere?),
+    with some objects shared as a publish's messages share one."""
+    extensions = extensions + extensions[:1] * copies
+    for field in ("priority", "ttl_ms", "dedup_id", "headers"):
+        expected = any(e is not None and bool(getattr(e, field)) for e in extensions)
+        assert any_set(extensions, field) is expected
 
 
 @given(exts, st.binary(min_size=1, max_size=4))
