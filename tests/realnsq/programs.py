@@ -195,10 +195,11 @@ class Labels:
 VOLATILE_KEYS = frozenset({
     "connect_ts", "start_time", "last_update", "remote_address", "remote_addresses",
     "hostname", "client_id", "id", "tombstoned_at", "memory", "ready_count_enabled",
-    "uptime", "uptime_seconds", "last_ping", "timestamp",
+    "uptime", "uptime_seconds", "last_ping", "timestamp", "connected",
 })  # fmt: skip
 """Keys whose values differ between two runs of the same thing (times, ephemeral client ports,
-the machine): ``normalized`` replaces them by their type's name."""
+the machine): ``normalized`` replaces them by their type's name. ``connected`` is nsqadmin's
+time since a client's ``connect_ts``, in whole seconds (as nanoseconds): 0 or 1e9 by timing."""
 
 
 def normalized(
